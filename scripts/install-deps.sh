@@ -1,0 +1,28 @@
+#!/usr/bin/env bash
+# Installs the Debian packages meshgrad builds and tests with. Idempotent: when every package is
+# already installed it does nothing (so `make train` / `make test` stay fast on a set-up machine).
+# Needs root (or sudo) only when something is missing.
+set -euo pipefail
+packages=(
+  build-essential cmake pkg-config
+  libopenblas-dev          # GEMM (cblas_sgemm / cblas_dgemm)
+  libgtest-dev libgmock-dev googletest   # unit tests
+  libbenchmark-dev         # micro-benchmarks under bench/
+  libcli11-dev             # command-line parsing
+  libfmt-dev               # formatting (g++ 12 has no <format>)
+  nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
+  libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+echo "install-deps: installing ${missing[*]}"
+SUDO=""
+if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+export DEBIAN_FRONTEND=noninteractive
+$SUDO apt-get update -q
+$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
