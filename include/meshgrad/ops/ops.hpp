@@ -1,0 +1,88 @@
+// Differentiable ops. Each records a node (when recording is on and an input requires grad) whose
+// backward is written beside its forward in src/ops/. Shapes in comments: [rows, cols].
+// Conventions: a linear weight is [in, out] and y = x W + b (as GPT-2's Conv1D); integer inputs
+// (indices, targets) are int64; errors name the op and the shapes.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "meshgrad/tensor/random.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad {
+
+// ---- elementwise, NumPy broadcasting (gradients are summed back to each input's shape) ----------
+Tensor add(const Tensor& a, const Tensor& b);
+Tensor sub(const Tensor& a, const Tensor& b);
+Tensor mul(const Tensor& a, const Tensor& b);
+Tensor div(const Tensor& a, const Tensor& b);
+Tensor neg(const Tensor& a);
+Tensor scale(const Tensor& a, double s);   // a * s
+Tensor add_scalar(const Tensor& a, double s);
+
+inline Tensor operator+(const Tensor& a, const Tensor& b) { return add(a, b); }
+inline Tensor operator-(const Tensor& a, const Tensor& b) { return sub(a, b); }
+inline Tensor operator*(const Tensor& a, const Tensor& b) { return mul(a, b); }
+inline Tensor operator/(const Tensor& a, const Tensor& b) { return div(a, b); }
+inline Tensor operator-(const Tensor& a) { return neg(a); }
+inline Tensor operator*(const Tensor& a, double s) { return scale(a, s); }
+inline Tensor operator*(double s, const Tensor& a) { return scale(a, s); }
+
+// ---- matrix products --------------------------------------------------------------------------
+// a: [m, k] or [..., m, k]; b: [k, n] or [..., k, n] (batch dims broadcast) -> [..., m, n].
+// Transposed operands reach BLAS as flags, not copies.
+Tensor matmul(const Tensor& a, const Tensor& b);
+// x: [..., in], weight: [in, out], bias: [out] or undefined -> [..., out].
+Tensor linear(const Tensor& x, const Tensor& weight, const Tensor& bias = Tensor());
+
+// ---- reductions -------------------------------------------------------------------------------
+// Over dims (empty = all); keepdim keeps them as size 1.
+Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims = {}, bool keepdim = false);
+Tensor mean(const Tensor& a, const std::vector<std::int64_t>& dims = {}, bool keepdim = false);
+
+// ---- shape ops (views where possible; gradients map back to the input layout) ------------------
+Tensor reshape(const Tensor& a, const Shape& shape);
+Tensor transpose(const Tensor& a, std::int64_t d0, std::int64_t d1);
+Tensor permute(const Tensor& a, const std::vector<std::int64_t>& dims);
+Tensor narrow(const Tensor& a, std::int64_t dim, std::int64_t start, std::int64_t length);
+Tensor expand(const Tensor& a, const Shape& shape);
+Tensor contiguous(const Tensor& a);
+Tensor cat(const TensorList& parts, std::int64_t dim);
+TensorList split(const Tensor& a, std::int64_t dim, const std::vector<std::int64_t>& sizes);
+// `parts` pieces by the shard rule (10 over 4 -> 3, 3, 2, 2).
+TensorList chunk(const Tensor& a, std::int64_t dim, int parts);
+
+// ---- pointwise nonlinearities -------------------------------------------------------------------
+Tensor relu(const Tensor& a);
+// GELU, tanh approximation as GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
+Tensor gelu(const Tensor& a);
+Tensor tanh(const Tensor& a);
+Tensor exp(const Tensor& a);
+Tensor log(const Tensor& a);
+
+// ---- normalisation and probabilities (over the last dim) -----------------------------------------
+Tensor softmax(const Tensor& x);
+Tensor log_softmax(const Tensor& x);
+// x: [..., C], weight, bias: [C] (either may be undefined) -> [..., C].
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+
+// ---- embedding and loss -------------------------------------------------------------------------
+// weight: [V, C], indices: int64 [...] -> [..., C].
+Tensor embedding(const Tensor& weight, const Tensor& indices);
+// logits: [N, V], targets: int64 [N]; mean over the targets that are not ignore_index
+// (0 when all are ignored). Out-of-range targets throw naming the position and value.
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index = -100);
+
+// ---- regularisation -----------------------------------------------------------------------------
+// Zeroes each element with probability p and scales the rest by 1/(1-p). The mask element i is
+// uniform(gen.next_seed(), i) < p: reproducible, and replayed by checkpointing. Identity when
+// !training or p == 0.
+Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training = true);
+
+// ---- attention ----------------------------------------------------------------------------------
+// Causal scaled-dot-product attention over heads: q, k, v: [B, H, T, D] -> [B, H, T, D];
+// softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+
+}  // namespace meshgrad

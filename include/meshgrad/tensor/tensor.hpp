@@ -1,0 +1,193 @@
+// Tensor: a typed, strided view of shared CPU storage, plus the autograd metadata the engine in
+// autograd/ reads and writes (requires_grad, grad, the node that made it, hooks).
+//
+// A Tensor is a cheap handle (shared_ptr to TensorImpl). Copying a Tensor aliases; views (reshape,
+// transpose, narrow, expand, ...) share storage without copying. An undefined Tensor (default
+// constructed) stands for "no tensor / no gradient".
+//
+// The methods here are not differentiable; differentiable versions of every op are in ops/ops.hpp.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <initializer_list>
+#include <memory>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "meshgrad/tensor/dtype.hpp"
+#include "meshgrad/tensor/shape.hpp"
+
+namespace meshgrad {
+
+namespace autograd {
+class Node;
+}
+
+class Tensor;
+using TensorList = std::vector<Tensor>;
+
+// Raw storage: 64-byte aligned bytes.
+class Storage {
+ public:
+  explicit Storage(std::size_t nbytes);
+  ~Storage();
+  Storage(const Storage&) = delete;
+  Storage& operator=(const Storage&) = delete;
+  std::byte* data() const { return data_; }
+  std::size_t nbytes() const { return nbytes_; }
+
+ private:
+  std::byte* data_;
+  std::size_t nbytes_;
+};
+
+// A gradient hook: sees the gradient flowing into a tensor; may return a replacement (or an
+// undefined Tensor to keep it as it is).
+using GradHook = std::function<Tensor(const Tensor& grad)>;
+// Called after a leaf's .grad was accumulated for this backward pass (data-parallel all-reduces
+// start from here as gradients become ready).
+using PostAccumulateHook = std::function<void(Tensor& leaf)>;
+
+// Autograd state of a tensor. Created on first use: most tensors never need it.
+struct AutogradMeta {
+  bool requires_grad = false;
+  std::shared_ptr<autograd::Node> grad_fn;       // set on outputs of recorded ops (non-leaves)
+  std::uint32_t output_nr = 0;                   // which output of grad_fn this tensor is
+  std::weak_ptr<autograd::Node> grad_accumulator;  // leaves: the node accumulating into grad
+  std::shared_ptr<struct TensorImpl> grad;       // leaves: accumulated gradient
+  std::vector<GradHook> hooks;                   // leaves: run before accumulation
+  std::vector<PostAccumulateHook> post_accumulate_hooks;
+  std::string name;                              // optional, used in error messages and reports
+};
+
+struct TensorImpl {
+  std::shared_ptr<Storage> storage;
+  DType dtype = DType::Float32;
+  Shape shape;
+  Strides strides;
+  std::int64_t offset = 0;
+  std::unique_ptr<AutogradMeta> autograd;
+};
+
+class Tensor {
+ public:
+  Tensor() = default;
+  explicit Tensor(std::shared_ptr<TensorImpl> impl) : impl_(std::move(impl)) {}
+
+  // ---- factories ----------------------------------------------------------------------------------
+  static Tensor empty(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor zeros(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor ones(const Shape& shape, DType dtype = DType::Float32);
+  static Tensor full(const Shape& shape, double value, DType dtype = DType::Float32);
+  static Tensor scalar(double value, DType dtype = DType::Float32);
+  // Copies values (converted to dtype) into a new contiguous tensor; values.size() must equal
+  // the shape's element count.
+  static Tensor from_values(std::span<const double> values, const Shape& shape, DType dtype = DType::Float32);
+  static Tensor from_values(std::initializer_list<double> values, const Shape& shape,
+                            DType dtype = DType::Float32);
+  static Tensor from_int64(std::span<const std::int64_t> values, const Shape& shape);
+  // 0, 1, ..., n-1
+  static Tensor arange(std::int64_t n, DType dtype = DType::Float32);
+
+  // ---- metadata -------------------------------------------------------------------------------
+  bool defined() const { return impl_ != nullptr; }
+  DType dtype() const { return impl().dtype; }
+  const Shape& shape() const { return impl().shape; }
+  const Strides& strides() const { return impl().strides; }
+  std::int64_t offset() const { return impl().offset; }
+  int dim() const { return static_cast<int>(impl().shape.size()); }
+  std::int64_t size(std::int64_t d) const;  // d may be negative
+  std::int64_t numel() const { return shape_numel(impl().shape); }
+  bool is_contiguous() const;
+  bool is_floating() const { return dtype() != DType::Int64; }
+  const std::shared_ptr<Storage>& storage() const { return impl().storage; }
+  // "float32[2, 3]"
+  std::string str() const;
+
+  // ---- data -----------------------------------------------------------------------------------
+  // Pointer to element 0 (storage + offset). Throws if T does not match the dtype.
+  template <class T>
+  T* data() const;
+  void* raw_data() const;
+  // Element access for tests and small tools (slow: computes the strided address).
+  double at(std::initializer_list<std::int64_t> index) const;
+  double at_flat(std::int64_t logical_index) const;   // index in row-major logical order
+  void set(std::initializer_list<std::int64_t> index, double value);
+  double item() const;   // the single element of a one-element tensor
+  std::vector<double> to_vector() const;            // row-major logical order, any dtype
+  std::vector<std::int64_t> to_int64_vector() const;
+
+  // ---- views and copies (not recorded by autograd) --------------------------------------------
+  // A view with the given shape; -1 infers one dim. Requires a layout where the view exists
+  // without copying (throws otherwise: use contiguous() first).
+  Tensor view(const Shape& shape) const;
+  // view() when possible, else a contiguous copy reshaped.
+  Tensor reshape(const Shape& shape) const;
+  Tensor transpose(std::int64_t d0, std::int64_t d1) const;
+  Tensor permute(const std::vector<std::int64_t>& dims) const;
+  Tensor narrow(std::int64_t dim, std::int64_t start, std::int64_t length) const;
+  Tensor select(std::int64_t dim, std::int64_t index) const;   // drops dim
+  Tensor unsqueeze(std::int64_t dim) const;
+  Tensor squeeze(std::int64_t dim) const;
+  // Broadcast to shape with stride 0 on expanded dims (NumPy rules).
+  Tensor expand(const Shape& shape) const;
+  std::vector<Tensor> split(std::int64_t dim, const std::vector<std::int64_t>& sizes) const;
+  std::vector<Tensor> chunk(std::int64_t dim, int parts) const;   // uneven by the shard rule
+  Tensor contiguous() const;   // this if already contiguous, else a packed copy
+  Tensor clone() const;        // always a packed copy, no autograd history
+  Tensor to(DType dtype) const;   // converted copy (this when dtype matches)
+  // A new handle to the same data without autograd history (shares storage).
+  Tensor detach() const;
+  // Copies src (broadcast to this shape, same dtype) into this tensor's elements.
+  void copy_from(const Tensor& src);
+  void fill_(double value);
+  void zero_() { fill_(0.0); }
+
+  // ---- autograd state (the engine is in autograd/; ops in ops/) --------------------------------
+  bool requires_grad() const;
+  // Marks a leaf as a parameter / input that gets a .grad. Throws on a non-leaf or int64 tensor.
+  Tensor& set_requires_grad(bool value = true);
+  bool is_leaf() const;
+  Tensor grad() const;
+  void set_grad(const Tensor& grad);
+  void zero_grad() { set_grad(Tensor()); }
+  const std::shared_ptr<autograd::Node>& grad_fn() const;
+  std::uint32_t output_nr() const;
+  // Runs hook on the gradient of this tensor when backward computes it.
+  void register_hook(GradHook hook);
+  // Leaves only: runs hook after this leaf's .grad was accumulated.
+  void register_post_accumulate_hook(PostAccumulateHook hook);
+  const std::string& name() const;
+  Tensor& set_name(std::string name);
+
+  TensorImpl& impl() const;
+  const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
+  AutogradMeta& autograd_meta() const;          // creates it on first use
+  AutogradMeta* autograd_meta_if_any() const { return impl_ ? impl_->autograd.get() : nullptr; }
+  bool same_as(const Tensor& other) const { return impl_ == other.impl_; }
+
+ private:
+  std::shared_ptr<TensorImpl> impl_;
+};
+
+// Makes a tensor from parts (used by views and kernels).
+Tensor make_tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strides strides, std::int64_t offset);
+
+// Checks that every tensor is defined and has the given dtype; the message names op and the tensor.
+void check_dtype(const Tensor& t, DType dtype, const char* op, const char* what);
+void check_same_dtype(const Tensor& a, const Tensor& b, const char* op);
+void check_floating(const Tensor& t, const char* op);
+
+// True when shapes, dtypes and every element are equal (bitwise for floats, NaN == NaN).
+bool bitwise_equal(const Tensor& a, const Tensor& b);
+
+template <class T>
+T* Tensor::data() const {
+  check_dtype(*this, dtype_of<T>(), "Tensor::data", "tensor");
+  return reinterpret_cast<T*>(impl().storage->data()) + impl().offset;
+}
+
+}  // namespace meshgrad
