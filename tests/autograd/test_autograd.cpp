@@ -1,0 +1,255 @@
+// The engine and the Function API, tested with small Functions defined here (the autograd layer
+// sits below ops/, so these tests do not use the ops library).
+#include <gtest/gtest.h>
+
+#include <thread>
+
+#include "meshgrad/autograd/checkpoint.hpp"
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/autograd/function.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+
+using namespace meshgrad;
+using autograd::Function;
+using kernels::Binary;
+
+namespace {
+
+// y = a * b (same shapes).
+struct Mul final : Function {
+  std::string_view name() const override { return "test_mul"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0], x[1]});
+    return {kernels::binary(Binary::Mul, x[0], x[1])};
+  }
+  TensorList backward(const TensorList& g) override {
+    const auto& s = saved();
+    return {needs_input_grad(0) ? kernels::binary(Binary::Mul, g[0], s[1]) : Tensor(),
+            needs_input_grad(1) ? kernels::binary(Binary::Mul, g[0], s[0]) : Tensor()};
+  }
+};
+Tensor mul(const Tensor& a, const Tensor& b) { return autograd::apply<Mul>({a, b})[0]; }
+
+// y = sum(a) (scalar).
+struct Sum final : Function {
+  Shape shape;
+  std::string_view name() const override { return "test_sum"; }
+  TensorList forward(const TensorList& x) override {
+    shape = x[0].shape();
+    return {kernels::sum(x[0], {}, false)};
+  }
+  TensorList backward(const TensorList& g) override { return {g[0].expand(shape).contiguous()}; }
+};
+Tensor sum(const Tensor& a) { return autograd::apply<Sum>({a})[0]; }
+
+// y = a + b
+struct Add final : Function {
+  std::string_view name() const override { return "test_add"; }
+  TensorList forward(const TensorList& x) override { return {kernels::binary(Binary::Add, x[0], x[1])}; }
+  TensorList backward(const TensorList& g) override { return {g[0], g[0]}; }
+};
+Tensor add(const Tensor& a, const Tensor& b) { return autograd::apply<Add>({a, b})[0]; }
+
+// Identity forward that returns its input tensor itself (as copy-to-region ops do).
+struct Identity final : Function {
+  std::string_view name() const override { return "test_identity"; }
+  TensorList forward(const TensorList& x) override { return {x[0]}; }
+  TensorList backward(const TensorList& g) override { return {g[0]}; }
+};
+
+// A broken op: backward returns the wrong number of gradients.
+struct WrongCount final : Function {
+  std::string_view name() const override { return "wrong_count"; }
+  TensorList forward(const TensorList& x) override { return {x[0].clone()}; }
+  TensorList backward(const TensorList& g) override { return {g[0], g[0]}; }
+};
+// A broken op: backward returns a gradient of the wrong shape.
+struct WrongShape final : Function {
+  std::string_view name() const override { return "wrong_shape"; }
+  TensorList forward(const TensorList& x) override { return {x[0].clone()}; }
+  TensorList backward(const TensorList& g) override { return {Tensor::zeros({7}, g[0].dtype())}; }
+};
+
+Tensor leaf(std::initializer_list<double> v) {
+  Tensor t = Tensor::from_values(v, {static_cast<std::int64_t>(v.size())}, DType::Float64);
+  t.set_requires_grad();
+  return t;
+}
+
+}  // namespace
+
+TEST(Autograd, ProductRuleAndAccumulation) {
+  Tensor a = leaf({1, 2, 3});
+  Tensor b = leaf({4, 5, 6});
+  // loss = sum(a*b + a*a): da = b + 2a, db = a. a is used three times: contributions are summed.
+  Tensor loss = sum(add(mul(a, b), mul(a, a)));
+  EXPECT_FALSE(loss.is_leaf());
+  backward(loss);
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{6, 9, 12}));
+  EXPECT_EQ(b.grad().to_vector(), (std::vector<double>{1, 2, 3}));
+  // A second pass accumulates into .grad.
+  backward(sum(mul(a, b)));
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{10, 14, 18}));
+}
+
+TEST(Autograd, GraphIsFreedUnlessRetained) {
+  Tensor a = leaf({1, 2});
+  Tensor loss = sum(mul(a, a));
+  backward(loss, Tensor(), /*retain_graph=*/true);
+  backward(loss);   // allowed: the first pass kept the graph
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{4, 8}));
+  try {
+    backward(loss);
+    FAIL() << "a third pass through a freed graph must throw";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("test_mul"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("second time"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, NoGradGuardRecordsNothing) {
+  Tensor a = leaf({1, 2});
+  {
+    autograd::NoGradGuard guard;
+    Tensor y = mul(a, a);
+    EXPECT_FALSE(y.requires_grad());
+    EXPECT_EQ(y.grad_fn(), nullptr);
+  }
+  EXPECT_TRUE(mul(a, a).requires_grad());
+  EXPECT_TRUE(autograd::GradMode::is_enabled());
+}
+
+TEST(Autograd, GradModeIsPerThread) {
+  autograd::NoGradGuard guard;
+  bool other_thread_enabled = false;
+  std::thread t([&] { other_thread_enabled = autograd::GradMode::is_enabled(); });
+  t.join();
+  EXPECT_TRUE(other_thread_enabled);
+  EXPECT_FALSE(autograd::GradMode::is_enabled());
+}
+
+TEST(Autograd, EngineChecksGradientCountAndShape) {
+  Tensor a = leaf({1, 2});
+  Tensor y = autograd::apply<WrongCount>({a})[0];
+  try {
+    backward(sum(y));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong_count returned 2 gradients for 1 inputs"), std::string::npos)
+        << e.what();
+  }
+  Tensor z = autograd::apply<WrongShape>({a})[0];
+  try {
+    backward(sum(z));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("wrong_shape"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("[7]"), std::string::npos) << e.what();
+  }
+}
+
+TEST(Autograd, RootMustBeScalarOrGetAGradient) {
+  Tensor a = leaf({1, 2});
+  Tensor y = mul(a, a);
+  EXPECT_THROW(backward(y), InvalidArgument);
+  backward(y, Tensor::from_values({1, 10}, {2}, DType::Float64));
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{2, 40}));
+  Tensor c = Tensor::from_values({1}, {1}, DType::Float64);
+  EXPECT_THROW(backward(c), InvalidArgument);   // nothing requires grad
+}
+
+TEST(Autograd, IdentityForwardDoesNotRewriteTheInputsHistory) {
+  Tensor a = leaf({3, 4});
+  Tensor y = autograd::apply<Identity>({a})[0];
+  EXPECT_TRUE(a.is_leaf());       // a keeps being a leaf
+  EXPECT_FALSE(y.is_leaf());
+  EXPECT_EQ(y.storage(), a.storage());
+  backward(sum(mul(y, y)));
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{6, 8}));
+}
+
+TEST(Autograd, HooksOnLeavesAndNonLeaves) {
+  Tensor a = leaf({1, 2});
+  Tensor y = mul(a, a);
+  std::vector<double> seen_y;
+  y.register_hook([&](const Tensor& g) {
+    seen_y = g.to_vector();
+    return kernels::scale(g, 10.0);   // replaces the gradient flowing on
+  });
+  int post_calls = 0;
+  std::vector<double> grad_in_post;
+  a.register_post_accumulate_hook([&](Tensor& t) {
+    ++post_calls;
+    grad_in_post = t.grad().to_vector();
+  });
+  backward(sum(y));
+  EXPECT_EQ(seen_y, (std::vector<double>{1, 1}));
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{20, 40}));
+  EXPECT_EQ(post_calls, 1);
+  EXPECT_EQ(grad_in_post, (std::vector<double>{20, 40}));
+}
+
+TEST(Autograd, GradReturnsGradientsWithoutTouchingDotGrad) {
+  Tensor a = leaf({1, 2});
+  Tensor b = leaf({3, 5});
+  Tensor m = mul(a, b);
+  auto g = autograd::grad({sum(mul(m, m))}, {a, m});
+  // d/da sum((ab)^2) = 2 a b^2; d/dm = 2m
+  EXPECT_EQ(g[0].to_vector(), (std::vector<double>{18, 100}));
+  EXPECT_EQ(g[1].to_vector(), (std::vector<double>{6, 20}));
+  EXPECT_FALSE(a.grad().defined());
+  EXPECT_FALSE(b.grad().defined());
+}
+
+TEST(Autograd, ReadyOrderIsReverseCreation) {
+  // Two independent branches: backward visits the later-created one first.
+  Tensor a = leaf({1});
+  Tensor b = leaf({2});
+  std::vector<char> order;
+  Tensor ya = mul(a, a);
+  Tensor yb = mul(b, b);
+  ya.register_hook([&](const Tensor&) { order.push_back('a'); return Tensor(); });
+  yb.register_hook([&](const Tensor&) { order.push_back('b'); return Tensor(); });
+  backward(add(sum(ya), sum(yb)));
+  EXPECT_EQ(order, (std::vector<char>{'b', 'a'}));
+}
+
+TEST(Checkpoint, GradientsBitwiseEqualToPlainRun) {
+  auto block = [](const TensorList& in) -> TensorList {
+    Tensor h = mul(in[0], in[1]);
+    return {mul(h, add(h, in[0]))};
+  };
+  auto make = [] {
+    Tensor x = Tensor::from_values({0.3, -1.7, 2.9}, {3}, DType::Float64);
+    Tensor w = Tensor::from_values({1.1, 0.2, -0.7}, {3}, DType::Float64);
+    x.set_requires_grad();
+    w.set_requires_grad();
+    return std::make_pair(x, w);
+  };
+  auto [x1, w1] = make();
+  backward(sum(block({x1, w1})[0]));
+  auto [x2, w2] = make();
+  Tensor out = autograd::checkpoint(block, {x2, w2})[0];
+  EXPECT_TRUE(out.requires_grad());
+  backward(sum(out));
+  EXPECT_TRUE(bitwise_equal(x1.grad(), x2.grad()));
+  EXPECT_TRUE(bitwise_equal(w1.grad(), w2.grad()));
+}
+
+TEST(Checkpoint, ReplaysGeneratorDraws) {
+  random::Generator gen(11);
+  std::vector<std::uint64_t> seeds;
+  auto block = [&](const TensorList& in) -> TensorList {
+    seeds.push_back(gen.next_seed());   // a dropout would draw its mask from this seed
+    return {mul(in[0], in[0])};
+  };
+  Tensor x = leaf({1, 2});
+  Tensor y = autograd::checkpoint(block, {x}, {&gen})[0];
+  const auto counter_after_forward = gen.counter();
+  backward(sum(y));
+  ASSERT_EQ(seeds.size(), 2u);
+  EXPECT_EQ(seeds[0], seeds[1]);                     // recomputation drew the same seed
+  EXPECT_EQ(gen.counter(), counter_after_forward);   // and left the generator where it was
+  EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{2, 4}));
+}

@@ -1,0 +1,184 @@
+// Kernels: broadcasting arithmetic, reductions, matmul layouts, cat; random generation.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/random.hpp"
+
+using namespace meshgrad;
+using kernels::Binary;
+
+namespace {
+Tensor iota(const Shape& shape, DType dtype = DType::Float64, double start = 0) {
+  Tensor t = Tensor::arange(shape_numel(shape), dtype).view(shape);
+  return kernels::binary(Binary::Add, t, Tensor::scalar(start, dtype));
+}
+
+// Reference matmul in double by the definition.
+std::vector<double> naive_matmul(const Tensor& a, const Tensor& b) {
+  const auto m = a.size(0), k = a.size(1), n = b.size(1);
+  std::vector<double> out(static_cast<std::size_t>(m * n), 0.0);
+  for (std::int64_t i = 0; i < m; ++i)
+    for (std::int64_t j = 0; j < n; ++j)
+      for (std::int64_t p = 0; p < k; ++p) out[static_cast<std::size_t>(i * n + j)] += a.at({i, p}) * b.at({p, j});
+  return out;
+}
+}  // namespace
+
+TEST(Kernels, BinaryBroadcasting) {
+  Tensor a = iota({2, 3});                                   // 0..5
+  Tensor row = Tensor::from_values({10, 20, 30}, {3}, DType::Float64);
+  Tensor col = Tensor::from_values({1, 2}, {2, 1}, DType::Float64);
+  EXPECT_EQ(kernels::binary(Binary::Add, a, row).to_vector(), (std::vector<double>{10, 21, 32, 13, 24, 35}));
+  EXPECT_EQ(kernels::binary(Binary::Mul, a, col).to_vector(), (std::vector<double>{0, 1, 2, 6, 8, 10}));
+  EXPECT_EQ(kernels::binary(Binary::Sub, row, a).to_vector(), (std::vector<double>{10, 19, 28, 7, 16, 25}));
+  EXPECT_EQ(kernels::binary(Binary::Div, a, col).at({1, 2}), 2.5);
+  // Non-contiguous operands.
+  Tensor t = a.transpose(0, 1);   // [3, 2]
+  EXPECT_EQ(kernels::binary(Binary::Add, t, t).to_vector(), (std::vector<double>{0, 6, 2, 8, 4, 10}));
+  try {
+    kernels::binary(Binary::Add, Tensor::zeros({2, 3}), Tensor::zeros({4}));
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("add: shapes [2, 3] and [4]"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(kernels::binary(Binary::Add, Tensor::zeros({2}), Tensor::zeros({2}, DType::Float64)),
+               InvalidArgument);
+}
+
+TEST(Kernels, InPlaceAndAxpy) {
+  Tensor a = iota({2, 2});
+  kernels::binary_(Binary::Add, a, Tensor::from_values({1, 1}, {2}, DType::Float64));
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{1, 2, 3, 4}));
+  kernels::axpy_(a, -2.0, Tensor::ones({2, 2}, DType::Float64));
+  EXPECT_EQ(a.to_vector(), (std::vector<double>{-1, 0, 1, 2}));
+  EXPECT_THROW(kernels::binary_(Binary::Add, a, Tensor::zeros({3, 2}, DType::Float64)), InvalidArgument);
+}
+
+TEST(Kernels, SumOverDims) {
+  Tensor a = iota({2, 3, 4});
+  EXPECT_EQ(kernels::sum(a, {}, false).item(), 276.0);
+  Tensor s1 = kernels::sum(a, {1}, false);
+  EXPECT_EQ(s1.shape(), (Shape{2, 4}));
+  EXPECT_EQ(s1.at({1, 2}), 14.0 + 18.0 + 22.0);
+  Tensor s02 = kernels::sum(a, {0, -1}, true);
+  EXPECT_EQ(s02.shape(), (Shape{1, 3, 1}));
+  // dim 1 index 1: elements 4..7 and 16..19 -> 22 + 70.
+  EXPECT_EQ(s02.at({0, 1, 0}), 92.0);
+  EXPECT_EQ(kernels::sum_to(a, {3, 1}).at({2, 0}), (8 + 9 + 10 + 11) + (20 + 21 + 22 + 23));
+  EXPECT_THROW(kernels::sum(a, {3}, false), InvalidArgument);
+}
+
+TEST(Kernels, MatmulMatchesDefinitionForEveryLayout) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    Tensor a = random::randn({5, 7}, 1, dt);
+    Tensor b = random::randn({7, 3}, 2, dt);
+    const auto expected = naive_matmul(a, b);
+    const double tol = dt == DType::Float32 ? 1e-5 : 1e-12;
+    auto check = [&](const Tensor& x, const Tensor& y) {
+      auto got = kernels::matmul(x, y).to_vector();
+      ASSERT_EQ(got.size(), expected.size());
+      for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], tol) << i;
+    };
+    check(a, b);
+    // Transposed storage passed as views: BLAS gets a transpose flag.
+    check(a.transpose(0, 1).contiguous().transpose(0, 1), b);
+    check(a, b.transpose(0, 1).contiguous().transpose(0, 1));
+    // A strided (narrowed) operand with a leading dimension larger than its width.
+    Tensor wide = random::randn({5, 10}, 1, dt);
+    Tensor an = wide.narrow(1, 0, 7);
+    auto got = kernels::matmul(an, b).to_vector();
+    auto ref = naive_matmul(an, b);
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], ref[i], tol);
+  }
+}
+
+TEST(Kernels, BatchedMatmulBroadcastsBatchDims) {
+  Tensor a = random::randn({2, 3, 4, 5}, 3, DType::Float64);
+  Tensor b = random::randn({3, 5, 2}, 4, DType::Float64);
+  Tensor c = kernels::matmul(a, b);
+  EXPECT_EQ(c.shape(), (Shape{2, 3, 4, 2}));
+  for (std::int64_t i = 0; i < 2; ++i)
+    for (std::int64_t j = 0; j < 3; ++j) {
+      auto ref = naive_matmul(a.select(0, i).select(0, j), b.select(0, j));
+      auto got = c.select(0, i).select(0, j).contiguous().to_vector();
+      for (std::size_t e = 0; e < ref.size(); ++e) EXPECT_NEAR(got[e], ref[e], 1e-12);
+    }
+  Tensor w = random::randn({5, 6}, 5, DType::Float64);
+  Tensor y = kernels::matmul(a, w);   // [2,3,4,5] @ [5,6]: one GEMM over all rows
+  EXPECT_EQ(y.shape(), (Shape{2, 3, 4, 6}));
+  auto ref = naive_matmul(a.select(0, 1).select(0, 2), w);
+  auto got = y.select(0, 1).select(0, 2).contiguous().to_vector();
+  for (std::size_t e = 0; e < ref.size(); ++e) EXPECT_NEAR(got[e], ref[e], 1e-12);
+  EXPECT_THROW(kernels::matmul(a, Tensor::zeros({4, 2}, DType::Float64)), InvalidArgument);
+}
+
+TEST(Kernels, CatAlongAnyDim) {
+  Tensor a = iota({2, 2});
+  Tensor b = iota({2, 1}, DType::Float64, 10);
+  Tensor c = kernels::cat({a, b}, 1);
+  EXPECT_EQ(c.to_vector(), (std::vector<double>{0, 1, 10, 2, 3, 11}));
+  Tensor d = kernels::cat({a, a}, 0);
+  EXPECT_EQ(d.shape(), (Shape{4, 2}));
+  EXPECT_THROW(kernels::cat({a, b}, 0), InvalidArgument);
+}
+
+TEST(Random, ElementDependsOnlyOnSeedAndIndex) {
+  Tensor full = random::randn({6, 10}, 42, DType::Float64);
+  // Any shard (any rank count, uneven) equals the slice of the unsharded tensor, bit for bit.
+  for (int parts : {1, 2, 3, 4}) {
+    for (int r = 0; r < parts; ++r) {
+      const ShardRange cols = shard_range(10, parts, r);
+      Tensor shard = random::randn({6, 10}, 42, DType::Float64, 0.0, 1.0, {{0, 6}, cols});
+      EXPECT_TRUE(bitwise_equal(shard, full.narrow(1, cols.offset, cols.size))) << parts << " " << r;
+    }
+  }
+  Tensor other = random::randn({6, 10}, 43, DType::Float64);
+  EXPECT_FALSE(bitwise_equal(full, other));
+  // Moments of a large sample (loose bounds: 4 standard errors).
+  Tensor big = random::randn({100000}, 7, DType::Float64);
+  double s = 0, s2 = 0;
+  for (double v : big.to_vector()) {
+    s += v;
+    s2 += v * v;
+  }
+  EXPECT_NEAR(s / 1e5, 0.0, 4 * 1 / std::sqrt(1e5));
+  EXPECT_NEAR(s2 / 1e5, 1.0, 4 * std::sqrt(2.0 / 1e5));
+  Tensor u = random::rand({1000}, 9, DType::Float32, -1, 1);
+  for (double v : u.to_vector()) {
+    EXPECT_GE(v, -1.0);
+    EXPECT_LT(v, 1.0);
+  }
+  Tensor ids = random::randint({1000}, 3, 17);
+  for (auto v : ids.to_int64_vector()) {
+    EXPECT_GE(v, 0);
+    EXPECT_LT(v, 17);
+  }
+}
+
+TEST(Random, GeneratorAdvancesAndReplays) {
+  random::Generator g(5);
+  const auto s0 = g.next_seed();
+  const auto s1 = g.next_seed();
+  EXPECT_NE(s0, s1);
+  g.set_counter(0);
+  EXPECT_EQ(g.next_seed(), s0);
+}
+
+TEST(Shard, UnevenRule) {
+  EXPECT_EQ(shard_sizes(10, 4), (std::vector<std::int64_t>{3, 3, 2, 2}));
+  EXPECT_EQ(shard_range(10, 4, 2).offset, 6);
+  EXPECT_EQ(shard_range(10, 4, 3).offset, 8);
+  EXPECT_EQ(shard_sizes(3, 4), (std::vector<std::int64_t>{1, 1, 1, 0}));
+  EXPECT_THROW(shard_range(10, 4, 4), InvalidArgument);
+}
+
+TEST(Blas, ThreadCountCanBeSet) {
+  const int before = blas::num_threads();
+  blas::set_num_threads(1);
+  EXPECT_EQ(blas::num_threads(), 1);
+  blas::set_num_threads(before);
+  EXPECT_GE(blas::available_cores(), 1);
+}
