@@ -44,8 +44,20 @@ void add_to_buffer(GraphTask& task, Node* node, std::uint32_t slot, Tensor g) {
   if (!existing.defined()) {
     existing = std::move(g);
   } else {
+    AnnotationPtr annotation = combine_annotations(existing.annotation(), g.annotation());
     existing = kernels::binary(kernels::Binary::Add, existing, g);
+    existing.set_annotation(std::move(annotation));
   }
+}
+
+// The annotation shared by a node's incoming gradients (null when none has one). Gradients of one
+// node's outputs with different annotations are combined as if summed.
+AnnotationPtr common_annotation(const TensorList& grads) {
+  AnnotationPtr result;
+  for (const Tensor& g : grads) {
+    if (g.defined() && g.annotation()) result = combine_annotations(result, g.annotation());
+  }
+  return result;
 }
 
 void count_dependencies(GraphTask& task, const std::vector<std::shared_ptr<Node>>& roots) {
@@ -133,8 +145,14 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
     const bool is_leaf_sink = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
     TensorList input_grads;
     if (any && (task.accumulate_into_leaves || !is_leaf_sink)) {
+      const AnnotationPtr incoming = common_annotation(grads);
       input_grads = node->apply(std::move(grads));
       check_gradients(*node, input_grads);
+      if (incoming) {
+        for (Tensor& g : input_grads) {
+          if (g.defined() && !g.annotation()) g.set_annotation(incoming);
+        }
+      }
     }
     if (!task.retain_graph) node->release_saved();
 

@@ -34,9 +34,12 @@ TensorList AccumulateGrad::apply(TensorList&& grads) {
     // otherwise copy, so later in-place accumulation never writes into someone else's tensor.
     const bool exclusive = g.impl_ptr().use_count() == 1 && g.storage().use_count() == 1 && g.is_contiguous();
     meta.grad = exclusive ? g.detach().impl_ptr() : g.clone().impl_ptr();
+    meta.grad->annotation = g.annotation();
   } else {
     Tensor acc(meta.grad);
+    AnnotationPtr annotation = combine_annotations(acc.annotation(), g.annotation());
     kernels::binary_(kernels::Binary::Add, acc, g);
+    acc.set_annotation(std::move(annotation));
   }
   for (auto& hook : meta.post_accumulate_hooks) hook(leaf);
   return {};

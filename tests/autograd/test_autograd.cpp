@@ -253,3 +253,45 @@ TEST(Checkpoint, ReplaysGeneratorDraws) {
   EXPECT_EQ(gen.counter(), counter_after_forward);   // and left the generator where it was
   EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{2, 4}));
 }
+
+namespace {
+// A test annotation: a label; summing two different labels is refused.
+struct Label final : Annotation {
+  explicit Label(std::string l) : label(std::move(l)) {}
+  std::string label;
+  std::string str() const override { return label; }
+  bool equals(const Annotation& o) const override {
+    auto* other = dynamic_cast<const Label*>(&o);
+    return other != nullptr && other->label == label;
+  }
+  AnnotationPtr combine(const AnnotationPtr& other) const override {
+    if (other && !equals(*other)) throw InvalidArgument("labels " + label + " and " + other->str() + " differ");
+    return std::make_shared<Label>(label);
+  }
+};
+}  // namespace
+
+TEST(Autograd, AnnotationsFlowFromIncomingToReturnedGradients) {
+  Tensor a = leaf({1, 2});
+  Tensor b = leaf({3, 4});
+  Tensor y = add(mul(a, b), a);            // a receives two gradients: summed, labels combined
+  Tensor g = Tensor::ones({2}, DType::Float64);
+  g.set_annotation(std::make_shared<Label>("partial"));
+  autograd::backward({y}, {g});
+  ASSERT_TRUE(a.grad().annotation());
+  EXPECT_EQ(a.grad().annotation()->str(), "partial");
+  ASSERT_TRUE(b.grad().annotation());
+  EXPECT_EQ(b.grad().annotation()->str(), "partial");
+  EXPECT_EQ(a.grad().to_vector(), (std::vector<double>{4, 5}));
+}
+
+TEST(Autograd, IncompatibleAnnotationsMeetingIsAnError) {
+  Tensor a = leaf({1, 2});
+  Tensor y1 = mul(a, a);
+  Tensor y2 = mul(a, a);
+  Tensor g1 = Tensor::ones({2}, DType::Float64);
+  Tensor g2 = Tensor::ones({2}, DType::Float64);
+  g1.set_annotation(std::make_shared<Label>("x"));
+  g2.set_annotation(std::make_shared<Label>("y"));
+  EXPECT_THROW(autograd::backward({y1, y2}, {g1, g2}), InvalidArgument);
+}

@@ -17,6 +17,7 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/tensor/annotation.hpp"
 #include "meshgrad/tensor/dtype.hpp"
 #include "meshgrad/tensor/shape.hpp"
 
@@ -70,6 +71,7 @@ struct TensorImpl {
   Strides strides;
   std::int64_t offset = 0;
   std::unique_ptr<AutogradMeta> autograd;
+  AnnotationPtr annotation;   // see annotation.hpp; not copied by views or detach()
 };
 
 class Tensor {
@@ -162,6 +164,9 @@ class Tensor {
   void register_post_accumulate_hook(PostAccumulateHook hook);
   const std::string& name() const;
   Tensor& set_name(std::string name);
+  // Upper-layer metadata (see annotation.hpp), e.g. the placement of a gradient.
+  const AnnotationPtr& annotation() const { return impl().annotation; }
+  void set_annotation(AnnotationPtr a) const { impl().annotation = std::move(a); }
 
   TensorImpl& impl() const;
   const std::shared_ptr<TensorImpl>& impl_ptr() const { return impl_; }
