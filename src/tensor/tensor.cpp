@@ -249,7 +249,8 @@ Shape infer_shape(const Shape& requested, std::int64_t numel, const char* op, co
 // Strides for viewing (shape, strides) as new_shape without copying, or empty when impossible.
 // Groups old dims into runs that are contiguous among themselves and maps new dims onto them.
 std::optional<Strides> view_strides(const Shape& shape, const Strides& strides, const Shape& new_shape) {
-  if (shape_numel(shape) == 0) return contiguous_strides(new_shape);
+  // Zero or one element (a scalar included): any shape of that size is a view.
+  if (shape_numel(shape) <= 1) return contiguous_strides(new_shape);
   Strides out(new_shape.size());
   std::int64_t view_d = static_cast<std::int64_t>(new_shape.size()) - 1;
   std::int64_t chunk_base_stride = strides.empty() ? 1 : strides.back();

@@ -141,3 +141,12 @@ TEST(Tensor, RequiresGradOnlyOnFloatingLeaves) {
   EXPECT_THROW(idx.set_requires_grad(), InvalidArgument);
   EXPECT_FALSE(a.detach().requires_grad());
 }
+
+TEST(Tensor, ScalarViewsAsAnyOneElementShape) {
+  Tensor s = Tensor::scalar(3.0, DType::Float64);
+  Tensor v = s.view({1, 1, 1});
+  EXPECT_EQ(v.shape(), (Shape{1, 1, 1}));
+  EXPECT_EQ(v.storage(), s.storage());
+  EXPECT_EQ(v.at({0, 0, 0}), 3.0);
+  EXPECT_EQ(v.view({}).item(), 3.0);
+}

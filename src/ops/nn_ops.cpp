@@ -1,0 +1,517 @@
+// Differentiable neural-network ops: pointwise nonlinearities, softmax / log-softmax, layer norm,
+// embedding, cross-entropy, dropout and causal attention. Each op is one Function with its
+// forward and backward side by side; forward saves only what backward needs.
+//
+// Shapes in comments: x [..., C] means "any leading dims, C along the last one", and a row is one
+// index of the leading dims. Per-row statistics (layer-norm mean and variance, log-sum-exp) are
+// accumulated in double in index order: deterministic, and float32 loses nothing to long rows.
+#include <algorithm>
+#include <cmath>
+#include <limits>
+#include <vector>
+
+#include "meshgrad/autograd/function.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/tensor/iter.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+
+namespace meshgrad {
+
+using autograd::Function;
+using kernels::Binary;
+using kernels::Unary;
+
+namespace {
+
+// ---- pointwise nonlinearities ---------------------------------------------------------------------
+
+// relu: dx = dy * [x > 0]. Saves x.
+class ReluFn final : public Function {
+ public:
+  std::string_view name() const override { return "relu"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0]});
+    return {kernels::unary(Unary::Relu, x[0])};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::relu_backward(g[0], saved()[0])}; }
+};
+
+// gelu (tanh approximation): dx = dy * gelu'(x), the exact derivative of that formula. Saves x.
+class GeluFn final : public Function {
+ public:
+  std::string_view name() const override { return "gelu"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0]});
+    return {kernels::unary(Unary::Gelu, x[0])};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::gelu_backward(g[0], saved()[0])}; }
+};
+
+// tanh: dx = dy * (1 - y^2). Saves the output y.
+class TanhFn final : public Function {
+ public:
+  std::string_view name() const override { return "tanh"; }
+  TensorList forward(const TensorList& x) override {
+    Tensor y = kernels::unary(Unary::Tanh, x[0]);
+    save_for_backward({y});
+    return {y};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::tanh_backward(g[0], saved()[0])}; }
+};
+
+// exp: dx = dy * y. Saves the output y.
+class ExpFn final : public Function {
+ public:
+  std::string_view name() const override { return "exp"; }
+  TensorList forward(const TensorList& x) override {
+    Tensor y = kernels::unary(Unary::Exp, x[0]);
+    save_for_backward({y});
+    return {y};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::binary(Binary::Mul, g[0], saved()[0])}; }
+};
+
+// log: dx = dy / x. Saves x.
+class LogFn final : public Function {
+ public:
+  std::string_view name() const override { return "log"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0]});
+    return {kernels::unary(Unary::Log, x[0])};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::binary(Binary::Div, g[0], saved()[0])}; }
+};
+
+// ---- softmax / log-softmax over the last dim --------------------------------------------------------
+
+// y = softmax(x); dx = y * (dy - <dy, y>). Saves y.
+class SoftmaxFn final : public Function {
+ public:
+  std::string_view name() const override { return "softmax"; }
+  TensorList forward(const TensorList& x) override {
+    Tensor y = kernels::softmax_last(x[0]);
+    save_for_backward({y});
+    return {y};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::softmax_backward_last(g[0], saved()[0])}; }
+};
+
+// y = log_softmax(x); dx = dy - exp(y) * sum(dy). Saves y.
+class LogSoftmaxFn final : public Function {
+ public:
+  std::string_view name() const override { return "log_softmax"; }
+  TensorList forward(const TensorList& x) override {
+    Tensor y = kernels::log_softmax_last(x[0]);
+    save_for_backward({y});
+    return {y};
+  }
+  TensorList backward(const TensorList& g) override {
+    return {kernels::log_softmax_backward_last(g[0], saved()[0])};
+  }
+};
+
+// ---- layer norm -----------------------------------------------------------------------------------
+
+// Number of rows of a [..., C] tensor (product of the leading dims).
+std::int64_t leading_rows(const Tensor& x) {
+  std::int64_t rows = 1;
+  for (int d = 0; d + 1 < x.dim(); ++d) rows *= x.shape()[static_cast<std::size_t>(d)];
+  return rows;
+}
+
+// inputs {x [..., C], weight [C] or undefined, bias [C] or undefined}
+//   y = xhat * weight + bias,  xhat = (x - mean) * rstd,  rstd = 1 / sqrt(var + eps)
+// with mean and the biased variance (divide by C, as PyTorch) over the last dim of each row.
+// Saves x (packed), weight, and mean and rstd per row as float64 [rows].
+// Backward, with g = dy * weight (or dy) per row:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
+//   dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
+class LayerNormFn final : public Function {
+ public:
+  explicit LayerNormFn(double eps) : eps_(eps) {}
+  std::string_view name() const override { return "layer_norm"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor& x = in[0];
+    check_floating(x, "layer_norm");
+    MG_CHECK(x.dim() >= 1, "layer_norm: input must have at least 1 dim, got {}", x.str());
+    MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps_);
+    const std::int64_t cols = x.size(-1);
+    const Tensor weight = checked_affine(in[1], x, "weight");
+    const Tensor bias = checked_affine(in[2], x, "bias");
+    const Tensor xp = x.contiguous();
+    const std::int64_t rows = leading_rows(x);
+    Tensor mean = Tensor::empty({rows}, DType::Float64);
+    Tensor rstd = Tensor::empty({rows}, DType::Float64);
+    Tensor y = Tensor::empty(x.shape(), x.dtype());
+    dispatch_floating(x.dtype(), "layer_norm", [&]<class T>() {
+      const T* px = xp.data<T>();
+      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
+      const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+      T* py = y.data<T>();
+      double* pm = mean.data<double>();
+      double* pr = rstd.data<double>();
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* row = px + r * cols;
+        T* out = py + r * cols;
+        // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
+        double total = 0;
+        for (std::int64_t j = 0; j < cols; ++j) total += static_cast<double>(row[j]);
+        const double mu = total / static_cast<double>(cols);
+        double squares = 0;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const double d = static_cast<double>(row[j]) - mu;
+          squares += d * d;
+        }
+        const double rs = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps_);
+        pm[r] = mu;
+        pr[r] = rs;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          double v = (static_cast<double>(row[j]) - mu) * rs;
+          if (pw != nullptr) v *= static_cast<double>(pw[j]);
+          if (pb != nullptr) v += static_cast<double>(pb[j]);
+          out[j] = static_cast<T>(v);
+        }
+      }
+    });
+    has_bias_ = bias.defined();
+    save_for_backward({xp, weight, mean, rstd});
+    return {y};
+  }
+
+  TensorList backward(const TensorList& g) override {
+    const Tensor& xp = saved()[0];
+    const Tensor& weight = saved()[1];
+    const Tensor& mean = saved()[2];
+    const Tensor& rstd = saved()[3];
+    const Tensor dy = g[0].contiguous();
+    const std::int64_t cols = xp.size(-1);
+    const std::int64_t rows = leading_rows(xp);
+    const bool want_dx = needs_input_grad(0);
+    const bool want_dw = weight.defined() && needs_input_grad(1);
+    const bool want_db = has_bias_ && needs_input_grad(2);
+    Tensor dx = want_dx ? Tensor::empty(xp.shape(), xp.dtype()) : Tensor();
+    // Column sums over rows, in row order (deterministic), in double.
+    std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(cols) : 0, 0.0);
+    std::vector<double> db_acc(want_db ? static_cast<std::size_t>(cols) : 0, 0.0);
+    std::vector<double> xhat(static_cast<std::size_t>(cols));
+    std::vector<double> gw(static_cast<std::size_t>(cols));
+    dispatch_floating(xp.dtype(), "layer_norm backward", [&]<class T>() {
+      const T* px = xp.data<T>();
+      const T* pdy = dy.data<T>();
+      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
+      const double* pm = mean.data<double>();
+      const double* pr = rstd.data<double>();
+      T* pdx = want_dx ? dx.data<T>() : nullptr;
+      const double inv_cols = 1.0 / static_cast<double>(cols);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        const T* row = px + r * cols;
+        const T* drow = pdy + r * cols;
+        double sum_g = 0, sum_g_xhat = 0;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const double xh = (static_cast<double>(row[j]) - pm[r]) * pr[r];
+          const double d = static_cast<double>(drow[j]);
+          const double gj = pw != nullptr ? d * static_cast<double>(pw[j]) : d;
+          xhat[static_cast<std::size_t>(j)] = xh;
+          gw[static_cast<std::size_t>(j)] = gj;
+          sum_g += gj;
+          sum_g_xhat += gj * xh;
+          if (want_dw) dw_acc[static_cast<std::size_t>(j)] += d * xh;
+          if (want_db) db_acc[static_cast<std::size_t>(j)] += d;
+        }
+        if (!want_dx) continue;
+        const double mean_g = sum_g * inv_cols, mean_g_xhat = sum_g_xhat * inv_cols;
+        T* out = pdx + r * cols;
+        for (std::int64_t j = 0; j < cols; ++j) {
+          const auto k = static_cast<std::size_t>(j);
+          out[j] = static_cast<T>(pr[r] * (gw[k] - mean_g - xhat[k] * mean_g_xhat));
+        }
+      }
+    });
+    const Shape col_shape{cols};
+    Tensor dw = want_dw ? Tensor::from_values(dw_acc, col_shape, xp.dtype()) : Tensor();
+    Tensor db = want_db ? Tensor::from_values(db_acc, col_shape, xp.dtype()) : Tensor();
+    return {dx, dw, db};
+  }
+
+ private:
+  // weight / bias: undefined, or [C] of x's dtype; returned packed.
+  static Tensor checked_affine(const Tensor& t, const Tensor& x, const char* what) {
+    if (!t.defined()) return Tensor();
+    MG_CHECK(t.dtype() == x.dtype(), "layer_norm: {} has dtype {}, input has {}", what, t.dtype(), x.dtype());
+    MG_CHECK(t.shape() == Shape{x.size(-1)}, "layer_norm: {} shape {} does not match the last dim of input {} "
+             "(expected [{}])", what, shape_str(t.shape()), shape_str(x.shape()), x.size(-1));
+    return t.contiguous();
+  }
+
+  double eps_;
+  bool has_bias_ = false;
+};
+
+// ---- embedding ------------------------------------------------------------------------------------
+
+// inputs {weight [V, C], indices int64 [...]} -> [..., C]. Backward: a zero [V, C] gradient with
+// each output row's gradient added to the row it was read from, in index order. No gradient for
+// the indices. Saves the indices.
+class EmbeddingFn final : public Function {
+ public:
+  std::string_view name() const override { return "embedding"; }
+  TensorList forward(const TensorList& in) override {
+    Tensor out = kernels::embedding(in[0], in[1]);
+    weight_shape_ = in[0].shape();
+    save_for_backward({in[1]});
+    return {out};
+  }
+  TensorList backward(const TensorList& g) override {
+    if (!needs_input_grad(0)) return {Tensor(), Tensor()};
+    Tensor grad_weight = Tensor::zeros(weight_shape_, g[0].dtype());
+    kernels::embedding_backward_(grad_weight, g[0], saved()[0]);
+    return {grad_weight, Tensor()};
+  }
+
+ private:
+  Shape weight_shape_;
+};
+
+// ---- cross-entropy --------------------------------------------------------------------------------
+
+// inputs {logits [N, V], targets int64 [N]} -> scalar
+//   loss = (1 / n) * sum over rows i with t_i != ignore_index of (lse_i - logits[i, t_i]),
+//   lse_i = log sum_j exp(logits[i, j]),  n = number of such rows (loss 0 when n = 0).
+// Fused: no [N, V] log-softmax is materialised in forward. Saves the logits (packed), the targets
+// and lse per row (float64 [N]); backward recomputes the probabilities from them:
+//   dlogits[i, j] = (exp(logits[i, j] - lse_i) - [j == t_i]) * dloss / n,  0 on ignored rows.
+class CrossEntropyFn final : public Function {
+ public:
+  explicit CrossEntropyFn(std::int64_t ignore_index) : ignore_index_(ignore_index) {}
+  std::string_view name() const override { return "cross_entropy"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor& logits = in[0];
+    const Tensor& targets = in[1];
+    check_floating(logits, "cross_entropy");
+    MG_CHECK(logits.dim() == 2, "cross_entropy: logits must be [N, V], got {}", logits.str());
+    check_dtype(targets, DType::Int64, "cross_entropy", "targets");
+    const std::int64_t rows = logits.size(0), vocab = logits.size(1);
+    MG_CHECK(targets.dim() == 1 && targets.size(0) == rows,
+             "cross_entropy: targets must be [N] = [{}] for logits {}, got {}", rows, shape_str(logits.shape()),
+             shape_str(targets.shape()));
+    const Tensor tp = targets.contiguous();
+    const std::int64_t* pt = tp.data<std::int64_t>();
+    count_ = 0;
+    for (std::int64_t i = 0; i < rows; ++i) {
+      if (pt[i] == ignore_index_) continue;
+      MG_CHECK(pt[i] >= 0 && pt[i] < vocab,
+               "cross_entropy: target {} at position {} is out of range [0, {}) (ignore_index {}, logits {})", pt[i],
+               i, vocab, ignore_index_, shape_str(logits.shape()));
+      ++count_;
+    }
+    const Tensor lp = logits.contiguous();
+    Tensor lse = Tensor::zeros({rows}, DType::Float64);
+    double total = 0;
+    dispatch_floating(logits.dtype(), "cross_entropy", [&]<class T>() {
+      const T* px = lp.data<T>();
+      double* pl = lse.data<double>();
+      for (std::int64_t i = 0; i < rows; ++i) {
+        if (pt[i] == ignore_index_) continue;
+        const T* row = px + i * vocab;
+        double m = -std::numeric_limits<double>::infinity();
+        for (std::int64_t j = 0; j < vocab; ++j) m = std::max(m, static_cast<double>(row[j]));
+        double s = 0;
+        for (std::int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(row[j]) - m);
+        pl[i] = m + std::log(s);
+        total += pl[i] - static_cast<double>(row[pt[i]]);
+      }
+    });
+    const double loss = count_ > 0 ? total / static_cast<double>(count_) : 0.0;
+    save_for_backward({lp, tp, lse});
+    return {Tensor::scalar(loss, logits.dtype())};
+  }
+
+  TensorList backward(const TensorList& g) override {
+    if (!needs_input_grad(0)) return {Tensor(), Tensor()};
+    const Tensor& lp = saved()[0];
+    const Tensor& tp = saved()[1];
+    const Tensor& lse = saved()[2];
+    const std::int64_t rows = lp.size(0), vocab = lp.size(1);
+    Tensor dlogits = Tensor::zeros(lp.shape(), lp.dtype());
+    if (count_ == 0) return {dlogits, Tensor()};   // every target ignored: the loss is the constant 0
+    const double factor = g[0].item() / static_cast<double>(count_);
+    const std::int64_t* pt = tp.data<std::int64_t>();
+    dispatch_floating(lp.dtype(), "cross_entropy backward", [&]<class T>() {
+      const T* px = lp.data<T>();
+      const double* pl = lse.data<double>();
+      T* pd = dlogits.data<T>();
+      for (std::int64_t i = 0; i < rows; ++i) {
+        if (pt[i] == ignore_index_) continue;
+        const T* row = px + i * vocab;
+        T* out = pd + i * vocab;
+        for (std::int64_t j = 0; j < vocab; ++j) {
+          const double p = std::exp(static_cast<double>(row[j]) - pl[i]);
+          out[j] = static_cast<T>((p - (j == pt[i] ? 1.0 : 0.0)) * factor);
+        }
+      }
+    });
+    return {dlogits, Tensor()};
+  }
+
+ private:
+  std::int64_t ignore_index_;
+  std::int64_t count_ = 0;
+};
+
+// ---- dropout --------------------------------------------------------------------------------------
+
+// out[i] = t[i] / (1 - p) where uniform(seed, i) >= p, else 0; i is the row-major logical index, so
+// the mask depends only on (seed, shape), not on t's layout. Used for both forward (t = x) and
+// backward (t = dy): the same mask, regenerated from the seed instead of stored.
+Tensor apply_dropout_mask(const Tensor& t, std::uint64_t seed, double p) {
+  check_floating(t, "dropout");
+  Tensor out = Tensor::empty(t.shape(), t.dtype());
+  dispatch_floating(t.dtype(), "dropout", [&]<class T>() {
+    const T keep_scale = static_cast<T>(1.0 / (1.0 - p));
+    T* po = out.data<T>();
+    const T* pt = reinterpret_cast<const T*>(t.storage()->data()) + t.offset();
+    for_each_row<2>(t.shape(), {&out.strides(), &t.strides()},
+                    [&](const std::array<std::int64_t, 2>& off, std::int64_t n, const std::array<std::int64_t, 2>& st) {
+                      for (std::int64_t k = 0; k < n; ++k) {
+                        // out is contiguous: its element offset is the logical index.
+                        const std::int64_t i = off[0] + k * st[0];
+                        const bool dropped = random::uniform(seed, static_cast<std::uint64_t>(i)) < p;
+                        po[i] = dropped ? T(0) : pt[off[1] + k * st[1]] * keep_scale;
+                      }
+                    });
+  });
+  return out;
+}
+
+// inputs {x}; dx = dy * mask / (1 - p). Keeps only (seed, p): no mask tensor is stored.
+class DropoutFn final : public Function {
+ public:
+  DropoutFn(double p, std::uint64_t seed) : p_(p), seed_(seed) {}
+  std::string_view name() const override { return "dropout"; }
+  TensorList forward(const TensorList& x) override { return {apply_dropout_mask(x[0], seed_, p_)}; }
+  TensorList backward(const TensorList& g) override { return {apply_dropout_mask(g[0], seed_, p_)}; }
+
+ private:
+  double p_;
+  std::uint64_t seed_;
+};
+
+// ---- causal attention -----------------------------------------------------------------------------
+
+// In place on packed scores S [B, H, T, T]: S <- softmax over s of (S[.., t, s] * scale) for s <= t,
+// and 0 for s > t (the causal mask). Row t has t + 1 unmasked entries, so it is never empty and the
+// masked entries contribute exactly 0 (no -inf arithmetic).
+void causal_softmax_(Tensor& scores, double scale) {
+  const std::int64_t steps = scores.size(-1);
+  const std::int64_t rows = scores.numel() / std::max<std::int64_t>(steps, 1);
+  dispatch_floating(scores.dtype(), "causal_attention", [&]<class T>() {
+    T* ps = scores.data<T>();
+    const T sc = static_cast<T>(scale);
+    for (std::int64_t r = 0; r < rows; ++r) {
+      T* row = ps + r * steps;
+      const std::int64_t visible = r % steps + 1;   // query position t = r mod T sees s <= t
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t s = 0; s < visible; ++s) {
+        row[s] *= sc;
+        m = std::max(m, row[s]);
+      }
+      double total = 0;
+      for (std::int64_t s = 0; s < visible; ++s) {
+        row[s] = std::exp(row[s] - m);
+        total += static_cast<double>(row[s]);
+      }
+      const T inv = static_cast<T>(1.0 / total);
+      for (std::int64_t s = 0; s < visible; ++s) row[s] *= inv;
+      for (std::int64_t s = visible; s < steps; ++s) row[s] = T(0);
+    }
+  });
+}
+
+// inputs {q, k, v} all [B, H, T, D] -> O [B, H, T, D]
+//   P = causal_softmax(q k^T * scale),  O = P v,  scale = 1 / sqrt(D).
+// Saves P [B, H, T, T] and those of q, k, v that backward reads. Backward:
+//   dV = P^T dO,  dP = dO v^T,  dS = P * (dP - rowsum(dP * P))   (0 where masked, since P is 0)
+//   dQ = dS k * scale,  dK = dS^T q * scale.
+// Transposes are views handed to kernels::matmul, which passes them to BLAS as flags.
+class CausalAttentionFn final : public Function {
+ public:
+  std::string_view name() const override { return "causal_attention"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor &q = in[0], &k = in[1], &v = in[2];
+    check_floating(q, "causal_attention");
+    check_same_dtype(q, k, "causal_attention");
+    check_same_dtype(q, v, "causal_attention");
+    MG_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
+             "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", shape_str(q.shape()),
+             shape_str(k.shape()), shape_str(v.shape()));
+    MG_CHECK(q.size(3) > 0, "causal_attention: head dim D must be positive, got q {}", shape_str(q.shape()));
+    scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
+    Tensor probs = kernels::matmul(q, k.transpose(-2, -1));   // [B, H, T, T], packed
+    causal_softmax_(probs, scale_);
+    Tensor out = kernels::matmul(probs, v);
+    const bool want_qk = needs_input_grad(0) || needs_input_grad(1);
+    save_for_backward({needs_input_grad(1) ? q : Tensor(), needs_input_grad(0) ? k : Tensor(),
+                       want_qk ? v : Tensor(), probs});
+    return {out};
+  }
+
+  TensorList backward(const TensorList& g) override {
+    const Tensor &q = saved()[0], &k = saved()[1], &v = saved()[2], &probs = saved()[3];
+    const Tensor& dout = g[0];
+    Tensor dq, dk, dv;
+    if (needs_input_grad(2)) dv = kernels::matmul(probs.transpose(-2, -1), dout);
+    if (needs_input_grad(0) || needs_input_grad(1)) {
+      const Tensor dprobs = kernels::matmul(dout, v.transpose(-2, -1));
+      const Tensor dscores = kernels::softmax_backward_last(dprobs, probs);
+      // The scale is applied to the [T, D] products rather than the [T, T] dS: fewer multiplies.
+      if (needs_input_grad(0)) dq = kernels::scale(kernels::matmul(dscores, k), scale_);
+      if (needs_input_grad(1)) dk = kernels::scale(kernels::matmul(dscores.transpose(-2, -1), q), scale_);
+    }
+    return {dq, dk, dv};
+  }
+
+ private:
+  double scale_ = 1.0;
+};
+
+}  // namespace
+
+Tensor relu(const Tensor& a) { return autograd::apply<ReluFn>({a})[0]; }
+Tensor gelu(const Tensor& a) { return autograd::apply<GeluFn>({a})[0]; }
+Tensor tanh(const Tensor& a) { return autograd::apply<TanhFn>({a})[0]; }
+Tensor exp(const Tensor& a) { return autograd::apply<ExpFn>({a})[0]; }
+Tensor log(const Tensor& a) { return autograd::apply<LogFn>({a})[0]; }
+
+Tensor softmax(const Tensor& x) { return autograd::apply<SoftmaxFn>({x})[0]; }
+Tensor log_softmax(const Tensor& x) { return autograd::apply<LogSoftmaxFn>({x})[0]; }
+
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
+  return autograd::apply<LayerNormFn>({x, weight, bias}, eps)[0];
+}
+
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  return autograd::apply<EmbeddingFn>({weight, indices})[0];
+}
+
+Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index) {
+  return autograd::apply<CrossEntropyFn>({logits, targets}, ignore_index)[0];
+}
+
+// p must be in [0, 1). p = 1 is rejected rather than defined as "all zeros": the kept-element scale
+// 1 / (1 - p) is infinite there, and a model that wants zeros should say so. Identity (x itself, no
+// node, no generator draw) when !training or p == 0, so evaluation does not advance the generator.
+Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training) {
+  check_floating(x, "dropout");
+  MG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got {} (input {})", p, x.str());
+  if (!training || p == 0.0) return x;
+  return autograd::apply<DropoutFn>({x}, p, gen.next_seed())[0];
+}
+
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
+  return autograd::apply<CausalAttentionFn>({q, k, v})[0];
+}
+
+}  // namespace meshgrad

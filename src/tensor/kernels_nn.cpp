@@ -1,0 +1,366 @@
+// Neural-network kernels: pointwise nonlinearities and their derivatives, row-wise softmax and
+// log-softmax (over the last dim) with their backwards, max over the last dim, and the embedding
+// gather / scatter-add. (Arithmetic, reductions, matmul and cat are in kernels.cpp.)
+//
+// Conventions shared by every kernel here:
+//  - inputs may be strided views; outputs are new contiguous tensors (except embedding_backward_,
+//    which adds into its first argument in place, whatever its layout);
+//  - float32 and float64 only; the operands of one kernel share a dtype;
+//  - row-wise kernels treat a tensor of shape [..., C] as rows of C elements and accumulate the
+//    per-row sums in double, in index order, so results are deterministic and float32 rows of
+//    any length lose no more than one float rounding in the sum.
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "meshgrad/tensor/iter.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+
+namespace meshgrad::kernels {
+
+namespace {
+
+// Pointer to element 0 of a tensor of element type T (storage + offset).
+template <class T>
+T* base(const Tensor& t) {
+  return reinterpret_cast<T*>(t.storage()->data()) + t.offset();
+}
+
+// out[i] = f(a[i]) over every element of a (any layout); out is new and contiguous.
+template <class T, class F>
+Tensor map_unary(const Tensor& a, F&& f) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  T* po = out.data<T>();
+  const T* pa = base<T>(a);
+  for_each_row<2>(a.shape(), {&out.strides(), &a.strides()},
+                  [&](const std::array<std::int64_t, 2>& off, std::int64_t n, const std::array<std::int64_t, 2>& st) {
+                    T* o = po + off[0];
+                    const T* x = pa + off[1];
+                    if (st[1] == 1) {
+                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+                    } else {
+                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]]);
+                    }
+                  });
+  return out;
+}
+
+// out[i] = f(a[i], b[i]) for two tensors of the same shape (any layouts); out new and contiguous.
+template <class T, class F>
+Tensor map_binary(const Tensor& a, const Tensor& b, F&& f) {
+  Tensor out = Tensor::empty(a.shape(), a.dtype());
+  T* po = out.data<T>();
+  const T* pa = base<T>(a);
+  const T* pb = base<T>(b);
+  for_each_row<3>(a.shape(), {&out.strides(), &a.strides(), &b.strides()},
+                  [&](const std::array<std::int64_t, 3>& off, std::int64_t n, const std::array<std::int64_t, 3>& st) {
+                    T* o = po + off[0];
+                    const T* x = pa + off[1];
+                    const T* y = pb + off[2];
+                    if (st[1] == 1 && st[2] == 1) {
+                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                    } else {
+                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]], y[i * st[2]]);
+                    }
+                  });
+  return out;
+}
+
+// Checks the (grad, saved) pair of a pointwise or row-wise backward: both floating, one dtype,
+// one shape.
+void check_backward_pair(const Tensor& grad, const Tensor& saved, const char* op, const char* saved_name) {
+  check_floating(grad, op);
+  check_same_dtype(grad, saved, op);
+  MG_CHECK(grad.shape() == saved.shape(), "{}: grad shape {} differs from {} shape {}", op, shape_str(grad.shape()),
+           saved_name, shape_str(saved.shape()));
+}
+
+// A tensor of shape [..., C] seen as `rows` packed rows of `cols` elements.
+struct Rows {
+  Tensor packed;   // contiguous
+  std::int64_t rows = 0;
+  std::int64_t cols = 0;
+};
+
+Rows as_rows(const Tensor& x, const char* op) {
+  check_floating(x, op);
+  MG_CHECK(x.dim() >= 1, "{}: expected a tensor with at least 1 dim (rows over the last dim), got {}", op, x.str());
+  Rows r;
+  r.packed = x.contiguous();
+  r.cols = x.size(-1);
+  r.rows = 1;
+  for (int d = 0; d + 1 < x.dim(); ++d) r.rows *= x.shape()[static_cast<std::size_t>(d)];
+  return r;
+}
+
+// GELU, tanh approximation (GPT-2):  gelu(x) = 0.5 x (1 + tanh(u)),  u = k (x + c x^3),
+// k = sqrt(2/pi), c = 0.044715.
+constexpr double kGeluK = 0.7978845608028654;   // sqrt(2 / pi)
+constexpr double kGeluC = 0.044715;
+
+template <class T>
+T gelu_value(T x) {
+  const T u = T(kGeluK) * (x + T(kGeluC) * x * x * x);
+  return T(0.5) * x * (T(1) + std::tanh(u));
+}
+
+// d gelu / dx of the same formula:  0.5 (1 + tanh u) + 0.5 x (1 - tanh^2 u) k (1 + 3 c x^2).
+template <class T>
+T gelu_derivative(T x) {
+  const T u = T(kGeluK) * (x + T(kGeluC) * x * x * x);
+  const T t = std::tanh(u);
+  const T du = T(kGeluK) * (T(1) + T(3 * kGeluC) * x * x);
+  return T(0.5) * (T(1) + t) + T(0.5) * x * (T(1) - t * t) * du;
+}
+
+const char* unary_name(Unary op) {
+  switch (op) {
+    case Unary::Neg: return "neg";
+    case Unary::Exp: return "exp";
+    case Unary::Log: return "log";
+    case Unary::Tanh: return "tanh";
+    case Unary::Sqrt: return "sqrt";
+    case Unary::Relu: return "relu";
+    case Unary::Gelu: return "gelu";
+  }
+  return "unary";
+}
+
+}  // namespace
+
+// ---- pointwise ------------------------------------------------------------------------------------
+
+// log and sqrt of negative numbers give NaN (IEEE), as in the usual libraries; relu propagates
+// NaN (NaN < 0 is false).
+Tensor unary(Unary op, const Tensor& a) {
+  const char* name = unary_name(op);
+  check_floating(a, name);
+  return dispatch_floating(a.dtype(), name, [&]<class T>() -> Tensor {
+    switch (op) {
+      case Unary::Neg: return map_unary<T>(a, [](T x) { return -x; });
+      case Unary::Exp: return map_unary<T>(a, [](T x) { return std::exp(x); });
+      case Unary::Log: return map_unary<T>(a, [](T x) { return std::log(x); });
+      case Unary::Tanh: return map_unary<T>(a, [](T x) { return std::tanh(x); });
+      case Unary::Sqrt: return map_unary<T>(a, [](T x) { return std::sqrt(x); });
+      case Unary::Relu: return map_unary<T>(a, [](T x) { return x < T(0) ? T(0) : x; });
+      case Unary::Gelu: return map_unary<T>(a, [](T x) { return gelu_value(x); });
+    }
+    throw InvalidArgument(fmt::format("unary: unknown op {}", static_cast<int>(op)));
+  });
+}
+
+// d relu / dx = 1 for x > 0 and 0 for x <= 0 (the subgradient 0 at the kink, as PyTorch).
+Tensor relu_backward(const Tensor& grad, const Tensor& x) {
+  check_backward_pair(grad, x, "relu_backward", "input");
+  return dispatch_floating(x.dtype(), "relu_backward", [&]<class T>() {
+    return map_binary<T>(grad, x, [](T g, T v) { return v > T(0) ? g : T(0); });
+  });
+}
+
+Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
+  check_backward_pair(grad, x, "gelu_backward", "input");
+  return dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>() {
+    return map_binary<T>(grad, x, [](T g, T v) { return g * gelu_derivative(v); });
+  });
+}
+
+// y = tanh(x): d y / dx = 1 - y^2, from the saved output (no second tanh).
+Tensor tanh_backward(const Tensor& grad, const Tensor& y) {
+  check_backward_pair(grad, y, "tanh_backward", "output");
+  return dispatch_floating(y.dtype(), "tanh_backward", [&]<class T>() {
+    return map_binary<T>(grad, y, [](T g, T v) { return g * (T(1) - v * v); });
+  });
+}
+
+// ---- row-wise -------------------------------------------------------------------------------------
+
+// [..., C] -> [..., 1]. C must be positive (the max of nothing is undefined). NaN in a row makes
+// that row's max NaN.
+Tensor max_last(const Tensor& a) {
+  Rows r = as_rows(a, "max_last");
+  MG_CHECK(r.cols > 0, "max_last: last dim of {} is empty", a.str());
+  Shape out_shape = a.shape();
+  out_shape.back() = 1;
+  Tensor out = Tensor::empty(out_shape, a.dtype());
+  dispatch_floating(a.dtype(), "max_last", [&]<class T>() {
+    const T* x = r.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      const T* row = x + i * r.cols;
+      T m = row[0];
+      for (std::int64_t j = 1; j < r.cols; ++j) {
+        if (row[j] > m || std::isnan(row[j])) m = row[j];
+      }
+      o[i] = m;
+    }
+  });
+  return out;
+}
+
+// y = exp(x - m) / sum(exp(x - m)) with m the row max: no overflow for large logits; a row of
+// all -inf gives NaN (0/0), as the usual libraries do.
+Tensor softmax_last(const Tensor& x) {
+  Rows r = as_rows(x, "softmax");
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
+    const T* in = r.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      const T* row = in + i * r.cols;
+      T* y = o + i * r.cols;
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < r.cols; ++j) m = std::max(m, row[j]);
+      double total = 0;
+      for (std::int64_t j = 0; j < r.cols; ++j) {
+        y[j] = std::exp(row[j] - m);
+        total += static_cast<double>(y[j]);
+      }
+      const T inv = static_cast<T>(1.0 / total);
+      for (std::int64_t j = 0; j < r.cols; ++j) y[j] *= inv;
+    }
+  });
+  return out;
+}
+
+// y = (x - m) - log(sum(exp(x - m))): computed from the shifted logits, never as log(softmax),
+// so very negative entries stay finite.
+Tensor log_softmax_last(const Tensor& x) {
+  Rows r = as_rows(x, "log_softmax");
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), "log_softmax", [&]<class T>() {
+    const T* in = r.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      const T* row = in + i * r.cols;
+      T* y = o + i * r.cols;
+      T m = -std::numeric_limits<T>::infinity();
+      for (std::int64_t j = 0; j < r.cols; ++j) m = std::max(m, row[j]);
+      double total = 0;
+      for (std::int64_t j = 0; j < r.cols; ++j) total += std::exp(static_cast<double>(row[j] - m));
+      const T log_total = static_cast<T>(std::log(total));
+      for (std::int64_t j = 0; j < r.cols; ++j) y[j] = (row[j] - m) - log_total;
+    }
+  });
+  return out;
+}
+
+// dx = y * (dy - <dy, y>) per row (the Jacobian of softmax is diag(y) - y y^T).
+Tensor softmax_backward_last(const Tensor& grad, const Tensor& y) {
+  check_backward_pair(grad, y, "softmax_backward", "output");
+  Rows g = as_rows(grad, "softmax_backward");
+  Rows s = as_rows(y, "softmax_backward");
+  Tensor out = Tensor::empty(y.shape(), y.dtype());
+  dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
+    const T* pg = g.packed.data<T>();
+    const T* py = s.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < g.rows; ++i) {
+      const T* dy = pg + i * g.cols;
+      const T* yy = py + i * g.cols;
+      T* dx = o + i * g.cols;
+      double dot = 0;
+      for (std::int64_t j = 0; j < g.cols; ++j) dot += static_cast<double>(dy[j]) * static_cast<double>(yy[j]);
+      const T d = static_cast<T>(dot);
+      for (std::int64_t j = 0; j < g.cols; ++j) dx[j] = yy[j] * (dy[j] - d);
+    }
+  });
+  return out;
+}
+
+// dx = dy - exp(y) * sum(dy) per row (exp(y) is the softmax).
+Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y) {
+  check_backward_pair(grad, y, "log_softmax_backward", "output");
+  Rows g = as_rows(grad, "log_softmax_backward");
+  Rows s = as_rows(y, "log_softmax_backward");
+  Tensor out = Tensor::empty(y.shape(), y.dtype());
+  dispatch_floating(y.dtype(), "log_softmax_backward", [&]<class T>() {
+    const T* pg = g.packed.data<T>();
+    const T* py = s.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < g.rows; ++i) {
+      const T* dy = pg + i * g.cols;
+      const T* yy = py + i * g.cols;
+      T* dx = o + i * g.cols;
+      double total = 0;
+      for (std::int64_t j = 0; j < g.cols; ++j) total += static_cast<double>(dy[j]);
+      const T t = static_cast<T>(total);
+      for (std::int64_t j = 0; j < g.cols; ++j) dx[j] = dy[j] - std::exp(yy[j]) * t;
+    }
+  });
+  return out;
+}
+
+// ---- embedding ------------------------------------------------------------------------------------
+
+namespace {
+
+// Checks indices (int64, every value in [0, V)) and returns them packed. The error names the
+// position (row-major) and the value of the first bad index.
+Tensor checked_indices(const Tensor& indices, std::int64_t vocab, const char* op) {
+  check_dtype(indices, DType::Int64, op, "indices");
+  Tensor packed = indices.contiguous();
+  const std::int64_t* idx = packed.data<std::int64_t>();
+  for (std::int64_t i = 0; i < packed.numel(); ++i) {
+    MG_CHECK(idx[i] >= 0 && idx[i] < vocab, "{}: index {} at position {} of indices {} is out of range [0, {})", op,
+             idx[i], i, shape_str(indices.shape()), vocab);
+  }
+  return packed;
+}
+
+}  // namespace
+
+// out[p, :] = weight[indices[p], :] for every position p of indices.
+Tensor embedding(const Tensor& weight, const Tensor& indices) {
+  check_floating(weight, "embedding");
+  MG_CHECK(weight.dim() == 2, "embedding: weight must be [V, C], got {}", weight.str());
+  const std::int64_t vocab = weight.size(0), cols = weight.size(1);
+  const Tensor idx = checked_indices(indices, vocab, "embedding");
+  Shape out_shape = indices.shape();
+  out_shape.push_back(cols);
+  Tensor out = Tensor::empty(out_shape, weight.dtype());
+  const std::int64_t s0 = weight.strides()[0], s1 = weight.strides()[1];
+  dispatch_floating(weight.dtype(), "embedding", [&]<class T>() {
+    const T* w = base<T>(weight);
+    const std::int64_t* pi = idx.data<std::int64_t>();
+    T* o = out.data<T>();
+    for (std::int64_t p = 0; p < idx.numel(); ++p) {
+      const T* src = w + pi[p] * s0;
+      T* dst = o + p * cols;
+      if (s1 == 1) {
+        if (cols > 0) std::memcpy(dst, src, static_cast<std::size_t>(cols) * sizeof(T));
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) dst[j] = src[j * s1];
+      }
+    }
+  });
+  return out;
+}
+
+// grad_weight[indices[p], :] += grad[p, :], p in row-major order of indices: a repeated index
+// sums its rows in that order, so the result does not depend on anything but the inputs.
+void embedding_backward_(Tensor& grad_weight, const Tensor& grad, const Tensor& indices) {
+  check_floating(grad_weight, "embedding_backward");
+  check_same_dtype(grad_weight, grad, "embedding_backward");
+  MG_CHECK(grad_weight.dim() == 2, "embedding_backward: grad_weight must be [V, C], got {}", grad_weight.str());
+  const std::int64_t vocab = grad_weight.size(0), cols = grad_weight.size(1);
+  Shape expected = indices.shape();
+  expected.push_back(cols);
+  MG_CHECK(grad.shape() == expected, "embedding_backward: grad shape {} does not match indices {} + [{}]",
+           shape_str(grad.shape()), shape_str(indices.shape()), cols);
+  const Tensor idx = checked_indices(indices, vocab, "embedding_backward");
+  const Tensor g = grad.contiguous();
+  const std::int64_t s0 = grad_weight.strides()[0], s1 = grad_weight.strides()[1];
+  dispatch_floating(grad_weight.dtype(), "embedding_backward", [&]<class T>() {
+    T* w = base<T>(grad_weight);
+    const T* pg = g.data<T>();
+    const std::int64_t* pi = idx.data<std::int64_t>();
+    for (std::int64_t p = 0; p < idx.numel(); ++p) {
+      T* dst = w + pi[p] * s0;
+      const T* src = pg + p * cols;
+      for (std::int64_t j = 0; j < cols; ++j) dst[j * s1] += src[j];
+    }
+  });
+}
+
+}  // namespace meshgrad::kernels
