@@ -40,6 +40,10 @@ using Milliseconds = std::chrono::milliseconds;
 // Options every collective takes. timeout 0 means the communicator's default.
 struct CollectiveOptions {
   Milliseconds timeout{0};
+  // Set by the blocking forms below: the caller waits at once, so a backend may run the operation
+  // on the calling thread instead of handing it to its progress thread (saves two thread hand-offs
+  // per call). Async callers leave it false; the result is the same either way.
+  bool caller_waits = false;
 };
 
 // A typed view of contiguous memory handed to a collective. count is in elements.
@@ -60,14 +64,18 @@ ConstBuffer buffer(std::span<const T> s) { return {s.data(), s.size(), dtype_of<
 template <class T>
 MutableBuffer buffer(std::span<T> s) { return {s.data(), s.size(), dtype_of<T>()}; }
 
-// The handle of an operation in flight.
+// The handle of an operation in flight. Operations of one communicator run in the order they were
+// issued. Destroying a Work whose operation is still running waits for it (bounded by its deadline),
+// so buffers a caller frees after dropping the handle are never touched afterwards.
 class Work {
  public:
   virtual ~Work() = default;
   // True once the operation finished, successfully or not. Never blocks.
   virtual bool is_completed() = 0;
   // Blocks until the operation finished or the deadline passed (timeout 0 = the one the op was
-  // started with). Rethrows the operation's stored error; throws CommTimeout on the deadline.
+  // started with, counted from when it was issued). Rethrows the operation's stored error; throws
+  // CommTimeout on the deadline. After a timeout the communicator is unusable (its later calls throw
+  // CommError): ranks no longer agree on which collective comes next.
   // Calling wait() again after success returns at once.
   virtual void wait(Milliseconds timeout = Milliseconds{0}) = 0;
 };
@@ -112,33 +120,37 @@ class Communicator {
   virtual WorkPtr barrier_async(const CollectiveOptions& opt = {}) = 0;
 
   // ---- blocking forms: the async form, then wait() ----------------------------------------------
+  static CollectiveOptions blocking(CollectiveOptions opt) {
+    opt.caller_waits = true;
+    return opt;
+  }
   void all_reduce(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt = {}) {
-    all_reduce_async(in, out, op, opt)->wait();
+    all_reduce_async(in, out, op, blocking(opt))->wait();
   }
   void all_reduce(MutableBuffer inout, ReduceOp op, const CollectiveOptions& opt = {}) {
-    all_reduce_async(inout, inout, op, opt)->wait();
+    all_reduce_async(inout, inout, op, blocking(opt))->wait();
   }
   void all_gather(ConstBuffer in, MutableBuffer out, Counts counts = {}, const CollectiveOptions& opt = {}) {
-    all_gather_async(in, out, counts, opt)->wait();
+    all_gather_async(in, out, counts, blocking(opt))->wait();
   }
   void reduce_scatter(ConstBuffer in, MutableBuffer out, ReduceOp op, Counts counts = {},
                       const CollectiveOptions& opt = {}) {
-    reduce_scatter_async(in, out, op, counts, opt)->wait();
+    reduce_scatter_async(in, out, op, counts, blocking(opt))->wait();
   }
   void broadcast(MutableBuffer buf, int root, const CollectiveOptions& opt = {}) {
-    broadcast_async(buf, root, opt)->wait();
+    broadcast_async(buf, root, blocking(opt))->wait();
   }
   void all_to_all(ConstBuffer in, Counts send_counts, MutableBuffer out, Counts recv_counts,
                   const CollectiveOptions& opt = {}) {
-    all_to_all_async(in, send_counts, out, recv_counts, opt)->wait();
+    all_to_all_async(in, send_counts, out, recv_counts, blocking(opt))->wait();
   }
   void send(ConstBuffer in, int peer, int tag = 0, const CollectiveOptions& opt = {}) {
-    send_async(in, peer, tag, opt)->wait();
+    send_async(in, peer, tag, blocking(opt))->wait();
   }
   void recv(MutableBuffer out, int peer, int tag = 0, const CollectiveOptions& opt = {}) {
-    recv_async(out, peer, tag, opt)->wait();
+    recv_async(out, peer, tag, blocking(opt))->wait();
   }
-  void barrier(const CollectiveOptions& opt = {}) { barrier_async(opt)->wait(); }
+  void barrier(const CollectiveOptions& opt = {}) { barrier_async(blocking(opt))->wait(); }
 
   // Collective over this communicator: ranks with the same color form a new communicator, ordered
   // by (key, old rank). color < 0 means "not in any" and returns nullptr.

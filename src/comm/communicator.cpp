@@ -1,0 +1,536 @@
+// What every backend shares: environment defaults, names, call descriptors and their cross-rank
+// check, the misuse checks, the rank-order reduction kernel, and the executor / Work handle.
+#include "meshgrad/comm/communicator.hpp"
+
+#include <fmt/format.h>
+#include <fmt/ranges.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cstdlib>
+#include <cstring>
+#include <numeric>
+
+#if defined(__AVX512F__)
+#include <immintrin.h>
+#endif
+
+#include "comm/detail.hpp"
+#include "meshgrad/comm/errors.hpp"
+
+namespace meshgrad::comm {
+
+std::string_view reduce_op_name(ReduceOp op) {
+  switch (op) {
+    case ReduceOp::Sum: return "sum";
+    case ReduceOp::Avg: return "avg";
+    case ReduceOp::Max: return "max";
+    case ReduceOp::Min: return "min";
+  }
+  return "?";
+}
+
+Milliseconds default_timeout_from_env() {
+  const char* text = std::getenv("MESHGRAD_COMM_TIMEOUT_MS");
+  if (text == nullptr || *text == '\0') return std::chrono::minutes(5);
+  errno = 0;
+  char* end = nullptr;
+  const long long ms = std::strtoll(text, &end, 10);
+  MG_CHECK(errno == 0 && end != text && *end == '\0' && ms > 0,
+           "MESHGRAD_COMM_TIMEOUT_MS must be a positive integer (milliseconds), got '{}'", text);
+  return Milliseconds(ms);
+}
+
+bool debug_checks_from_env() {
+  const char* text = std::getenv("MESHGRAD_COMM_DEBUG");
+  if (text == nullptr || *text == '\0') return false;
+  const std::string_view v(text);
+  if (v == "1" || v == "true" || v == "on" || v == "yes") return true;
+  if (v == "0" || v == "false" || v == "off" || v == "no") return false;
+  throw InvalidArgument(fmt::format("MESHGRAD_COMM_DEBUG must be 0 or 1, got '{}'", v));
+}
+
+namespace detail {
+
+std::string_view op_name(OpKind op) {
+  switch (op) {
+    case OpKind::AllReduce: return "all_reduce";
+    case OpKind::AllGather: return "all_gather";
+    case OpKind::ReduceScatter: return "reduce_scatter";
+    case OpKind::Broadcast: return "broadcast";
+    case OpKind::AllToAll: return "all_to_all";
+    case OpKind::Barrier: return "barrier";
+    case OpKind::Split: return "split";
+    case OpKind::Send: return "send";
+    case OpKind::Recv: return "recv";
+  }
+  return "?";
+}
+
+namespace {
+std::uint64_t hash_counts(Counts counts) {
+  if (counts.empty()) return 0;
+  std::uint64_t h = 1469598103934665603ull;  // FNV-1a over the values
+  for (std::size_t c : counts) {
+    h ^= static_cast<std::uint64_t>(c) + 0x9e3779b97f4a7c15ull;
+    h *= 1099511628211ull;
+  }
+  return h == 0 ? 1 : h;
+}
+}  // namespace
+
+CallDesc make_desc(OpKind op, std::uint64_t seq, DType dtype, std::size_t in_count, std::size_t out_count, int root,
+                   int reduce_op, Counts counts) {
+  CallDesc d;
+  d.seq = seq;
+  d.in_count = in_count;
+  d.out_count = out_count;
+  d.counts_hash = hash_counts(counts);
+  d.root = root;
+  d.op = static_cast<std::uint8_t>(op);
+  d.dtype = static_cast<std::uint8_t>(dtype);
+  d.reduce_op = reduce_op < 0 ? 0xff : static_cast<std::uint8_t>(reduce_op);
+  return d;
+}
+
+std::string describe(const CallDesc& d) {
+  const auto op = static_cast<OpKind>(d.op);
+  std::string s = fmt::format("{}(seq {}", op_name(op), d.seq);
+  if (op != OpKind::Barrier && op != OpKind::Split) {
+    s += fmt::format(", {}, in {}, out {}", dtype_name(static_cast<DType>(d.dtype)), d.in_count, d.out_count);
+  }
+  if (d.counts_hash != 0) s += fmt::format(", counts #{:016x}", d.counts_hash);
+  if (op == OpKind::Broadcast) s += fmt::format(", root {}", d.root);
+  if (d.reduce_op != 0xff) s += fmt::format(", op {}", reduce_op_name(static_cast<ReduceOp>(d.reduce_op)));
+  return s + ")";
+}
+
+bool same_call(const CallDesc& a, const CallDesc& b) {
+  if (a.op != b.op || a.seq != b.seq) return false;
+  const auto op = static_cast<OpKind>(a.op);
+  switch (op) {
+    case OpKind::Barrier:
+    case OpKind::Split: return true;
+    case OpKind::AllToAll: return a.dtype == b.dtype;  // counts differ per rank; checked pairwise
+    case OpKind::AllGather:  // in counts differ with uneven shards; out and counts must agree
+      return a.dtype == b.dtype && a.out_count == b.out_count && a.counts_hash == b.counts_hash;
+    case OpKind::ReduceScatter:
+      return a.dtype == b.dtype && a.in_count == b.in_count && a.counts_hash == b.counts_hash &&
+             a.reduce_op == b.reduce_op;
+    default:
+      return a.dtype == b.dtype && a.in_count == b.in_count && a.out_count == b.out_count && a.root == b.root &&
+             a.reduce_op == b.reduce_op && a.counts_hash == b.counts_hash;
+  }
+}
+
+void check_same_calls(const std::vector<CallDesc>& descs, std::string_view backend, int this_rank) {
+  for (std::size_t r = 1; r < descs.size(); ++r) {
+    if (!same_call(descs[0], descs[r])) {
+      throw CollectiveMismatch(
+          fmt::format("{}: collective mismatch (debug check, seen on rank {}): rank 0 called {} but rank {} called {}",
+                      backend, this_rank, describe(descs[0]), r, describe(descs[r])),
+          std::string(backend), std::string(op_name(static_cast<OpKind>(descs[0].op))), descs[0].seq, this_rank);
+    }
+  }
+}
+
+// ---- misuse checks --------------------------------------------------------------------------------
+
+std::string counts_text(Counts counts) { return fmt::format("[{}]", fmt::join(counts, ", ")); }
+
+void check_reduction_dtype(std::string_view op, DType dtype) {
+  MG_CHECK(dtype == DType::Float32 || dtype == DType::Float64,
+           "{}: reductions take float32 or float64 buffers, got {}", op, dtype_name(dtype));
+}
+
+void check_same_dtype(std::string_view op, DType in, DType out) {
+  MG_CHECK(in == out, "{}: input dtype {} and output dtype {} differ", op, dtype_name(in), dtype_name(out));
+}
+
+void check_data(std::string_view op, std::string_view which, const void* data, std::size_t count) {
+  MG_CHECK(data != nullptr || count == 0, "{}: {} buffer is null but has {} elements", op, which, count);
+}
+
+void check_no_overlap(std::string_view op, ConstBuffer in, ConstBuffer out) {
+  if (in.count == 0 || out.count == 0) return;
+  const auto* a = static_cast<const char*>(in.data);
+  const auto* b = static_cast<const char*>(out.data);
+  const std::size_t na = in.count * dtype_size(in.dtype), nb = out.count * dtype_size(out.dtype);
+  MG_CHECK(a + na <= b || b + nb <= a, "{}: input and output buffers overlap ({} and {} elements); only "
+           "all_reduce and broadcast work in place", op, in.count, out.count);
+}
+
+void check_rank(std::string_view op, std::string_view what, int r, int size) {
+  MG_CHECK(r >= 0 && r < size, "{}: {} {} is out of range for a communicator of size {}", op, what, r, size);
+}
+
+std::vector<std::size_t> resolve_counts(std::string_view op, std::string_view what, Counts counts, std::size_t total,
+                                        int size) {
+  const auto p = static_cast<std::size_t>(size);
+  if (counts.empty()) {
+    MG_CHECK(total % p == 0,
+             "{}: {} has {} elements, not divisible by the communicator size {} (pass per-rank counts for "
+             "uneven shards)", op, what, total, size);
+    return std::vector<std::size_t>(p, total / p);
+  }
+  MG_CHECK(counts.size() == p, "{}: counts {} has {} entries, expected one per rank ({})", op,
+           counts_text(counts), counts.size(), size);
+  const std::size_t sum = std::accumulate(counts.begin(), counts.end(), std::size_t{0});
+  MG_CHECK(sum == total, "{}: counts {} sum to {} but {} has {} elements", op, counts_text(counts), sum, what,
+           total);
+  return {counts.begin(), counts.end()};
+}
+
+std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& counts) {
+  std::vector<std::size_t> off(counts.size(), 0);
+  for (std::size_t i = 1; i < counts.size(); ++i) off[i] = off[i - 1] + counts[i - 1];
+  return off;
+}
+
+// ---- rank-order reduction ---------------------------------------------------------------------------
+
+namespace {
+
+// One vector of 64 bytes (GCC vector extension; the compiler maps it to AVX-512 / AVX2 / SSE). Each
+// lane is its own chain in rank order, so the bits equal the scalar loop's: no reassociation across
+// ranks ever happens, only across lanes, which are independent.
+template <class T>
+struct VecOf;
+template <>
+struct VecOf<float> {
+  typedef float type __attribute__((vector_size(64)));
+};
+template <>
+struct VecOf<double> {
+  typedef double type __attribute__((vector_size(64)));
+};
+template <class T>
+using Vec = typename VecOf<T>::type;
+
+template <class T>
+inline Vec<T> load(const T* p) {
+  Vec<T> v;
+  __builtin_memcpy(&v, p, sizeof(v));
+  return v;
+}
+
+template <ReduceOp Op, class X>
+inline X apply(X acc, X x) {
+  if constexpr (Op == ReduceOp::Sum || Op == ReduceOp::Avg) {
+    return acc + x;
+  } else if constexpr (Op == ReduceOp::Max) {
+    return (x > acc || x != x) ? x : acc;  // NaN propagates
+  } else {
+    return (x < acc || x != x) ? x : acc;
+  }
+}
+
+// Writes v to p; streaming (non-temporal) when asked and p is 64-byte aligned: large results that
+// will not be read soon skip the read-for-ownership of each line (a third less memory traffic).
+template <class T>
+inline void store(T* p, Vec<T> v, bool stream) {
+#if defined(__AVX512F__)
+  if (stream && (reinterpret_cast<std::uintptr_t>(p) & 63) == 0) {
+    if constexpr (sizeof(T) == 4) {
+      _mm512_stream_ps(reinterpret_cast<float*>(p), reinterpret_cast<__m512>(v));
+    } else {
+      _mm512_stream_pd(reinterpret_cast<double*>(p), reinterpret_cast<__m512d>(v));
+    }
+    return;
+  }
+#endif
+  (void)stream;
+  __builtin_memcpy(p, &v, sizeof(v));
+}
+
+template <class T, ReduceOp Op>
+void reduce_typed(int divisor, const void* const* in_v, int n_in, void* const* outs_v, int n_out, std::size_t count) {
+  const T* const* in = reinterpret_cast<const T* const*>(in_v);
+  T* const* outs = reinterpret_cast<T* const*>(outs_v);
+  constexpr std::size_t W = 64 / sizeof(T);
+  const T div = static_cast<T>(divisor);
+  // Stream when the results exceed what the caches would keep anyway.
+  const bool stream = count * sizeof(T) * static_cast<std::size_t>(n_out) >= (std::size_t(8) << 20);
+  std::size_t i = 0;
+  // For each element: read every input, then write every output, vector by vector. Safe when an
+  // output is an input (in place): both are at the same index and all reads come first.
+  for (; i + W <= count; i += W) {
+    Vec<T> v = load(in[0] + i);
+    for (int k = 1; k < n_in; ++k) v = apply<Op>(v, load(in[k] + i));
+    if constexpr (Op == ReduceOp::Avg) v = v / div;
+    for (int k = 0; k < n_out; ++k) store(outs[k] + i, v, stream);
+  }
+  for (; i < count; ++i) {
+    T v = in[0][i];
+    for (int k = 1; k < n_in; ++k) v = apply<Op>(v, in[k][i]);
+    if constexpr (Op == ReduceOp::Avg) v = v / div;
+    for (int k = 0; k < n_out; ++k) outs[k][i] = v;
+  }
+#if defined(__AVX512F__)
+  if (stream) _mm_sfence();  // streaming stores are weakly ordered: make them visible before peers look
+#endif
+}
+
+template <class T>
+void reduce_dispatch(ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs, int n_out,
+                     std::size_t count) {
+  switch (op) {
+    case ReduceOp::Sum: return reduce_typed<T, ReduceOp::Sum>(divisor, in, n_in, outs, n_out, count);
+    case ReduceOp::Avg: return reduce_typed<T, ReduceOp::Avg>(divisor, in, n_in, outs, n_out, count);
+    case ReduceOp::Max: return reduce_typed<T, ReduceOp::Max>(divisor, in, n_in, outs, n_out, count);
+    case ReduceOp::Min: return reduce_typed<T, ReduceOp::Min>(divisor, in, n_in, outs, n_out, count);
+  }
+}
+
+}  // namespace
+
+void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs,
+                       int n_out, std::size_t count) {
+  if (count == 0) return;
+  dispatch_floating(dtype, "reduce", [&]<class T>() { reduce_dispatch<T>(op, divisor, in, n_in, outs, n_out, count); });
+}
+
+// ---- deadlines --------------------------------------------------------------------------------------
+
+Milliseconds resolve_timeout(Milliseconds per_call, Milliseconds communicator_default) {
+  MG_CHECK(per_call.count() >= 0, "collective options: timeout must be >= 0 ms, got {}", per_call.count());
+  return per_call.count() > 0 ? per_call : communicator_default;
+}
+
+std::string missing_text(const std::vector<int>& ranks) {
+  return ranks.empty() ? std::string("unknown") : fmt::format("{}", fmt::join(ranks, ", "));
+}
+
+// ---- OpState / Executor -----------------------------------------------------------------------------
+
+void OpState::finish(std::exception_ptr e) {
+  error = std::move(e);
+  {
+    std::lock_guard lock(m);
+    status.store(2, std::memory_order_release);
+  }
+  cv.notify_all();
+}
+
+bool OpState::wait_done(Clock::time_point until) {
+  for (int i = 0; i < 2000; ++i) {  // a few microseconds: most ops finish while the caller spins
+    if (status.load(std::memory_order_acquire) == 2) return true;
+#if defined(__x86_64__)
+    __builtin_ia32_pause();
+#endif
+  }
+  std::unique_lock lock(m);
+  return cv.wait_until(lock, until, [&] { return status.load(std::memory_order_acquire) == 2; });
+}
+
+void Executor::run(OpState& op) {
+  op.status.store(1, std::memory_order_relaxed);
+  std::exception_ptr error;
+  try {
+    op.body(op);
+  } catch (...) {
+    error = std::current_exception();
+  }
+  op.body = nullptr;  // release captured buffers / counts now
+  op.finish(std::move(error));
+}
+
+void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
+  {
+    std::unique_lock lock(m_);
+    if (!(caller_waits && queue_.empty() && !busy_)) {
+      queue_.push_back(op);
+      if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      lock.unlock();
+      cv_.notify_all();
+      return;
+    }
+    busy_ = true;
+  }
+  run(*op);
+  {
+    std::lock_guard lock(m_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+}
+
+void Executor::loop() {
+  std::unique_lock lock(m_);
+  for (;;) {
+    // Idle wait for work: not a communication wait, so it has no deadline; the destructor wakes it.
+    cv_.wait(lock, [&] { return stop_ || (!queue_.empty() && !busy_); });
+    if (queue_.empty()) return;  // stop_ and nothing left
+    auto op = std::move(queue_.front());
+    queue_.pop_front();
+    busy_ = true;
+    lock.unlock();
+    run(*op);
+    lock.lock();
+    busy_ = false;
+  }
+}
+
+Executor::~Executor() {
+  {
+    std::lock_guard lock(m_);
+    stop_ = true;
+  }
+  cv_.notify_all();
+  if (thread_.joinable()) thread_.join();
+}
+
+// ---- Health / CommBase / the Work handle ------------------------------------------------------------
+
+void Health::mark_broken(std::string why) {
+  std::lock_guard lock(m);
+  if (!broken.load()) reason = std::move(why);
+  broken.store(true);
+}
+
+std::string Health::broken_reason() const {
+  std::lock_guard lock(m);
+  return reason;
+}
+
+namespace {
+
+// Rethrows the op's stored error as a fresh object owned by this thread (same type and message). The
+// stored exception object is shared with the thread that ran the op; rethrowing it directly would let
+// this thread use it after dropping its reference to the op, with only the C++ runtime's internal
+// (uninstrumented) reference count ordering that against the other thread's destruction of it, which
+// ThreadSanitizer cannot see. A fresh copy (fresh message string too) keeps every access ordered.
+[[noreturn]] void rethrow_fresh(const std::exception_ptr& error) {
+  try {
+    std::rethrow_exception(error);
+  } catch (const CommTimeout& e) {
+    throw CommTimeout(std::string(e.what()), e.backend(), e.op(), e.sequence(), e.rank(), e.missing_ranks());
+  } catch (const PeerFailed& e) {
+    throw PeerFailed(std::string(e.what()), e.backend(), e.op(), e.sequence(), e.rank());
+  } catch (const CollectiveMismatch& e) {
+    throw CollectiveMismatch(std::string(e.what()), e.backend(), e.op(), e.sequence(), e.rank());
+  } catch (const CommError& e) {
+    throw CommError(std::string(e.what()), e.backend(), e.op(), e.sequence(), e.rank());
+  } catch (const InvalidArgument& e) {
+    throw InvalidArgument(std::string(e.what()));
+  } catch (const Error& e) {
+    throw Error(std::string(e.what()));
+  }  // anything else (bad_alloc, ...): rethrown as it is
+}
+
+class WorkHandle final : public Work {
+ public:
+  WorkHandle(std::shared_ptr<OpState> op, std::shared_ptr<Health> health, std::string where, std::string backend,
+             int rank)
+      : op_(std::move(op)), health_(std::move(health)), where_(std::move(where)), backend_(std::move(backend)),
+        rank_(rank) {}
+
+  ~WorkHandle() override {
+    // The op may still use the caller's buffers: let it finish (bounded by its own deadlines; the
+    // grace covers the final copy of a collective whose peers all arrived).
+    if (op_->status.load(std::memory_order_acquire) == 2) return;
+    if (op_->withdraw) {  // passive op: nothing enforces its deadline but us
+      if (!op_->wait_done(op_->deadline)) op_->withdraw("its deadline (Work destroyed)");
+    }
+    op_->wait_done(op_->deadline + kGrace);
+  }
+
+  bool is_completed() override { return op_->status.load(std::memory_order_acquire) == 2; }
+
+  void wait(Milliseconds timeout) override {
+    MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
+    // timeout 0: the op's own deadline, which its internal waits enforce with the precise error
+    // (missing ranks); the grace lets that error arrive first.
+    const bool own = timeout.count() == 0;
+    if (op_->withdraw) {  // passive (point to point): completes when matched; we enforce the deadline
+      const auto until = own ? op_->deadline : Clock::now() + timeout;
+      if (!op_->wait_done(until)) {
+        op_->withdraw(own ? "its deadline" : fmt::format("{} ms", timeout.count()));
+        op_->wait_done(Clock::now() + kGrace);  // if it was matched just now, the copy is under way
+      }
+      if (op_->error) rethrow_fresh(op_->error);
+      return;
+    }
+    const auto until = own ? op_->deadline + kGrace : Clock::now() + timeout;
+    if (!op_->wait_done(until)) {
+      // Give up: make the op stop at its next wait, wait for it to stop touching our buffers, and
+      // leave the communicator broken (this rank's sequence no longer matches its peers').
+      op_->cancel.store(true);
+      const bool stopped = op_->wait_done(std::max(op_->deadline, Clock::now()) + kGrace);
+      const std::string msg = fmt::format(
+          "{}: timed out after {} ms in Work::wait{}; the communicator is unusable now", where_,
+          own ? std::string("its deadline") : std::to_string(timeout.count()),
+          stopped ? "" : " (the operation did not stop within the grace period)");
+      health_->mark_broken(msg);
+      if (stopped && op_->error) {
+        try {
+          rethrow_fresh(op_->error);
+        } catch (const CommTimeout&) {
+          throw;  // the op's own timeout names the missing ranks: the better message
+        } catch (...) {
+        }
+      }
+      throw CommTimeout(msg, backend_, std::string(op_name(op_->kind)), op_->seq, rank_, {});
+    }
+    if (op_->error) rethrow_fresh(op_->error);
+  }
+
+ private:
+  static constexpr auto kGrace = std::chrono::seconds(2);
+  std::shared_ptr<OpState> op_;
+  std::shared_ptr<Health> health_;
+  std::string where_, backend_;
+  int rank_;
+};
+
+}  // namespace
+
+CommBase::~CommBase() = default;
+
+void CommBase::check_usable(OpKind op, std::uint64_t seq) const {
+  if (health_->broken.load()) {
+    throw CommError(fmt::format("{}: communicator unusable after an earlier failure: {}", where(op, seq),
+                                health_->broken_reason()),
+                    std::string(backend()), std::string(op_name(op)), seq, rank_);
+  }
+}
+
+std::string CommBase::where(OpKind op, std::uint64_t seq) const {
+  return fmt::format("{}: {} seq {} on rank {} of {}", backend(), op_name(op), seq, rank_, size_);
+}
+
+std::shared_ptr<OpState> CommBase::new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const {
+  auto op = std::make_shared<OpState>();
+  op->kind = kind;
+  op->seq = seq;
+  op->deadline = Clock::now() + resolve_timeout(opt.timeout, default_timeout_);
+  return op;
+}
+
+WorkPtr CommBase::make_work(std::shared_ptr<OpState> op) const {
+  std::string w = where(op->kind, op->seq);
+  return std::make_shared<WorkHandle>(std::move(op), health_, std::move(w), std::string(backend()), rank_);
+}
+
+WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, std::function<void(OpState&)> body) {
+  const std::uint64_t seq = next_seq_++;
+  auto op = new_op(kind, seq, opt);
+  auto health = health_;
+  op->body = [this, health, body = std::move(body)](OpState& state) {
+    check_usable(state.kind, state.seq);
+    try {
+      body(state);
+    } catch (const CommTimeout& e) {
+      health->mark_broken(e.what());
+      throw;
+    } catch (const PeerFailed& e) {
+      health->mark_broken(e.what());
+      throw;
+    }
+  };
+  executor_->submit(op, opt.caller_waits);
+  return make_work(std::move(op));
+}
+
+}  // namespace detail
+}  // namespace meshgrad::comm

@@ -1,0 +1,172 @@
+// Internals shared by the communicator backends (threads, mpi): call descriptors, the misuse checks
+// every backend runs before data moves, the rank-order reduction kernel, and CommBase, which owns a
+// communicator's sequence numbers, deadlines and the executor that runs its operations in order.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "meshgrad/comm/communicator.hpp"
+#include "meshgrad/comm/errors.hpp"
+
+namespace meshgrad::comm::detail {
+
+using Clock = std::chrono::steady_clock;
+
+enum class OpKind : std::uint8_t { AllReduce, AllGather, ReduceScatter, Broadcast, AllToAll, Barrier, Split, Send, Recv };
+std::string_view op_name(OpKind op);
+
+// A fixed-size, trivially copyable description of one collective call: what the debug check compares
+// across ranks (the mpi backend sends it as bytes with one MPI_Allgather).
+struct CallDesc {
+  std::uint64_t seq = 0;
+  std::uint64_t in_count = 0;
+  std::uint64_t out_count = 0;
+  std::uint64_t counts_hash = 0;  // hash of the counts vector (0 = equal shards / none)
+  std::int32_t root = -1;         // broadcast root; split color
+  std::uint8_t op = 0;            // OpKind
+  std::uint8_t dtype = 0;         // DType
+  std::uint8_t reduce_op = 0xff;  // ReduceOp, 0xff = not a reduction
+  std::uint8_t pad = 0;
+};
+static_assert(sizeof(CallDesc) == 40);
+
+CallDesc make_desc(OpKind op, std::uint64_t seq, DType dtype, std::size_t in_count, std::size_t out_count,
+                   int root = -1, int reduce_op = -1, Counts counts = {});
+// "all_reduce(seq 3, float32, in 10, out 10, op sum)"
+std::string describe(const CallDesc& d);
+// The fields that must agree across ranks for op d.op (all_to_all: everything but the counts, which
+// legitimately differ per rank and are checked pairwise instead).
+bool same_call(const CallDesc& a, const CallDesc& b);
+// Debug check over every rank's descriptor (descs[r] = rank r's call): throws CollectiveMismatch
+// naming rank 0's call and the first rank whose call differs. Same verdict on every rank.
+void check_same_calls(const std::vector<CallDesc>& descs, std::string_view backend, int this_rank);
+
+// ---- misuse checks (InvalidArgument, before data moves) -------------------------------------------
+std::string counts_text(Counts counts);
+void check_reduction_dtype(std::string_view op, DType dtype);
+void check_same_dtype(std::string_view op, DType in, DType out);
+void check_data(std::string_view op, std::string_view which, const void* data, std::size_t count);
+void check_no_overlap(std::string_view op, ConstBuffer in, ConstBuffer out);
+void check_rank(std::string_view op, std::string_view what, int r, int size);
+// counts.empty(): equal shards of `total` (must divide by size); else counts.size() == size and
+// sum(counts) == total. Returns the per-rank counts.
+std::vector<std::size_t> resolve_counts(std::string_view op, std::string_view what, Counts counts,
+                                        std::size_t total, int size);
+std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& counts);
+
+// ---- rank-order reduction ---------------------------------------------------------------------------
+// For i in [0, count): r = ((in[0][i] op in[1][i]) op in[2][i]) ... op in[n_in-1][i] in the dtype of
+// the buffers (Avg: the sum, then / divisor), written to every outs[k][i]. Works one 64-byte vector
+// at a time (all reads, then all writes), so an output may be an input (in-place all_reduce).
+// This one function is used by every backend: the bits cannot differ between them.
+void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs,
+                       int n_out, std::size_t count);
+
+// ---- deadlines --------------------------------------------------------------------------------------
+Milliseconds resolve_timeout(Milliseconds per_call, Milliseconds communicator_default);
+std::string missing_text(const std::vector<int>& ranks);
+
+// ---- one operation in flight ------------------------------------------------------------------------
+struct OpState {
+  OpKind kind{};
+  std::uint64_t seq = 0;  // collectives: the sequence number; point to point: the peer's message no.
+  Clock::time_point deadline;
+  std::function<void(OpState&)> body;  // runs the op; throws on failure
+  std::atomic<int> status{0};          // 0 queued, 1 running, 2 done
+  std::atomic<bool> cancel{false};     // set when a caller's shorter wait() gave up
+  std::exception_ptr error;            // written before status = 2 (release)
+  // Passive ops (threads point to point) have no body: a peer's matching call completes them. The
+  // Work calls withdraw(how long it waited) when its wait expires: if the request is still unmatched
+  // it is removed (never touched afterwards) and the op finished with a CommTimeout.
+  std::function<void(const std::string&)> withdraw;
+  int peer = -1;
+  std::mutex m;
+  std::condition_variable cv;
+
+  bool cancelled() const { return cancel.load(std::memory_order_relaxed); }
+  void finish(std::exception_ptr e);
+  // Waits for status 2 until `until`; returns whether done. Spins briefly, then blocks.
+  bool wait_done(Clock::time_point until);
+};
+
+// Runs the operations of one communicator in issue order: on the calling thread when the caller
+// waits at once and nothing is queued (the blocking forms: no hand-off), else on a progress thread
+// started on first use. The destructor lets queued operations finish (each is bounded by its
+// deadline) and joins the thread.
+class Executor {
+ public:
+  Executor() = default;
+  ~Executor();
+  void submit(const std::shared_ptr<OpState>& op, bool caller_waits);
+
+ private:
+  void loop();
+  static void run(OpState& op);
+  std::mutex m_;
+  std::condition_variable cv_;
+  std::deque<std::shared_ptr<OpState>> queue_;
+  bool busy_ = false;  // an op runs inline on a caller thread
+  bool stop_ = false;
+  std::thread thread_;
+};
+
+// Whether a communicator can still be used: a timeout leaves it broken (ranks no longer agree on
+// which collective comes next). Shared with the Work handles, which may outlive the communicator.
+struct Health {
+  mutable std::mutex m;
+  std::atomic<bool> broken{false};
+  std::string reason;
+  void mark_broken(std::string why);
+  std::string broken_reason() const;
+};
+
+// What the backends share: rank, size, defaults, sequence numbers, the executor, and the "broken"
+// state a timeout leaves behind.
+class CommBase : public Communicator {
+ public:
+  CommBase(int rank, int size, Milliseconds default_timeout, bool debug_checks)
+      : rank_(rank), size_(size), default_timeout_(default_timeout), debug_checks_(debug_checks) {}
+  ~CommBase() override;
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
+  Milliseconds default_timeout() const override { return default_timeout_; }
+  bool debug_checks() const { return debug_checks_; }
+
+  // Throws CommError if the communicator is broken.
+  void check_usable(OpKind op, std::uint64_t seq) const;
+  // Builds the CommTimeout / PeerFailed / CommError messages: "<backend>: <op> seq <s> on rank <r>: ..."
+  std::string where(OpKind op, std::uint64_t seq) const;
+
+ protected:
+  // Issues a collective: assigns the next sequence number and runs body in order. The body gets
+  // the OpState (its seq, deadline and cancel flag).
+  WorkPtr submit_collective(OpKind kind, const CollectiveOptions& opt, std::function<void(OpState&)> body);
+  // A new op with its deadline (now + the call's timeout); point to point ops use it directly.
+  std::shared_ptr<OpState> new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const;
+  // The caller's handle on op.
+  WorkPtr make_work(std::shared_ptr<OpState> op) const;
+  // Joins the progress thread; backends call it first in their destructor (the thread may use them).
+  void shutdown_executor() { executor_.reset(); }
+
+  int rank_, size_;
+  Milliseconds default_timeout_;
+  bool debug_checks_;
+  std::uint64_t next_seq_ = 0;  // issued by the (one) thread that calls this communicator
+
+ private:
+  std::shared_ptr<Health> health_ = std::make_shared<Health>();
+  std::unique_ptr<Executor> executor_ = std::make_unique<Executor>();
+};
+
+}  // namespace meshgrad::comm::detail

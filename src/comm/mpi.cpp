@@ -1,0 +1,555 @@
+// The mpi backend: one process per rank (mpirun), nonblocking MPI collectives behind every op.
+//
+// Determinism: MPI does not promise an order for its reductions (MPI_Allreduce may add in any tree
+// order), so reductions never use MPI_Op. all_reduce, P = 3, chunks c0 | c1 | c2 (shard_range):
+//   MPI_Ialltoallv: rank r receives chunk c_r of every rank's input into scratch rows 0..P-1
+//   local:          out[c_r] = (row0 + row1) + row2   (the same kernel as the threads backend)
+//   MPI_Iallgatherv: every rank receives every reduced chunk (in place)
+// Each rank sends and receives (P-1)/P of the buffer twice: the traffic of a ring all_reduce.
+// reduce_scatter is the first two steps.
+//
+// Deadlines: each step is a nonblocking call polled with MPI_Test (busy for 1 ms, then yielding, then
+// sleeping up to 1 ms) until the op's deadline, then CommTimeout. MPI cannot tell which ranks have
+// not arrived, and cannot cancel a collective: after a timeout the communicator is unusable and the
+// process should abort (mpi_abort()), which is what `meshgrad` does. A rank that dies under mpirun
+// shows up as such a timeout on the survivors (OpenMPI 4 has no failure notification).
+//
+// Errors: the communicators use MPI_ERRORS_RETURN; every MPI return code is wrapped once, in
+// check_mpi, into CommError naming the MPI call and the MPI error string.
+#include "meshgrad/comm/mpi.hpp"
+
+#include <fmt/format.h>
+
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <thread>
+
+#include "comm/detail.hpp"
+#include "meshgrad/comm/errors.hpp"
+#include "meshgrad/tensor/shard.hpp"
+
+#if MESHGRAD_HAVE_MPI
+#define OMPI_SKIP_MPICXX 1  // the C API only (the deprecated C++ bindings need an extra library)
+#define MPICH_SKIP_MPICXX 1
+#include <mpi.h>
+#endif
+
+namespace meshgrad::comm {
+
+#if !MESHGRAD_HAVE_MPI
+
+bool mpi_backend_available() { return false; }
+
+MpiSession::MpiSession(int*, char***) {
+  throw CommError("the mpi backend is not in this build: configure with -DMESHGRAD_WITH_MPI=ON (needs the Debian "
+                  "packages libopenmpi-dev and openmpi-bin) and rebuild, or use --backend threads",
+                  "mpi", "init", 0, -1);
+}
+MpiSession::~MpiSession() = default;
+CommunicatorPtr MpiSession::world(const MpiOptions&) { return nullptr; }
+void mpi_abort(int code, const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::_Exit(code);
+}
+int mpi_world_rank() { return 0; }
+int mpi_world_size() { return 1; }
+
+#else
+
+namespace {
+
+using detail::CallDesc;
+using detail::Clock;
+using detail::OpKind;
+using detail::OpState;
+
+// MPI initialised by us; finalised when the last holder (session or communicator) lets go.
+struct Runtime {
+  bool serialize = false;  // MPI_THREAD_SERIALIZED: every MPI call under call_m
+  std::mutex call_m;
+  bool we_initialised = false;
+  ~Runtime() {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (we_initialised && !finalized) MPI_Finalize();
+  }
+};
+
+std::mutex g_runtime_m;
+std::weak_ptr<Runtime> g_runtime;
+
+// Runs one MPI call, serialised when the library is not thread-multiple.
+template <class F>
+int mpi_call(Runtime& rt, F&& f) {
+  if (rt.serialize) {
+    std::lock_guard lock(rt.call_m);
+    return f();
+  }
+  return f();
+}
+
+std::string mpi_error_text(int code) {
+  char text[MPI_MAX_ERROR_STRING];
+  int len = 0;
+  if (MPI_Error_string(code, text, &len) != MPI_SUCCESS) return fmt::format("MPI error {}", code);
+  return std::string(text, static_cast<std::size_t>(len));
+}
+
+MPI_Datatype mpi_type(DType t) {
+  switch (t) {
+    case DType::Float32: return MPI_FLOAT;
+    case DType::Float64: return MPI_DOUBLE;
+    case DType::Int64: return MPI_INT64_T;
+  }
+  return MPI_BYTE;
+}
+
+int as_int(std::size_t n, std::string_view op) {
+  MG_CHECK(n <= static_cast<std::size_t>(INT32_MAX), "{}: {} elements exceed the MPI count limit (2^31-1)", op, n);
+  return static_cast<int>(n);
+}
+
+std::vector<int> as_ints(const std::vector<std::size_t>& v, std::string_view op) {
+  std::vector<int> out;
+  out.reserve(v.size());
+  for (std::size_t x : v) out.push_back(as_int(x, op));
+  return out;
+}
+
+class MpiComm final : public detail::CommBase {
+ public:
+  MpiComm(std::shared_ptr<Runtime> rt, MPI_Comm coll, int rank, int size, Milliseconds timeout, bool debug)
+      : CommBase(rank, size, timeout, debug), rt_(std::move(rt)), coll_(coll) {
+    MPI_Comm_set_errhandler(coll_, MPI_ERRORS_RETURN);
+    check_mpi(mpi_call(*rt_, [&] { return MPI_Comm_dup(coll_, &p2p_); }), "MPI_Comm_dup", OpKind::Split, 0);
+    MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
+  }
+  ~MpiComm() override {
+    shutdown_executor();
+    mpi_call(*rt_, [&] { return MPI_Comm_free(&p2p_); });
+    mpi_call(*rt_, [&] { return MPI_Comm_free(&coll_); });
+  }
+
+  std::string_view backend() const override { return "mpi"; }
+
+  WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_reduce";
+    detail::check_reduction_dtype(name, in.dtype);
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    MG_CHECK(in.count == out.count, "all_reduce: input has {} elements but output has {} (on rank {})", in.count,
+             out.count, rank_);
+    as_int(in.count, name);
+    return submit_collective(OpKind::AllReduce, opt, [this, in, out, op](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op)));
+      std::vector<std::size_t> chunks(static_cast<std::size_t>(size_));
+      for (int q = 0; q < size_; ++q) chunks[q] = static_cast<std::size_t>(shard_range(std::int64_t(in.count), size_, q).size);
+      scatter_reduce(st, in, chunks, op, static_cast<char*>(out.data) + detail::offsets_of(chunks)[rank_] *
+                                                                             dtype_size(in.dtype));
+      if (size_ > 1) {
+        const auto counts = as_ints(chunks, "all_reduce"), displs = as_ints(detail::offsets_of(chunks), "all_reduce");
+        MPI_Request req;
+        check_mpi(mpi_call(*rt_, [&] {
+                    return MPI_Iallgatherv(MPI_IN_PLACE, 0, MPI_DATATYPE_NULL, out.data, counts.data(), displs.data(),
+                                           mpi_type(in.dtype), coll_, &req);
+                  }), "MPI_Iallgatherv", st.kind, st.seq);
+        wait_request(req, st, "MPI_Iallgatherv");
+      }
+    });
+  }
+
+  WorkPtr all_gather_async(ConstBuffer in, MutableBuffer out, Counts counts, const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_gather";
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto resolved = detail::resolve_counts(name, "the output", counts, out.count, size_);
+    MG_CHECK(in.count == resolved[rank_], "all_gather: rank {} passes {} input elements but its count is {} "
+             "(counts {})", rank_, in.count, resolved[rank_], detail::counts_text(resolved));
+    auto icounts = as_ints(resolved, name), displs = as_ints(detail::offsets_of(resolved), name);
+    return submit_collective(OpKind::AllGather, opt, [this, in, out, resolved, icounts, displs,
+                                                      given = !counts.empty()](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
+                                        given ? Counts(resolved) : Counts{}));
+      MPI_Request req;
+      if (!given) {  // equal shards: the regular collective (MPI may pick a better algorithm)
+        check_mpi(mpi_call(*rt_, [&] {
+                    return MPI_Iallgather(in.data, icounts[rank_], mpi_type(in.dtype), out.data, icounts[rank_],
+                                          mpi_type(in.dtype), coll_, &req);
+                  }), "MPI_Iallgather", st.kind, st.seq);
+        wait_request(req, st, "MPI_Iallgather");
+        return;
+      }
+      check_mpi(mpi_call(*rt_, [&] {
+                  return MPI_Iallgatherv(in.data, icounts[rank_], mpi_type(in.dtype), out.data, icounts.data(),
+                                         displs.data(), mpi_type(in.dtype), coll_, &req);
+                }), "MPI_Iallgatherv", st.kind, st.seq);
+      wait_request(req, st, "MPI_Iallgatherv");
+    });
+  }
+
+  WorkPtr reduce_scatter_async(ConstBuffer in, MutableBuffer out, ReduceOp op, Counts counts,
+                               const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "reduce_scatter";
+    detail::check_reduction_dtype(name, in.dtype);
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto resolved = detail::resolve_counts(name, "the input", counts, in.count, size_);
+    MG_CHECK(out.count == resolved[rank_], "reduce_scatter: rank {} passes {} output elements but its count is {} "
+             "(counts {})", rank_, out.count, resolved[rank_], detail::counts_text(resolved));
+    as_int(in.count, name);
+    return submit_collective(OpKind::ReduceScatter, opt, [this, in, out, op, resolved,
+                                                          given = !counts.empty()](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::ReduceScatter, st.seq, in.dtype, in.count, out.count, -1, int(op),
+                                        given ? Counts(resolved) : Counts{}));
+      scatter_reduce(st, in, resolved, op, out.data);
+    });
+  }
+
+  WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
+    detail::check_rank("broadcast", "root", root, size_);
+    detail::check_data("broadcast", "the", buf.data, buf.count);
+    as_int(buf.count, "broadcast");
+    return submit_collective(OpKind::Broadcast, opt, [this, buf, root](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root));
+      MPI_Request req;
+      check_mpi(mpi_call(*rt_, [&] {
+                  return MPI_Ibcast(buf.data, int(buf.count), mpi_type(buf.dtype), root, coll_, &req);
+                }), "MPI_Ibcast", st.kind, st.seq);
+      wait_request(req, st, "MPI_Ibcast");
+    });
+  }
+
+  WorkPtr all_to_all_async(ConstBuffer in, Counts send_counts, MutableBuffer out, Counts recv_counts,
+                           const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_to_all";
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto sends = detail::resolve_counts(name, "the input (send counts)", send_counts, in.count, size_);
+    auto recvs = detail::resolve_counts(name, "the output (recv counts)", recv_counts, out.count, size_);
+    auto sc = as_ints(sends, name), sd = as_ints(detail::offsets_of(sends), name);
+    auto rc = as_ints(recvs, name), rd = as_ints(detail::offsets_of(recvs), name);
+    return submit_collective(OpKind::AllToAll, opt, [this, in, out, sc, sd, rc, rd](OpState& st) {
+      if (debug_checks_) {
+        debug_check(st, detail::make_desc(OpKind::AllToAll, st.seq, in.dtype, in.count, out.count));
+        // Pairwise: what rank s sends to d must be what d expects from s. Every rank gathers all
+        // counts and checks every pair, so all reach the same verdict (none is left in the exchange).
+        std::vector<int> mine(sc);
+        mine.insert(mine.end(), rc.begin(), rc.end());
+        std::vector<int> all(static_cast<std::size_t>(2 * size_ * size_));
+        MPI_Request req;
+        check_mpi(mpi_call(*rt_, [&] {
+                    return MPI_Iallgather(mine.data(), 2 * size_, MPI_INT, all.data(), 2 * size_, MPI_INT, coll_, &req);
+                  }), "MPI_Iallgather", st.kind, st.seq);
+        wait_request(req, st, "MPI_Iallgather (debug check of all_to_all counts)");
+        for (int s = 0; s < size_; ++s) {
+          for (int d = 0; d < size_; ++d) {
+            const int sent = all[std::size_t(2 * size_ * s + d)], expected = all[std::size_t(2 * size_ * d + size_ + s)];
+            MG_CHECK(sent == expected, "mpi: all_to_all seq {}: rank {} sends {} elements to rank {} but rank {} "
+                     "expects {} from rank {} (debug check, seen on rank {})", st.seq, s, sent, d, d, expected, s,
+                     rank_);
+          }
+        }
+      }
+      MPI_Request req;
+      check_mpi(mpi_call(*rt_, [&] {
+                  return MPI_Ialltoallv(in.data, sc.data(), sd.data(), mpi_type(in.dtype), out.data, rc.data(),
+                                        rd.data(), mpi_type(in.dtype), coll_, &req);
+                }), "MPI_Ialltoallv", st.kind, st.seq);
+      wait_request(req, st, "MPI_Ialltoallv");
+    });
+  }
+
+  WorkPtr barrier_async(const CollectiveOptions& opt) override {
+    return submit_collective(OpKind::Barrier, opt, [this](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::Barrier, st.seq, DType::Float32, 0, 0));
+      MPI_Request req;
+      check_mpi(mpi_call(*rt_, [&] { return MPI_Ibarrier(coll_, &req); }), "MPI_Ibarrier", st.kind, st.seq);
+      wait_request(req, st, "MPI_Ibarrier");
+    });
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    std::shared_ptr<Communicator> result;
+    CollectiveOptions opt;
+    opt.caller_waits = true;
+    submit_collective(OpKind::Split, opt, [this, color, key, &result](OpState& st) {
+      debug_check(st, detail::make_desc(OpKind::Split, st.seq, DType::Float32, 0, 0, color));
+      // First an allgather under our deadline: once it completes every rank is in the split, so the
+      // blocking MPI_Comm_split below cannot wait for a rank that never comes.
+      int mine[2] = {color, key};
+      std::vector<int> all(static_cast<std::size_t>(2 * size_));
+      MPI_Request req;
+      check_mpi(mpi_call(*rt_, [&] { return MPI_Iallgather(mine, 2, MPI_INT, all.data(), 2, MPI_INT, coll_, &req); }),
+                "MPI_Iallgather", st.kind, st.seq);
+      wait_request(req, st, "MPI_Iallgather (split colors)");
+      MPI_Comm sub = MPI_COMM_NULL;
+      check_mpi(mpi_call(*rt_, [&] { return MPI_Comm_split(coll_, color < 0 ? MPI_UNDEFINED : color, key, &sub); }),
+                "MPI_Comm_split", st.kind, st.seq);
+      if (sub == MPI_COMM_NULL) return;
+      int r = 0, n = 0;
+      MPI_Comm_rank(sub, &r);
+      MPI_Comm_size(sub, &n);
+      result = std::make_shared<MpiComm>(rt_, sub, r, n, default_timeout_, debug_checks_);
+    })->wait();
+    return result;
+  }
+
+  WorkPtr send_async(ConstBuffer in, int peer, int tag, const CollectiveOptions& opt) override {
+    detail::check_rank("send", "peer", peer, size_);
+    MG_CHECK(peer != rank_, "send: rank {} sends to itself (peer must be another rank)", rank_);
+    MG_CHECK(tag >= 0, "send: tag must be >= 0, got {}", tag);
+    detail::check_data("send", "input", in.data, in.count);
+    auto op = new_op(OpKind::Send, p2p_count_[peer]++, opt);
+    MPI_Request req;
+    check_mpi(mpi_call(*rt_, [&] {
+                return MPI_Isend(in.data, as_int(in.count, "send"), mpi_type(in.dtype), peer, tag, p2p_, &req);
+              }), "MPI_Isend", OpKind::Send, op->seq);
+    return p2p_work(op, req, peer);
+  }
+
+  WorkPtr recv_async(MutableBuffer out, int peer, int tag, const CollectiveOptions& opt) override {
+    detail::check_rank("recv", "peer", peer, size_);
+    MG_CHECK(peer != rank_, "recv: rank {} receives from itself (peer must be another rank)", rank_);
+    MG_CHECK(tag >= 0, "recv: tag must be >= 0, got {}", tag);
+    detail::check_data("recv", "output", out.data, out.count);
+    auto op = new_op(OpKind::Recv, p2p_count_[peer]++, opt);
+    MPI_Request req;
+    check_mpi(mpi_call(*rt_, [&] {
+                return MPI_Irecv(out.data, as_int(out.count, "recv"), mpi_type(out.dtype), peer, tag, p2p_, &req);
+              }), "MPI_Irecv", OpKind::Recv, op->seq);
+    return p2p_work(op, req, peer);
+  }
+
+ private:
+  void check_mpi(int code, std::string_view call, OpKind op, std::uint64_t seq) const {
+    if (code == MPI_SUCCESS) return;
+    throw CommError(fmt::format("{}: {} failed: {}", where(op, seq), call, mpi_error_text(code)), "mpi",
+                    std::string(detail::op_name(op)), seq, rank_);
+  }
+
+  // Polls req until it completes or the op's deadline passes (or its caller gave up).
+  void wait_request(MPI_Request& req, OpState& st, std::string_view step) {
+    const auto start = Clock::now();
+    auto sleep = std::chrono::microseconds(20);
+    for (;;) {
+      int done = 0;
+      check_mpi(mpi_call(*rt_, [&] { return MPI_Test(&req, &done, MPI_STATUS_IGNORE); }), "MPI_Test", st.kind, st.seq);
+      if (done) return;
+      const auto now = Clock::now();
+      if (now >= st.deadline || st.cancelled()) {
+        throw CommTimeout(fmt::format("{}: deadline passed{} in {}; MPI cannot tell which ranks did not arrive "
+                                      "(missing ranks: unknown, best effort) and cannot cancel a collective: this "
+                                      "communicator is unusable, abort the job (MPI_Abort)",
+                                      where(st.kind, st.seq), st.cancelled() ? " (the caller's wait gave up)" : "",
+                                      step),
+                          "mpi", std::string(detail::op_name(st.kind)), st.seq, rank_, {});
+      }
+      const auto waited = now - start;
+      if (waited < std::chrono::milliseconds(1)) continue;  // busy: like MPI's own blocking calls
+      if (waited < std::chrono::milliseconds(20)) {
+        std::this_thread::yield();
+        continue;
+      }
+      std::this_thread::sleep_for(sleep);
+      sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+    }
+  }
+
+  // Steps 1 and 2 of the rank-order reduction: every rank receives chunk counts[rank] of every rank's
+  // input (MPI_Ialltoallv), then reduces the P rows in rank order into dst (counts[rank] elements).
+  void scatter_reduce(OpState& st, ConstBuffer in, const std::vector<std::size_t>& counts, ReduceOp op, void* dst) {
+    const std::size_t es = dtype_size(in.dtype), mine = counts[rank_];
+    if (size_ == 1) {
+      const void* ins[1] = {in.data};
+      void* outs[1] = {dst};
+      detail::reduce_rank_order(in.dtype, op, 1, ins, 1, outs, 1, mine);
+      return;
+    }
+    if (scratch_.size() < mine * es * size_) scratch_.resize(mine * es * size_);
+    const auto sc = as_ints(counts, "scatter"), sd = as_ints(detail::offsets_of(counts), "scatter");
+    std::vector<int> rc(static_cast<std::size_t>(size_), int(mine)), rd(static_cast<std::size_t>(size_));
+    for (int q = 0; q < size_; ++q) rd[q] = as_int(mine * q, "scatter");
+    MPI_Request req;
+    check_mpi(mpi_call(*rt_, [&] {
+                return MPI_Ialltoallv(in.data, sc.data(), sd.data(), mpi_type(in.dtype), scratch_.data(), rc.data(),
+                                      rd.data(), mpi_type(in.dtype), coll_, &req);
+              }), "MPI_Ialltoallv", st.kind, st.seq);
+    wait_request(req, st, "MPI_Ialltoallv");
+    std::vector<const void*> rows(static_cast<std::size_t>(size_));
+    for (int q = 0; q < size_; ++q) rows[q] = scratch_.data() + mine * es * q;
+    void* outs[1] = {dst};
+    detail::reduce_rank_order(in.dtype, op, size_, rows.data(), size_, outs, 1, mine);
+  }
+
+  // Debug mode: one small allgather of every rank's call descriptor before the op's data moves.
+  void debug_check(OpState& st, const CallDesc& desc) {
+    if (!debug_checks_ || size_ == 1) return;
+    std::vector<CallDesc> all(static_cast<std::size_t>(size_));
+    MPI_Request req;
+    check_mpi(mpi_call(*rt_, [&] {
+                return MPI_Iallgather(&desc, sizeof(CallDesc), MPI_BYTE, all.data(), sizeof(CallDesc), MPI_BYTE, coll_,
+                                      &req);
+              }), "MPI_Iallgather", st.kind, st.seq);
+    wait_request(req, st, "MPI_Iallgather (debug check)");
+    detail::check_same_calls(all, "mpi", rank_);
+  }
+
+  // A point-to-point Work: polls its request on wait(); on the deadline cancels it (MPI_Cancel).
+  class P2PWork final : public Work {
+   public:
+    P2PWork(MpiComm* comm, std::shared_ptr<OpState> op, MPI_Request req, int peer)
+        : rank_(comm->rank()), rt_(comm->rt_), op_(std::move(op)), req_(req), peer_(peer),
+          where_(comm->where(op_->kind, op_->seq)) {}
+    ~P2PWork() override {
+      if (!done_) {
+        try {
+          wait(Milliseconds{0});
+        } catch (...) {
+        }
+      }
+    }
+    bool is_completed() override {
+      if (!done_) {
+        int flag = 0;
+        mpi_call(*rt_, [&] { return MPI_Test(&req_, &flag, MPI_STATUS_IGNORE); });
+        done_ = flag != 0;
+      }
+      return done_;
+    }
+    void wait(Milliseconds timeout) override {
+      MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
+      if (done_) return;
+      const auto until = timeout.count() == 0 ? op_->deadline : Clock::now() + timeout;
+      auto sleep = std::chrono::microseconds(20);
+      const auto start = Clock::now();
+      while (!is_completed()) {
+        if (Clock::now() >= until) {
+          mpi_call(*rt_, [&] { return MPI_Cancel(&req_); });
+          int flag = 0;
+          const auto grace = Clock::now() + std::chrono::seconds(1);
+          while (!flag && Clock::now() < grace) mpi_call(*rt_, [&] { return MPI_Test(&req_, &flag, MPI_STATUS_IGNORE); });
+          done_ = flag != 0;
+          throw CommTimeout(fmt::format("{}: deadline passed waiting for the matching call of rank {}; missing rank: {}"
+                                        "{}", where_, peer_, peer_, done_ ? " (request cancelled)" :
+                                        " (request could not be cancelled: the communicator is unusable)"),
+                            "mpi", std::string(detail::op_name(op_->kind)), op_->seq, rank_, {peer_});
+        }
+        if (Clock::now() - start > std::chrono::milliseconds(1)) {
+          std::this_thread::sleep_for(sleep);
+          sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
+        }
+      }
+    }
+
+   private:
+    int rank_;
+    std::shared_ptr<Runtime> rt_;
+    std::shared_ptr<OpState> op_;
+    MPI_Request req_;
+    int peer_;
+    std::string where_;
+    bool done_ = false;
+  };
+
+  WorkPtr p2p_work(const std::shared_ptr<OpState>& op, MPI_Request req, int peer) {
+    return std::make_shared<P2PWork>(this, op, req, peer);
+  }
+
+  std::shared_ptr<Runtime> rt_;
+  MPI_Comm coll_;                   // collectives, run in order by the executor
+  MPI_Comm p2p_ = MPI_COMM_NULL;    // point to point, posted on the calling thread
+  std::vector<char> scratch_;       // all_reduce / reduce_scatter rows; reused (no page faults per call)
+  std::vector<std::uint64_t> p2p_count_ = std::vector<std::uint64_t>(static_cast<std::size_t>(size_), 0);
+};
+
+}  // namespace
+
+bool mpi_backend_available() { return true; }
+
+MpiSession::MpiSession(int* argc, char*** argv) {
+  std::lock_guard lock(g_runtime_m);
+  auto rt = g_runtime.lock();
+  if (!rt) {
+    int finalized = 0;
+    MPI_Finalized(&finalized);
+    if (finalized) {
+      throw CommError("mpi: MPI was finalised already in this process and cannot be initialised again", "mpi", "init", 0,
+                      -1);
+    }
+    rt = std::make_shared<Runtime>();
+    int initialised = 0, provided = 0;
+    MPI_Initialized(&initialised);
+    if (!initialised) {
+      const int code = MPI_Init_thread(argc, argv, MPI_THREAD_MULTIPLE, &provided);
+      if (code != MPI_SUCCESS) {
+        throw CommError(fmt::format("mpi: MPI_Init_thread failed: {}", mpi_error_text(code)), "mpi", "init", 0, -1);
+      }
+      rt->we_initialised = true;
+    } else {
+      MPI_Query_thread(&provided);
+    }
+    if (provided < MPI_THREAD_SERIALIZED) {
+      throw CommError(fmt::format("mpi: the MPI library provides thread level {} but meshgrad needs at least "
+                                  "MPI_THREAD_SERIALIZED (its progress thread calls MPI)", provided),
+                      "mpi", "init", 0, -1);
+    }
+    rt->serialize = provided < MPI_THREAD_MULTIPLE;
+    MPI_Comm_set_errhandler(MPI_COMM_WORLD, MPI_ERRORS_RETURN);
+    g_runtime = rt;
+  }
+  runtime_ = rt;
+}
+
+MpiSession::~MpiSession() = default;
+
+CommunicatorPtr MpiSession::world(const MpiOptions& options) {
+  auto rt = std::static_pointer_cast<Runtime>(runtime_);
+  MG_CHECK(options.timeout.count() >= 0, "mpi: timeout must be >= 0 ms, got {}", options.timeout.count());
+  MPI_Comm comm;
+  const int code = mpi_call(*rt, [&] { return MPI_Comm_dup(MPI_COMM_WORLD, &comm); });
+  if (code != MPI_SUCCESS) {
+    throw CommError(fmt::format("mpi: MPI_Comm_dup(MPI_COMM_WORLD) failed: {}", mpi_error_text(code)), "mpi", "init",
+                    0, -1);
+  }
+  int r = 0, n = 0;
+  MPI_Comm_rank(comm, &r);
+  MPI_Comm_size(comm, &n);
+  const Milliseconds timeout = options.timeout.count() > 0 ? options.timeout : default_timeout_from_env();
+  return std::make_shared<MpiComm>(rt, comm, r, n, timeout, options.debug_checks);
+}
+
+void mpi_abort(int code, const std::string& message) {
+  std::fprintf(stderr, "%s\n", message.c_str());
+  std::fflush(stderr);
+  int initialised = 0, finalized = 0;
+  MPI_Initialized(&initialised);
+  MPI_Finalized(&finalized);
+  if (initialised && !finalized) MPI_Abort(MPI_COMM_WORLD, code);
+  std::_Exit(code);
+}
+
+int mpi_world_rank() {
+  int initialised = 0, r = 0;
+  MPI_Initialized(&initialised);
+  if (initialised) MPI_Comm_rank(MPI_COMM_WORLD, &r);
+  return r;
+}
+
+int mpi_world_size() {
+  int initialised = 0, n = 1;
+  MPI_Initialized(&initialised);
+  if (initialised) MPI_Comm_size(MPI_COMM_WORLD, &n);
+  return n;
+}
+
+#endif
+
+}  // namespace meshgrad::comm

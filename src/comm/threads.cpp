@@ -1,0 +1,712 @@
+// The threads backend: P ranks as threads of one process over shared memory.
+//
+// Every collective is two phases over a group-wide table of per-rank slots (one cache line pair each):
+//
+//   rank r:  publish call + buffer pointers in slot r      (the "arrival" of seq s)
+//            wait until every slot's progress >= arrival   (deadline, peer failure, cancel)
+//            check the calls agree (sizes, dtypes, op)     (same verdict on every rank)
+//            data phase: read peers' buffers directly      (no waits inside: bounded time)
+//            signal "done reading", wait for all           (the exit: peers may still read my buffers)
+//
+// all_reduce, e.g. P = 3, n elements split by shard_range into chunks c0 | c1 | c2:
+//   rank r computes out[c_r] = (in0[c_r] + in1[c_r]) + in2[c_r] in L1-sized blocks and writes the block
+//   into out0, out1 and out2: each element is read from every input once and written to every output
+//   once, with no staging copy, and rank r is the only one touching chunk c_r of any buffer, so in-place
+//   (in == out) is safe.
+// Progress counters only grow: collective seq s uses the values 4s+1 (arrival), 4s+2 (split's middle
+// step) and 4s+3 (exit). Waits spin for up to 20 us (only when ranks <= cores), then yield for up to
+// 300 us, then sleep on a group futex that every signal bumps, in slices of at most 10 ms so cancel
+// flags are seen.
+#include "meshgrad/comm/threads.hpp"
+
+#include <fmt/format.h>
+#include <linux/futex.h>
+#include <sched.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <climits>
+#include <cstring>
+#include <ctime>
+#include <list>
+#include <mutex>
+#include <numeric>
+#include <thread>
+
+#include "comm/detail.hpp"
+#include "meshgrad/comm/errors.hpp"
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/shard.hpp"
+
+namespace meshgrad::comm {
+namespace {
+
+using detail::CallDesc;
+using detail::Clock;
+using detail::OpKind;
+using detail::OpState;
+
+void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
+  timespec ts{};
+  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
+  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
+}
+void futex_wake_all(std::atomic<std::uint32_t>* word) {
+  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
+}
+inline void cpu_relax() {
+#if defined(__x86_64__)
+  __builtin_ia32_pause();
+#endif
+}
+
+struct Group;
+
+// Everything one run_ranks call created: the world group and every group split from it. A rank that
+// throws fails the universe: every wait in every group sees it.
+struct Universe {
+  std::atomic<bool> failed{false};
+  std::mutex m;
+  int failed_rank = -1;  // world rank
+  std::string failed_what;
+  std::vector<std::weak_ptr<Group>> groups;
+
+  void add(const std::shared_ptr<Group>& g) {
+    std::lock_guard lock(m);
+    groups.push_back(g);
+  }
+  void fail(int world_rank, const std::string& what);
+  std::string failure() {
+    std::lock_guard lock(m);
+    return fmt::format("rank {} (world) failed: {}", failed_rank, failed_what);
+  }
+};
+
+// One pending point-to-point request. Completed by the peer's matching call, under Group::p2p_m.
+struct P2PRequest {
+  int tag;
+  const void* send_data = nullptr;
+  void* recv_data = nullptr;
+  std::size_t count;
+  DType dtype;
+  std::shared_ptr<OpState> op;
+};
+
+struct alignas(128) Slot {
+  std::atomic<std::uint64_t> progress{0};
+  alignas(64) CallDesc desc;  // written by the owner before its arrival signal, read by all after
+  const void* in = nullptr;
+  void* out = nullptr;
+  const std::vector<std::size_t>* counts = nullptr;       // resolved per-rank counts / send counts
+  const std::vector<std::size_t>* recv_counts = nullptr;  // all_to_all
+  const std::vector<std::size_t>* send_offsets = nullptr;
+  int color = 0, key = 0;
+  std::shared_ptr<Group> new_group;  // split: set by each new group's first member
+};
+
+struct Group {
+  Group(int n, std::shared_ptr<Universe> u, std::vector<int> world)
+      : size(n), slots(static_cast<std::size_t>(n)), universe(std::move(u)), world_ranks(std::move(world)),
+        sends(static_cast<std::size_t>(n) * n), recvs(static_cast<std::size_t>(n) * n),
+        spin(n <= blas::available_cores()) {}
+
+  const int size;
+  std::vector<Slot> slots;
+  // Arrivals of all ranks at all collectives: collective seq s is complete when it reaches (s+1) x size.
+  // A rank giving up (deadline, peer failure) withdraws its arrival with a CAS that only succeeds while
+  // the count is short: once complete, nobody can withdraw, so no rank reads a buffer whose owner left.
+  alignas(64) std::atomic<std::uint64_t> arrivals{0};
+  alignas(64) std::atomic<std::uint32_t> futex_word{0};
+  alignas(64) std::atomic<int> sleepers{0};
+  std::shared_ptr<Universe> universe;
+  std::vector<int> world_ranks;  // group rank -> world rank
+  // Point to point: pending sends / recvs of channel (src -> dst) at index src * size + dst.
+  std::mutex p2p_m;
+  std::vector<std::list<std::shared_ptr<P2PRequest>>> sends, recvs;
+  const bool spin;  // ranks <= cores: spinning briefly beats sleeping
+
+  void signal(int rank, std::uint64_t value) {
+    slots[static_cast<std::size_t>(rank)].progress.store(value, std::memory_order_seq_cst);
+    wake();
+  }
+  void wake() {
+    futex_word.fetch_add(1, std::memory_order_seq_cst);
+    if (sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&futex_word);
+  }
+  bool arrivals_reached(std::uint64_t target) const { return arrivals.load(std::memory_order_acquire) >= target; }
+  bool all_reached(std::uint64_t target) const {
+    for (const Slot& s : slots) {
+      if (s.progress.load(std::memory_order_acquire) < target) return false;
+    }
+    return true;
+  }
+  std::vector<int> missing(std::uint64_t target) const {
+    std::vector<int> out;
+    for (int q = 0; q < size; ++q) {
+      if (slots[static_cast<std::size_t>(q)].progress.load(std::memory_order_acquire) < target) out.push_back(q);
+    }
+    return out;
+  }
+  void fail_pending_p2p(const std::string& why);
+};
+
+void Universe::fail(int world_rank, const std::string& what) {
+  std::vector<std::shared_ptr<Group>> live;
+  {
+    std::lock_guard lock(m);
+    if (!failed.load()) {
+      failed_rank = world_rank;
+      failed_what = what;
+    }
+    failed.store(true, std::memory_order_seq_cst);
+    for (auto& w : groups) {
+      if (auto g = w.lock()) live.push_back(std::move(g));
+    }
+  }
+  const std::string why = failure();
+  for (auto& g : live) {
+    g->wake();
+    g->fail_pending_p2p(why);
+  }
+}
+
+void Group::fail_pending_p2p(const std::string& why) {
+  std::vector<std::shared_ptr<P2PRequest>> pending;
+  {
+    std::lock_guard lock(p2p_m);
+    for (auto* lists : {&sends, &recvs}) {
+      for (auto& l : *lists) {
+        for (auto& r : l) pending.push_back(r);
+        l.clear();
+      }
+    }
+  }
+  for (auto& r : pending) {
+    r->op->finish(std::make_exception_ptr(PeerFailed(
+        fmt::format("threads: {} (message {} , tag {}) to/from rank {}: {}", detail::op_name(r->op->kind),
+                    r->op->seq, r->tag, r->op->peer, why),
+        "threads", std::string(detail::op_name(r->op->kind)), r->op->seq, -1)));
+  }
+}
+
+class ThreadsComm final : public detail::CommBase {
+ public:
+  ThreadsComm(std::shared_ptr<Group> group, int rank, Milliseconds timeout, bool debug)
+      : CommBase(rank, group->size, timeout, debug), group_(std::move(group)) {}
+  ~ThreadsComm() override { shutdown_executor(); }
+
+  std::string_view backend() const override { return "threads"; }
+
+  WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_reduce";
+    detail::check_reduction_dtype(name, in.dtype);
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    MG_CHECK(in.count == out.count, "all_reduce: input has {} elements but output has {} (on rank {})", in.count,
+             out.count, rank_);
+    return submit_collective(OpKind::AllReduce, opt, [this, in, out, op](OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op));
+      me.in = in.data;
+      me.out = out.data;
+      collective(st, [&] {
+        check_equal_field(st, "elements", [](const Slot& s) { return s.desc.in_count; });
+        check_equal_field(st, "dtype", [](const Slot& s) { return std::uint64_t(s.desc.dtype); });
+        check_equal_field(st, "reduce op", [](const Slot& s) { return std::uint64_t(s.desc.reduce_op); },
+                          /*mismatch=*/true);
+        const ShardRange chunk = shard_range(static_cast<std::int64_t>(in.count), size_, rank_);
+        const std::size_t es = dtype_size(in.dtype), off = static_cast<std::size_t>(chunk.offset) * es;
+        std::vector<const void*> ins(static_cast<std::size_t>(size_));
+        std::vector<void*> outs(static_cast<std::size_t>(size_));
+        for (int q = 0; q < size_; ++q) {
+          ins[q] = static_cast<const char*>(slot(q).in) + off;
+          outs[q] = static_cast<char*>(slot(q).out) + off;
+        }
+        detail::reduce_rank_order(in.dtype, op, size_, ins.data(), size_, outs.data(), size_,
+                                  static_cast<std::size_t>(chunk.size));
+      });
+    });
+  }
+
+  WorkPtr all_gather_async(ConstBuffer in, MutableBuffer out, Counts counts, const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_gather";
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto resolved = std::make_shared<std::vector<std::size_t>>(
+        detail::resolve_counts(name, "the output", counts, out.count, size_));
+    MG_CHECK(in.count == (*resolved)[rank_], "all_gather: rank {} passes {} input elements but its count is {} "
+             "(counts {})", rank_, in.count, (*resolved)[rank_], detail::counts_text(*resolved));
+    return submit_collective(OpKind::AllGather, opt, [this, in, out, resolved, counts_given = !counts.empty()](
+                                                         OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
+                                  counts_given ? Counts(*resolved) : Counts{});
+      me.in = in.data;
+      me.out = out.data;
+      me.counts = resolved.get();
+      collective(st, [&] {
+        check_equal_field(st, "output elements", [](const Slot& s) { return s.desc.out_count; });
+        check_equal_field(st, "dtype", [](const Slot& s) { return std::uint64_t(s.desc.dtype); });
+        check_equal_counts(st);
+        // Push: rank r copies its own input into block r of every rank's output. Each input is read
+        // once (pull would read every input P times) and only rank r writes block r anywhere.
+        const std::size_t es = dtype_size(in.dtype);
+        const std::size_t my_off = detail::offsets_of(*resolved)[rank_] * es, bytes = in.count * es;
+        if (bytes == 0) return;
+        for (int k = 0; k < size_; ++k) {
+          const int q = (rank_ + k) % size_;  // start with my own output, then stagger the peers
+          std::memcpy(static_cast<char*>(slot(q).out) + my_off, in.data, bytes);
+        }
+      });
+    });
+  }
+
+  WorkPtr reduce_scatter_async(ConstBuffer in, MutableBuffer out, ReduceOp op, Counts counts,
+                               const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "reduce_scatter";
+    detail::check_reduction_dtype(name, in.dtype);
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto resolved = std::make_shared<std::vector<std::size_t>>(
+        detail::resolve_counts(name, "the input", counts, in.count, size_));
+    MG_CHECK(out.count == (*resolved)[rank_], "reduce_scatter: rank {} passes {} output elements but its count "
+             "is {} (counts {})", rank_, out.count, (*resolved)[rank_], detail::counts_text(*resolved));
+    return submit_collective(OpKind::ReduceScatter, opt, [this, in, out, op, resolved,
+                                                          counts_given = !counts.empty()](OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::ReduceScatter, st.seq, in.dtype, in.count, out.count, -1, int(op),
+                                  counts_given ? Counts(*resolved) : Counts{});
+      me.in = in.data;
+      me.counts = resolved.get();
+      collective(st, [&] {
+        check_equal_field(st, "input elements", [](const Slot& s) { return s.desc.in_count; });
+        check_equal_field(st, "dtype", [](const Slot& s) { return std::uint64_t(s.desc.dtype); });
+        check_equal_field(st, "reduce op", [](const Slot& s) { return std::uint64_t(s.desc.reduce_op); }, true);
+        check_equal_counts(st);
+        const std::size_t es = dtype_size(in.dtype);
+        const std::size_t off = detail::offsets_of(*resolved)[rank_] * es;
+        std::vector<const void*> ins(static_cast<std::size_t>(size_));
+        for (int q = 0; q < size_; ++q) ins[q] = static_cast<const char*>(slot(q).in) + off;
+        void* outs[1] = {out.data};
+        detail::reduce_rank_order(in.dtype, op, size_, ins.data(), size_, outs, 1, out.count);
+      });
+    });
+  }
+
+  WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "broadcast";
+    detail::check_rank(name, "root", root, size_);
+    detail::check_data(name, "the", buf.data, buf.count);
+    return submit_collective(OpKind::Broadcast, opt, [this, buf, root](OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root);
+      me.out = buf.data;
+      collective(st, [&] {
+        check_equal_field(st, "root", [](const Slot& s) { return std::uint64_t(s.desc.root); }, true);
+        check_equal_field(st, "elements", [](const Slot& s) { return s.desc.in_count; });
+        check_equal_field(st, "dtype", [](const Slot& s) { return std::uint64_t(s.desc.dtype); });
+        if (rank_ != root && buf.count > 0) {
+          std::memcpy(buf.data, slot(root).out, buf.count * dtype_size(buf.dtype));
+        }
+      });
+    });
+  }
+
+  WorkPtr all_to_all_async(ConstBuffer in, Counts send_counts, MutableBuffer out, Counts recv_counts,
+                           const CollectiveOptions& opt) override {
+    constexpr std::string_view name = "all_to_all";
+    detail::check_same_dtype(name, in.dtype, out.dtype);
+    detail::check_data(name, "input", in.data, in.count);
+    detail::check_data(name, "output", out.data, out.count);
+    detail::check_no_overlap(name, in, out);
+    auto sends = std::make_shared<std::vector<std::size_t>>(
+        detail::resolve_counts(name, "the input (send counts)", send_counts, in.count, size_));
+    auto recvs = std::make_shared<std::vector<std::size_t>>(
+        detail::resolve_counts(name, "the output (recv counts)", recv_counts, out.count, size_));
+    auto send_off = std::make_shared<std::vector<std::size_t>>(detail::offsets_of(*sends));
+    return submit_collective(OpKind::AllToAll, opt, [this, in, out, sends, recvs, send_off](OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::AllToAll, st.seq, in.dtype, in.count, out.count);
+      me.in = in.data;
+      me.counts = sends.get();
+      me.recv_counts = recvs.get();
+      me.send_offsets = send_off.get();
+      collective(st, [&] {
+        check_equal_field(st, "dtype", [](const Slot& s) { return std::uint64_t(s.desc.dtype); });
+        for (int s = 0; s < size_; ++s) {
+          for (int d = 0; d < size_; ++d) {
+            const std::size_t sent = (*slot(s).counts)[d], expected = (*slot(d).recv_counts)[s];
+            MG_CHECK(sent == expected, "threads: all_to_all seq {}: rank {} sends {} elements to rank {} but rank {} "
+                     "expects {} from rank {} (seen on rank {})", st.seq, s, sent, d, d, expected, s, rank_);
+          }
+        }
+        const std::size_t es = dtype_size(in.dtype);
+        std::size_t dst = 0;
+        for (int s = 0; s < size_; ++s) {
+          const std::size_t n = (*recvs)[s];
+          if (n > 0) {
+            std::memcpy(static_cast<char*>(out.data) + dst * es,
+                        static_cast<const char*>(slot(s).in) + (*slot(s).send_offsets)[rank_] * es, n * es);
+          }
+          dst += n;
+        }
+      });
+    });
+  }
+
+  WorkPtr barrier_async(const CollectiveOptions& opt) override {
+    return submit_collective(OpKind::Barrier, opt, [this](OpState& st) {
+      my_slot().desc = detail::make_desc(OpKind::Barrier, st.seq, DType::Float32, 0, 0);
+      collective(st, [] {});
+    });
+  }
+
+  std::shared_ptr<Communicator> split(int color, int key) override {
+    std::shared_ptr<Communicator> result;
+    CollectiveOptions opt;
+    opt.caller_waits = true;
+    submit_collective(OpKind::Split, opt, [this, color, key, &result](OpState& st) {
+      Slot& me = my_slot();
+      me.desc = detail::make_desc(OpKind::Split, st.seq, DType::Float32, 0, 0, color);
+      me.color = color;
+      me.key = key;
+      me.new_group.reset();
+      const std::uint64_t base = st.seq * 4;
+      arrive(st);
+      std::exception_ptr err;
+      std::vector<int> members;  // old ranks with my color, in new-rank order
+      try {
+        check_kinds(st);
+        if (color >= 0) {
+          for (int q = 0; q < size_; ++q) {
+            if (slot(q).color == color) members.push_back(q);
+          }
+          std::stable_sort(members.begin(), members.end(), [&](int a, int b) { return slot(a).key < slot(b).key; });
+          if (members.front() == rank_) {
+            std::vector<int> world;
+            for (int q : members) world.push_back(group_->world_ranks[q]);
+            auto g = std::make_shared<Group>(static_cast<int>(members.size()), group_->universe, std::move(world));
+            group_->universe->add(g);
+            me.new_group = g;
+          }
+        }
+      } catch (...) {
+        err = std::current_exception();
+      }
+      group_->signal(rank_, base + 2);
+      wait_all(st, base + 2, false);
+      if (!err && color >= 0) {
+        const int new_rank = static_cast<int>(std::find(members.begin(), members.end(), rank_) - members.begin());
+        result = std::make_shared<ThreadsComm>(slot(members.front()).new_group, new_rank, default_timeout_,
+                                               debug_checks_);
+      }
+      group_->signal(rank_, base + 3);
+      wait_all(st, base + 3, false);
+      if (err) std::rethrow_exception(err);
+    })->wait();
+    return result;
+  }
+
+  WorkPtr send_async(ConstBuffer in, int peer, int tag, const CollectiveOptions& opt) override {
+    detail::check_rank("send", "peer", peer, size_);
+    MG_CHECK(peer != rank_, "send: rank {} sends to itself (peer must be another rank)", rank_);
+    MG_CHECK(tag >= 0, "send: tag must be >= 0, got {}", tag);
+    detail::check_data("send", "input", in.data, in.count);
+    auto req = std::make_shared<P2PRequest>();
+    req->tag = tag;
+    req->send_data = in.data;
+    req->count = in.count;
+    req->dtype = in.dtype;
+    return post_p2p(OpKind::Send, req, peer, opt);
+  }
+
+  WorkPtr recv_async(MutableBuffer out, int peer, int tag, const CollectiveOptions& opt) override {
+    detail::check_rank("recv", "peer", peer, size_);
+    MG_CHECK(peer != rank_, "recv: rank {} receives from itself (peer must be another rank)", rank_);
+    MG_CHECK(tag >= 0, "recv: tag must be >= 0, got {}", tag);
+    detail::check_data("recv", "output", out.data, out.count);
+    auto req = std::make_shared<P2PRequest>();
+    req->tag = tag;
+    req->recv_data = out.data;
+    req->count = out.count;
+    req->dtype = out.dtype;
+    return post_p2p(OpKind::Recv, req, peer, opt);
+  }
+
+ private:
+  Slot& slot(int q) const { return group_->slots[static_cast<std::size_t>(q)]; }
+  Slot& my_slot() const { return slot(rank_); }
+
+  // Arrival, checks + data phase, exit (see the picture at the top). A failed check is thrown by every
+  // rank alike (they all see the same slots), after the exit so no slot is rewritten while read.
+  template <class DataPhase>
+  void collective(OpState& st, DataPhase&& data_phase) {
+    const std::uint64_t base = st.seq * 4;
+    arrive(st);
+    std::exception_ptr err;
+    try {
+      check_kinds(st);
+      data_phase();
+    } catch (...) {
+      err = std::current_exception();
+    }
+    group_->signal(rank_, base + 3);
+    // Not abortable: peers between their arrival and exit are copying from / into my buffers and
+    // finish without waiting on anything, so this wait is short; leaving early could free buffers
+    // under their feet. It still has the deadline.
+    wait_all(st, base + 3, /*abortable=*/false);
+    if (err) std::rethrow_exception(err);
+  }
+
+  // Always on (the alternative is reading the wrong buffers): every rank calls the same op. With debug
+  // checks, the full descriptors (dtype, sizes, counts, root, reduce op) must agree too.
+  void check_kinds(const OpState& st) const {
+    if (debug_checks_) {
+      std::vector<CallDesc> descs;
+      for (int q = 0; q < size_; ++q) descs.push_back(slot(q).desc);
+      detail::check_same_calls(descs, "threads", rank_);
+    }
+    for (int q = 1; q < size_; ++q) {
+      if (slot(q).desc.op != slot(0).desc.op) {
+        throw CollectiveMismatch(
+            fmt::format("threads: collective mismatch at seq {} (seen on rank {}): rank 0 called {} but rank {} "
+                        "called {}", st.seq, rank_, detail::describe(slot(0).desc), q, detail::describe(slot(q).desc)),
+            "threads", std::string(detail::op_name(st.kind)), st.seq, rank_);
+      }
+    }
+  }
+
+  // A field that must agree across ranks: InvalidArgument (misuse) or, for the op's kind of
+  // arguments (root, reduce op), CollectiveMismatch.
+  template <class Field>
+  void check_equal_field(const OpState& st, std::string_view what, Field field, bool mismatch = false) const {
+    const std::uint64_t v0 = field(slot(0));
+    for (int q = 1; q < size_; ++q) {
+      const std::uint64_t v = field(slot(q));
+      if (v == v0) continue;
+      std::string msg = fmt::format("threads: {} seq {}: ranks disagree on {}: rank 0 called {} but rank {} called {} "
+                                    "(seen on rank {})", detail::op_name(st.kind), st.seq, what,
+                                    detail::describe(slot(0).desc), q, detail::describe(slot(q).desc), rank_);
+      if (mismatch) throw CollectiveMismatch(msg, "threads", std::string(detail::op_name(st.kind)), st.seq, rank_);
+      throw InvalidArgument(msg);
+    }
+  }
+
+  void check_equal_counts(const OpState& st) const {
+    for (int q = 1; q < size_; ++q) {
+      if (*slot(q).counts != *slot(0).counts) {
+        throw InvalidArgument(fmt::format("threads: {} seq {}: ranks pass different counts: rank 0 {} but rank {} {} "
+                                          "(seen on rank {})", detail::op_name(st.kind), st.seq,
+                                          detail::counts_text(*slot(0).counts), q,
+                                          detail::counts_text(*slot(q).counts), rank_));
+      }
+    }
+  }
+
+  // Arrival at collective st.seq: publish (progress, for naming missing ranks) and count ourselves
+  // in, then wait until everyone did. Giving up (deadline, peer failure, cancel) withdraws our arrival
+  // first; if the collective completed meanwhile it cannot be withdrawn and we take part after all.
+  void arrive(OpState& st) {
+    Group& g = *group_;
+    const std::uint64_t base = st.seq * 4;
+    const std::uint64_t target = (st.seq + 1) * static_cast<std::uint64_t>(size_);
+    my_slot().progress.store(base + 1, std::memory_order_seq_cst);
+    g.arrivals.fetch_add(1, std::memory_order_seq_cst);
+    g.wake();
+    try {
+      wait_for(st, [&] { return g.arrivals_reached(target); }, /*abortable=*/true, base + 1, st.deadline);
+    } catch (...) {
+      std::uint64_t v = g.arrivals.load(std::memory_order_seq_cst);
+      while (v < target) {
+        // (Our progress stays at the arrival: peers that time out name the ranks that never came.)
+        if (g.arrivals.compare_exchange_weak(v, v - 1, std::memory_order_seq_cst)) throw;
+      }
+      // Complete: every rank is in the data phase or about to be; leaving now could free buffers
+      // they read. The data phase is bounded, so go ahead.
+    }
+  }
+
+  // Waits until every rank's progress reached target (the exit and split's middle step). These come
+  // after a complete arrival, when every rank only has bounded work left: the deadline gets 1 s of
+  // grace so a collective that arrived just in time does not fail on its way out.
+  void wait_all(OpState& st, std::uint64_t target, bool abortable) {
+    Group& g = *group_;
+    const auto deadline = std::max(st.deadline, Clock::now() + std::chrono::seconds(1));
+    wait_for(st, [&] { return g.all_reached(target); }, abortable, target, deadline);
+  }
+
+  // Waits for done(). abortable: also gives up when another rank failed (PeerFailed) or our caller
+  // cancelled. Always gives up at the op's deadline (CommTimeout naming the ranks whose progress is
+  // below progress_target, i.e. that had not arrived / finished).
+  template <class Done>
+  void wait_for(OpState& st, Done&& done, bool abortable, std::uint64_t progress_target,
+                Clock::time_point deadline) {
+    Group& g = *group_;
+    if (done()) return;
+    // 1) spin (only when every rank can have its own core), 2) yield: when the peer we wait for shares
+    // our core (more ranks than cores, or other load) this hands it the CPU at once, 3) sleep.
+    const auto start = Clock::now();
+    if (g.spin) {
+      for (int i = 1;; ++i) {
+        cpu_relax();
+        if (done()) return;
+        if ((i & 63) == 0 && Clock::now() - start > std::chrono::microseconds(20)) break;
+      }
+    }
+    while (Clock::now() - start < std::chrono::microseconds(300)) {
+      sched_yield();
+      if (done()) return;
+    }
+    for (;;) {
+      const std::uint32_t seen = g.futex_word.load(std::memory_order_seq_cst);
+      if (done()) return;
+      if (abortable && g.universe->failed.load(std::memory_order_acquire)) {
+        throw PeerFailed(fmt::format("{}: giving up: {}", where(st.kind, st.seq), g.universe->failure()), "threads",
+                         std::string(detail::op_name(st.kind)), st.seq, rank_);
+      }
+      const auto now = Clock::now();
+      if (now >= deadline || (abortable && st.cancelled())) {
+        const std::vector<int> missing = g.missing(progress_target);
+        const char* phase = progress_target % 4 == 1 ? "arrive" : "finish";
+        throw CommTimeout(fmt::format("{}: deadline passed{} waiting for ranks to {}; missing ranks: {} (of this "
+                                      "communicator; world ranks: {})", where(st.kind, st.seq),
+                                      st.cancelled() ? " (the caller's wait gave up)" : "", phase,
+                                      detail::missing_text(missing), world_of(missing)),
+                          "threads", std::string(detail::op_name(st.kind)), st.seq, rank_, missing);
+      }
+      const auto slice = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(10));
+      g.sleepers.fetch_add(1, std::memory_order_seq_cst);
+      futex_wait(&g.futex_word, seen, slice);
+      g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
+    }
+  }
+
+  std::string world_of(const std::vector<int>& ranks) const {
+    std::vector<int> w;
+    for (int q : ranks) w.push_back(group_->world_ranks[static_cast<std::size_t>(q)]);
+    return detail::missing_text(w);
+  }
+
+  // Point to point: a send and a recv on channel (src -> dst) match in posting order with equal tags.
+  // Whoever comes second copies (under the group's p2p lock) and completes both.
+  WorkPtr post_p2p(OpKind kind, const std::shared_ptr<P2PRequest>& req, int peer, const CollectiveOptions& opt) {
+    const bool is_send = kind == OpKind::Send;
+    const int src = is_send ? rank_ : peer, dst = is_send ? peer : rank_;
+    const std::size_t channel = static_cast<std::size_t>(src) * size_ + dst;
+    auto op = new_op(kind, p2p_count_[static_cast<std::size_t>(peer)]++, opt);
+    op->peer = peer;
+    op->status.store(1);
+    req->op = op;
+    Group& g = *group_;
+    std::shared_ptr<P2PRequest> match;
+    {
+      std::lock_guard lock(g.p2p_m);
+      if (g.universe->failed.load()) {
+        throw PeerFailed(fmt::format("threads: {} to/from rank {} on rank {}: {}", detail::op_name(kind), peer, rank_,
+                                     g.universe->failure()), "threads", std::string(detail::op_name(kind)), op->seq,
+                         rank_);
+      }
+      auto& others = is_send ? g.recvs[channel] : g.sends[channel];
+      auto it = std::find_if(others.begin(), others.end(), [&](const auto& r) { return r->tag == req->tag; });
+      if (it == others.end()) {
+        (is_send ? g.sends[channel] : g.recvs[channel]).push_back(req);
+      } else {
+        match = *it;
+        others.erase(it);
+        complete_pair(is_send ? *req : *match, is_send ? *match : *req, src, dst);
+      }
+    }
+    std::weak_ptr<Group> weak_group = group_;
+    std::weak_ptr<P2PRequest> weak_req = req;
+    const std::string w = fmt::format("threads: {} (tag {}) from rank {} to rank {}", detail::op_name(kind), req->tag,
+                                      src, dst);
+    op->withdraw = [weak_group, weak_req, channel, is_send, w, peer, this_rank = rank_](const std::string& waited) {
+      auto g = weak_group.lock();
+      auto r = weak_req.lock();
+      if (!g || !r) return;
+      std::lock_guard lock(g->p2p_m);
+      auto& mine = is_send ? g->sends[channel] : g->recvs[channel];
+      auto it = std::find(mine.begin(), mine.end(), r);
+      if (it == mine.end()) return;  // matched (or failed) already
+      mine.erase(it);
+      r->op->finish(std::make_exception_ptr(CommTimeout(
+          fmt::format("{}: deadline passed after {} without the matching call; missing rank: {}", w, waited, peer),
+          "threads", std::string(detail::op_name(r->op->kind)), r->op->seq, this_rank, {peer})));
+    };
+    return make_work(std::move(op));
+  }
+
+  static void complete_pair(P2PRequest& send, P2PRequest& recv, int src, int dst) {
+    std::exception_ptr err;
+    if (send.count != recv.count || send.dtype != recv.dtype) {
+      err = std::make_exception_ptr(InvalidArgument(fmt::format(
+          "threads: send of {} {} from rank {} to rank {} (tag {}) does not match the recv of {} {} posted for it",
+          send.count, dtype_name(send.dtype), src, dst, send.tag, recv.count, dtype_name(recv.dtype))));
+    } else if (send.count > 0) {
+      std::memcpy(recv.recv_data, send.send_data, send.count * dtype_size(send.dtype));
+    }
+    send.op->finish(err);
+    recv.op->finish(err);
+  }
+
+  std::shared_ptr<Group> group_;
+  std::vector<std::uint64_t> p2p_count_ = std::vector<std::uint64_t>(static_cast<std::size_t>(size_), 0);
+};
+
+}  // namespace
+
+void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>& fn, const ThreadsOptions& options) {
+  MG_CHECK(world_size >= 1, "run_ranks: world_size must be >= 1, got {}", world_size);
+  MG_CHECK(options.timeout.count() >= 0, "run_ranks: timeout must be >= 0 ms, got {}", options.timeout.count());
+  const Milliseconds timeout = options.timeout.count() > 0 ? options.timeout : default_timeout_from_env();
+  const int blas_threads = options.blas_threads_per_rank > 0 ? options.blas_threads_per_rank
+                                                             : std::max(1, blas::available_cores() / world_size);
+  const int previous_blas_threads = blas::num_threads();
+  blas::set_num_threads(blas_threads);
+
+  std::vector<int> world(static_cast<std::size_t>(world_size));
+  std::iota(world.begin(), world.end(), 0);
+  auto universe = std::make_shared<Universe>();
+  auto group = std::make_shared<Group>(world_size, universe, world);
+  universe->add(group);
+
+  std::mutex first_m;
+  std::exception_ptr first_error;  // the first rank to fail, by time
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(world_size));
+  for (int r = 0; r < world_size; ++r) {
+    threads.emplace_back([&, r] {
+      try {
+        {
+          CommunicatorPtr comm = std::make_shared<ThreadsComm>(group, r, timeout, options.debug_checks);
+          fn(comm);
+        }  // the communicator (and its progress thread) ends with the rank
+      } catch (...) {
+        std::string what = "unknown exception";
+        try {
+          throw;
+        } catch (const std::exception& e) {
+          what = e.what();
+        } catch (...) {
+        }
+        {
+          std::lock_guard lock(first_m);
+          if (!first_error) first_error = std::current_exception();
+        }
+        universe->fail(r, what);
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  blas::set_num_threads(previous_blas_threads);
+  if (first_error) std::rethrow_exception(first_error);
+}
+
+}  // namespace meshgrad::comm

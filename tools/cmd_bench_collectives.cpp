@@ -1,0 +1,103 @@
+// `meshgrad bench collectives`: the nccl-tests table for the threads or mpi backend. The logic lives
+// in the library (comm/collective_bench.hpp); this file parses options and starts the ranks.
+//   meshgrad bench collectives --backend threads --ranks 2 --min-bytes 64K --max-bytes 64M
+//   mpirun -np 4 meshgrad bench collectives --backend mpi          (rank 0 prints)
+#include <fmt/core.h>
+
+#include <memory>
+#include <mutex>
+#include <sstream>
+
+#include "command.hpp"
+#include "meshgrad/comm/collective_bench.hpp"
+#include "meshgrad/comm/errors.hpp"
+#include "meshgrad/comm/mpi.hpp"
+#include "meshgrad/comm/threads.hpp"
+
+namespace meshgrad::tools {
+namespace {
+
+struct BenchCollectivesArgs {
+  std::string backend = "threads";
+  int ranks = 0;  // threads: default 2; mpi: the world size
+  std::string ops = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all";
+  std::string min_bytes = "1K", max_bytes = "64M", dtype = "float32";
+  int iters = 0, warmup = 0, step = 2;
+};
+
+std::vector<std::string> split_list(const std::string& text) {
+  std::vector<std::string> out;
+  std::stringstream ss(text);
+  for (std::string item; std::getline(ss, item, ',');) {
+    if (!item.empty()) out.push_back(item);
+  }
+  return out;
+}
+
+int run(const BenchCollectivesArgs& a) {
+  comm::CollectiveBenchOptions o;
+  o.ops = split_list(a.ops);
+  o.min_bytes = comm::parse_byte_size(a.min_bytes);
+  o.max_bytes = comm::parse_byte_size(a.max_bytes);
+  o.dtype = parse_dtype(a.dtype);
+  o.iters = a.iters;
+  o.warmup = a.warmup;
+  o.step_factor = a.step;
+  MG_CHECK(!o.ops.empty(), "bench collectives: --ops is empty");
+  if (a.backend == "threads") {
+    const int P = a.ranks > 0 ? a.ranks : 2;
+    const double memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
+    std::vector<comm::CollectiveBenchRow> rows;
+    comm::run_ranks(P, [&](const comm::CommunicatorPtr& c) {
+      auto mine = comm::run_collective_bench(*c, o);
+      if (c->rank() == 0) rows = std::move(mine);
+    });
+    fmt::print("{}", comm::format_collective_table(rows, "threads", P, memcpy_gbps));
+    for (const auto& row : rows) {
+      if (row.wrong != 0) return 1;
+    }
+    return 0;
+  }
+  if (a.backend == "mpi") {
+    int argc = 0;
+    char** argv = nullptr;
+    comm::MpiSession session(&argc, &argv);  // throws, naming the backend, in a build without MPI
+    try {
+      auto world = session.world();
+      MG_CHECK(a.ranks == 0 || a.ranks == world->size(), "bench collectives: --ranks {} but the MPI world has {} "
+               "processes (start with mpirun -np {}, or omit --ranks)", a.ranks, world->size(), a.ranks);
+      double memcpy_gbps = 0;
+      if (world->rank() == 0) memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
+      world->barrier();
+      auto rows = comm::run_collective_bench(*world, o);
+      if (world->rank() == 0) fmt::print("{}", comm::format_collective_table(rows, "mpi", world->size(), memcpy_gbps));
+      for (const auto& row : rows) {
+        if (row.wrong != 0) return 1;
+      }
+      return 0;
+    } catch (const comm::CommError& e) {
+      // A communication failure leaves MPI unable to finalise (collectives cannot be cancelled).
+      comm::mpi_abort(1, fmt::format("meshgrad: error: {}", e.what()));
+    }
+  }
+  throw InvalidArgument(fmt::format("bench collectives: unknown backend '{}' (threads or mpi)", a.backend));
+}
+
+MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
+    "Collective bandwidth table (nccl-tests columns) for the threads or mpi backend",
+    [](CLI::App& app) -> std::function<int()> {
+      auto a = std::make_shared<BenchCollectivesArgs>();
+      app.add_option("--backend", a->backend, "threads or mpi (mpi: start under mpirun)")->capture_default_str();
+      app.add_option("--ranks", a->ranks, "ranks (threads: default 2; mpi: must equal the world size)");
+      app.add_option("--ops", a->ops, "comma-separated ops")->capture_default_str();
+      app.add_option("--min-bytes", a->min_bytes, "smallest size, e.g. 1K")->capture_default_str();
+      app.add_option("--max-bytes", a->max_bytes, "largest size, e.g. 64M")->capture_default_str();
+      app.add_option("--step-factor", a->step, "size multiplier between rows (2 or 4)")->capture_default_str();
+      app.add_option("--dtype", a->dtype, "float32 or float64")->capture_default_str();
+      app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)");
+      app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)");
+      return [a] { return run(*a); };
+    }});
+
+}  // namespace
+}  // namespace meshgrad::tools
