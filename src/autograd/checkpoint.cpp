@@ -40,6 +40,7 @@ class CheckpointFunction final : public Function {
     TensorList outputs;
     {
       EnableGradGuard enable;
+      RecomputeGuard recomputing;
       outputs = fn_(inputs);
     }
     for (std::size_t i = 0; i < generators_.size(); ++i) generators_[i]->set_counter(counters_now[i]);

@@ -54,8 +54,11 @@ void add_to_buffer(GraphTask& task, Node* node, std::uint32_t slot, Tensor g) {
 // node's outputs with different annotations are combined as if summed.
 AnnotationPtr common_annotation(const TensorList& grads) {
   AnnotationPtr result;
+  bool seen = false;
   for (const Tensor& g : grads) {
-    if (g.defined() && g.annotation()) result = combine_annotations(result, g.annotation());
+    if (!g.defined()) continue;
+    result = seen ? combine_annotations(result, g.annotation()) : g.annotation();
+    seen = true;
   }
   return result;
 }
@@ -121,6 +124,7 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
   }
 
   NoGradGuard no_grad;  // backward formulas are not recorded
+  BackwardPassGuard in_backward;
   while (!task.ready.empty()) {
     std::shared_ptr<Node> node = task.ready.top();
     task.ready.pop();
@@ -130,9 +134,14 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
 
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
+    // Annotation of what arrived (before zero-filling: zeros are compatible with anything).
+    const AnnotationPtr incoming = any ? common_annotation(grads) : nullptr;
     if (any) {
       for (std::size_t k = 0; k < grads.size(); ++k) {
-        if (!grads[k].defined()) grads[k] = Tensor::zeros(node->output_meta[k].shape, node->output_meta[k].dtype);
+        if (!grads[k].defined()) {
+          grads[k] = Tensor::zeros(node->output_meta[k].shape, node->output_meta[k].dtype);
+          grads[k].set_annotation(incoming);
+        }
       }
       for (auto& [slot, hook] : node->pre_hooks) {
         Tensor replaced = hook(grads[slot]);
@@ -145,7 +154,6 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
     const bool is_leaf_sink = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
     TensorList input_grads;
     if (any && (task.accumulate_into_leaves || !is_leaf_sink)) {
-      const AnnotationPtr incoming = common_annotation(grads);
       input_grads = node->apply(std::move(grads));
       check_gradients(*node, input_grads);
       if (incoming) {

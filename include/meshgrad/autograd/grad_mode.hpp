@@ -33,4 +33,37 @@ class EnableGradGuard {
   bool previous_;
 };
 
+// Where this thread is in a training step, for tools that attribute work to phases (dist/'s
+// communication counter): inside the engine's backward pass, and inside a checkpoint's
+// recomputation of a forward (which runs during backward). Per thread.
+class PassState {
+ public:
+  static bool in_backward();
+  static bool recomputing();
+};
+
+// Set by the engine for the duration of a backward pass.
+class BackwardPassGuard {
+ public:
+  BackwardPassGuard();
+  ~BackwardPassGuard();
+  BackwardPassGuard(const BackwardPassGuard&) = delete;
+  BackwardPassGuard& operator=(const BackwardPassGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
+// Set by checkpoint() while it recomputes a forward.
+class RecomputeGuard {
+ public:
+  RecomputeGuard();
+  ~RecomputeGuard();
+  RecomputeGuard(const RecomputeGuard&) = delete;
+  RecomputeGuard& operator=(const RecomputeGuard&) = delete;
+
+ private:
+  bool previous_;
+};
+
 }  // namespace meshgrad::autograd

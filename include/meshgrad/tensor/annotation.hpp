@@ -24,9 +24,11 @@ class Annotation {
 };
 using AnnotationPtr = std::shared_ptr<const Annotation>;
 
-// Combines two possibly-null annotations (null + x = x).
+// Combines two possibly-null annotations. A null one means "nothing said"; the non-null side
+// decides whether it can be summed with that (combine(nullptr)).
 inline AnnotationPtr combine_annotations(const AnnotationPtr& a, const AnnotationPtr& b) {
-  if (!a) return b;
+  if (!a && !b) return nullptr;
+  if (!a) return b->combine(nullptr);
   return a->combine(b);
 }
 
