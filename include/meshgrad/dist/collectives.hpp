@@ -1,0 +1,67 @@
+// Tensor-level collectives over a ProcessGroup, along a tensor dimension, with uneven shards by
+// the shard rule (tensor/shard.hpp). Not differentiable: mappings.hpp builds the differentiable
+// ones from these. Every call is recorded in the active CommCounter (comm_counter.hpp).
+//
+// `sizes` are the extents along `dim` of every rank's shard, in rank order (sum = the full extent);
+// shard_sizes(full, group.size()) gives them for the shard rule.
+// A group of size 1 is a fast path: the input tensor itself is returned (no copy, not recorded),
+// so single-rank runs are bit-identical to serial code.
+#pragma once
+
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/tensor/shard.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad::dist {
+
+// The result of an async collective: wait() blocks (with the communicator's deadline) and returns
+// the tensor, finishing any layout step (e.g. moving the gathered dim back into place).
+class PendingTensor {
+ public:
+  PendingTensor() = default;
+  PendingTensor(comm::WorkPtr work, std::function<Tensor()> finish);
+  static PendingTensor ready(Tensor t);
+  Tensor wait();
+  bool valid() const { return static_cast<bool>(finish_); }
+
+ private:
+  comm::WorkPtr work_;
+  std::function<Tensor()> finish_;
+};
+
+// x summed (or op-reduced) over the group; same shape. x: any shape, float32/float64.
+Tensor all_reduce(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op = comm::ReduceOp::Sum);
+PendingTensor all_reduce_async(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op = comm::ReduceOp::Sum);
+
+// local: this rank's shard along dim (extent sizes[rank]) -> the full tensor (extent sum(sizes)).
+Tensor all_gather(const Tensor& local, const ProcessGroup& group, std::int64_t dim,
+                  const std::vector<std::int64_t>& sizes);
+// out: optional buffer for the result (used when dim is 0 and its shape and dtype fit, so layers
+// can reuse one buffer across steps).
+PendingTensor all_gather_async(const Tensor& local, const ProcessGroup& group, std::int64_t dim,
+                               const std::vector<std::int64_t>& sizes, const Tensor& out = Tensor());
+
+// full: extent sum(sizes) along dim on every rank -> this rank's shard of the sum over ranks.
+Tensor reduce_scatter(const Tensor& full, const ProcessGroup& group, std::int64_t dim,
+                      const std::vector<std::int64_t>& sizes);
+PendingTensor reduce_scatter_async(const Tensor& full, const ProcessGroup& group, std::int64_t dim,
+                                   const std::vector<std::int64_t>& sizes);
+
+// x is full along split_dim and this rank's shard along cat_dim. Returns the tensor that is this
+// rank's shard along split_dim (by the shard rule) and full along cat_dim, where cat_sizes are
+// every rank's extents along cat_dim.
+Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
+                  const std::vector<std::int64_t>& cat_sizes);
+
+// This rank's slice of full along dim by the shard rule (a view; no communication).
+Tensor local_shard(const Tensor& full, const ProcessGroup& group, std::int64_t dim);
+
+// Every rank's value of `local`, in rank order (a small int64 all-gather; recorded as
+// "all_gather(sizes)"). Used when shard extents are not known in advance.
+std::vector<std::int64_t> exchange_sizes(std::int64_t local, const ProcessGroup& group);
+
+}  // namespace meshgrad::dist

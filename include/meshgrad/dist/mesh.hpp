@@ -1,0 +1,74 @@
+// DeviceMesh: the ranks of a communicator arranged as an N-dimensional array with named axes
+// (e.g. dp=2 x tp=2). Ranks are laid out row-major over the axes in the order given, so the last
+// axis varies fastest: with "dp=2,tp=2", ranks {0,1} and {2,3} are the tp groups and {0,2}, {1,3}
+// the dp groups. Each axis has its own sub-communicator (built once, by split).
+#pragma once
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/comm/communicator.hpp"
+
+namespace meshgrad::dist {
+
+// A communicator together with the mesh axis it spans (the name shows in counts and errors).
+struct ProcessGroup {
+  comm::CommunicatorPtr comm;
+  std::string axis;
+  int rank() const { return comm->rank(); }
+  int size() const { return comm->size(); }
+};
+
+struct MeshAxis {
+  std::string name;
+  int size;
+};
+
+// Parses "tp=4", "dp=2,tp=2", "rows=2,cols=3" into axes (order kept). Throws InvalidArgument
+// naming the text on a malformed spec, a repeated axis or a size < 1.
+std::vector<MeshAxis> parse_mesh_spec(const std::string& spec);
+// The canonical layout the CLI uses: dp outermost, tp innermost, other axes in between in the
+// order given ("tp=4,dp=2" -> dp=2,tp=4), so tp groups are adjacent ranks.
+std::vector<MeshAxis> canonical_mesh_order(std::vector<MeshAxis> axes);
+std::string mesh_spec_str(const std::vector<MeshAxis>& axes);
+
+class DeviceMesh {
+ public:
+  // Collective over world (every rank calls it): the product of the axis sizes must equal
+  // world->size() (throws naming both otherwise).
+  DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes);
+
+  int rank() const { return world_->rank(); }
+  int size() const { return world_->size(); }
+  int ndim() const { return static_cast<int>(axes_.size()); }
+  const std::vector<MeshAxis>& axes() const { return axes_; }
+  // Index of the axis called name; throws naming the mesh when there is none.
+  int axis_index(const std::string& name) const;
+  bool has_axis(const std::string& name) const;
+  int axis_size(int axis) const { return axes_.at(static_cast<std::size_t>(axis)).size; }
+  int axis_size(const std::string& name) const { return axis_size(axis_index(name)); }
+  // This rank's coordinate along an axis.
+  int coordinate(int axis) const { return coords_.at(static_cast<std::size_t>(axis)); }
+  int coordinate(const std::string& name) const { return coordinate(axis_index(name)); }
+  const std::vector<int>& coordinates() const { return coords_; }
+  // rank <-> coordinates (row-major).
+  std::vector<int> coordinates_of(int rank) const;
+  int rank_of(const std::vector<int>& coords) const;
+
+  // The group of ranks that differ from this one only along `axis`.
+  const ProcessGroup& group(int axis) const { return groups_.at(static_cast<std::size_t>(axis)); }
+  const ProcessGroup& group(const std::string& name) const { return group(axis_index(name)); }
+  const comm::CommunicatorPtr& world() const { return world_; }
+  std::string str() const;   // "mesh(dp=2, tp=2)"
+
+ private:
+  comm::CommunicatorPtr world_;
+  std::vector<MeshAxis> axes_;
+  std::vector<int> coords_;
+  std::vector<ProcessGroup> groups_;
+};
+using DeviceMeshPtr = std::shared_ptr<const DeviceMesh>;
+
+}  // namespace meshgrad::dist

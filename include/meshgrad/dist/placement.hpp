@@ -1,0 +1,81 @@
+// Placements: how a tensor lives on one mesh axis.
+//   Shard(d)   each coordinate holds its slice along dim d (shard rule)   prints S(d)
+//   Replicate  every coordinate holds the whole tensor                     prints R
+//   Partial    the tensor is the sum over coordinates of what each holds  prints P
+// A DTensor has one placement per mesh axis.
+//
+// Gradients carry their own placement information: a PartialGradient annotation says on which
+// mesh axes the local gradient is only a partial sum of the true one (e.g. a replicated tensor
+// used by a loss that differs per rank, or a replicated parameter used on sharded data). Where a
+// tensor is sharded its local gradient is always complete (no other rank's loss can depend on
+// this rank's shard), so the flag only matters where the tensor is replicated.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <vector>
+
+#include "meshgrad/tensor/annotation.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad::dist {
+
+struct Placement {
+  enum class Kind : std::uint8_t { Shard, Replicate, Partial };
+  Kind kind = Kind::Replicate;
+  int dim = 0;   // meaningful for Shard only
+
+  static Placement shard(int d) { return {Kind::Shard, d}; }
+  static Placement replicate() { return {Kind::Replicate, 0}; }
+  static Placement partial() { return {Kind::Partial, 0}; }
+  bool is_shard() const { return kind == Kind::Shard; }
+  bool is_shard(int d) const { return kind == Kind::Shard && dim == d; }
+  bool is_replicate() const { return kind == Kind::Replicate; }
+  bool is_partial() const { return kind == Kind::Partial; }
+  bool operator==(const Placement& o) const { return kind == o.kind && (kind != Kind::Shard || dim == o.dim); }
+  std::string str() const;   // "S(0)", "R", "P"
+};
+using Placements = std::vector<Placement>;
+
+inline Placement Shard(int d) { return Placement::shard(d); }
+inline Placement Replicate() { return Placement::replicate(); }
+inline Placement Partial() { return Placement::partial(); }
+
+std::string placements_str(const Placements& p);   // "[S(0), R]"
+// Parses "S(0)", "R", "P" (and lists "S(0),R"); throws naming the text.
+Placement parse_placement(const std::string& text);
+
+struct PlacementHash {
+  std::size_t operator()(const Placement& p) const {
+    return std::hash<int>()(static_cast<int>(p.kind) * 1024 + (p.is_shard() ? p.dim : 0));
+  }
+};
+
+// Bit i set: the gradient is partial over mesh axis i.
+using AxisMask = std::uint32_t;
+
+// The annotation on a gradient tensor. Summing gradients with different masks is refused: the
+// result would be neither a complete gradient nor a partial one.
+class PartialGradient final : public Annotation {
+ public:
+  explicit PartialGradient(AxisMask axes) : axes_(axes) {}
+  AxisMask axes() const { return axes_; }
+  std::string str() const override;
+  bool equals(const Annotation& other) const override;
+  AnnotationPtr combine(const AnnotationPtr& other) const override;
+
+ private:
+  AxisMask axes_;
+};
+
+// The partial axes of a gradient (0 when unannotated: complete).
+AxisMask partial_axes(const Tensor& grad);
+// Sets the gradient's annotation to exactly `axes` (0 = explicitly complete).
+void set_partial_axes(const Tensor& grad, AxisMask axes);
+
+// Identity in forward; in backward, marks the gradient partial over `axes` (added to whatever it
+// already was). Used where a replicated tensor meets sharded or partial data.
+Tensor mark_partial_grad(const Tensor& x, AxisMask axes);
+
+}  // namespace meshgrad::dist

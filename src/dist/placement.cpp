@@ -1,0 +1,97 @@
+#include "meshgrad/dist/placement.hpp"
+
+#include "meshgrad/autograd/function.hpp"
+
+namespace meshgrad::dist {
+
+std::string Placement::str() const {
+  switch (kind) {
+    case Kind::Shard: return fmt::format("S({})", dim);
+    case Kind::Replicate: return "R";
+    case Kind::Partial: return "P";
+  }
+  return "?";
+}
+
+std::string placements_str(const Placements& p) {
+  std::string s = "[";
+  for (std::size_t i = 0; i < p.size(); ++i) s += (i ? ", " : "") + p[i].str();
+  return s + "]";
+}
+
+Placement parse_placement(const std::string& text) {
+  if (text == "R") return Placement::replicate();
+  if (text == "P") return Placement::partial();
+  if (text.size() >= 4 && text.rfind("S(", 0) == 0 && text.back() == ')') {
+    try {
+      std::size_t used = 0;
+      const int d = std::stoi(text.substr(2, text.size() - 3), &used);
+      if (used == text.size() - 3) return Placement::shard(d);
+    } catch (const std::exception&) {
+    }
+  }
+  throw InvalidArgument(fmt::format("placement '{}' is not one of S(dim), R, P", text));
+}
+
+namespace {
+AxisMask partial_axes_of(const Annotation& a) {
+  auto* p = dynamic_cast<const PartialGradient*>(&a);
+  MG_CHECK(p != nullptr, "dist: a gradient carries an annotation that is not a placement: {}", a.str());
+  return p->axes();
+}
+
+std::string mask_str(AxisMask axes) {
+  std::string s;
+  for (int i = 0; i < 32; ++i) {
+    if (axes & (1u << i)) s += fmt::format("{}{}", s.empty() ? "" : ",", i);
+  }
+  return s.empty() ? "complete" : "partial over mesh axes {" + s + "}";
+}
+}  // namespace
+
+std::string PartialGradient::str() const { return mask_str(axes_); }
+
+bool PartialGradient::equals(const Annotation& other) const {
+  auto* o = dynamic_cast<const PartialGradient*>(&other);
+  return o != nullptr && o->axes_ == axes_;
+}
+
+AnnotationPtr PartialGradient::combine(const AnnotationPtr& other) const {
+  const AxisMask other_axes = other ? partial_axes_of(*other) : 0;
+  MG_CHECK(other_axes == axes_,
+           "autograd: two gradients for one tensor disagree on placement ({} vs {}): the sum would be "
+           "neither a complete nor a partial gradient; reduce the partial one (all-reduce over its axes) "
+           "before the paths join", mask_str(axes_), mask_str(other_axes));
+  return std::make_shared<PartialGradient>(axes_);
+}
+
+AxisMask partial_axes(const Tensor& grad) {
+  if (!grad.defined() || !grad.annotation()) return 0;
+  return partial_axes_of(*grad.annotation());
+}
+
+void set_partial_axes(const Tensor& grad, AxisMask axes) { grad.set_annotation(std::make_shared<PartialGradient>(axes)); }
+
+namespace {
+class MarkPartialGradFn final : public autograd::Function {
+ public:
+  explicit MarkPartialGradFn(AxisMask axes) : axes_(axes) {}
+  std::string_view name() const override { return "mark_partial_grad"; }
+  TensorList forward(const TensorList& x) override { return {x[0]}; }
+  TensorList backward(const TensorList& g) override {
+    Tensor out = g[0].detach();   // a new handle: the annotation must not leak to other holders
+    set_partial_axes(out, partial_axes(g[0]) | axes_);
+    return {out};
+  }
+
+ private:
+  AxisMask axes_;
+};
+}  // namespace
+
+Tensor mark_partial_grad(const Tensor& x, AxisMask axes) {
+  if (axes == 0) return x;
+  return autograd::apply<MarkPartialGradFn>({x}, axes)[0];
+}
+
+}  // namespace meshgrad::dist

@@ -1,0 +1,55 @@
+#include <gtest/gtest.h>
+
+#include "dist_test_util.hpp"
+#include "meshgrad/dist/collectives.hpp"
+
+using namespace meshgrad;
+using namespace meshgrad::dist;
+using meshgrad::testing::run_on_mesh;
+
+TEST(MeshSpec, ParsesAndRejects) {
+  auto axes = parse_mesh_spec("tp=4,dp=2");
+  ASSERT_EQ(axes.size(), 2u);
+  EXPECT_EQ(axes[0].name, "tp");
+  EXPECT_EQ(axes[1].size, 2);
+  auto canon = canonical_mesh_order(axes);
+  EXPECT_EQ(mesh_spec_str(canon), "dp=2,tp=4");
+  EXPECT_THROW(parse_mesh_spec("tp"), InvalidArgument);
+  EXPECT_THROW(parse_mesh_spec("tp=0"), InvalidArgument);
+  EXPECT_THROW(parse_mesh_spec("tp=2,tp=2"), InvalidArgument);
+  EXPECT_THROW(parse_mesh_spec("tp=2x"), InvalidArgument);
+  try {
+    parse_mesh_spec("tp=two");
+    FAIL();
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("tp=two"), std::string::npos) << e.what();
+  }
+}
+
+TEST(DeviceMesh, CoordinatesAndAxisGroups) {
+  // dp=2 x tp=3: tp groups are adjacent ranks {0,1,2}, {3,4,5}; dp groups {0,3}, {1,4}, {2,5}.
+  run_on_mesh(
+      6,
+      [](const DeviceMeshPtr& mesh) {
+        const int r = mesh->rank();
+        EXPECT_EQ(mesh->coordinate("dp"), r / 3);
+        EXPECT_EQ(mesh->coordinate("tp"), r % 3);
+        EXPECT_EQ(mesh->rank_of(mesh->coordinates()), r);
+        EXPECT_EQ(mesh->group("tp").size(), 3);
+        EXPECT_EQ(mesh->group("dp").size(), 2);
+        EXPECT_EQ(mesh->group("tp").rank(), r % 3);
+        EXPECT_EQ(mesh->group("dp").rank(), r / 3);
+        // Sum of world ranks over each group identifies its members.
+        Tensor v = Tensor::full({1}, r, DType::Float64);
+        const double tp_sum = all_reduce(v, mesh->group("tp")).item();
+        const double dp_sum = all_reduce(v, mesh->group("dp")).item();
+        EXPECT_EQ(tp_sum, (r / 3) * 9 + 3);      // {0,1,2} -> 3, {3,4,5} -> 12
+        EXPECT_EQ(dp_sum, 2 * (r % 3) + 3);      // {c, c+3}
+        EXPECT_THROW(mesh->axis_index("pp"), InvalidArgument);
+      },
+      {{"dp", 2}, {"tp", 3}});
+}
+
+TEST(DeviceMesh, SizeMismatchIsAnError) {
+  EXPECT_THROW(run_on_mesh(4, [](const DeviceMeshPtr&) {}, {{"tp", 3}}), InvalidArgument);
+}
