@@ -1,0 +1,109 @@
+// `meshgrad explain`: where a tensor-parallel model communicates, and what the alpha-beta model
+// (dist/cost_model.hpp) predicts each collective costs on a chosen link.
+//
+// The counts are produced by running the model, not written down: explain_model starts the ranks,
+// builds the model, runs one forward (loss) and one backward on a synthetic batch with a
+// CommCounter active on rank 0's thread, and turns rank 0's records into rows. A drift between the
+// code and this report is therefore impossible; a drift between the code and the DESIGN table is
+// caught by tests/nn/test_explain.cpp, which asserts the table's counts.
+//
+// What the model's graph does not issue, the gradient synchronizer does (before the optimizer
+// step): explain adds those all-reduces as rows of source GradSync, computed from the parameters
+// after the backward:
+//   - a parameter whose gradient is partial over tp (a replicated parameter used on sequence-
+//     sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over tp;
+//   - every parameter when the mesh has dp > 1: all_reduce over dp.
+// Each is one all-reduce of the local shard's gradient (bytes = its local bytes), in parameter
+// order; a synchronizer that buckets gradients would pay fewer latency terms for the same bytes.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+
+namespace meshgrad::nn {
+
+enum class ExplainSource {
+  Graph,     // recorded by the CommCounter while the model's forward and backward ran
+  GradSync,  // the gradient synchronizer's all-reduces (not part of the graph; see above)
+};
+const char* explain_source_name(ExplainSource source);   // "graph", "grad-sync"
+
+struct ExplainRow {
+  std::string layer;        // the CommLabelScope label ("h.0.mlp.c_proj"); GradSync: the parameter name
+  std::string phase;        // "forward", "backward", "recompute", "optimizer" (GradSync: "backward")
+  std::string op;           // as recorded: "all_reduce", "all_gather", ... (a qualified "all_gather(sizes)" costs as all_gather)
+  std::string axis;         // mesh axis ("tp", "dp")
+  std::int64_t bytes = 0;   // nccl-tests size: the whole gathered / unreduced buffer
+  double predicted_us = 0;  // dist::predict_collective(op, ranks, bytes, link)
+  int ranks = 1;            // size of the axis' group (n of the cost model)
+  std::string algorithm;    // the cost model's choice ("ring", "tree", ...)
+  ExplainSource source = ExplainSource::Graph;
+};
+
+// The mesh explain runs on: parse_mesh_spec(spec), a size-1 "tp" and "dp" axis added when missing
+// (the models look both up), in canonical order (dp outermost, tp innermost). Throws naming the
+// spec when it is malformed.
+std::vector<dist::MeshAxis> explain_mesh_axes(const std::string& mesh_spec);
+
+// The synthetic batch of dp rank `dp_rank` of `dp_size`: config.batch is the global batch and
+// must be divisible by dp_size (throws naming both otherwise); this rank gets batch / dp_size
+// rows of config.seq random token ids in [0, vocab) and the targets are the same sequences shifted
+// by one (targets[b][t] = tokens[b][t + 1]). Deterministic in (seed, dp_rank).
+Batch make_synthetic_batch(const ModelConfig& config, int dp_size, int dp_rank, std::uint64_t seed);
+
+// Rows for collective records (rank 0's), costed on link with n = the size of the record's axis
+// in `axes` (throws naming the axis when the mesh has no such axis).
+std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveRecord>& records,
+                                          const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
+
+// Runs the model's forward and backward once on world = product of the mesh sizes rank threads
+// (see the top of this file) and returns the Graph rows in the order rank 0 issued them, followed
+// by the GradSync rows. Every rank runs the same step; only rank 0 is counted. Throws (from the
+// ranks) on an invalid configuration, naming what was wrong.
+std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
+                                      const std::string& mesh_spec, const dist::Link& link);
+
+// Aggregates. Layers appear in the order of their first row; phases in Phase order.
+struct PhaseTotals {
+  int count = 0;
+  std::int64_t bytes = 0;
+  double predicted_us = 0;
+  void add(const ExplainRow& row);
+};
+struct LayerSummary {
+  std::string layer;
+  ExplainSource source = ExplainSource::Graph;
+  PhaseTotals forward, backward, other;   // other: recompute / optimizer
+};
+std::vector<LayerSummary> summarize_layers(const std::vector<ExplainRow>& rows);
+struct PhaseSummary {
+  std::string phase;
+  ExplainSource source = ExplainSource::Graph;
+  PhaseTotals totals;
+};
+// Totals per (source, phase), graph first.
+std::vector<PhaseSummary> summarize_phases(const std::vector<ExplainRow>& rows);
+
+// "1.5 KiB", "12 B", "3.0 MiB" (powers of 1024).
+std::string human_bytes(std::int64_t bytes);
+
+// What the report says about the run (printed in the table's header).
+struct ExplainHeader {
+  ModelConfig config;
+  ParallelConfig parallel;
+  std::vector<dist::MeshAxis> axes;
+  dist::Link link;
+};
+// The table: per layer its collectives (phase, op, axis, n, bytes human-readable and exact,
+// algorithm, predicted us), then the per-layer and per-phase totals and the link used.
+std::string format_explain_table(const std::vector<ExplainRow>& rows, const ExplainHeader& header);
+// The json: a list of objects with exactly the keys layer, phase, op, axis, bytes, predicted_us.
+std::string format_explain_json(const std::vector<ExplainRow>& rows);
+
+}  // namespace meshgrad::nn

@@ -1,0 +1,68 @@
+// The models meshgrad trains and checks ("mlp" and "gpt"), behind one interface the trainer, the
+// equivalence checker, `grads`, `explain` and the benchmarks use.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/nn/parameter.hpp"
+
+namespace meshgrad::nn {
+
+// Sizes. GPT uses every field (Hugging Face names in comments); the MLP model uses
+// hidden, ffn, seq, batch (tokens = seq * batch) and layers.
+struct ModelConfig {
+  std::string kind = "gpt";   // "gpt" or "mlp"
+  int layers = 2;             // n_layer
+  int hidden = 64;            // n_embd
+  int ffn = 0;                // 0 = 4 * hidden (GPT-2)
+  int heads = 4;              // n_head
+  int vocab = 256;            // vocab_size
+  int positions = 0;          // n_positions; 0 = seq
+  int seq = 32;               // T of a batch
+  int batch = 4;              // B of a batch
+  double layer_norm_epsilon = 1e-5;
+  double dropout = 0.0;       // embd/resid dropout probability (training only)
+  DType dtype = DType::Float32;
+  int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+  int n_positions() const { return positions > 0 ? positions : seq; }
+};
+
+// How the model is parallelised on its mesh. The mesh has a "tp" axis and optionally a "dp" axis.
+struct ParallelConfig {
+  bool sequence_parallel = false;    // reduce-scatter / all-gather along the sequence between layers
+  bool overlap = false;              // column layers overlap their backward communication with compute
+  bool recompute_allgather = false;  // column layers keep only the local input shard (SP) and re-gather in backward
+  bool checkpoint_blocks = false;    // activation checkpointing per transformer block
+};
+
+// One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch).
+struct Batch {
+  Tensor inputs;
+  Tensor targets;
+};
+
+class Model {
+ public:
+  virtual ~Model() = default;
+  // Mean cross-entropy over all B*T positions of the *global* batch, as this rank's contribution:
+  // the sum of its tokens' losses divided by the global token count, replicated over tp. Summing
+  // the returned values over dp ranks gives the global loss; its gradients summed over dp are the
+  // global gradients. Records the graph when parameters require grad.
+  virtual Tensor loss(const Batch& batch, std::int64_t global_tokens) = 0;
+  // Every parameter, in a fixed order (the same on every rank).
+  virtual std::vector<Parameter*> parameters() = 0;
+  virtual const ModelConfig& config() const = 0;
+  // Enables/disables dropout (training mode).
+  virtual void set_training(bool training) = 0;
+};
+
+// Builds a model on the mesh with deterministic initialisation from seed: the same seed gives
+// shards equal to the slices of the tp=1 model's parameters, whatever the mesh.
+std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfig& parallel,
+                                  dist::DeviceMeshPtr mesh, std::uint64_t seed);
+
+}  // namespace meshgrad::nn

@@ -1,0 +1,392 @@
+#include "meshgrad/nn/layers.hpp"
+
+#include <algorithm>
+#include <cmath>
+
+#include "meshgrad/autograd/function.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/dist/mappings.hpp"
+#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+
+namespace meshgrad::nn {
+
+using autograd::Function;
+
+ParallelContext ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
+  MG_CHECK(mesh != nullptr, "model: no mesh given");
+  ParallelContext ctx;
+  ctx.tp_axis = mesh->axis_index("tp");
+  ctx.tp = mesh->group(ctx.tp_axis);
+  ctx.mesh = std::move(mesh);
+  ctx.config = config;
+  return ctx;
+}
+
+Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
+  if (tp.size() == 1) return x;
+  return dist::mark_partial_grad(x, dist::AxisMask{1} << tp_axis);
+}
+
+Parameter make_parameter(const std::string& name, const Shape& full_shape, const ShardSpec& spec,
+                         const ParallelContext& ctx, std::uint64_t seed, double std, double constant, DType dtype) {
+  Parameter p;
+  p.name = name;
+  p.full_shape = full_shape;
+  p.shard = spec;
+  if (std > 0) {
+    p.value = init_normal_shard(name, full_shape, spec, ctx.tp_size(), ctx.tp_rank(), seed, std, dtype);
+  } else {
+    Shape local = full_shape;
+    if (!spec.replicated()) {
+      local[static_cast<std::size_t>(spec.dim)] =
+          spec.local_extent(full_shape[static_cast<std::size_t>(spec.dim)], ctx.tp_size(), ctx.tp_rank());
+    }
+    p.value = Tensor::full(local, constant, dtype);
+  }
+  p.value.set_requires_grad();
+  p.value.set_name(name);
+  return p;
+}
+
+namespace {
+
+// ---- column-parallel linear: one Function, both modes, optional overlap and recompute ------------
+//
+// Inputs {x, W, b}: x [T(_local), B, in], W [in, out_local], b [out_local] or undefined.
+//   forward:  X = x (all-reduce mode) or all_gather_seq(x) (sequence parallel); Y = X W + b
+//   backward: dX = dY W^T, then all-reduce (all-reduce mode) or reduce-scatter along the sequence;
+//             dW = X^T dY; db = sum of dY rows.
+// With overlap the backward issues its communication asynchronously and computes meanwhile:
+//
+//   recompute:  [all-gather x ......]                 (re-gather the input, SP only)
+//               [dX = dY W^T][reduce-scatter/all-reduce dX ......]
+//                            wait gather -> [dW = X^T dY][db]  wait dX
+//
+// Without overlap the same operations run one after the other. Either way each value is computed
+// by the same kernels from the same operands, so results are bit-identical.
+struct ColumnConfig {
+  dist::ProcessGroup tp;
+  bool sequence_parallel = false;
+  bool overlap = false;
+  bool recompute_allgather = false;
+  std::int64_t seq_len = 0;
+  std::string label;
+};
+
+class ColumnLinearFn final : public Function {
+ public:
+  ColumnLinearFn(ColumnConfig config, Tensor* gather_buffer) : c_(std::move(config)), gather_buffer_(gather_buffer) {}
+  std::string_view name() const override { return "column_parallel_linear"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor& x = in[0];
+    const Tensor& w = in[1];
+    const Tensor& b = in[2];
+    MG_CHECK(x.dim() == 3 && w.dim() == 2 && x.size(2) == w.size(0),
+             "{}: input {} and weight {} do not match ([T, B, in] and [in, out_local])", c_.label,
+             shape_str(x.shape()), shape_str(w.shape()));
+    Tensor x_full = gather_input(x, /*async=*/false).wait();
+    Tensor y = meshgrad::linear(x_full, w, b);   // recording is off inside forward
+    const bool keep_local = c_.sequence_parallel && c_.recompute_allgather;
+    save_for_backward({keep_local ? x : x_full, w});
+    return {y};
+  }
+
+  TensorList backward(const TensorList& grads) override {
+    dist::CommLabelScope label(c_.label);
+    const TensorList& s = saved();
+    const Tensor& w = s[1];
+    const Tensor dy = grads[0].contiguous();
+    const std::int64_t out = dy.size(-1), in = w.size(0);
+    const Tensor dy_rows = dy.view({-1, out});
+    const bool regather = c_.sequence_parallel && c_.recompute_allgather;
+    const bool need_w_grad = needs_input_grad(1);
+
+    dist::PendingTensor x_full_pending;
+    if (regather && need_w_grad) x_full_pending = gather_input(s[0], c_.overlap);
+
+    Tensor dx;
+    dist::PendingTensor dx_pending;
+    if (needs_input_grad(0)) {
+      Shape full_shape = dy.shape();
+      full_shape.back() = in;
+      const Tensor dx_full = kernels::matmul(dy_rows, w.transpose(0, 1)).view(full_shape);
+      if (c_.tp.size() == 1) {
+        dx = dx_full;
+      } else if (c_.sequence_parallel) {
+        dx_pending = launch(dist::reduce_scatter_async(dx_full, c_.tp, 0, seq_sizes()), c_.overlap);
+      } else {
+        dx_pending = launch(dist::all_reduce_async(dx_full, c_.tp), c_.overlap);
+      }
+    }
+    Tensor dw, db;
+    if (need_w_grad) {
+      const Tensor x_full = regather ? x_full_pending.wait() : s[0];
+      dw = kernels::matmul(x_full.reshape({-1, in}).transpose(0, 1), dy_rows);
+    }
+    if (needs_input_grad(2)) db = kernels::sum(dy_rows, {0}, false);
+    if (dx_pending.valid()) dx = dx_pending.wait();
+    return {dx, dw, db};
+  }
+
+ private:
+  std::vector<std::int64_t> seq_sizes() const { return shard_sizes(c_.seq_len, c_.tp.size()); }
+
+  // Without overlap a launched operation is waited for at once (same result, no concurrency).
+  static dist::PendingTensor launch(dist::PendingTensor pending, bool overlap) {
+    if (overlap) return pending;
+    return dist::PendingTensor::ready(pending.wait());
+  }
+
+  // The full input: x itself in all-reduce mode; the sequence all-gather under SP, into the
+  // layer's reusable buffer when nobody else holds it (no allocation per step).
+  dist::PendingTensor gather_input(const Tensor& x, bool async) {
+    if (!c_.sequence_parallel || c_.tp.size() == 1) return dist::PendingTensor::ready(x);
+    Tensor reuse;
+    if (gather_buffer_ != nullptr && gather_buffer_->defined() && gather_buffer_->storage().use_count() == 1) {
+      reuse = *gather_buffer_;
+    }
+    dist::PendingTensor p = dist::all_gather_async(x, c_.tp, 0, seq_sizes(), reuse);
+    if (async) return p;
+    Tensor full = p.wait();
+    if (gather_buffer_ != nullptr) *gather_buffer_ = full;
+    return dist::PendingTensor::ready(full);
+  }
+
+  ColumnConfig c_;
+  Tensor* gather_buffer_;
+};
+
+}  // namespace
+
+ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t in, std::int64_t out,
+                                           const Options& options, const ParallelContext& ctx, std::uint64_t seed,
+                                           DType dtype)
+    : name_(name), options_(options), out_(out), ctx_(&ctx) {
+  MG_CHECK(!(options.gather_output && options.blocks > 1), "{}: gather_output with fused blocks is not supported",
+           name);
+  const ShardSpec w_spec{1, options.blocks, options.unit};
+  const ShardSpec b_spec{0, options.blocks, options.unit};
+  weight = make_parameter(name + ".weight", {in, out}, w_spec, ctx, seed, options.init_std, 0.0, dtype);
+  if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, ctx, seed, 0.0, 0.0, dtype);
+}
+
+Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
+  return forward_with(x, seq_len, weight.value, bias.value);
+}
+
+Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& w,
+                                          const Tensor& b) const {
+  dist::CommLabelScope label(name_);
+  ColumnConfig config{ctx_->tp, ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
+                      seq_len, name_};
+  Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), &gather_buffer_)[0];
+  if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
+  return y;
+}
+
+RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, std::int64_t out,
+                                     const Options& options, const ParallelContext& ctx, std::uint64_t seed,
+                                     DType dtype)
+    : name_(name), options_(options), ctx_(&ctx) {
+  weight = make_parameter(name + ".weight", {in, out}, ShardSpec{0, 1, options.unit}, ctx, seed, options.init_std,
+                          0.0, dtype);
+  if (options.bias) bias = make_parameter(name + ".bias", {out}, ShardSpec{}, ctx, seed, 0.0, 0.0, dtype);
+}
+
+Tensor RowParallelLinear::forward(const Tensor& x) const {
+  dist::CommLabelScope label(name_);
+  const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
+  const Tensor partial = meshgrad::linear(x_local, weight.value);
+  Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
+                                       : dist::reduce_from_region(partial, ctx_->tp);
+  if (bias.value.defined()) {
+    // Added once, after the reduction. Under SP each rank adds it to its own tokens only: the
+    // bias gradient is then a partial sum over tp.
+    y = meshgrad::add(y, ctx_->sequence_parallel() ? ctx_->partial_over_tp(bias.value) : bias.value);
+  }
+  return y;
+}
+
+LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, const ParallelContext& ctx,
+                     DType dtype)
+    : eps_(eps), ctx_(&ctx) {
+  weight = make_parameter(name + ".weight", {features}, ShardSpec{}, ctx, 0, 0.0, 1.0, dtype);
+  bias = make_parameter(name + ".bias", {features}, ShardSpec{}, ctx, 0, 0.0, 0.0, dtype);
+}
+
+Tensor LayerNorm::forward(const Tensor& x) const {
+  if (ctx_->sequence_parallel()) {
+    // Replicated parameters on sequence-sharded rows: their gradients are partial over tp.
+    return meshgrad::layer_norm(x, ctx_->partial_over_tp(weight.value), ctx_->partial_over_tp(bias.value), eps_);
+  }
+  return meshgrad::layer_norm(x, weight.value, bias.value, eps_);
+}
+
+VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
+                                               const ParallelContext& ctx, std::uint64_t seed, DType dtype)
+    : vocab_(vocab), ctx_(&ctx) {
+  weight = make_parameter(name + ".weight", {vocab, features}, ShardSpec{0}, ctx, seed, 0.02, 0.0, dtype);
+  offset_ = shard_range(vocab, ctx.tp_size(), ctx.tp_rank()).offset;
+}
+
+Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {
+  check_dtype(ids, DType::Int64, "vocab_parallel_embedding", "ids");
+  const std::int64_t local_vocab = weight.value.size(0);
+  // Ids outside this rank's rows look up row 0 and are multiplied by 0: they contribute nothing.
+  const auto values = ids.to_int64_vector();
+  std::vector<std::int64_t> local_ids(values.size());
+  std::vector<double> keep(values.size());
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    MG_CHECK(values[i] >= 0 && values[i] < vocab_, "vocab_parallel_embedding: token id {} at position {} is outside "
+             "the vocabulary [0, {})", values[i], i, vocab_);
+    const bool mine = values[i] >= offset_ && values[i] < offset_ + local_vocab;
+    local_ids[i] = mine ? values[i] - offset_ : 0;
+    keep[i] = mine ? 1.0 : 0.0;
+  }
+  Tensor rows = meshgrad::embedding(weight.value, Tensor::from_int64(local_ids, ids.shape()));
+  if (ctx_->tp_size() == 1) return rows;
+  Shape mask_shape = ids.shape();
+  mask_shape.push_back(1);
+  return meshgrad::mul(rows, Tensor::from_values(keep, mask_shape, weight.value.dtype()));
+}
+
+// ---- vocab-parallel cross-entropy -----------------------------------------------------------------
+
+namespace {
+
+// Inputs {logits_local [N, V_local]}; targets are a member (no gradient).
+class VocabParallelCrossEntropyFn final : public Function {
+ public:
+  VocabParallelCrossEntropyFn(Tensor targets, std::int64_t offset, std::int64_t vocab, dist::ProcessGroup tp,
+                              double divisor, std::int64_t ignore_index)
+      : targets_(std::move(targets)), offset_(offset), vocab_(vocab), tp_(std::move(tp)), divisor_(divisor),
+        ignore_(ignore_index) {}
+  std::string_view name() const override { return "vocab_parallel_cross_entropy"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor logits = in[0].contiguous();
+    const std::int64_t n = logits.size(0), vl = logits.size(1);
+    // Row max over the whole vocabulary (for stability only; it cancels in the gradient).
+    const Tensor row_max = dist::all_reduce(kernels::max_last(logits), tp_, comm::ReduceOp::Max);   // [N, 1]
+    Tensor sum_exp = Tensor::empty({n, 1}, logits.dtype());
+    Tensor target_logit = Tensor::zeros({n, 1}, logits.dtype());
+    const auto t = targets_.to_int64_vector();
+    dispatch_floating(logits.dtype(), name(), [&]<class T>() {
+      const T* l = logits.data<T>();
+      const T* m = row_max.data<T>();
+      T* se = sum_exp.data<T>();
+      T* tl = target_logit.data<T>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        double acc = 0;
+        for (std::int64_t j = 0; j < vl; ++j) acc += std::exp(static_cast<double>(l[i * vl + j] - m[i]));
+        se[i] = static_cast<T>(acc);
+        const std::int64_t target = t[static_cast<std::size_t>(i)];
+        if (target == ignore_) continue;
+        MG_CHECK(target >= 0 && target < vocab_, "vocab_parallel_cross_entropy: target {} at position {} is outside "
+                 "the vocabulary [0, {})", target, i, vocab_);
+        if (target >= offset_ && target < offset_ + vl) tl[i] = l[i * vl + (target - offset_)] - m[i];
+      }
+    });
+    const Tensor total_exp = dist::all_reduce(sum_exp, tp_);
+    const Tensor shifted_target = dist::all_reduce(target_logit, tp_);
+    // loss = sum over kept rows of log(sum exp) - (target logit - max), / divisor.
+    Tensor lse = Tensor::empty({n, 1}, logits.dtype());
+    double loss = 0;
+    dispatch_floating(logits.dtype(), name(), [&]<class T>() {
+      const T* se = total_exp.data<T>();
+      const T* st = shifted_target.data<T>();
+      const T* m = row_max.data<T>();
+      T* out = lse.data<T>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        const double log_sum = std::log(static_cast<double>(se[i]));
+        out[i] = static_cast<T>(log_sum + static_cast<double>(m[i]));
+        if (t[static_cast<std::size_t>(i)] != ignore_) loss += log_sum - static_cast<double>(st[i]);
+      }
+    });
+    save_for_backward({logits, lse});
+    return {Tensor::scalar(loss / divisor_, logits.dtype())};
+  }
+
+  // d loss / d logits[i, j] = (softmax[i, j] - [j is target]) / divisor, 0 for ignored rows. Local.
+  TensorList backward(const TensorList& g) override {
+    const Tensor& logits = saved()[0];
+    const Tensor& lse = saved()[1];
+    const std::int64_t n = logits.size(0), vl = logits.size(1);
+    const double scale = g[0].item() / divisor_;
+    const auto t = targets_.to_int64_vector();
+    Tensor grad = Tensor::empty(logits.shape(), logits.dtype());
+    dispatch_floating(logits.dtype(), name(), [&]<class T>() {
+      const T* l = logits.data<T>();
+      const T* s = lse.data<T>();
+      T* d = grad.data<T>();
+      for (std::int64_t i = 0; i < n; ++i) {
+        const std::int64_t target = t[static_cast<std::size_t>(i)];
+        if (target == ignore_) {
+          std::fill(d + i * vl, d + (i + 1) * vl, T(0));
+          continue;
+        }
+        for (std::int64_t j = 0; j < vl; ++j) d[i * vl + j] = static_cast<T>(std::exp(l[i * vl + j] - s[i]) * scale);
+        if (target >= offset_ && target < offset_ + vl) d[i * vl + (target - offset_)] -= static_cast<T>(scale);
+      }
+    });
+    return {grad};
+  }
+
+ private:
+  Tensor targets_;
+  std::int64_t offset_, vocab_;
+  dist::ProcessGroup tp_;
+  double divisor_;
+  std::int64_t ignore_;
+};
+
+// y = x * mask, mask[i] = 0 or 1/(1-p) from the global index of element i.
+class GlobalDropoutFn final : public Function {
+ public:
+  explicit GlobalDropoutFn(Tensor mask) : mask_(std::move(mask)) {}
+  std::string_view name() const override { return "dropout"; }
+  TensorList forward(const TensorList& x) override { return {kernels::binary(kernels::Binary::Mul, x[0], mask_)}; }
+  TensorList backward(const TensorList& g) override { return {kernels::binary(kernels::Binary::Mul, g[0], mask_)}; }
+
+ private:
+  Tensor mask_;
+};
+
+}  // namespace
+
+Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
+                                    std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
+                                    std::int64_t ignore_index) {
+  check_floating(logits_local, "vocab_parallel_cross_entropy");
+  check_dtype(targets, DType::Int64, "vocab_parallel_cross_entropy", "targets");
+  MG_CHECK(logits_local.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits_local.size(0),
+           "vocab_parallel_cross_entropy: logits {} and targets {} must be [N, V_local] and [N]",
+           shape_str(logits_local.shape()), shape_str(targets.shape()));
+  MG_CHECK(divisor > 0, "vocab_parallel_cross_entropy: divisor must be positive, got {}", divisor);
+  dist::CommLabelScope label("loss");
+  return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
+                                                      divisor, ignore_index)[0];
+}
+
+Tensor dropout_global(const Tensor& x, double p, std::uint64_t seed, const Shape& global_shape,
+                      const std::vector<std::int64_t>& offsets) {
+  MG_CHECK(p >= 0 && p < 1, "dropout: p must be in [0, 1), got {}", p);
+  if (p == 0) return x;
+  MG_CHECK(offsets.size() == global_shape.size() && x.dim() == static_cast<int>(global_shape.size()),
+           "dropout: piece {} with offsets of {} dims in a global tensor {}", shape_str(x.shape()), offsets.size(),
+           shape_str(global_shape));
+  random::Box box;
+  for (std::size_t d = 0; d < offsets.size(); ++d) box.push_back({offsets[d], x.shape()[d]});
+  Tensor u = random::rand(global_shape, seed, DType::Float64, 0.0, 1.0, box);
+  std::vector<double> keep = u.to_vector();
+  const double scale = 1.0 / (1.0 - p);
+  for (double& v : keep) v = v < p ? 0.0 : scale;
+  return autograd::apply<GlobalDropoutFn>({x}, Tensor::from_values(keep, x.shape(), x.dtype()))[0];
+}
+
+}  // namespace meshgrad::nn
