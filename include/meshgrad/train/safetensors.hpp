@@ -1,0 +1,110 @@
+// safetensors: the file format meshgrad loads and saves weights and gradient dumps in, written with
+// meshgrad's own code on nlohmann-json (the format is simple enough that a dependency would cost more
+// than it saves, and the checks below are the point).
+//
+// The format contract (https://github.com/huggingface/safetensors, "Format"):
+//
+//   offset 0           8                       8 + N                                end of file
+//          +-----------+-----------------------+------------------------------------+
+//          | N: u64 LE | header: N bytes JSON  | data section: raw little-endian     |
+//          +-----------+-----------------------+------------------------------------+
+//
+//   header = {"__metadata__": {"key": "value", ...},            (optional, string -> string)
+//             "name": {"dtype": "F32", "shape": [2, 3], "data_offsets": [begin, end]}, ...}
+//
+// - data_offsets are byte offsets relative to the start of the data section, [begin, end).
+// - end - begin == prod(shape) * size(dtype); a scalar has shape [] and one element.
+// - Elements are stored row-major ("C" order), little-endian.
+// - The tensors cover the data section exactly: no gaps, no overlap, no bytes after the last one
+//   (this is what makes a file safe to map and impossible to hide data in).
+// - The header may end with spaces (0x20) so that the data section starts 8-byte aligned.
+//
+// meshgrad reads and writes the dtypes it has: "F32" (float32), "F64" (float64), "I64" (int64).
+// Any other dtype in a file is reported as an error naming it.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad::train {
+
+// A safetensors file that cannot be read or written: malformed content, a missing tensor, an I/O
+// failure. The message names the file, the tensor where there is one, what is wrong and, for
+// content errors, the absolute byte offset in the file.
+class SafetensorsError : public InvalidArgument {
+ public:
+  SafetensorsError(std::string path, const std::string& what);
+  const std::string& path() const { return path_; }
+
+ private:
+  std::string path_;
+};
+
+// The largest header meshgrad accepts (the reference implementation's limit). A larger length field
+// is taken as a corrupt file instead of an allocation request.
+inline constexpr std::uint64_t kMaxSafetensorsHeaderBytes = 100'000'000;
+
+// "F32" <-> DType::Float32 and so on.
+std::string safetensors_dtype_name(DType dtype);
+
+// Where one tensor is in a file.
+struct SafetensorsEntry {
+  std::string name;
+  DType dtype = DType::Float32;
+  Shape shape;
+  std::uint64_t begin = 0;   // [begin, end): relative to the data section
+  std::uint64_t end = 0;
+};
+
+// A validated safetensors file. The constructor reads the header and checks the whole layout
+// (every rule above) before anything else is read; get() then reads one tensor's bytes. Throws
+// SafetensorsError on any violation.
+class SafetensorsFile {
+ public:
+  explicit SafetensorsFile(std::string path);
+
+  const std::string& path() const { return path_; }
+  // Tensor names in data-section order.
+  std::vector<std::string> names() const;
+  bool contains(const std::string& name) const;
+  // Throws SafetensorsError naming the file and the tensor when there is none of that name.
+  const SafetensorsEntry& entry(const std::string& name) const;
+  // Reads the tensor (a new contiguous tensor in the file's dtype).
+  Tensor get(const std::string& name) const;
+  const std::map<std::string, std::string>& metadata() const { return metadata_; }
+  // Byte offset of the data section in the file (8 + header length).
+  std::uint64_t data_start() const { return data_start_; }
+
+ private:
+  std::string path_;
+  std::uint64_t file_size_ = 0;
+  std::uint64_t data_start_ = 0;
+  std::vector<SafetensorsEntry> entries_;        // sorted by data offset
+  std::map<std::string, std::size_t> index_;     // name -> position in entries_
+  std::map<std::string, std::string> metadata_;
+};
+
+// Every tensor of a file by name.
+std::map<std::string, Tensor> read_safetensors(const std::string& path);
+
+// Writes tensors (float32 / float64 / int64, any layout) and optional string metadata to path.
+//
+// Layout, as the reference writer lays it out: tensors ordered by element size, largest first
+// (I64, F64, then F32), then by name; the header lists "__metadata__" first (keys sorted) and then
+// the tensors in data order, as compact JSON padded with spaces to a multiple of 8 bytes. So the
+// output is deterministic and every tensor starts aligned to its element size.
+//
+// Atomic: the file is written to a temporary file in the same directory, flushed to disk (fsync)
+// and renamed over path; on any error (invalid input, I/O) the temporary is removed and an existing
+// file at path is left untouched. Throws SafetensorsError on an undefined tensor, an empty,
+// duplicate or reserved ("__metadata__") name, or an I/O failure.
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata = {});
+
+}  // namespace meshgrad::train

@@ -1,0 +1,90 @@
+// The training loop behind `meshgrad train`, and the gradient computation behind `meshgrad grads`.
+//
+// One step on every rank of a dp x tp mesh:
+//   batch  = dp_shard(dataset.next_batch(step))          same global batch everywhere, rows split over dp
+//   loss   = model.loss(batch, B * T)                     this rank's share of the global mean
+//   backward(loss)                                        hooks launch tp / dp gradient all-reduces
+//   sync.finish(); opt.step(); opt.zero_grad()           complete gradients, AdamW on local shards
+//   report = all_reduce(loss) over dp                     the global loss (Phase::Optimizer)
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+
+namespace meshgrad::train {
+
+struct TrainOptions {
+  // GPT sizes (kind "gpt", vocab 256 for byte tokens); batch is the *global* B, split over dp.
+  nn::ModelConfig model;
+  nn::ParallelConfig parallel;
+  int steps = 200;
+  double lr = 3e-3;          // peak learning rate
+  int warmup_steps = 10;     // linear warmup from lr / warmup_steps to lr
+  double min_lr_ratio = 0.1; // cosine decay from lr down to lr * min_lr_ratio at the last step
+  double weight_decay = 0.1;
+  std::uint64_t seed = 1234; // model initialisation, data order and dropout
+  std::string data_path;     // "" = the built-in corpus
+  std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
+  std::string save_path;     // safetensors of the full trained parameters; "" = none
+  bool progress = true;      // rank 0 shows progress on stderr
+};
+
+struct TrainResult {
+  std::vector<double> losses;   // global loss of every step (before its update), on every rank
+  double seconds = 0;           // wall time of the steps (rank 0's clock on rank 0)
+  double tokens_per_s = 0;      // global tokens / seconds
+  double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
+  std::int64_t parameters = 0;  // of the full model
+  // Mean of the losses of the first / last quarter of the steps (1 to 10 steps): per-step losses
+  // are noisy (every step draws a different batch).
+  double start_loss() const;
+  double end_loss() const;
+};
+
+// The learning rate of step s (0-based): linear warmup over warmup_steps, then cosine decay to
+// lr * min_lr_ratio at step steps - 1.
+double learning_rate(const TrainOptions& options, int step);
+
+// Number of elements of the full model (sum over parameters of their full shapes).
+std::int64_t count_parameters(const std::vector<nn::Parameter*>& params);
+
+// Model FLOPs per trained token, forward + backward (PaLM appendix B / nanoGPT convention):
+//   6 * N_matmul + 12 * L * T * C
+// N_matmul = every parameter except the position table wpe (a lookup, no multiply; wte counts: it
+// is the tied output projection, 2 * C * V per token forward). 6 = 2 (multiply-add) * 3 (forward,
+// input gradient, weight gradient). 12 L T C = attention scores q k^T and the weighted sum of v,
+// 2 * T * C each per token per layer forward, times 3 for backward; counted over the full T as is
+// customary (the causal mask skips half). Recomputation under activation checkpointing is not
+// model work and is not counted.
+double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_params_without_wpe);
+
+// Trains a GPT on the mesh (collective: every rank calls it with the same options). Rank 0 shows
+// progress on stderr (one line redrawn with \r on a terminal, else a line every ~5% of the steps)
+// and appends one JSON object per step to options.metrics_path:
+//   {"step": 1, "loss": 5.54, "tokens_per_s": 1.2e4, "gflops": 0.8, "elapsed_s": 0.3, "lr": 3e-4}
+// Each line is written by one write() call and flushed, so a reader never sees half a line.
+TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh);
+
+// The model configuration of a Hugging Face GPT-2 config.json (n_layer, n_head, n_embd, vocab_size,
+// n_positions, layer_norm_epsilon). Throws InvalidArgument naming the file and the key when a key
+// is missing or has the wrong type, or when the file is not readable JSON.
+nn::ModelConfig read_gpt2_config(const std::string& path);
+
+struct GradientDump {
+  double loss = 0;                                      // global mean cross-entropy
+  std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name
+};
+
+// loss + backward + gradient synchronisation of model on the global batch (inputs/targets int64
+// [B, T], split over dp by the shard rule; loss = mean over all B * T positions), then every
+// parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
+// full result). The model's parameters must not have gradients yet.
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);
+
+}  // namespace meshgrad::train

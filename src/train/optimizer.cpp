@@ -1,0 +1,115 @@
+#include "meshgrad/train/optimizer.hpp"
+
+#include <cmath>
+#include <string>
+
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/train/grad_sync.hpp"
+
+namespace meshgrad::train {
+
+namespace {
+
+bool ends_with(const std::string& s, const std::string& suffix) {
+  return s.size() >= suffix.size() && s.compare(s.size() - suffix.size(), suffix.size(), suffix) == 0;
+}
+
+// The update of one contiguous shard, in the parameter's own dtype T (bias corrections in double).
+template <class T>
+void adamw_update(T* p, const T* g, T* m, T* v, std::int64_t n, const AdamWOptions& o, double decay_factor,
+                  double bias1, double bias2) {
+  const T b1 = static_cast<T>(o.beta1), b2 = static_cast<T>(o.beta2);
+  const T one_b1 = static_cast<T>(1.0 - o.beta1), one_b2 = static_cast<T>(1.0 - o.beta2);
+  const T step_size = static_cast<T>(o.lr / bias1);
+  const T inv_sqrt_bias2 = static_cast<T>(1.0 / std::sqrt(bias2));
+  const T eps = static_cast<T>(o.eps);
+  const T keep = static_cast<T>(decay_factor);
+  for (std::int64_t i = 0; i < n; ++i) {
+    const T gi = g[i];
+    m[i] = b1 * m[i] + one_b1 * gi;
+    v[i] = b2 * v[i] + one_b2 * gi * gi;
+    const T denom = std::sqrt(v[i]) * inv_sqrt_bias2 + eps;
+    p[i] = p[i] * keep - step_size * m[i] / denom;
+  }
+}
+
+}  // namespace
+
+bool decays(const nn::Parameter& p) { return ends_with(p.name, ".weight") && p.full_shape.size() == 2; }
+
+AdamW::AdamW(std::vector<nn::Parameter*> params, dist::DeviceMeshPtr mesh, AdamWOptions options)
+    : params_(std::move(params)), mesh_(std::move(mesh)), options_(options) {
+  MG_CHECK(options_.lr >= 0 && options_.eps > 0 && options_.beta1 >= 0 && options_.beta1 < 1 &&
+               options_.beta2 >= 0 && options_.beta2 < 1 && options_.weight_decay >= 0,
+           "AdamW: invalid options lr={} betas=({}, {}) eps={} weight_decay={}", options_.lr, options_.beta1,
+           options_.beta2, options_.eps, options_.weight_decay);
+  for (const nn::Parameter* p : params_) {
+    MG_CHECK(p != nullptr, "AdamW: null parameter");
+    MG_CHECK(p->value.defined() && p->value.is_floating(), "AdamW: parameter '{}' is not a float32/float64 tensor",
+             p->name);
+    MG_CHECK(p->value.is_contiguous(), "AdamW: parameter '{}' is not contiguous ({})", p->name, p->value.str());
+  }
+  m_.resize(params_.size());
+  v_.resize(params_.size());
+}
+
+void AdamW::check_gradients() const {
+  const bool dp_replicas = mesh_ && mesh_->has_axis("dp") && mesh_->axis_size("dp") > 1;
+  for (const nn::Parameter* p : params_) {
+    const Tensor g = p->value.grad();
+    if (!g.defined()) continue;
+    MG_CHECK(g.shape() == p->value.shape() && g.dtype() == p->value.dtype(),
+             "AdamW: gradient of '{}' is {} but the parameter is {}", p->name, g.str(), p->value.str());
+    const dist::AxisMask partial = dist::partial_axes(g);
+    if (mesh_) {
+      const dist::AxisMask bad = partial & replicated_axes(*p, *mesh_);
+      for (int a = 0; a < mesh_->ndim(); ++a) {
+        MG_CHECK(!(bad & (dist::AxisMask{1} << a)),
+                 "AdamW: the gradient of '{}' is still a partial sum over mesh axis '{}', where the parameter is "
+                 "replicated: run GradientSynchronizer::finish() after backward",
+                 p->name, mesh_->axes()[static_cast<std::size_t>(a)].name);
+      }
+    } else {
+      MG_CHECK(partial == 0, "AdamW: the gradient of '{}' is still a partial sum (axes mask {:#x}) and no mesh was given",
+               p->name, partial);
+    }
+    // With data-parallel replicas every local gradient is partial over dp, though nothing marks it
+    // so; the synchroniser marks what it reduced as complete, so an unmarked gradient was not reduced.
+    MG_CHECK(!dp_replicas || dynamic_cast<const dist::PartialGradient*>(g.annotation().get()) != nullptr,
+             "AdamW: the gradient of '{}' was not reduced over the dp axis (size {}): run "
+             "GradientSynchronizer::finish() after backward",
+             p->name, mesh_ ? mesh_->axis_size("dp") : 1);
+  }
+}
+
+void AdamW::step() {
+  autograd::NoGradGuard no_grad;
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  check_gradients();
+  ++t_;
+  const double bias1 = 1.0 - std::pow(options_.beta1, static_cast<double>(t_));
+  const double bias2 = 1.0 - std::pow(options_.beta2, static_cast<double>(t_));
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    nn::Parameter& p = *params_[i];
+    const Tensor g = p.value.grad();
+    if (!g.defined()) continue;
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.value.shape(), p.value.dtype());
+      v_[i] = Tensor::zeros(p.value.shape(), p.value.dtype());
+    }
+    const Tensor gc = g.contiguous();
+    const double decay_factor = decays(p) ? 1.0 - options_.lr * options_.weight_decay : 1.0;
+    dispatch_floating(p.value.dtype(), "AdamW::step", [&]<class T>() {
+      adamw_update<T>(p.value.data<T>(), gc.data<T>(), m_[i].data<T>(), v_[i].data<T>(), p.value.numel(), options_,
+                      decay_factor, bias1, bias2);
+    });
+  }
+}
+
+void AdamW::zero_grad() {
+  for (nn::Parameter* p : params_) p->value.zero_grad();
+}
+
+}  // namespace meshgrad::train

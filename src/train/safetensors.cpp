@@ -1,0 +1,457 @@
+// safetensors reader and writer (format contract in include/meshgrad/train/safetensors.hpp).
+//
+// Reading validates the whole header before allocating any tensor: every size it trusts is first
+// bounded by the file's real size, so a corrupt or hostile file gives an error naming the file,
+// the tensor and the byte offset, never a crash, a hang or a huge allocation.
+#include "meshgrad/train/safetensors.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <bit>
+#include <cerrno>
+#include <cstring>
+#include <filesystem>
+#include <limits>
+#include <nlohmann/json.hpp>
+#include <random>
+#include <set>
+#include <tuple>
+#include <string_view>
+
+namespace meshgrad::train {
+
+// The data section is copied to and from tensor memory as is: the format is little-endian, so is
+// every machine meshgrad builds on today. A big-endian port would byte-swap here.
+static_assert(std::endian::native == std::endian::little,
+              "meshgrad's safetensors code assumes a little-endian machine (the format is little-endian)");
+
+SafetensorsError::SafetensorsError(std::string path, const std::string& what)
+    : InvalidArgument(fmt::format("safetensors file '{}': {}", path, what)), path_(std::move(path)) {}
+
+namespace {
+
+using json = nlohmann::json;
+
+[[noreturn]] void fail(const std::string& path, const std::string& what) { throw SafetensorsError(path, what); }
+
+std::string errno_text(int err) { return std::strerror(err); }
+
+// The dtypes meshgrad has, with the safetensors names. `rank` is the position in the reference
+// implementation's Dtype enum (F32 < F64 < I64), which its writer sorts by, largest first.
+struct DTypeName {
+  DType dtype;
+  const char* name;
+  int rank;
+};
+constexpr DTypeName kDTypes[] = {{DType::Float32, "F32", 0}, {DType::Float64, "F64", 1}, {DType::Int64, "I64", 2}};
+
+const DTypeName& dtype_entry(DType dtype) {
+  for (const auto& d : kDTypes)
+    if (d.dtype == dtype) return d;
+  throw InvalidArgument(fmt::format("safetensors: dtype {} has no safetensors name", dtype_name(dtype)));
+}
+
+// Closes a POSIX file descriptor on scope exit.
+class Fd {
+ public:
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(const Fd&) = delete;
+  Fd& operator=(const Fd&) = delete;
+  Fd(Fd&& other) noexcept : fd_(other.release()) {}
+  Fd& operator=(Fd&&) = delete;
+  int get() const { return fd_; }
+  int release() { return std::exchange(fd_, -1); }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_;
+};
+
+Fd open_for_reading(const std::string& path, std::uint64_t* size) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) fail(path, fmt::format("cannot open for reading: {}", errno_text(errno)));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) fail(path, fmt::format("cannot stat: {}", errno_text(errno)));
+  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
+  *size = static_cast<std::uint64_t>(st.st_size);
+  return fd;
+}
+
+// Reads exactly n bytes at file offset `offset`; `what` says what for the error message.
+void read_exact(int fd, const std::string& path, std::uint64_t offset, void* out, std::uint64_t n,
+                const std::string& what) {
+  auto* dst = static_cast<std::byte*>(out);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
+    const ssize_t got = ::pread(fd, dst + done, chunk, static_cast<off_t>(offset + done));
+    if (got < 0) {
+      if (errno == EINTR) continue;
+      fail(path, fmt::format("read error at byte {} while reading {}: {}", offset + done, what, errno_text(errno)));
+    }
+    if (got == 0)
+      fail(path, fmt::format("file ends at byte {} while reading {} (bytes {}..{} expected; was the file changed "
+                             "while reading?)",
+                             offset + done, what, offset, offset + n));
+    done += static_cast<std::uint64_t>(got);
+  }
+}
+
+std::string json_type(const json& j) { return j.type_name(); }
+
+// Reads a non-negative integer that fits in u64 (JSON numbers that are integers: "3", not "3.0").
+bool as_u64(const json& j, std::uint64_t* out) {
+  if (j.is_number_unsigned()) {
+    *out = j.get<std::uint64_t>();
+    return true;
+  }
+  if (j.is_number_integer() && j.get<std::int64_t>() >= 0) {
+    *out = static_cast<std::uint64_t>(j.get<std::int64_t>());
+    return true;
+  }
+  return false;
+}
+
+// nlohmann's parser keeps the last of repeated object keys; the format forbids them (a tensor name
+// given twice would silently drop one), so a parser callback reports them. Thrown out of the parse.
+struct DuplicateKey {
+  std::string key;
+  std::string owner;   // the key of the object holding it ("" for the top-level object)
+};
+
+json parse_header(const std::string& path, const std::string& text) {
+  // One frame per open object: its keys so far and the key it sits under.
+  struct Frame {
+    std::set<std::string> keys;
+    std::string owner;
+  };
+  std::vector<Frame> frames;
+  std::string last_key;
+  const json::parser_callback_t callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
+    switch (event) {
+      case json::parse_event_t::object_start: frames.push_back({{}, frames.empty() ? std::string() : last_key}); break;
+      case json::parse_event_t::object_end:
+        if (!frames.empty()) frames.pop_back();
+        break;
+      case json::parse_event_t::key: {
+        last_key = parsed.get<std::string>();
+        if (!frames.empty() && !frames.back().keys.insert(last_key).second)
+          throw DuplicateKey{last_key, frames.back().owner};
+        break;
+      }
+      default: break;
+    }
+    return true;
+  };
+  try {
+    return json::parse(text, callback);
+  } catch (const DuplicateKey& d) {
+    if (d.owner.empty()) fail(path, fmt::format("header: tensor name '{}' appears more than once", d.key));
+    fail(path, fmt::format("header: key '{}' appears more than once in the entry of '{}'", d.key, d.owner));
+  } catch (const json::parse_error& e) {
+    // e.byte counts from 1 within the header text; the header starts at file byte 8.
+    std::string message = e.what();
+    if (const auto pos = message.find("] "); message.starts_with("[json.exception") && pos != std::string::npos)
+      message = message.substr(pos + 2);
+    const std::uint64_t at = 8 + (e.byte > 0 ? e.byte - 1 : 0);
+    fail(path, fmt::format("header is not valid JSON (at byte {}): {}", at, message));
+  } catch (const json::exception& e) {
+    fail(path, fmt::format("header is not valid JSON: {}", e.what()));
+  }
+}
+
+// Checks one header entry and returns it; data_size bounds the offsets.
+SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& value,
+                             std::uint64_t data_start, std::uint64_t data_size) {
+  const auto bad = [&](const std::string& what) { fail(path, fmt::format("tensor '{}': {}", name, what)); };
+  if (!value.is_object())
+    bad(fmt::format("entry is a JSON {}, expected an object with dtype, shape and data_offsets", json_type(value)));
+  for (const auto& [key, _] : value.items())
+    if (key != "dtype" && key != "shape" && key != "data_offsets")
+      bad(fmt::format("unexpected key '{}' (an entry has dtype, shape and data_offsets)", key));
+  for (const char* key : {"dtype", "shape", "data_offsets"})
+    if (!value.contains(key)) bad(fmt::format("entry has no '{}'", key));
+
+  SafetensorsEntry entry;
+  entry.name = name;
+
+  const json& dtype = value["dtype"];
+  if (!dtype.is_string()) bad(fmt::format("dtype is a JSON {}, expected a string", json_type(dtype)));
+  const std::string dtype_text = dtype.get<std::string>();
+  const DTypeName* found = nullptr;
+  for (const auto& d : kDTypes)
+    if (dtype_text == d.name) found = &d;
+  if (found == nullptr) bad(fmt::format("dtype \"{}\" is not supported (meshgrad reads F32, F64 and I64)", dtype_text));
+  entry.dtype = found->dtype;
+
+  const json& shape = value["shape"];
+  if (!shape.is_array()) bad(fmt::format("shape is a JSON {}, expected an array of integers", json_type(shape)));
+  for (std::size_t i = 0; i < shape.size(); ++i) {
+    const json& dim = shape[i];
+    if (dim.is_number_integer() && !dim.is_number_unsigned() && dim.get<std::int64_t>() < 0)
+      bad(fmt::format("shape {} has a negative dim {} (at index {})", shape.dump(), dim.get<std::int64_t>(), i));
+    std::uint64_t d = 0;
+    if (!as_u64(dim, &d)) bad(fmt::format("shape {}: dim {} is a JSON {}, expected an integer", shape.dump(), i, json_type(dim)));
+    if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
+      bad(fmt::format("shape {}: dim {} is too large", shape.dump(), i));
+    entry.shape.push_back(static_cast<std::int64_t>(d));
+  }
+
+  const json& offsets = value["data_offsets"];
+  if (!offsets.is_array() || offsets.size() != 2)
+    bad(fmt::format("data_offsets is {}, expected an array [begin, end] of two integers", offsets.dump()));
+  if (!as_u64(offsets[0], &entry.begin) || !as_u64(offsets[1], &entry.end))
+    bad(fmt::format("data_offsets {} must be two non-negative integers", offsets.dump()));
+  if (entry.begin > entry.end) bad(fmt::format("data_offsets [{}, {}]: begin is after end", entry.begin, entry.end));
+  if (entry.end > data_size)
+    bad(fmt::format("data_offsets [{}, {}] end at byte {}, past the end of the data section (bytes {}..{} of the "
+                    "file)",
+                    entry.begin, entry.end, data_start + entry.end, data_start, data_start + data_size));
+
+  // prod(shape) * dtype size must equal the byte range. Overflow-checked: a dim can be up to 2^63.
+  std::uint64_t nbytes = dtype_size(entry.dtype);
+  bool overflow = false;
+  const bool empty = std::find(entry.shape.begin(), entry.shape.end(), 0) != entry.shape.end();
+  if (empty) {
+    nbytes = 0;
+  } else {
+    for (std::int64_t d : entry.shape) overflow = overflow || __builtin_mul_overflow(nbytes, static_cast<std::uint64_t>(d), &nbytes);
+  }
+  if (overflow || nbytes != entry.end - entry.begin)
+    bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {} bytes (at byte {})",
+                    shape_str(entry.shape), found->name, overflow ? std::string("more than 2^64") : std::to_string(nbytes),
+                    entry.begin, entry.end, entry.end - entry.begin, data_start + entry.begin));
+  return entry;
+}
+
+}  // namespace
+
+std::string safetensors_dtype_name(DType dtype) { return dtype_entry(dtype).name; }
+
+SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
+  Fd fd = open_for_reading(path_, &file_size_);
+  if (file_size_ < 8)
+    fail(path_, fmt::format("file has {} bytes, too short for the 8-byte header length", file_size_));
+  unsigned char length_bytes[8];
+  read_exact(fd.get(), path_, 0, length_bytes, 8, "the header length");
+  std::uint64_t header_size = 0;
+  for (int i = 7; i >= 0; --i) header_size = (header_size << 8) | length_bytes[i];
+  if (header_size > kMaxSafetensorsHeaderBytes)
+    fail(path_, fmt::format("header length {} (bytes 0..8) is larger than the {} bytes meshgrad accepts: not a "
+                            "safetensors file or corrupt",
+                            header_size, kMaxSafetensorsHeaderBytes));
+  if (header_size > file_size_ - 8)
+    fail(path_, fmt::format("header length {} (bytes 0..8) runs past the end of the file ({} bytes): truncated or "
+                            "corrupt",
+                            header_size, file_size_));
+  data_start_ = 8 + header_size;
+  const std::uint64_t data_size = file_size_ - data_start_;
+
+  std::string text(static_cast<std::size_t>(header_size), '\0');
+  read_exact(fd.get(), path_, 8, text.data(), header_size, "the header");
+  fd.reset();
+
+  const json header = parse_header(path_, text);
+  if (!header.is_object()) fail(path_, fmt::format("header is a JSON {}, expected an object (at byte 8)", json_type(header)));
+
+  for (const auto& [name, value] : header.items()) {
+    if (name == "__metadata__") {
+      if (!value.is_object())
+        fail(path_, fmt::format("__metadata__ is a JSON {}, expected an object of strings", json_type(value)));
+      for (const auto& [key, text_value] : value.items()) {
+        if (!text_value.is_string())
+          fail(path_, fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", key, json_type(text_value)));
+        metadata_[key] = text_value.get<std::string>();
+      }
+      continue;
+    }
+    entries_.push_back(parse_entry(path_, name, value, data_start_, data_size));
+  }
+
+  // The tensors must tile the data section: sorted by offset, each begins where the previous ended
+  // and the last ends at the end of the file. (Zero-byte tensors sort before a tensor at the same
+  // begin and tile trivially.)
+  std::sort(entries_.begin(), entries_.end(), [](const SafetensorsEntry& a, const SafetensorsEntry& b) {
+    return std::tie(a.begin, a.end, a.name) < std::tie(b.begin, b.end, b.name);
+  });
+  std::uint64_t covered = 0;
+  const SafetensorsEntry* previous = nullptr;
+  for (const auto& e : entries_) {
+    if (e.begin < covered)
+      fail(path_, fmt::format("tensors '{}' and '{}' overlap: '{}' starts at data offset {} (byte {}) but '{}' ends "
+                              "at data offset {}",
+                              previous->name, e.name, e.name, e.begin, data_start_ + e.begin, previous->name, covered));
+    if (e.begin > covered)
+      fail(path_, fmt::format("gap in the data section: bytes {}..{} (data offsets {}..{}) belong to no tensor "
+                              "(next tensor: '{}')",
+                              data_start_ + covered, data_start_ + e.begin, covered, e.begin, e.name));
+    covered = e.end;
+    previous = &e;
+  }
+  if (covered != data_size)
+    fail(path_, fmt::format("{} trailing bytes after the last tensor: bytes {}..{} belong to no tensor", data_size - covered,
+                            data_start_ + covered, file_size_));
+  for (std::size_t i = 0; i < entries_.size(); ++i) index_[entries_[i].name] = i;
+}
+
+std::vector<std::string> SafetensorsFile::names() const {
+  std::vector<std::string> out;
+  out.reserve(entries_.size());
+  for (const auto& e : entries_) out.push_back(e.name);
+  return out;
+}
+
+bool SafetensorsFile::contains(const std::string& name) const { return index_.count(name) != 0; }
+
+const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
+  const auto it = index_.find(name);
+  if (it == index_.end()) fail(path_, fmt::format("no tensor named '{}' (the file has {} tensors)", name, entries_.size()));
+  return entries_[it->second];
+}
+
+Tensor SafetensorsFile::get(const std::string& name) const {
+  const SafetensorsEntry& e = entry(name);
+  std::uint64_t size_now = 0;
+  Fd fd = open_for_reading(path_, &size_now);
+  if (size_now != file_size_)
+    fail(path_, fmt::format("file changed size from {} to {} bytes since its header was read", file_size_, size_now));
+  // Sizes were checked against the file's size, so this allocation is bounded by it.
+  Tensor t = Tensor::empty(e.shape, e.dtype);
+  read_exact(fd.get(), path_, data_start_ + e.begin, t.raw_data(), e.end - e.begin, fmt::format("tensor '{}'", name));
+  return t;
+}
+
+std::map<std::string, Tensor> read_safetensors(const std::string& path) {
+  const SafetensorsFile file(path);
+  std::map<std::string, Tensor> out;
+  for (const auto& name : file.names()) out.emplace(name, file.get(name));
+  return out;
+}
+
+// ---- writing -------------------------------------------------------------------------------------
+
+namespace {
+
+void write_all(int fd, const std::string& path, const void* data, std::uint64_t n, const std::string& what) {
+  const auto* src = static_cast<const std::byte*>(data);
+  std::uint64_t done = 0;
+  while (done < n) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
+    const ssize_t put = ::write(fd, src + done, chunk);
+    if (put < 0) {
+      if (errno == EINTR) continue;
+      fail(path, fmt::format("write error while writing {}: {}", what, errno_text(errno)));
+    }
+    done += static_cast<std::uint64_t>(put);
+  }
+}
+
+// The header JSON for tensors already in data order: compact, "__metadata__" first, padded with
+// spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
+std::string make_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& ordered,
+                        const std::map<std::string, std::string>& metadata) {
+  nlohmann::ordered_json header = nlohmann::ordered_json::object();
+  if (!metadata.empty()) {
+    nlohmann::ordered_json meta = nlohmann::ordered_json::object();
+    for (const auto& [key, value] : metadata) meta[key] = value;   // std::map: sorted keys
+    header["__metadata__"] = std::move(meta);
+  }
+  std::uint64_t offset = 0;
+  for (const auto& [name, t] : ordered) {
+    const std::uint64_t nbytes = static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype());
+    nlohmann::ordered_json entry = nlohmann::ordered_json::object();
+    entry["dtype"] = safetensors_dtype_name(t.dtype());
+    entry["shape"] = t.shape();
+    entry["data_offsets"] = {offset, offset + nbytes};
+    header[name] = std::move(entry);
+    offset += nbytes;
+  }
+  std::string text;
+  try {
+    text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
+  } catch (const nlohmann::ordered_json::exception& e) {
+    fail(path, fmt::format("a tensor name or metadata string is not valid UTF-8: {}", e.what()));
+  }
+  text.append((8 - text.size() % 8) % 8, ' ');
+  return text;
+}
+
+std::string temp_path_for(const std::filesystem::path& target) {
+  static std::atomic<std::uint64_t> counter{0};
+  static const std::uint32_t salt = std::random_device{}();
+  const std::string leaf = fmt::format(".{}.tmp-{}-{:08x}-{}", target.filename().string(), ::getpid(), salt,
+                                       counter.fetch_add(1));
+  return (target.parent_path() / leaf).string();
+}
+
+}  // namespace
+
+void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
+                       const std::map<std::string, std::string>& metadata) {
+  // 1. Validate everything before touching the file system.
+  std::set<std::string> seen;
+  for (const auto& [name, t] : tensors) {
+    if (name.empty()) fail(path, "cannot write a tensor with an empty name");
+    if (name == "__metadata__") fail(path, "cannot write a tensor named '__metadata__' (reserved for metadata)");
+    if (!seen.insert(name).second) fail(path, fmt::format("cannot write: tensor name '{}' is given twice", name));
+    if (!t.defined()) fail(path, fmt::format("cannot write tensor '{}': it is undefined", name));
+  }
+  // 2. Order as the reference writer does: largest element type first, then by name.
+  std::vector<std::pair<std::string, Tensor>> ordered;
+  ordered.reserve(tensors.size());
+  for (const auto& [name, t] : tensors) ordered.emplace_back(name, t.contiguous());
+  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
+    const int ra = dtype_entry(a.second.dtype()).rank;
+    const int rb = dtype_entry(b.second.dtype()).rank;
+    return ra != rb ? ra > rb : a.first < b.first;
+  });
+  const std::string header = make_header(path, ordered, metadata);
+
+  // 3. Temporary file in the target's directory (so the rename cannot cross file systems), fsync,
+  //    rename over the target. Until the rename, the old file is untouched; after it, the new file
+  //    is complete. On any failure the temporary is removed.
+  std::filesystem::path target(path);
+  if (target.filename().empty()) fail(path, "path names a directory, not a file");
+  const std::string temp = temp_path_for(target);
+  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd.get() < 0) fail(path, fmt::format("cannot create temporary file '{}': {}", temp, errno_text(errno)));
+  bool renamed = false;
+  struct RemoveTemp {
+    const std::string& temp;
+    const bool& renamed;
+    ~RemoveTemp() {
+      if (!renamed) ::unlink(temp.c_str());
+    }
+  } remove_temp{temp, renamed};
+
+  unsigned char length_bytes[8];
+  const std::uint64_t n = header.size();
+  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
+  write_all(fd.get(), path, length_bytes, 8, "the header length");
+  write_all(fd.get(), path, header.data(), header.size(), "the header");
+  for (const auto& [name, t] : ordered)
+    write_all(fd.get(), path, t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
+              fmt::format("tensor '{}'", name));
+  if (::fsync(fd.get()) != 0) fail(path, fmt::format("fsync of temporary file '{}' failed: {}", temp, errno_text(errno)));
+  if (::close(fd.release()) != 0)
+    fail(path, fmt::format("closing temporary file '{}' failed: {}", temp, errno_text(errno)));
+  if (::rename(temp.c_str(), path.c_str()) != 0)
+    fail(path, fmt::format("cannot rename temporary file '{}' over it: {}", temp, errno_text(errno)));
+  renamed = true;
+
+  // Make the rename itself durable. Best effort: the new file is already in place, and some file
+  // systems do not support fsync on a directory.
+  const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
+  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
+  if (dir_fd.get() >= 0) (void)::fsync(dir_fd.get());
+}
+
+}  // namespace meshgrad::train

@@ -1,0 +1,306 @@
+#include "meshgrad/train/trainer.hpp"
+
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <deque>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <numbers>
+
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/data.hpp"
+#include "meshgrad/train/grad_sync.hpp"
+#include "meshgrad/train/optimizer.hpp"
+
+namespace meshgrad::train {
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// This rank's place on the data-parallel axis (a mesh without "dp" is one replica).
+struct DpPlace {
+  int rank = 0;
+  int size = 1;
+  const dist::ProcessGroup* group = nullptr;
+};
+DpPlace dp_place(const dist::DeviceMesh& mesh) {
+  if (!mesh.has_axis("dp")) return {};
+  return {mesh.coordinate("dp"), mesh.axis_size("dp"), &mesh.group("dp")};
+}
+
+// The global loss: the sum over dp of each replica's share (each rank's loss is replicated over tp).
+// Declared as Phase::Optimizer so communication counts of forward/backward stay those of the model.
+double global_loss(const Tensor& local_loss, const DpPlace& dp) {
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  const Tensor l = local_loss.detach();
+  if (dp.size == 1) return l.item();
+  return dist::all_reduce(l, *dp.group, comm::ReduceOp::Sum).item();
+}
+
+// Appends JSON lines to a file. Each line goes out in one write(2) on an O_APPEND descriptor, so a
+// reader (tail -f, a dashboard) never sees a partial line, and nothing is buffered in the process.
+class MetricsWriter {
+ public:
+  explicit MetricsWriter(const std::string& path) : path_(path) {
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    MG_CHECK(fd_ >= 0, "metrics file '{}' cannot be opened for writing: {}", path, std::strerror(errno));
+  }
+  ~MetricsWriter() {
+    if (fd_ >= 0) ::close(fd_);
+  }
+  MetricsWriter(const MetricsWriter&) = delete;
+  MetricsWriter& operator=(const MetricsWriter&) = delete;
+
+  void write_line(const nlohmann::json& object) {
+    const std::string line = object.dump() + "\n";
+    const ssize_t n = ::write(fd_, line.data(), line.size());
+    MG_CHECK(n == static_cast<ssize_t>(line.size()), "metrics file '{}': write failed: {}", path_,
+             n < 0 ? std::strerror(errno) : "short write");
+  }
+
+ private:
+  std::string path_;
+  int fd_ = -1;
+};
+
+// Rank 0's progress display on stderr: a bar redrawn in place on a terminal; on a pipe or file one
+// line every ~5% of the steps (plus the first and the last), so logs stay readable.
+class Progress {
+ public:
+  explicit Progress(int steps) : steps_(steps), tty_(::isatty(::fileno(stderr)) != 0) {}
+
+  void update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed) {
+    const int done = step + 1;
+    const std::string stats = fmt::format("step {:>{}}/{} | loss {:.4f} | {:>7.0f} tok/s | {:6.2f} GFLOP/s | lr {:.2e} | {:.1f}s",
+                                          done, std::to_string(steps_).size(), steps_, loss, tokens_per_s, gflops, lr,
+                                          elapsed);
+    if (tty_) {
+      constexpr int width = 24;
+      const int filled = static_cast<int>(static_cast<double>(width) * done / steps_);
+      std::string bar(static_cast<std::size_t>(filled), '=');
+      if (filled < width) bar += '>';
+      bar.resize(width, ' ');
+      fmt::print(stderr, "\r[{}] {}\033[K", bar, stats);
+      if (done == steps_) fmt::print(stderr, "\n");
+    } else {
+      const int every = std::max(1, steps_ / 20);
+      if (step == 0 || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
+    }
+    std::fflush(stderr);
+  }
+
+ private:
+  int steps_;
+  bool tty_;
+};
+
+template <class T>
+T json_key(const nlohmann::json& j, const std::string& path, const char* key, bool integer) {
+  MG_CHECK(j.contains(key), "config '{}': missing key \"{}\"", path, key);
+  const auto& v = j.at(key);
+  const bool ok = integer ? v.is_number_integer() : v.is_number();
+  MG_CHECK(ok, "config '{}': key \"{}\" must be {} but is {} ({})", path, key, integer ? "an integer" : "a number",
+           v.type_name(), v.dump());
+  return v.get<T>();
+}
+
+}  // namespace
+
+namespace {
+// Steps averaged for the start / end loss: a quarter of the run, 1 to 10 steps.
+std::size_t loss_window(std::size_t steps) { return std::clamp<std::size_t>(steps / 4, 1, 10); }
+}  // namespace
+
+double TrainResult::start_loss() const {
+  const std::size_t n = std::min(loss_window(losses.size()), losses.size());
+  if (n == 0) return 0;
+  double s = 0;
+  for (std::size_t i = 0; i < n; ++i) s += losses[i];
+  return s / static_cast<double>(n);
+}
+
+double TrainResult::end_loss() const {
+  const std::size_t n = std::min(loss_window(losses.size()), losses.size());
+  if (n == 0) return 0;
+  double s = 0;
+  for (std::size_t i = losses.size() - n; i < losses.size(); ++i) s += losses[i];
+  return s / static_cast<double>(n);
+}
+
+double learning_rate(const TrainOptions& o, int step) {
+  if (o.warmup_steps > 0 && step < o.warmup_steps) return o.lr * (step + 1) / o.warmup_steps;
+  const int decay_steps = o.steps - 1 - std::max(0, o.warmup_steps);
+  if (decay_steps <= 0) return o.lr;
+  const double progress = std::clamp(static_cast<double>(step - std::max(0, o.warmup_steps)) / decay_steps, 0.0, 1.0);
+  const double min_lr = o.lr * o.min_lr_ratio;
+  return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {
+  std::int64_t n = 0;
+  for (const nn::Parameter* p : params) n += shape_numel(p->full_shape);
+  return n;
+}
+
+double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_without_wpe) {
+  return 6.0 * static_cast<double>(n_params_without_wpe) +
+         12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+}
+
+TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) {
+  MG_CHECK(mesh != nullptr, "train: no mesh");
+  MG_CHECK(options.steps >= 1, "train: --steps must be >= 1, got {}", options.steps);
+  MG_CHECK(options.lr > 0, "train: --lr must be > 0, got {}", options.lr);
+  nn::ModelConfig config = options.model;
+  const DpPlace dp = dp_place(*mesh);
+  const bool leader = mesh->rank() == 0;
+  MG_CHECK(config.batch >= dp.size, "train: the global batch ({} rows) must have at least one row per dp replica "
+           "(dp={})", config.batch, dp.size);
+
+  // Everything that can fail on a user's input fails before the first step.
+  const ByteDataset data(options.data_path, config.batch, config.seq, options.seed);
+  std::unique_ptr<MetricsWriter> metrics;
+  if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);
+
+  std::unique_ptr<nn::Model> model = nn::make_model(config, options.parallel, mesh, options.seed);
+  model->set_training(true);
+  const std::vector<nn::Parameter*> params = model->parameters();
+  GradientSynchronizer sync(params, mesh);
+  AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
+
+  TrainResult result;
+  result.parameters = count_parameters(params);
+  std::int64_t wpe = 0;
+  for (const nn::Parameter* p : params) {
+    if (p->name == "wpe.weight") wpe = shape_numel(p->full_shape);
+  }
+  const double flops_per_token = model_flops_per_token(config, result.parameters - wpe);
+  const std::int64_t tokens_per_step = static_cast<std::int64_t>(config.batch) * config.seq;
+
+  if (leader && options.progress) {
+    fmt::print(stderr,
+               "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
+               "[{}{}{}], {} steps, lr {:g}, data: {} ({} bytes)\n",
+               config.layers, config.hidden, config.heads, config.seq, config.batch, result.parameters,
+               dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
+               options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
+               options.steps, options.lr, data.source(), data.size());
+  }
+  Progress progress(options.steps);
+  std::deque<double> recent;   // step times of the last steps, for a steady rate on the display
+  const Clock::time_point start = Clock::now();
+  for (int step = 0; step < options.steps; ++step) {
+    const Clock::time_point t0 = Clock::now();
+    const double lr = learning_rate(options, step);
+    opt.set_lr(lr);
+    const nn::Batch batch = dp_shard(data.next_batch(step), dp.rank, dp.size);
+    const Tensor loss = model->loss(batch, tokens_per_step);
+    backward(loss);
+    sync.finish();
+    opt.step();
+    opt.zero_grad();
+    const double global = global_loss(loss, dp);
+    result.losses.push_back(global);
+    MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
+
+    if (!leader) continue;
+    const double dt = seconds_since(t0);
+    const double elapsed = seconds_since(start);
+    recent.push_back(dt);
+    if (recent.size() > 10) recent.pop_front();
+    double window = 0;
+    for (double d : recent) window += d;
+    const double shown_tps = static_cast<double>(tokens_per_step) * static_cast<double>(recent.size()) / window;
+    const double tps = static_cast<double>(tokens_per_step) / dt;
+    if (metrics) {
+      metrics->write_line({{"step", step + 1},
+                           {"loss", global},
+                           {"tokens_per_s", tps},
+                           {"gflops", tps * flops_per_token * 1e-9},
+                           {"elapsed_s", elapsed},
+                           {"lr", lr}});
+    }
+    if (options.progress) progress.update(step, global, shown_tps, shown_tps * flops_per_token * 1e-9, lr, elapsed);
+  }
+  result.seconds = seconds_since(start);
+  result.tokens_per_s = static_cast<double>(tokens_per_step) * options.steps / result.seconds;
+  result.gflops = result.tokens_per_s * flops_per_token * 1e-9;
+
+  if (!options.save_path.empty() && dp.rank == 0) {
+    // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
+    save_parameters(options.save_path, params, mesh->group("tp"), 0,
+                    {{"format", "pt"}, {"producer", "meshgrad train"}});
+  }
+  if (leader && options.progress) {
+    fmt::print(stderr,
+               "loss {:.4f} -> {:.4f} (mean of the first / last {} steps; step 1: {:.4f}, step {}: {:.4f}) in {:.1f} s, "
+               "{:.0f} tokens/s, {:.2f} GFLOP/s\n",
+               result.start_loss(), result.end_loss(), loss_window(result.losses.size()), result.losses.front(),
+               options.steps, result.losses.back(), result.seconds, result.tokens_per_s, result.gflops);
+    if (!options.save_path.empty()) fmt::print(stderr, "saved parameters to {}\n", options.save_path);
+    if (!options.metrics_path.empty()) fmt::print(stderr, "metrics written to {}\n", options.metrics_path);
+  }
+  return result;
+}
+
+nn::ModelConfig read_gpt2_config(const std::string& path) {
+  std::ifstream in(path);
+  MG_CHECK(in.good(), "config '{}' cannot be opened for reading", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::exception& e) {
+    throw InvalidArgument(fmt::format("config '{}' is not valid JSON: {}", path, e.what()));
+  }
+  MG_CHECK(j.is_object(), "config '{}': expected a JSON object, got {}", path, j.type_name());
+  nn::ModelConfig c;
+  c.kind = "gpt";
+  c.layers = json_key<int>(j, path, "n_layer", true);
+  c.heads = json_key<int>(j, path, "n_head", true);
+  c.hidden = json_key<int>(j, path, "n_embd", true);
+  c.vocab = json_key<int>(j, path, "vocab_size", true);
+  c.positions = json_key<int>(j, path, "n_positions", true);
+  c.layer_norm_epsilon = json_key<double>(j, path, "layer_norm_epsilon", false);
+  MG_CHECK(c.layers >= 1 && c.heads >= 1 && c.hidden >= 1 && c.vocab >= 1 && c.positions >= 1,
+           "config '{}': n_layer, n_head, n_embd, vocab_size and n_positions must be positive", path);
+  MG_CHECK(c.layer_norm_epsilon > 0, "config '{}': layer_norm_epsilon must be > 0, got {}", path, c.layer_norm_epsilon);
+  c.dropout = 0.0;
+  return c;
+}
+
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {
+  MG_CHECK(mesh != nullptr, "compute_gradients: no mesh");
+  MG_CHECK(global_batch.inputs.defined() && global_batch.inputs.dim() == 2,
+           "compute_gradients: inputs must be int64 [B, T]");
+  const DpPlace dp = dp_place(*mesh);
+  const std::vector<nn::Parameter*> params = model.parameters();
+  for (const nn::Parameter* p : params) {
+    MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
+  }
+  GradientSynchronizer sync(params, mesh);
+  const std::int64_t global_tokens = global_batch.inputs.numel();
+  const nn::Batch local = dp_shard(global_batch, dp.rank, dp.size);
+  const Tensor loss = model.loss(local, global_tokens);
+  backward(loss);
+  sync.finish();
+  GradientDump dump;
+  dump.loss = global_loss(loss, dp);
+  dump.gradients = gather_gradients(params, mesh->group("tp"));
+  return dump;
+}
+
+}  // namespace meshgrad::train

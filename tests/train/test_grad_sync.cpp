@@ -1,0 +1,188 @@
+// GradientSynchronizer on 2-D meshes (rank threads): after finish() every gradient is the sum over
+// dp of the per-rank gradients (and over tp when it was marked partial there), the reductions are
+// launched from hooks during backward, and nothing is communicated when there is nothing to reduce.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/train/grad_sync.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+// Runs fn(mesh) on dp * tp rank threads over the mesh "dp=..,tp=.." with a short deadline, so a
+// mismatched collective fails the test in seconds instead of hanging it.
+void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+  comm::ThreadsOptions options;
+  options.timeout = std::chrono::milliseconds(20000);
+  comm::run_ranks(
+      dp * tp,
+      [&](const comm::CommunicatorPtr& world) {
+        fn(std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}}));
+      },
+      options);
+}
+
+nn::Parameter make_param(const std::string& name, const Shape& shape, nn::ShardSpec shard = {}) {
+  nn::Parameter p;
+  p.name = name;
+  p.value = Tensor::zeros(shape, DType::Float64);
+  p.value.set_requires_grad(true);
+  p.full_shape = shape;
+  p.shard = shard;
+  return p;
+}
+
+// A per-rank input that differs by world rank and element: x[i] = 10 * rank + i + 1.
+Tensor rank_values(int rank, std::int64_t n) {
+  std::vector<double> v;
+  for (std::int64_t i = 0; i < n; ++i) v.push_back(10.0 * rank + static_cast<double>(i) + 1.0);
+  return Tensor::from_values(v, {n}, DType::Float64);
+}
+
+// Sum of rank_values over the given world ranks.
+std::vector<double> summed(const std::vector<int>& ranks, std::int64_t n) {
+  std::vector<double> out(static_cast<std::size_t>(n), 0.0);
+  for (int r : ranks) {
+    const auto v = rank_values(r, n).to_vector();
+    for (std::size_t i = 0; i < out.size(); ++i) out[i] += v[i];
+  }
+  return out;
+}
+
+// The world ranks of this rank's group along an axis.
+std::vector<int> group_ranks(const dist::DeviceMesh& mesh, const std::string& axis) {
+  std::vector<int> ranks;
+  const int a = mesh.axis_index(axis);
+  std::vector<int> coords = mesh.coordinates();
+  for (int i = 0; i < mesh.axis_size(a); ++i) {
+    coords[static_cast<std::size_t>(a)] = i;
+    ranks.push_back(mesh.rank_of(coords));
+  }
+  return ranks;
+}
+
+class GradSyncMesh : public ::testing::TestWithParam<int> {};   // param: tp size (dp = 2)
+
+TEST_P(GradSyncMesh, SumsOverDpDuringBackward) {
+  const int tp = GetParam();
+  run_mesh(2, tp, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter a = make_param("a.weight", {3});
+    nn::Parameter b = make_param("b.bias", {2});
+    GradientSynchronizer sync({&a, &b}, mesh);
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    for (int step = 0; step < 2; ++step) {   // twice: the synchroniser re-arms after finish()
+      a.value.zero_grad();
+      b.value.zero_grad();
+      // loss = sum(a * x_r) + sum(b * 2 x_r): d/da = x_r, d/db = 2 x_r on world rank r.
+      const Tensor loss = add(sum(mul(a.value, rank_values(mesh->rank(), 3))),
+                              sum(mul(b.value, scale(rank_values(mesh->rank(), 2), 2.0))));
+      counter.clear();
+      backward(loss);
+      // Both dp all-reduces were issued by the hooks, inside backward.
+      EXPECT_EQ(sync.launched(), 2);
+      EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
+      EXPECT_EQ(counter.records().size(), 2u);
+      sync.finish();
+      EXPECT_EQ(counter.records().size(), 2u);   // finish only waits
+      const auto dp_ranks = group_ranks(*mesh, "dp");
+      EXPECT_EQ(a.value.grad().to_vector(), summed(dp_ranks, 3));
+      auto expect_b = summed(dp_ranks, 2);
+      for (double& x : expect_b) x *= 2;
+      EXPECT_EQ(b.value.grad().to_vector(), expect_b);
+      EXPECT_EQ(dist::partial_axes(a.value.grad()), 0u);
+      EXPECT_NE(dynamic_cast<const dist::PartialGradient*>(a.value.grad().annotation().get()), nullptr)
+          << "finish() must mark the gradient explicitly complete";
+    }
+  });
+}
+
+TEST_P(GradSyncMesh, ReducesPartialOverTpThenDp) {
+  const int tp = GetParam();
+  run_mesh(2, tp, [&](const dist::DeviceMeshPtr& mesh) {
+    const dist::AxisMask tp_bit = dist::AxisMask{1} << mesh->axis_index("tp");
+    // ln: replicated over tp but used on tp-sharded data -> its gradient is partial over tp.
+    nn::Parameter ln = make_param("h.0.ln_1.weight", {4});
+    // w: this rank's tp shard; its local gradient is complete over tp, partial only over dp.
+    nn::Parameter w = make_param("h.0.mlp.c_fc.weight", {3}, nn::ShardSpec{0, 1, 1});
+    GradientSynchronizer sync({&ln, &w}, mesh);
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    const Tensor loss = add(sum(mul(dist::mark_partial_grad(ln.value, tp_bit), rank_values(mesh->rank(), 4))),
+                            sum(mul(w.value, rank_values(mesh->rank(), 3))));
+    backward(loss);
+    if (tp > 1) {
+      EXPECT_EQ(dist::partial_axes(ln.value.grad()), tp_bit) << "the test needs a gradient marked partial over tp";
+    }
+    sync.finish();
+    // ln: summed over the whole mesh (tp then dp); w: over dp only.
+    std::vector<int> all;
+    for (int r = 0; r < mesh->size(); ++r) all.push_back(r);
+    EXPECT_EQ(ln.value.grad().to_vector(), summed(tp > 1 ? all : group_ranks(*mesh, "dp"), 4));
+    EXPECT_EQ(w.value.grad().to_vector(), summed(group_ranks(*mesh, "dp"), 3));
+    EXPECT_EQ(dist::partial_axes(ln.value.grad()), 0u);
+    // Every reduction ran during backward: the tp one for ln (when tp > 1) and a dp one for each.
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "tp"), tp > 1 ? 1 : 0);
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
+    EXPECT_EQ(static_cast<int>(counter.records().size()), tp > 1 ? 3 : 2);
+  });
+}
+
+INSTANTIATE_TEST_SUITE_P(DpTimesTp, GradSyncMesh, ::testing::Values(1, 2),
+                         [](const auto& info) { return "dp2_tp" + std::to_string(info.param); });
+
+TEST(GradSync, NothingCommunicatedWithOneReplica) {
+  run_mesh(1, 2, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param("w.weight", {3}, nn::ShardSpec{0, 1, 1});
+    GradientSynchronizer sync({&w}, mesh);
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    backward(sum(mul(w.value, rank_values(mesh->rank(), 3))));
+    sync.finish();
+    EXPECT_EQ(sync.launched(), 0);
+    EXPECT_TRUE(counter.records().empty());
+    EXPECT_EQ(w.value.grad().to_vector(), rank_values(mesh->rank(), 3).to_vector());   // untouched values
+  });
+}
+
+TEST(GradSync, MissingGradientIsAnErrorNamingTheParameter) {
+  run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter used = make_param("used.weight", {2});
+    nn::Parameter unused = make_param("unused.bias", {2});
+    GradientSynchronizer sync({&used, &unused}, mesh);
+    backward(sum(used.value));
+    try {
+      sync.finish();
+      ADD_FAILURE() << "finish() accepted a parameter without gradient";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("unused.bias"), std::string::npos) << e.what();
+      EXPECT_EQ(std::string(e.what()).find("used.weight"), std::string::npos) << e.what();
+    }
+    // The reduction of the used parameter completed regardless: nothing is left in flight.
+    EXPECT_EQ(used.value.grad().to_vector(), (std::vector<double>{2.0, 2.0}));
+  });
+}
+
+TEST(GradSync, DestroyedSynchronizerDisarmsItsHooks) {
+  run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param("w.weight", {2});
+    { GradientSynchronizer sync({&w}, mesh); }
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    backward(sum(w.value));
+    EXPECT_TRUE(counter.records().empty());
+    EXPECT_EQ(w.value.grad().to_vector(), (std::vector<double>{1.0, 1.0}));
+  });
+}
+
+}  // namespace
+}  // namespace meshgrad::train

@@ -1,0 +1,167 @@
+// AdamW: a hand-computed two-step update, decay only on 2-D weights, per-shard state, and the
+// refusal of gradients that were never synchronised.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <memory>
+#include <string>
+
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/train/optimizer.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+nn::Parameter make_param(const std::string& name, const std::vector<double>& values, const Shape& full_shape,
+                         DType dtype, nn::ShardSpec shard = {}) {
+  nn::Parameter p;
+  p.name = name;
+  p.value = Tensor::from_values(values, {static_cast<std::int64_t>(values.size())}, dtype);
+  p.value.set_requires_grad(true);
+  p.full_shape = full_shape;
+  p.shard = shard;
+  return p;
+}
+
+void set_grad(nn::Parameter& p, const std::vector<double>& g) {
+  p.value.set_grad(Tensor::from_values(g, p.value.shape(), p.value.dtype()));
+}
+
+// lr 0.1, betas (0.9, 0.95), eps 1e-8, weight decay 0.1.
+//
+// w.weight (2-D: decayed), w = [1, -2], g1 = [0.5, -1], g2 = [0.1, 0.2].
+//   step 1: m = 0.1 g1, v = 0.05 g1^2; bias-corrected m^ = g1, v^ = g1^2, so the step is
+//           lr * g1 / (|g1| + eps) = 0.1 * sign(g1) * (1 - 2e-8 / |g1|... ):
+//           w1 = 0.99 * 1  - 0.1 * 0.5 / (0.5 + 1e-8)  = 0.890000002
+//           w1 = 0.99 * -2 + 0.1 * 1.0 / (1.0 + 1e-8)  = -1.880000001
+//   step 2: m = 0.9 m + 0.1 g2, v = 0.95 v + 0.05 g2^2, m^ = m / 0.19, v^ = v / 0.0975,
+//           w2 = 0.99 w1 - 0.1 m^ / (sqrt(v^) + eps)  -> 0.7998471188087057, -1.8094936200644078
+// b.bias (not decayed), b = [0.3], g1 = [0.5], g2 = [-0.25]:
+//           b1 = 0.3 - 0.1 * 0.5 / (0.5 + 1e-8) = 0.200000002, b2 = 0.1731630578758274
+// (step 2 values from the same formulas evaluated in double precision by an independent script).
+TEST(AdamW, TwoStepsMatchHandComputedUpdate) {
+  nn::Parameter w = make_param("w.weight", {1.0, -2.0}, {1, 2}, DType::Float64);
+  nn::Parameter b = make_param("b.bias", {0.3}, {1}, DType::Float64);
+  AdamW opt({&w, &b}, nullptr, AdamWOptions{0.1, 0.9, 0.95, 1e-8, 0.1});
+  set_grad(w, {0.5, -1.0});
+  set_grad(b, {0.5});
+  opt.step();
+  EXPECT_NEAR(w.value.at_flat(0), 0.890000002, 1e-15);
+  EXPECT_NEAR(w.value.at_flat(1), -1.880000001, 1e-15);
+  EXPECT_NEAR(b.value.at_flat(0), 0.200000002, 1e-15);
+  set_grad(w, {0.1, 0.2});
+  set_grad(b, {-0.25});
+  opt.step();
+  EXPECT_NEAR(w.value.at_flat(0), 0.7998471188087057, 1e-14);
+  EXPECT_NEAR(w.value.at_flat(1), -1.8094936200644078, 1e-14);
+  EXPECT_NEAR(b.value.at_flat(0), 0.1731630578758274, 1e-14);
+  EXPECT_EQ(opt.steps(), 2);
+  // State: m = 0.9 * 0.1 g1 + 0.1 g2.
+  EXPECT_NEAR(opt.exp_avg(0).at_flat(0), 0.09 * 0.5 + 0.1 * 0.1, 1e-15);
+  EXPECT_FALSE(w.value.requires_grad() && w.value.grad_fn() != nullptr) << "the update must not record a graph";
+}
+
+TEST(AdamW, Float32MatchesFloat64WithinRounding) {
+  nn::Parameter w32 = make_param("w.weight", {1.0, -2.0, 0.25}, {3, 1}, DType::Float32);
+  nn::Parameter w64 = make_param("w.weight", {1.0, -2.0, 0.25}, {3, 1}, DType::Float64);
+  AdamW o32({&w32}, nullptr, AdamWOptions{0.01});
+  AdamW o64({&w64}, nullptr, AdamWOptions{0.01});
+  for (int s = 0; s < 5; ++s) {
+    const std::vector<double> g{0.3 - s * 0.1, 1.0 / (s + 1), -0.5};
+    set_grad(w32, g);
+    set_grad(w64, g);
+    o32.step();
+    o64.step();
+  }
+  for (int i = 0; i < 3; ++i) EXPECT_NEAR(w32.value.at_flat(i), w64.value.at_flat(i), 1e-6);
+}
+
+TEST(AdamW, DecayOnlyOnTwoDimensionalWeights) {
+  nn::Parameter p;
+  p.name = "h.0.attn.c_attn.weight";
+  p.full_shape = {4, 12};
+  EXPECT_TRUE(decays(p));
+  p.name = "h.0.ln_1.weight";
+  p.full_shape = {4};
+  EXPECT_FALSE(decays(p));
+  p.name = "h.0.attn.c_attn.bias";
+  p.full_shape = {12};
+  EXPECT_FALSE(decays(p));
+  p.name = "wte.weight";
+  p.full_shape = {256, 4};
+  EXPECT_TRUE(decays(p));
+}
+
+// Expects opt.step() to throw InvalidArgument whose message contains every needle.
+void expect_refused(AdamW& opt, const std::vector<std::string>& needles) {
+  try {
+    opt.step();
+    ADD_FAILURE() << "AdamW::step accepted a gradient that was not synchronised";
+  } catch (const InvalidArgument& e) {
+    for (const auto& n : needles) EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << e.what();
+  }
+}
+
+TEST(AdamW, RefusesGradientPartialOverReplicatedAxis) {
+  comm::ThreadsOptions options;
+  options.timeout = std::chrono::milliseconds(20000);
+  comm::run_ranks(
+      2,
+      [&](const comm::CommunicatorPtr& world) {
+        auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 2}});
+        const dist::AxisMask tp_bit = dist::AxisMask{1} << mesh->axis_index("tp");
+        nn::Parameter ln = make_param("h.0.ln_1.weight", {1.0, 1.0}, {2}, DType::Float32);
+        nn::Parameter fc = make_param("h.0.mlp.c_fc.weight", {0.5, 0.5}, {2, 2}, DType::Float32, nn::ShardSpec{1, 1, 1});
+        AdamW opt({&fc, &ln}, mesh);
+        set_grad(ln, {1.0, 1.0});
+        set_grad(fc, {1.0, 1.0});
+        dist::set_partial_axes(ln.value.grad(), tp_bit);   // replicated over tp: must have been summed
+        dist::set_partial_axes(fc.value.grad(), tp_bit);   // sharded over tp: its local gradient is complete
+        expect_refused(opt, {"h.0.ln_1.weight", "'tp'", "GradientSynchronizer"});
+        // A refused step changes nothing, not even the parameters checked before the bad one.
+        EXPECT_EQ(fc.value.to_vector(), (std::vector<double>{0.5, 0.5}));
+        EXPECT_EQ(opt.steps(), 0);
+        dist::set_partial_axes(ln.value.grad(), 0);
+        opt.step();
+        EXPECT_NE(fc.value.to_vector(), (std::vector<double>{0.5, 0.5}));
+      },
+      options);
+}
+
+TEST(AdamW, RefusesGradientNotReducedOverDp) {
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 2}, {"tp", 1}});
+    nn::Parameter w = make_param("w.weight", {1.0}, {1, 1}, DType::Float64);
+    AdamW opt({&w}, mesh);
+    set_grad(w, {1.0});   // a plain local gradient: no synchroniser ran
+    expect_refused(opt, {"w.weight", "dp", "GradientSynchronizer::finish"});
+    dist::set_partial_axes(w.value.grad(), 0);   // what finish() does
+    opt.step();
+    EXPECT_EQ(opt.steps(), 1);
+  });
+}
+
+TEST(AdamW, RefusesPartialGradientWithoutMesh) {
+  nn::Parameter w = make_param("w.weight", {1.0}, {1, 1}, DType::Float64);
+  AdamW opt({&w}, nullptr);
+  set_grad(w, {1.0});
+  dist::set_partial_axes(w.value.grad(), 1);
+  expect_refused(opt, {"w.weight", "partial"});
+}
+
+TEST(AdamW, ZeroGradAndSkipsParametersWithoutGradient) {
+  nn::Parameter w = make_param("w.weight", {1.0}, {1, 1}, DType::Float64);
+  nn::Parameter b = make_param("b.bias", {1.0}, {1}, DType::Float64);
+  AdamW opt({&w, &b}, nullptr, AdamWOptions{0.1});
+  set_grad(w, {1.0});
+  opt.step();
+  EXPECT_EQ(b.value.at_flat(0), 1.0);   // no gradient: untouched (and no decay)
+  EXPECT_NE(w.value.at_flat(0), 1.0);
+  opt.zero_grad();
+  EXPECT_FALSE(w.value.grad().defined());
+}
+
+}  // namespace
+}  // namespace meshgrad::train
