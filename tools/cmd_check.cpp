@@ -1,0 +1,101 @@
+// meshgrad check: the model on a mesh against the same model on one rank (same seed, same data,
+// K AdamW steps); per parameter the max abs and relative error of gradients and weights, the loss
+// difference, the collectives of one step per phase, and the first parameter that diverges.
+// Exit status 1 above tolerance (train/equivalence.hpp states and justifies the tolerances).
+#include <fmt/core.h>
+
+#include <memory>
+
+#include "command.hpp"
+#include "launch.hpp"
+#include "meshgrad/train/equivalence.hpp"
+
+namespace meshgrad::tools {
+namespace {
+
+struct CheckArgs {
+  train::EquivalenceOptions options;
+  std::string dtype = "float64";
+  bool recompute = false;
+};
+
+int run_check(CheckArgs& a) {
+  train::EquivalenceOptions& o = a.options;
+  o.model.dtype = parse_dtype(a.dtype);
+  o.parallel.recompute_allgather = a.recompute;
+  MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
+           "check: --recompute re-gathers the sequence-parallel input; it needs --sequence-parallel");
+  int my_rank = 0;
+  const train::EquivalenceReport report = train::check_equivalence(o, [&](const auto& fn) {
+    run_on_backend(o.backend, o.backend == "mpi" ? 0 : mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
+      auto mesh = make_mesh(world, o.mesh);
+      if (o.backend == "mpi") my_rank = world->rank();
+      fn(mesh);
+    });
+  });
+  if (my_rank != 0) return report.passed ? 0 : 1;
+  fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
+             "{} steps, {}\n",
+             o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
+             a.dtype, mesh_spec_str(mesh_axes_from_spec(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
+             o.parallel.overlap ? ", overlap" : "", a.recompute ? ", recompute" : "", o.steps, o.backend);
+  fmt::print("tolerance (max |mesh - reference| / max |reference| per parameter): gradients {:.0e}, weights {:.0e}\n\n",
+             report.grad_tolerance, report.weight_tolerance);
+  fmt::print("{:<28} {:>12} {:>12} {:>12} {:>12}  {}\n", "parameter", "grad abs", "grad rel", "weight abs",
+             "weight rel", "");
+  for (const auto& p : report.parameters) {
+    fmt::print("{:<28} {:>12.3e} {:>12.3e} {:>12.3e} {:>12.3e}  {}\n", p.name, p.grad_max_abs, p.grad_max_rel,
+               p.weight_max_abs, p.weight_max_rel, p.passed ? "ok" : "DIVERGES");
+  }
+  fmt::print("\nloss per step (reference / mesh):");
+  for (std::size_t i = 0; i < report.reference_losses.size(); ++i) {
+    fmt::print(" {:.10f}/{:.10f}", report.reference_losses[i], report.mesh_losses[i]);
+  }
+  fmt::print("\nmax relative loss difference: {:.3e} (tolerance {:.0e})\n", report.max_loss_difference,
+             report.loss_tolerance);
+  fmt::print("\ncollectives of one step on rank 0:\n");
+  for (const auto& [phase, ops] : report.collectives) {
+    for (const auto& [op, cell] : ops) fmt::print("  {:<10} {:<22} {:>4} calls {:>12} bytes\n", phase, op, cell.first, cell.second);
+  }
+  if (report.collectives.empty()) fmt::print("  none (a single rank)\n");
+  if (!report.first_divergence.empty()) fmt::print("\nfirst parameter that diverges: {}\n", report.first_divergence);
+  fmt::print("\n{}\n", report.passed ? "PASS: the mesh model matches the single-rank model"
+                                     : "FAIL: the mesh model differs from the single-rank model");
+  return report.passed ? 0 : 1;
+}
+
+CommandSetup setup = [](CLI::App& app) {
+  auto a = std::make_shared<CheckArgs>();
+  auto& o = a->options;
+  o.model.kind = "gpt";
+  o.model.layers = 2;
+  o.model.hidden = 32;
+  o.model.heads = 4;
+  o.model.vocab = 97;
+  o.model.seq = 16;
+  o.model.batch = 4;
+  app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
+  app.add_option("--mesh", o.mesh, "mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+  app.add_option("--backend", o.backend, "threads or mpi")->capture_default_str();
+  app.add_option("--layers", o.model.layers, "blocks / MLP layers")->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "width")->capture_default_str();
+  app.add_option("--ffn", o.model.ffn, "feed-forward width (0 = 4 x hidden)")->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
+  app.add_option("--vocab", o.model.vocab, "vocabulary size")->capture_default_str();
+  app.add_option("--seq", o.model.seq, "sequence length")->capture_default_str();
+  app.add_option("--batch", o.model.batch, "global batch rows")->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation and data seed")->capture_default_str();
+  app.add_flag("--sequence-parallel", o.parallel.sequence_parallel, "sequence-parallel (reduce-scatter) mode");
+  app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
+  app.add_flag("--recompute", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");
+  app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks, "activation checkpointing per block");
+  app.add_option("--dtype", a->dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
+  return [a] { return run_check(*a); };
+};
+
+MESHGRAD_REGISTER_COMMAND(check, {"", "check", "compare the model on a mesh with the same model on one rank", setup});
+
+}  // namespace
+}  // namespace meshgrad::tools

@@ -1,0 +1,77 @@
+// `meshgrad explain`: for each layer of a tensor-parallel model, the collectives its forward and
+// backward issue (op, mesh axis, bytes) and the time an alpha-beta model predicts for them on a link.
+// The counts come from running the model once (nn/explain.hpp); this file parses options and prints.
+//   meshgrad explain --model gpt --mesh tp=4
+//   meshgrad explain --model gpt --mesh dp=2,tp=2 --sequence-parallel --link ib-ndr --format json
+//   meshgrad explain --model mlp --mesh tp=2 --alpha-us 5 --beta-gbs 25
+#include <fmt/core.h>
+
+#include <memory>
+#include <string>
+
+#include "command.hpp"
+#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/nn/explain.hpp"
+#include "meshgrad/tensor/error.hpp"
+
+namespace meshgrad::tools {
+namespace {
+
+struct ExplainArgs {
+  nn::ModelConfig config;   // small defaults (nn::ModelConfig): runs in well under a second
+  nn::ParallelConfig parallel;
+  std::string mesh = "tp=2";
+  std::string link = "nvlink4";
+  double alpha_us = 0, beta_gbs = 0;   // used when custom_link is set
+  bool custom_link = false;            // --alpha-us and --beta-gbs were given (CLI11: both or neither)
+  std::string format = "table";
+};
+
+int run_explain(const ExplainArgs& a) {
+  // --alpha-us/--beta-gbs need each other and exclude --link (CLI11 checks that); either gives the link.
+  const dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs) : dist::link_preset(a.link);
+  const std::vector<nn::ExplainRow> rows = nn::explain_model(a.config, a.parallel, a.mesh, link);
+  if (a.format == "json") {
+    fmt::print("{}", nn::format_explain_json(rows));
+  } else {
+    fmt::print("{}", nn::format_explain_table(rows, {a.config, a.parallel, nn::explain_mesh_axes(a.mesh), link}));
+  }
+  return 0;
+}
+
+MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
+    "Per layer, the collectives a tensor-parallel model's forward and backward issue and their predicted time",
+    [](CLI::App& app) -> std::function<int()> {
+      auto a = std::make_shared<ExplainArgs>();
+      nn::ModelConfig& c = a->config;
+      app.add_option("--model", c.kind, "mlp or gpt")->check(CLI::IsMember({"mlp", "gpt"}))->capture_default_str();
+      app.add_option("--layers", c.layers, "blocks (n_layer)")->check(CLI::PositiveNumber)->capture_default_str();
+      app.add_option("--hidden", c.hidden, "hidden size (n_embd)")->check(CLI::PositiveNumber)->capture_default_str();
+      app.add_option("--ffn", c.ffn, "feed-forward size (0 = 4 x hidden)")->check(CLI::NonNegativeNumber)
+          ->capture_default_str();
+      app.add_option("--heads", c.heads, "attention heads (gpt)")->check(CLI::PositiveNumber)->capture_default_str();
+      app.add_option("--vocab", c.vocab, "vocabulary size")->check(CLI::PositiveNumber)->capture_default_str();
+      app.add_option("--seq", c.seq, "sequence length T")->check(CLI::PositiveNumber)->capture_default_str();
+      app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(CLI::PositiveNumber)
+          ->capture_default_str();
+      app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4 or dp=2,tp=2 (missing axes have size 1)")
+          ->capture_default_str();
+      app.add_flag("--sequence-parallel", a->parallel.sequence_parallel,
+                   "sequence parallelism: all-gather / reduce-scatter along the sequence instead of all-reduce");
+      std::string presets;
+      for (const auto& link : dist::link_presets()) presets += (presets.empty() ? "" : ", ") + link.name;
+      auto* link = app.add_option("--link", a->link, "link preset: " + presets)->capture_default_str();
+      auto* alpha = app.add_option("--alpha-us", a->alpha_us, "custom link: latency per step, microseconds");
+      auto* beta = app.add_option("--beta-gbs", a->beta_gbs, "custom link: bandwidth per rank, GB/s");
+      alpha->needs(beta)->excludes(link);
+      beta->needs(alpha)->excludes(link);
+      app.add_option("--format", a->format, "table or json")->check(CLI::IsMember({"table", "json"}))
+          ->capture_default_str();
+      return [a, alpha] {
+        a->custom_link = alpha->count() > 0;
+        return run_explain(*a);
+      };
+    }});
+
+}  // namespace
+}  // namespace meshgrad::tools
