@@ -18,7 +18,7 @@ build: deps
 	cmake --build $(BUILD) -j $(JOBS)
 
 train: build
-	$(BUILD)/meshgrad gradcheck
+	$(BUILD)/meshgrad train
 
 gradcheck: build
 	$(BUILD)/meshgrad gradcheck

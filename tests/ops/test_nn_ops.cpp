@@ -631,3 +631,21 @@ TEST(NnGrad, CausalAttention) {
 
 }  // namespace
 }  // namespace meshgrad
+
+// The float32 GELU uses its own vectorisable tanh: it must agree with the float64 (libm) one to
+// float32 precision over the whole range, including the saturated tails and around 0.
+TEST(NnKernels, Float32GeluMatchesFloat64) {
+  using namespace meshgrad;
+  std::vector<double> xs;
+  for (int i = -4000; i <= 4000; ++i) xs.push_back(i * 0.0025 * (1 + std::abs(i) / 400.0));   // [-110, 110]
+  const Tensor x64 = Tensor::from_values(xs, {static_cast<std::int64_t>(xs.size())}, DType::Float64);
+  const Tensor x32 = x64.to(DType::Float32);
+  const auto y64 = kernels::unary(kernels::Unary::Gelu, x32.to(DType::Float64)).to_vector();
+  const auto y32 = kernels::unary(kernels::Unary::Gelu, x32).to_vector();
+  const auto g64 = kernels::gelu_backward(Tensor::ones({x64.numel()}, DType::Float64), x32.to(DType::Float64)).to_vector();
+  const auto g32 = kernels::gelu_backward(Tensor::ones({x64.numel()}, DType::Float32), x32).to_vector();
+  for (std::size_t i = 0; i < xs.size(); ++i) {
+    EXPECT_NEAR(y32[i], y64[i], 4e-7 * std::max(1.0, std::abs(y64[i]))) << "gelu at " << xs[i];
+    EXPECT_NEAR(g32[i], g64[i], 1e-6) << "gelu' at " << xs[i];
+  }
+}
