@@ -76,12 +76,15 @@ comm::CollectiveOptions options_for(bool blocking) {
   return opt;
 }
 
-PendingTensor launch_all_reduce(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op, bool blocking) {
+PendingTensor launch_all_reduce(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op, bool blocking,
+                                bool in_place = false) {
   check_floating(x, "all_reduce");
   if (group.size() == 1) return PendingTensor::ready(x);   // nothing moves: not recorded
+  MG_CHECK(!in_place || x.is_contiguous(), "all_reduce in place over {}: tensor {} is not contiguous", group.axis,
+           x.str());
   record_collective("all_reduce", group.axis, nbytes(x));
   Tensor in = x.contiguous();
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  Tensor out = in_place ? x : Tensor::empty(x.shape(), x.dtype());
   auto work = group.comm->all_reduce_async(buffer_of(in), buffer_of(out), op, options_for(blocking));
   // `in` is captured so it outlives the operation.
   return PendingTensor(std::move(work), [in, out] { return out; });
@@ -139,6 +142,9 @@ PendingTensor launch_reduce_scatter(const Tensor& full, const ProcessGroup& grou
 
 PendingTensor all_reduce_async(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op) {
   return launch_all_reduce(x, group, op, false);
+}
+PendingTensor all_reduce_in_place_async(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op) {
+  return launch_all_reduce(x, group, op, false, true);
 }
 // Blocking forms: the backend may run the operation inside the launch call (caller_waits), so the
 // launch counts as blocked time too.

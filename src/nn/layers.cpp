@@ -120,7 +120,8 @@ class ColumnLinearFn final : public Function {
       } else if (c_.sequence_parallel) {
         dx_pending = launch(dist::reduce_scatter_async(dx_full, c_.tp, 0, seq_sizes()), c_.overlap);
       } else {
-        dx_pending = launch(dist::all_reduce_async(dx_full, c_.tp), c_.overlap);
+        // dx_full is ours alone: reduce it in place (no buffer per call).
+        dx_pending = launch(dist::all_reduce_in_place_async(dx_full, c_.tp), c_.overlap);
       }
     }
     Tensor dw, db;

@@ -121,3 +121,38 @@ TEST(Linear2D, WeightShardedOverBothMeshAxesHasCorrectGradients) {
 }
 
 }  // namespace
+
+namespace {
+
+TEST(ParallelLinear, SequenceAllGatherBufferIsReusedAcrossSteps) {
+  run_on_mesh(2, [](const dist::DeviceMeshPtr& mesh) {
+    nn::ParallelConfig pc;
+    pc.sequence_parallel = true;
+    const auto ctx = nn::ParallelContext::on(mesh, pc);
+    nn::ColumnParallelLinear layer("c", 4, 6, {}, ctx, 1, DType::Float64);
+    const Tensor x = global_randn({3, 2, 4}, 5 + static_cast<std::uint64_t>(mesh->rank()));   // 6 rows over 2 ranks
+    std::vector<const void*> buffers;
+    for (int step = 0; step < 3; ++step) {
+      Tensor y = layer.forward(x, 6);
+      backward(sum(y));
+      buffers.push_back(layer.gather_buffer().storage().get());
+    }
+    EXPECT_EQ(buffers[0], buffers[1]);
+    EXPECT_EQ(buffers[1], buffers[2]);
+  });
+}
+
+TEST(DistCollectives, AllReduceInPlaceReducesTheCallersBuffer) {
+  run_on_mesh(3, [](const dist::DeviceMeshPtr& mesh) {
+    Tensor x = Tensor::full({4}, mesh->rank() + 1, DType::Float64);
+    const void* storage = x.storage().get();
+    Tensor y = dist::all_reduce_in_place_async(x, mesh->group("tp")).wait();
+    EXPECT_EQ(y.storage().get(), storage);
+    EXPECT_EQ(x.to_vector(), (std::vector<double>{6, 6, 6, 6}));
+    EXPECT_THROW(dist::all_reduce_in_place_async(Tensor::zeros({2, 2}, DType::Float64).transpose(0, 1),
+                                                 mesh->group("tp")),
+                 InvalidArgument);
+  });
+}
+
+}  // namespace

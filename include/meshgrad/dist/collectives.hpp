@@ -36,6 +36,10 @@ class PendingTensor {
 // x summed (or op-reduced) over the group; same shape. x: any shape, float32/float64.
 Tensor all_reduce(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op = comm::ReduceOp::Sum);
 PendingTensor all_reduce_async(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op = comm::ReduceOp::Sum);
+// The same, reducing x's own buffer in place (no allocation). x must be contiguous and must not be
+// read or written by anyone else until the result is waited for (e.g. a gradient just computed).
+PendingTensor all_reduce_in_place_async(const Tensor& x, const ProcessGroup& group,
+                                        comm::ReduceOp op = comm::ReduceOp::Sum);
 
 // local: this rank's shard along dim (extent sizes[rank]) -> the full tensor (extent sum(sizes)).
 Tensor all_gather(const Tensor& local, const ProcessGroup& group, std::int64_t dim,

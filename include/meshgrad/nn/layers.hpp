@@ -58,6 +58,8 @@ class ColumnParallelLinear {
   Tensor forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& weight, const Tensor& bias) const;
 
   Parameter weight, bias;
+  // The buffer the sequence all-gather writes into; reused while nobody else holds it (tests).
+  const Tensor& gather_buffer() const { return gather_buffer_; }
 
  private:
   std::string name_;
