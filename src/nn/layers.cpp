@@ -172,11 +172,12 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t
            name);
   const ShardSpec w_spec{1, options.blocks, options.unit};
   const ShardSpec b_spec{0, options.blocks, options.unit};
-  weight = make_parameter(name + ".weight", {in, out}, w_spec, ctx, seed, options.init_std, 0.0, dtype);
+  if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, ctx, seed, options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, ctx, seed, 0.0, 0.0, dtype);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
+  MG_CHECK(weight.value.defined(), "{}: the layer was built without its own weight; use forward_with", name_);
   return forward_with(x, seq_len, weight.value, bias.value);
 }
 

@@ -182,6 +182,7 @@ class Gpt final : public Model {
     if (!lm_head_) {
       ColumnParallelLinear::Options o;
       o.bias = false;
+      o.owns_weight = false;   // the weight is wte's
       lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
     }
     return lm_head_->forward_with(h, seq, transpose(wte_.weight.value, 0, 1), Tensor());
@@ -193,7 +194,7 @@ class Gpt final : public Model {
   Parameter wpe_;
   std::vector<std::unique_ptr<Block>> blocks_;
   LayerNorm ln_f_;
-  std::unique_ptr<ColumnParallelLinear> lm_head_;   // holds only its communication buffer
+  std::unique_ptr<ColumnParallelLinear> lm_head_;   // no weight of its own: holds its communication buffer
   random::Generator dropout_gen_;
   bool training_ = true;
 };

@@ -48,6 +48,7 @@ class ColumnParallelLinear {
     int blocks = 1;               // fused outputs split per block (QKV: 3)
     std::int64_t unit = 1;        // split in whole units (a head's width)
     double init_std = 0.02;
+    bool owns_weight = true;      // false: the caller passes the weight to forward_with (tied LM head)
   };
   ColumnParallelLinear(const std::string& name, std::int64_t in, std::int64_t out, const Options& options,
                        const ParallelContext& ctx, std::uint64_t seed, DType dtype);
