@@ -187,6 +187,74 @@ std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& counts) {
   return off;
 }
 
+// ---- per-op argument validation ---------------------------------------------------------------------
+
+namespace {
+// What every collective with an input and an output buffer checks, in this order: in and out have
+// the same dtype, neither is null with elements, and unless the op works in place (in_place_ok),
+// they do not overlap.
+void check_in_out(std::string_view name, ConstBuffer in, ConstBuffer out, bool in_place_ok) {
+  check_same_dtype(name, in.dtype, out.dtype);
+  check_data(name, "input", in.data, in.count);
+  check_data(name, "output", out.data, out.count);
+  if (!in_place_ok) check_no_overlap(name, in, out);
+}
+}  // namespace
+
+void check_all_reduce_args(ConstBuffer in, ConstBuffer out, int rank) {
+  check_reduction_dtype("all_reduce", in.dtype);
+  check_in_out("all_reduce", in, out, /*in_place_ok=*/true);
+  MG_CHECK(in.count == out.count, "all_reduce: input has {} elements but output has {} (on rank {})", in.count,
+           out.count, rank);
+}
+
+std::vector<std::size_t> check_all_gather_args(ConstBuffer in, ConstBuffer out, Counts counts, int size, int rank) {
+  check_in_out("all_gather", in, out, /*in_place_ok=*/false);
+  auto resolved = resolve_counts("all_gather", "the output", counts, out.count, size);
+  MG_CHECK(in.count == resolved[rank], "all_gather: rank {} passes {} input elements but its count is {} "
+           "(counts {})", rank, in.count, resolved[rank], counts_text(resolved));
+  return resolved;
+}
+
+std::vector<std::size_t> check_reduce_scatter_args(ConstBuffer in, ConstBuffer out, Counts counts, int size,
+                                                   int rank) {
+  check_reduction_dtype("reduce_scatter", in.dtype);
+  check_in_out("reduce_scatter", in, out, /*in_place_ok=*/false);
+  auto resolved = resolve_counts("reduce_scatter", "the input", counts, in.count, size);
+  MG_CHECK(out.count == resolved[rank], "reduce_scatter: rank {} passes {} output elements but its count is {} "
+           "(counts {})", rank, out.count, resolved[rank], counts_text(resolved));
+  return resolved;
+}
+
+void check_broadcast_args(ConstBuffer buf, int root, int size) {
+  constexpr std::string_view name = "broadcast";
+  check_rank(name, "root", root, size);
+  check_data(name, "the", buf.data, buf.count);
+}
+
+AllToAllCounts check_all_to_all_args(ConstBuffer in, ConstBuffer out, Counts send_counts, Counts recv_counts,
+                                     int size) {
+  check_in_out("all_to_all", in, out, /*in_place_ok=*/false);
+  AllToAllCounts c;
+  c.send = resolve_counts("all_to_all", "the input (send counts)", send_counts, in.count, size);
+  c.recv = resolve_counts("all_to_all", "the output (recv counts)", recv_counts, out.count, size);
+  return c;
+}
+
+void check_point_to_point_args(OpKind op, const void* data, std::size_t count, int peer, int tag, int rank,
+                               int size) {
+  const bool is_send = op == OpKind::Send;
+  const std::string_view name = op_name(op);
+  check_rank(name, "peer", peer, size);
+  if (is_send) {
+    MG_CHECK(peer != rank, "send: rank {} sends to itself (peer must be another rank)", rank);
+  } else {
+    MG_CHECK(peer != rank, "recv: rank {} receives from itself (peer must be another rank)", rank);
+  }
+  MG_CHECK(tag >= 0, "{}: tag must be >= 0, got {}", name, tag);
+  check_data(name, is_send ? "input" : "output", data, count);
+}
+
 // ---- rank-order reduction ---------------------------------------------------------------------------
 
 namespace {

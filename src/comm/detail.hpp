@@ -65,6 +65,37 @@ std::vector<std::size_t> resolve_counts(std::string_view op, std::string_view wh
                                         std::size_t total, int size);
 std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& counts);
 
+// ---- per-op argument validation ---------------------------------------------------------------------
+// One function per op, called by every backend before it issues the op, so each misuse check is
+// written once. Each throws InvalidArgument on the first check that fails, in the order listed (the
+// order and the messages are part of the contract: tests assert on them). Checks that depend on the
+// backend (e.g. MPI's int32 count limit) stay in the backend and run after these.
+
+// all_reduce: reduction dtype (float32 / float64); in and out have the same dtype; neither buffer is
+// null with elements; in.count == out.count. in == out (in place) is allowed.
+void check_all_reduce_args(ConstBuffer in, ConstBuffer out, int rank);
+// all_gather: same dtype; non-null buffers; no overlap; out.count resolved into per-rank counts
+// (resolve_counts, "the output"); in.count == counts[rank]. Returns the resolved counts.
+std::vector<std::size_t> check_all_gather_args(ConstBuffer in, ConstBuffer out, Counts counts, int size, int rank);
+// reduce_scatter: reduction dtype; same dtype; non-null buffers; no overlap; in.count resolved into
+// per-rank counts (resolve_counts, "the input"); out.count == counts[rank]. Returns the resolved counts.
+std::vector<std::size_t> check_reduce_scatter_args(ConstBuffer in, ConstBuffer out, Counts counts, int size,
+                                                   int rank);
+// broadcast: root in [0, size); the buffer is not null with elements.
+void check_broadcast_args(ConstBuffer buf, int root, int size);
+// all_to_all: same dtype; non-null buffers; no overlap; in.count resolved into send counts, then
+// out.count into recv counts (resolve_counts). Returns both. Whether what rank s sends to d matches
+// what d expects from s needs the peers' counts: the backends check that during the op.
+struct AllToAllCounts {
+  std::vector<std::size_t> send, recv;
+};
+AllToAllCounts check_all_to_all_args(ConstBuffer in, ConstBuffer out, Counts send_counts, Counts recv_counts,
+                                     int size);
+// send / recv (op is OpKind::Send or OpKind::Recv; data, count: the input resp. output buffer): peer
+// in [0, size) and not this rank; tag >= 0; the buffer is not null with elements.
+void check_point_to_point_args(OpKind op, const void* data, std::size_t count, int peer, int tag, int rank,
+                               int size);
+
 // ---- rank-order reduction ---------------------------------------------------------------------------
 // For i in [0, count): r = ((in[0][i] op in[1][i]) op in[2][i]) ... op in[n_in-1][i] in the dtype of
 // the buffers (Avg: the sum, then / divisor), written to every outs[k][i]. Works one 64-byte vector

@@ -200,13 +200,7 @@ class ThreadsComm final : public detail::CommBase {
   std::string_view backend() const override { return "threads"; }
 
   WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
-    constexpr std::string_view name = "all_reduce";
-    detail::check_reduction_dtype(name, in.dtype);
-    detail::check_same_dtype(name, in.dtype, out.dtype);
-    detail::check_data(name, "input", in.data, in.count);
-    detail::check_data(name, "output", out.data, out.count);
-    MG_CHECK(in.count == out.count, "all_reduce: input has {} elements but output has {} (on rank {})", in.count,
-             out.count, rank_);
+    detail::check_all_reduce_args(in, out, rank_);
     return submit_collective(OpKind::AllReduce, opt, [this, in, out, op](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op));
@@ -232,15 +226,8 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr all_gather_async(ConstBuffer in, MutableBuffer out, Counts counts, const CollectiveOptions& opt) override {
-    constexpr std::string_view name = "all_gather";
-    detail::check_same_dtype(name, in.dtype, out.dtype);
-    detail::check_data(name, "input", in.data, in.count);
-    detail::check_data(name, "output", out.data, out.count);
-    detail::check_no_overlap(name, in, out);
     auto resolved = std::make_shared<std::vector<std::size_t>>(
-        detail::resolve_counts(name, "the output", counts, out.count, size_));
-    MG_CHECK(in.count == (*resolved)[rank_], "all_gather: rank {} passes {} input elements but its count is {} "
-             "(counts {})", rank_, in.count, (*resolved)[rank_], detail::counts_text(*resolved));
+        detail::check_all_gather_args(in, out, counts, size_, rank_));
     return submit_collective(OpKind::AllGather, opt, [this, in, out, resolved, counts_given = !counts.empty()](
                                                          OpState& st) {
       Slot& me = my_slot();
@@ -268,16 +255,8 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr reduce_scatter_async(ConstBuffer in, MutableBuffer out, ReduceOp op, Counts counts,
                                const CollectiveOptions& opt) override {
-    constexpr std::string_view name = "reduce_scatter";
-    detail::check_reduction_dtype(name, in.dtype);
-    detail::check_same_dtype(name, in.dtype, out.dtype);
-    detail::check_data(name, "input", in.data, in.count);
-    detail::check_data(name, "output", out.data, out.count);
-    detail::check_no_overlap(name, in, out);
     auto resolved = std::make_shared<std::vector<std::size_t>>(
-        detail::resolve_counts(name, "the input", counts, in.count, size_));
-    MG_CHECK(out.count == (*resolved)[rank_], "reduce_scatter: rank {} passes {} output elements but its count "
-             "is {} (counts {})", rank_, out.count, (*resolved)[rank_], detail::counts_text(*resolved));
+        detail::check_reduce_scatter_args(in, out, counts, size_, rank_));
     return submit_collective(OpKind::ReduceScatter, opt, [this, in, out, op, resolved,
                                                           counts_given = !counts.empty()](OpState& st) {
       Slot& me = my_slot();
@@ -301,9 +280,7 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
-    constexpr std::string_view name = "broadcast";
-    detail::check_rank(name, "root", root, size_);
-    detail::check_data(name, "the", buf.data, buf.count);
+    detail::check_broadcast_args(buf, root, size_);
     return submit_collective(OpKind::Broadcast, opt, [this, buf, root](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root);
@@ -321,15 +298,9 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr all_to_all_async(ConstBuffer in, Counts send_counts, MutableBuffer out, Counts recv_counts,
                            const CollectiveOptions& opt) override {
-    constexpr std::string_view name = "all_to_all";
-    detail::check_same_dtype(name, in.dtype, out.dtype);
-    detail::check_data(name, "input", in.data, in.count);
-    detail::check_data(name, "output", out.data, out.count);
-    detail::check_no_overlap(name, in, out);
-    auto sends = std::make_shared<std::vector<std::size_t>>(
-        detail::resolve_counts(name, "the input (send counts)", send_counts, in.count, size_));
-    auto recvs = std::make_shared<std::vector<std::size_t>>(
-        detail::resolve_counts(name, "the output (recv counts)", recv_counts, out.count, size_));
+    detail::AllToAllCounts resolved = detail::check_all_to_all_args(in, out, send_counts, recv_counts, size_);
+    auto sends = std::make_shared<std::vector<std::size_t>>(std::move(resolved.send));
+    auto recvs = std::make_shared<std::vector<std::size_t>>(std::move(resolved.recv));
     auto send_off = std::make_shared<std::vector<std::size_t>>(detail::offsets_of(*sends));
     return submit_collective(OpKind::AllToAll, opt, [this, in, out, sends, recvs, send_off](OpState& st) {
       Slot& me = my_slot();
@@ -415,10 +386,7 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr send_async(ConstBuffer in, int peer, int tag, const CollectiveOptions& opt) override {
-    detail::check_rank("send", "peer", peer, size_);
-    MG_CHECK(peer != rank_, "send: rank {} sends to itself (peer must be another rank)", rank_);
-    MG_CHECK(tag >= 0, "send: tag must be >= 0, got {}", tag);
-    detail::check_data("send", "input", in.data, in.count);
+    detail::check_point_to_point_args(OpKind::Send, in.data, in.count, peer, tag, rank_, size_);
     auto req = std::make_shared<P2PRequest>();
     req->tag = tag;
     req->send_data = in.data;
@@ -428,10 +396,7 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr recv_async(MutableBuffer out, int peer, int tag, const CollectiveOptions& opt) override {
-    detail::check_rank("recv", "peer", peer, size_);
-    MG_CHECK(peer != rank_, "recv: rank {} receives from itself (peer must be another rank)", rank_);
-    MG_CHECK(tag >= 0, "recv: tag must be >= 0, got {}", tag);
-    detail::check_data("recv", "output", out.data, out.count);
+    detail::check_point_to_point_args(OpKind::Recv, out.data, out.count, peer, tag, rank_, size_);
     auto req = std::make_shared<P2PRequest>();
     req->tag = tag;
     req->recv_data = out.data;
