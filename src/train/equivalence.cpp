@@ -30,9 +30,9 @@ nn::Batch batch_for(const nn::ModelConfig& cfg, std::uint64_t seed, int step) {
 }
 
 // Trains on `mesh` of `world`; fills result on world rank 0. Every rank must call it.
-void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& mesh, RunResult& result,
-                       std::mutex& mu) {
-  auto model = nn::make_model(o.model, o.parallel, mesh, o.seed);
+void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& mesh, std::uint64_t model_seed,
+                       RunResult& result, std::mutex& mu) {
+  auto model = nn::make_model(o.model, o.parallel, mesh, model_seed);
   model->set_training(false);   // the comparison runs without dropout noise
   auto params = model->parameters();
   GradientSynchronizer sync(params, mesh);
@@ -101,9 +101,10 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const RunOnMesh
   // The reference: the same model on one rank.
   comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
-    train_and_collect(o, mesh, reference, mu);
+    train_and_collect(o, mesh, o.seed, reference, mu);
   });
-  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) { train_and_collect(o, mesh, sharded, mu); });
+  const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : o.seed;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) { train_and_collect(o, mesh, mesh_seed, sharded, mu); });
 
   EquivalenceReport report;
   const bool f64 = o.model.dtype == DType::Float64;

@@ -21,6 +21,9 @@ struct EquivalenceOptions {
   int steps = 2;
   double lr = 1e-3;
   std::uint64_t seed = 1;
+  // Seed of the mesh model when it must differ from the reference's (0: the same). Only for
+  // showing that the checker catches a mismatch; a real check leaves it 0.
+  std::uint64_t mesh_seed = 0;
 };
 
 struct ParameterDifference {
