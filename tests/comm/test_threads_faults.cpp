@@ -87,7 +87,9 @@ TEST(ThreadsFaults, MissingRankTimesOutNamingIt) {
   for (int r : {0, 2}) {
     EXPECT_EQ(seen.kinds[r], 1) << "rank " << r << ": " << seen.messages[r];
     EXPECT_EQ(seen.missing[r], std::vector<int>{1}) << seen.messages[r];
-    for (auto needle : {"threads", "all_reduce", "seq 1", fmt::format("rank {}", r).c_str(), "missing ranks: 1"}) {
+    // std::string, not const char*: a formatted needle must outlive the list.
+    for (const std::string& needle : {std::string("threads"), std::string("all_reduce"), std::string("seq 1"),
+                                      fmt::format("rank {}", r), std::string("missing ranks: 1")}) {
       EXPECT_TRUE(contains(seen.messages[r], needle)) << "'" << needle << "' not in: " << seen.messages[r];
     }
   }
