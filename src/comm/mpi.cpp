@@ -6,13 +6,20 @@
 //   local:          out[c_r] = (row0 + row1) + row2   (the same kernel as the threads backend)
 //   MPI_Iallgatherv: every rank receives every reduced chunk (in place)
 // Each rank sends and receives (P-1)/P of the buffer twice: the traffic of a ring all_reduce.
-// reduce_scatter is the first two steps.
+// reduce_scatter is the first two steps. Small all_reduce (each rank sends at most 2 MiB in all) is
+// one round instead: every rank MPI_Isends its whole input to every peer and reduces all P inputs
+// in rank order itself (the same per-element order, so the same bits). all_gather is point to point
+// too: every rank MPI_Isends its block to every peer, which MPI_Irecvs it straight into its output.
+// These internal messages use their own duplicate communicator (internal_), never the one of the
+// user's send/recv (p2p_); the executor runs collectives in order on every rank and MPI does not
+// let messages between two ranks overtake each other, so one tag suffices.
 //
-// Deadlines: each step is a nonblocking call polled with MPI_Test (busy for 1 ms, then yielding, then
-// sleeping up to 1 ms) until the op's deadline, then CommTimeout. MPI cannot tell which ranks have
-// not arrived, and cannot cancel a collective: after a timeout the communicator is unusable and the
-// process should abort (mpi_abort()), which is what `meshgrad` does. A rank that dies under mpirun
-// shows up as such a timeout on the survivors (OpenMPI 4 has no failure notification).
+// Deadlines: each step is a nonblocking call (or a set of Isend/Irecv) polled with MPI_Test(all) (busy
+// for 1 ms, then yielding, then sleeping up to 1 ms) until the op's deadline, then CommTimeout. MPI
+// cannot tell which ranks have not arrived, and cannot cancel a collective: after a timeout the
+// communicator is unusable and the process should abort (mpi_abort()), which is what `meshgrad`
+// does. A rank that dies under mpirun shows up as such a timeout on the survivors (OpenMPI 4 has no
+// failure notification).
 //
 // Errors: the communicators use MPI_ERRORS_RETURN; every MPI return code is wrapped once, in
 // check_mpi, into CommError naming the MPI call and the MPI error string.
@@ -124,9 +131,12 @@ class MpiComm final : public detail::CommBase {
     MPI_Comm_set_errhandler(coll_, MPI_ERRORS_RETURN);
     check_mpi(mpi_call(*rt_, [&] { return MPI_Comm_dup(coll_, &p2p_); }), "MPI_Comm_dup", OpKind::Split, 0);
     MPI_Comm_set_errhandler(p2p_, MPI_ERRORS_RETURN);
+    check_mpi(mpi_call(*rt_, [&] { return MPI_Comm_dup(coll_, &internal_); }), "MPI_Comm_dup", OpKind::Split, 0);
+    MPI_Comm_set_errhandler(internal_, MPI_ERRORS_RETURN);
   }
   ~MpiComm() override {
     shutdown_executor();
+    mpi_call(*rt_, [&] { return MPI_Comm_free(&internal_); });
     mpi_call(*rt_, [&] { return MPI_Comm_free(&p2p_); });
     mpi_call(*rt_, [&] { return MPI_Comm_free(&coll_); });
   }
@@ -138,6 +148,10 @@ class MpiComm final : public detail::CommBase {
     as_int(in.count, "all_reduce");
     return submit_collective(OpKind::AllReduce, opt, [this, in, out, op](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op)));
+      if (size_ > 1 && in.count * dtype_size(in.dtype) * std::size_t(size_ - 1) <= kExchangeReduceBytes) {
+        exchange_reduce(st, in, out, op);
+        return;
+      }
       std::vector<std::size_t> chunks(static_cast<std::size_t>(size_));
       for (int q = 0; q < size_; ++q) chunks[q] = static_cast<std::size_t>(shard_range(std::int64_t(in.count), size_, q).size);
       scatter_reduce(st, in, chunks, op, static_cast<char*>(out.data) + detail::offsets_of(chunks)[rank_] *
@@ -162,20 +176,7 @@ class MpiComm final : public detail::CommBase {
                                                       given = !counts.empty()](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
                                         given ? Counts(resolved) : Counts{}));
-      MPI_Request req;
-      if (!given) {  // equal shards: the regular collective (MPI may pick a better algorithm)
-        check_mpi(mpi_call(*rt_, [&] {
-                    return MPI_Iallgather(in.data, icounts[rank_], mpi_type(in.dtype), out.data, icounts[rank_],
-                                          mpi_type(in.dtype), coll_, &req);
-                  }), "MPI_Iallgather", st.kind, st.seq);
-        wait_request(req, st, "MPI_Iallgather");
-        return;
-      }
-      check_mpi(mpi_call(*rt_, [&] {
-                  return MPI_Iallgatherv(in.data, icounts[rank_], mpi_type(in.dtype), out.data, icounts.data(),
-                                         displs.data(), mpi_type(in.dtype), coll_, &req);
-                }), "MPI_Iallgatherv", st.kind, st.seq);
-      wait_request(req, st, "MPI_Iallgatherv");
+      exchange_gather(st, in, out, icounts, displs);
     });
   }
 
@@ -304,12 +305,21 @@ class MpiComm final : public detail::CommBase {
   }
 
   // Polls req until it completes or the op's deadline passes (or its caller gave up).
-  void wait_request(MPI_Request& req, OpState& st, std::string_view step) {
+  void wait_request(MPI_Request& req, OpState& st, std::string_view step) { wait_requests(&req, 1, st, step); }
+
+  // Polls the n requests until all complete or the op's deadline passes (or its caller gave up).
+  void wait_requests(MPI_Request* reqs, int n, OpState& st, std::string_view step) {
     const auto start = Clock::now();
     auto sleep = std::chrono::microseconds(20);
     for (;;) {
       int done = 0;
-      check_mpi(mpi_call(*rt_, [&] { return MPI_Test(&req, &done, MPI_STATUS_IGNORE); }), "MPI_Test", st.kind, st.seq);
+      if (n == 1) {
+        check_mpi(mpi_call(*rt_, [&] { return MPI_Test(reqs, &done, MPI_STATUS_IGNORE); }), "MPI_Test", st.kind,
+                  st.seq);
+      } else {
+        check_mpi(mpi_call(*rt_, [&] { return MPI_Testall(n, reqs, &done, MPI_STATUSES_IGNORE); }), "MPI_Testall",
+                  st.kind, st.seq);
+      }
       if (done) return;
       const auto now = Clock::now();
       if (now >= st.deadline || st.cancelled()) {
@@ -329,6 +339,76 @@ class MpiComm final : public detail::CommBase {
       std::this_thread::sleep_for(sleep);
       sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
     }
+  }
+
+  // all_reduce in one round (exchange_reduce) while each rank sends at most this much: measured on
+  // the 2-core VM (docs/BENCHMARKS.md, collectives): better than alltoallv + allgatherv at 64K-1M (2
+  // ranks) and 64K-256K (4 ranks), not consistently at 4M (2 ranks) / 1M (4 ranks), where each rank
+  // sends (P-1) full buffers and reduces P of them instead of 2 (P-1)/P and one chunk.
+  static constexpr std::size_t kExchangeReduceBytes = std::size_t(2) << 20;
+
+  // Posts, on internal_, a receive of recv_counts[q] elements into recv_at(q) from every peer q and a
+  // send of the own send_count elements at send to every peer, then waits for all of them. Peers are
+  // visited from rank + 1 round, so not every rank sends to rank 0 first. Zero-element messages are
+  // skipped on both sides (the counts agree on every rank).
+  template <class RecvAt>
+  void exchange(OpState& st, MPI_Datatype type, const void* send, int send_count, const std::vector<int>& recv_counts,
+                RecvAt recv_at, std::string_view step, void (*local)(void*) = nullptr, void* local_arg = nullptr) {
+    reqs_.clear();
+    for (int i = 1; i < size_; ++i) {
+      const int q = (rank_ + size_ - i) % size_;
+      if (recv_counts[q] == 0) continue;
+      reqs_.emplace_back();
+      check_mpi(mpi_call(*rt_, [&] {
+                  return MPI_Irecv(recv_at(q), recv_counts[q], type, q, kInternalTag, internal_, &reqs_.back());
+                }), "MPI_Irecv", st.kind, st.seq);
+    }
+    for (int i = 1; i < size_ && send_count > 0; ++i) {
+      const int q = (rank_ + i) % size_;
+      reqs_.emplace_back();
+      check_mpi(mpi_call(*rt_, [&] {
+                  return MPI_Isend(send, send_count, type, q, kInternalTag, internal_, &reqs_.back());
+                }), "MPI_Isend", st.kind, st.seq);
+    }
+    if (local) local(local_arg);  // overlaps with the transfers
+    if (!reqs_.empty()) wait_requests(reqs_.data(), int(reqs_.size()), st, step);
+  }
+
+  // all_gather as point to point: every rank sends its block to every peer, which receives it straight
+  // into its output (for 2 ranks one exchange, like MPI_Allgather's sendrecv; shared memory moves large
+  // messages single-copy). Faster here than libnbc's MPI_Iallgather(v).
+  void exchange_gather(OpState& st, ConstBuffer in, MutableBuffer out, const std::vector<int>& counts,
+                       const std::vector<int>& displs) {
+    const std::size_t es = dtype_size(in.dtype);
+    char* const base = static_cast<char*>(out.data);
+    struct Local {
+      const void* src;
+      void* dst;
+      std::size_t bytes;
+    } local{in.data, base + std::size_t(displs[rank_]) * es, std::size_t(counts[rank_]) * es};
+    exchange(st, mpi_type(in.dtype), in.data, counts[rank_], counts,
+             [&](int q) { return static_cast<void*>(base + std::size_t(displs[q]) * es); }, "MPI_Isend/MPI_Irecv",
+             [](void* a) {
+               auto* l = static_cast<Local*>(a);
+               if (l->bytes) std::memcpy(l->dst, l->src, l->bytes);
+             }, &local);
+  }
+
+  // Small all_reduce in one round: every rank sends its whole input to every peer (scratch row per
+  // peer) and reduces all P buffers in rank order itself: the same element-wise order as the
+  // alltoallv path, so the same bits, with one message latency instead of two collectives.
+  void exchange_reduce(OpState& st, ConstBuffer in, MutableBuffer out, ReduceOp op) {
+    const std::size_t es = dtype_size(in.dtype), bytes = in.count * es;
+    if (scratch_.size() < bytes * size_) scratch_.resize(bytes * size_);
+    const int n = as_int(in.count, "all_reduce");
+    std::vector<int> counts(static_cast<std::size_t>(size_), n);
+    exchange(st, mpi_type(in.dtype), in.data, n, counts,
+             [&](int q) { return static_cast<void*>(scratch_.data() + bytes * std::size_t(q)); },
+             "MPI_Isend/MPI_Irecv");
+    std::vector<const void*> rows(static_cast<std::size_t>(size_));
+    for (int q = 0; q < size_; ++q) rows[q] = q == rank_ ? in.data : scratch_.data() + bytes * std::size_t(q);
+    void* outs[1] = {out.data};
+    detail::reduce_rank_order(in.dtype, op, size_, rows.data(), size_, outs, 1, in.count);
   }
 
   // Steps 1 and 2 of the rank-order reduction: every rank receives chunk counts[rank] of every rank's
@@ -434,6 +514,9 @@ class MpiComm final : public detail::CommBase {
   std::shared_ptr<Runtime> rt_;
   MPI_Comm coll_;                   // collectives, run in order by the executor
   MPI_Comm p2p_ = MPI_COMM_NULL;    // point to point, posted on the calling thread
+  MPI_Comm internal_ = MPI_COMM_NULL;  // the collectives' own point to point (never matches user send/recv)
+  static constexpr int kInternalTag = 0;
+  std::vector<MPI_Request> reqs_;   // exchange(): the requests of one op (executor thread only)
   std::vector<char> scratch_;       // all_reduce / reduce_scatter rows; reused (no page faults per call)
   std::vector<std::uint64_t> p2p_count_ = std::vector<std::uint64_t>(static_cast<std::size_t>(size_), 0);
 };
