@@ -103,12 +103,15 @@ constexpr double kGeluC = 0.044715;
 // exp for float32 that the compiler can vectorise (libm's expf/tanhf are scalar calls, which made
 // GELU ~20% of an MLP training step). x = k ln2 + r with |r| <= ln2/2; e^r by its Taylor series to
 // r^7 (truncation (ln2/2)^8 / 8! ~ 5e-9, below float32's 6e-8); 2^k by adding k to the exponent.
-inline float exp_float(float x) {
+[[gnu::always_inline]] inline float exp_float(float x) {
   constexpr float kLog2e = 1.44269504088896341f;
   constexpr float kLn2Hi = 0.693145751953125f;         // ln 2 split so k * kLn2Hi is exact
   constexpr float kLn2Lo = 1.42860682030941723212e-6f;
+  constexpr float kRound = 12582912.0f;                 // 1.5 * 2^23: (v + kRound) - kRound rounds v
   x = std::min(std::max(x, -87.0f), 88.0f);            // 2^k stays a normal float
-  const float k = std::floor(x * kLog2e + 0.5f);
+  // k = nearest integer to x / ln2, so |r| <= ln2/2. Rounded by adding and subtracting 1.5 * 2^23
+  // (exact for |v| < 2^22) rather than std::floor, which GCC does not vectorise here.
+  const float k = (x * kLog2e + kRound) - kRound;
   const float r = (x - k * kLn2Hi) - k * kLn2Lo;
   float p = 1.0f / 5040;
   p = p * r + 1.0f / 720;
@@ -130,7 +133,7 @@ inline float exp_float(float x) {
 // cancels in the tails (1 + tanh u near -1 would), and for float32 e comes from exp_float, which
 // vectorises. float64 (gradient checks) keeps libm's tanh in the textbook form.
 template <class T>
-T gelu_value(T x) {
+[[gnu::always_inline]] inline T gelu_value(T x) {
   const T u = T(kGeluK) * (x + T(kGeluC) * x * x * x);
   if constexpr (std::is_same_v<T, float>) {
     const float e = exp_float(2.0f * u);
@@ -141,7 +144,7 @@ T gelu_value(T x) {
 }
 
 template <class T>
-T gelu_derivative(T x) {
+[[gnu::always_inline]] inline T gelu_derivative(T x) {
   const T u = T(kGeluK) * (x + T(kGeluC) * x * x * x);
   const T du = T(kGeluK) * (T(1) + T(3 * kGeluC) * x * x);
   if constexpr (std::is_same_v<T, float>) {
