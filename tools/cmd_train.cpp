@@ -30,7 +30,7 @@ struct TrainArgs {
     options.model.heads = 4;
     options.model.seq = 64;
     options.model.batch = 16;
-    options.steps = 500;
+    options.steps = 1000;
     options.lr = 3e-3;
     options.metrics_path = "meshgrad-metrics.jsonl";
   }
