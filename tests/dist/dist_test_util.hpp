@@ -10,6 +10,7 @@
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 
 namespace meshgrad::testing {
@@ -32,6 +33,23 @@ inline void run_on_mesh(int ranks, const std::function<void(const dist::DeviceMe
 
 inline Tensor global_randn(const Shape& shape, std::uint64_t seed) {
   return random::randn(shape, seed, DType::Float64);
+}
+
+// sum over elements of y * w, without a graph (single-rank losses for central differences).
+inline double weighted_sum_value(const Tensor& y, const Tensor& w) {
+  return kernels::sum(kernels::binary(kernels::Binary::Mul, y, w), {}, false).item();
+}
+
+// Tensors that differ per rank (weights of per-rank losses, the parts of a Partial tensor): rank r's
+// is randn(seed_base + r); rank_order_sum adds ranks 0..p-1 in rank order, as the collectives do, so
+// the single-rank reference has the same bits.
+inline Tensor per_rank_randn(const Shape& shape, std::uint64_t seed_base, int r) {
+  return global_randn(shape, seed_base + static_cast<std::uint64_t>(r));
+}
+inline Tensor rank_order_sum(const Shape& shape, std::uint64_t seed_base, int p) {
+  Tensor total = per_rank_randn(shape, seed_base, 0);
+  for (int r = 1; r < p; ++r) total = kernels::binary(kernels::Binary::Add, total, per_rank_randn(shape, seed_base, r));
+  return total;
 }
 
 // d loss / d x by central differences in float64, element by element. loss is the single-rank

@@ -16,6 +16,9 @@ using namespace meshgrad::dist;
 using meshgrad::testing::central_differences;
 using meshgrad::testing::global_randn;
 using meshgrad::testing::max_abs_diff;
+using meshgrad::testing::per_rank_randn;
+using meshgrad::testing::rank_order_sum;
+using meshgrad::testing::weighted_sum_value;
 using meshgrad::testing::run_on_mesh;
 
 namespace {
@@ -28,17 +31,9 @@ Tensor piece_of(const Tensor& X, const DeviceMesh& mesh, const Placements& pl) {
   return t.contiguous();
 }
 
-double weighted_sum_value(const Tensor& y, const Tensor& w) {
-  return kernels::sum(kernels::binary(kernels::Binary::Mul, y, w), {}, false).item();
-}
-
-// Per-rank weights and their rank-order total (losses that differ per rank).
-Tensor rank_weight(const Shape& shape, int r) { return global_randn(shape, 700 + static_cast<std::uint64_t>(r)); }
-Tensor total_weight(const Shape& shape, int p) {
-  Tensor w = rank_weight(shape, 0);
-  for (int r = 1; r < p; ++r) w = kernels::binary(kernels::Binary::Add, w, rank_weight(shape, r));
-  return w;
-}
+// Per-rank loss weights (seeds 700 + r) and their rank-order total (losses that differ per rank).
+Tensor rank_weight(const Shape& shape, int r) { return per_rank_randn(shape, 700, r); }
+Tensor total_weight(const Shape& shape, int p) { return rank_order_sum(shape, 700, p); }
 
 using Param = std::tuple<std::string, std::string, int, bool>;   // from, to, ranks, partial loss
 

@@ -15,6 +15,9 @@ using namespace meshgrad::dist;
 using meshgrad::testing::central_differences;
 using meshgrad::testing::global_randn;
 using meshgrad::testing::max_abs_diff;
+using meshgrad::testing::per_rank_randn;
+using meshgrad::testing::rank_order_sum;
+using meshgrad::testing::weighted_sum_value;
 using meshgrad::testing::run_on_mesh;
 
 namespace {
@@ -27,24 +30,11 @@ Tensor slice_of(const Tensor& t, int dim, int r, int p) {
 
 // sum(w * y) as a differentiable scalar.
 Tensor weighted_sum(const Tensor& y, const Tensor& w) { return sum(mul(y, w)); }
-double weighted_sum_value(const Tensor& y, const Tensor& w) {
-  return kernels::sum(kernels::binary(kernels::Binary::Mul, y, w), {}, false).item();
-}
-
-// Per-rank weights for losses that differ per rank; their rank-order sum is the total weight.
-Tensor rank_weight(const Shape& shape, int r) { return global_randn(shape, 500 + static_cast<std::uint64_t>(r)); }
-Tensor total_weight(const Shape& shape, int p) {
-  Tensor w = rank_weight(shape, 0);
-  for (int r = 1; r < p; ++r) w = kernels::binary(kernels::Binary::Add, w, rank_weight(shape, r));
-  return w;
-}
-// Partial inputs: rank r holds part r; the global value is their rank-order sum.
-Tensor part(const Shape& shape, int r) { return global_randn(shape, 900 + static_cast<std::uint64_t>(r)); }
-Tensor sum_of_parts(const Shape& shape, int p) {
-  Tensor x = part(shape, 0);
-  for (int r = 1; r < p; ++r) x = kernels::binary(kernels::Binary::Add, x, part(shape, r));
-  return x;
-}
+// Per-rank loss weights (seeds 500 + r) and partial inputs (seeds 900 + r), with their rank-order sums.
+Tensor rank_weight(const Shape& shape, int r) { return per_rank_randn(shape, 500, r); }
+Tensor total_weight(const Shape& shape, int p) { return rank_order_sum(shape, 500, p); }
+Tensor part(const Shape& shape, int r) { return per_rank_randn(shape, 900, r); }
+Tensor sum_of_parts(const Shape& shape, int p) { return rank_order_sum(shape, 900, p); }
 
 struct Case {
   std::string name;
