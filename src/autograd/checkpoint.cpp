@@ -67,6 +67,12 @@ class CheckpointFunction final : public Function {
 }  // namespace
 
 TensorList checkpoint(const CheckpointFn& fn, const TensorList& inputs, std::vector<random::Generator*> generators) {
+  // The recomputation hangs off the inputs' graph. With no input that requires grad there is
+  // nothing to hang it on, and parameters that fn uses (captured, not passed) would silently get no
+  // gradient: run fn normally instead, keeping its graph (correct gradients, no memory saved).
+  bool anchored = false;
+  for (const Tensor& t : inputs) anchored = anchored || (t.defined() && t.requires_grad());
+  if (GradMode::is_enabled() && !anchored) return fn(inputs);
   return apply<CheckpointFunction>(inputs, fn, std::move(generators));
 }
 

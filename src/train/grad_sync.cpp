@@ -1,5 +1,7 @@
 #include "meshgrad/train/grad_sync.hpp"
 
+#include <algorithm>
+
 #include <fmt/format.h>
 
 #include <cstddef>
@@ -66,14 +68,31 @@ struct GradientSynchronizer::State {
     deferred.clear();
   }
 
+  // Before the engine adds a second gradient into a leaf whose reductions already started in this
+  // backward (a parameter used inside two checkpointed regions): let those reductions finish, so
+  // they never read .grad while it is being written. Their results are superseded by on_ready.
+  void before_accumulate(std::size_t i) {
+    Entry& e = entries[i];
+    if (!e.ready) return;
+    if (e.axis_reduce.valid()) {
+      e.axis_reduce.wait();
+      e.axis_reduce = {};
+      std::erase(deferred, i);
+    }
+    if (e.dp_reduce.valid()) {
+      e.dp_reduce.wait();
+      e.dp_reduce = {};
+    }
+  }
+
   // The hook body: the accumulated local gradient of entries[i] is ready.
   void on_ready(std::size_t i, const Tensor& leaf) {
     drain_deferred();
     Entry& e = entries[i];
     // A leaf whose gradient is accumulated twice in one backward (used inside two checkpointed
     // regions, whose nested backward passes each accumulate) fires again with the sum: the reduction
-    // launched for the first part is superseded. Dropping its handle waits for it, so its buffers
-    // stay valid; every rank does the same, so the collective order still matches.
+    // launched for the first part was waited for by before_accumulate and is superseded here; every
+    // rank does the same, so the collective order still matches.
     e.ready = true;
     e.dp_reduce = {};
     const Tensor grad = leaf.grad();
@@ -111,6 +130,10 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
     entry.param = p;
     state_->entries.push_back(std::move(entry));
     std::weak_ptr<State> weak = state_;
+    p->value.register_hook([weak, index](const Tensor&) {
+      if (auto state = weak.lock()) state->before_accumulate(index);
+      return Tensor();   // the gradient itself is unchanged
+    });
     p->value.register_post_accumulate_hook([weak, index](Tensor& leaf) {
       if (auto state = weak.lock()) state->on_ready(index, leaf);
     });

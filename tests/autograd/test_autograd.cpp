@@ -295,3 +295,12 @@ TEST(Autograd, IncompatibleAnnotationsMeetingIsAnError) {
   g2.set_annotation(std::make_shared<Label>("y"));
   EXPECT_THROW(autograd::backward({y1, y2}, {g1, g2}), InvalidArgument);
 }
+
+TEST(Checkpoint, WithoutAnInputThatRequiresGradCapturedParametersStillGetGradients) {
+  Tensor w = leaf({2, 3});
+  Tensor x = Tensor::from_values({5, 7}, {2}, DType::Float64);   // data: no grad
+  Tensor y = autograd::checkpoint([&](const TensorList& in) { return TensorList{mul(w, in[0])}; }, {x})[0];
+  ASSERT_TRUE(y.requires_grad());
+  backward(sum(y));
+  EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{5, 7}));
+}

@@ -8,6 +8,7 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/autograd/checkpoint.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/dist/comm_counter.hpp"
@@ -181,6 +182,31 @@ TEST(GradSync, DestroyedSynchronizerDisarmsItsHooks) {
     backward(sum(w.value));
     EXPECT_TRUE(counter.records().empty());
     EXPECT_EQ(w.value.grad().to_vector(), (std::vector<double>{1.0, 1.0}));
+  });
+}
+
+// A parameter used inside two checkpointed regions is accumulated twice in one backward (each
+// region's nested backward adds its part): the reduction launched after the first part must be
+// finished before the second is added, and the final gradient is the dp sum of both parts.
+TEST(GradientSynchronizer, ParameterAccumulatedTwiceInOneBackward) {
+  run_mesh(2, 1, [](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param("w", {3});
+    w.value.detach().copy_from(Tensor::from_values({0.5, -1.0, 2.0}, {3}, DType::Float64));
+    GradientSynchronizer sync({&w}, mesh);
+    const double r = mesh->rank() + 1;   // rank-dependent data: dp ranks see different rows
+    // x requires grad so each region really is checkpointed (recomputed in its own nested backward).
+    Tensor x = Tensor::from_values({1.0 * r, 2.0 * r, 3.0 * r}, {3}, DType::Float64);
+    x.set_requires_grad();
+    auto region = [&](double factor) {
+      return autograd::checkpoint(
+          [&, factor](const TensorList& in) { return TensorList{scale(sum(mul(mul(w.value, w.value), in[0])), factor)}; },
+          {x})[0];
+    };
+    backward(add(region(1.0), region(3.0)));   // d/dw = (1 + 3) * 2 w x
+    sync.finish();
+    // Sum over ranks r = 1, 2 of 8 w x_r = 8 w (x_1 + x_2) = 8 w * 3 * [1, 2, 3].
+    const std::vector<double> expected{8 * 0.5 * 3, 8 * -1.0 * 6, 8 * 2.0 * 9};
+    EXPECT_EQ(w.value.grad().to_vector(), expected);
   });
 }
 

@@ -1,7 +1,9 @@
 // Activation checkpointing: run fn without keeping its graph, and recompute it in backward.
 // Gradients are bitwise identical to running fn without checkpointing, provided fn is
 // deterministic given its inputs and the listed generators (dropout masks are replayed by
-// restoring each generator's counter before recomputing).
+// restoring each generator's counter before recomputing). The recomputation is anchored on the
+// inputs: if none requires grad, fn simply runs with its graph kept (parameters it captures still
+// get their gradients; no memory is saved).
 #pragma once
 
 #include <functional>
