@@ -58,6 +58,12 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
           ->capture_default_str();
       app.add_flag("--sequence-parallel", a->parallel.sequence_parallel,
                    "sequence parallelism: all-gather / reduce-scatter along the sequence instead of all-reduce");
+      app.add_flag("--overlap", a->parallel.overlap,
+                   "column layers overlap their backward communication with compute (same collectives)");
+      app.add_flag("--recompute", a->parallel.recompute_allgather,
+                   "with --sequence-parallel: re-gather column inputs in backward (adds backward all-gathers)");
+      app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,
+                   "activation checkpointing per block (adds a recompute phase)");
       std::string presets;
       for (const auto& link : dist::link_presets()) presets += (presets.empty() ? "" : ", ") + link.name;
       auto* link = app.add_option("--link", a->link, "link preset: " + presets)->capture_default_str();
