@@ -289,50 +289,41 @@ Tensor log_softmax_last(const Tensor& x) {
   return out;
 }
 
-// dx = y * (dy - <dy, y>) per row (the Jacobian of softmax is diag(y) - y y^T).
-Tensor softmax_backward_last(const Tensor& grad, const Tensor& y) {
-  check_backward_pair(grad, y, "softmax_backward", "output");
-  Rows g = as_rows(grad, "softmax_backward");
-  Rows s = as_rows(y, "softmax_backward");
+// The scaffolding of a row-wise backward over the last dim: checks the (grad, saved output) pair,
+// packs both into rows and calls row(dy, y, dx, cols) for each row, dy, y, dx pointing at its start.
+template <class RowFn>
+Tensor row_backward(const Tensor& grad, const Tensor& y, const char* op, RowFn&& row) {
+  check_backward_pair(grad, y, op, "output");
+  Rows g = as_rows(grad, op);
+  Rows s = as_rows(y, op);
   Tensor out = Tensor::empty(y.shape(), y.dtype());
-  dispatch_floating(y.dtype(), "softmax_backward", [&]<class T>() {
+  dispatch_floating(y.dtype(), op, [&]<class T>() {
     const T* pg = g.packed.data<T>();
     const T* py = s.packed.data<T>();
     T* o = out.data<T>();
-    for (std::int64_t i = 0; i < g.rows; ++i) {
-      const T* dy = pg + i * g.cols;
-      const T* yy = py + i * g.cols;
-      T* dx = o + i * g.cols;
-      double dot = 0;
-      for (std::int64_t j = 0; j < g.cols; ++j) dot += static_cast<double>(dy[j]) * static_cast<double>(yy[j]);
-      const T d = static_cast<T>(dot);
-      for (std::int64_t j = 0; j < g.cols; ++j) dx[j] = yy[j] * (dy[j] - d);
-    }
+    for (std::int64_t i = 0; i < g.rows; ++i) row(pg + i * g.cols, py + i * g.cols, o + i * g.cols, g.cols);
   });
   return out;
 }
 
+// dx = y * (dy - <dy, y>) per row (the Jacobian of softmax is diag(y) - y y^T).
+Tensor softmax_backward_last(const Tensor& grad, const Tensor& y) {
+  return row_backward(grad, y, "softmax_backward", []<class T>(const T* dy, const T* yy, T* dx, std::int64_t cols) {
+    double dot = 0;
+    for (std::int64_t j = 0; j < cols; ++j) dot += static_cast<double>(dy[j]) * static_cast<double>(yy[j]);
+    const T d = static_cast<T>(dot);
+    for (std::int64_t j = 0; j < cols; ++j) dx[j] = yy[j] * (dy[j] - d);
+  });
+}
+
 // dx = dy - exp(y) * sum(dy) per row (exp(y) is the softmax).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y) {
-  check_backward_pair(grad, y, "log_softmax_backward", "output");
-  Rows g = as_rows(grad, "log_softmax_backward");
-  Rows s = as_rows(y, "log_softmax_backward");
-  Tensor out = Tensor::empty(y.shape(), y.dtype());
-  dispatch_floating(y.dtype(), "log_softmax_backward", [&]<class T>() {
-    const T* pg = g.packed.data<T>();
-    const T* py = s.packed.data<T>();
-    T* o = out.data<T>();
-    for (std::int64_t i = 0; i < g.rows; ++i) {
-      const T* dy = pg + i * g.cols;
-      const T* yy = py + i * g.cols;
-      T* dx = o + i * g.cols;
-      double total = 0;
-      for (std::int64_t j = 0; j < g.cols; ++j) total += static_cast<double>(dy[j]);
-      const T t = static_cast<T>(total);
-      for (std::int64_t j = 0; j < g.cols; ++j) dx[j] = dy[j] - std::exp(yy[j]) * t;
-    }
+  return row_backward(grad, y, "log_softmax_backward", []<class T>(const T* dy, const T* yy, T* dx, std::int64_t cols) {
+    double total = 0;
+    for (std::int64_t j = 0; j < cols; ++j) total += static_cast<double>(dy[j]);
+    const T t = static_cast<T>(total);
+    for (std::int64_t j = 0; j < cols; ++j) dx[j] = dy[j] - std::exp(yy[j]) * t;
   });
-  return out;
 }
 
 // ---- embedding ------------------------------------------------------------------------------------

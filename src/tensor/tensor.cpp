@@ -439,7 +439,6 @@ Tensor Tensor::detach() const { return make_tensor(storage(), dtype(), shape(), 
 
 void Tensor::copy_from(const Tensor& src) {
   check_same_dtype(*this, src, "copy_from");
-  broadcast_shapes(src.shape(), shape(), "copy_from");
   MG_CHECK(broadcast_shapes(src.shape(), shape(), "copy_from") == shape(),
            "copy_from: source shape {} does not broadcast to destination shape {}", shape_str(src.shape()),
            shape_str(shape()));
