@@ -242,51 +242,52 @@ Tensor max_last(const Tensor& a) {
   return out;
 }
 
+// The scaffolding of a row-wise op over the last dim: packs x into rows and calls
+// row(x_row, y_row, cols) for each, writing a new tensor of x's shape.
+template <class RowFn>
+Tensor row_forward(const Tensor& x, const char* op, RowFn&& row) {
+  Rows r = as_rows(x, op);
+  Tensor out = Tensor::empty(x.shape(), x.dtype());
+  dispatch_floating(x.dtype(), op, [&]<class T>() {
+    const T* in = r.packed.data<T>();
+    T* o = out.data<T>();
+    for (std::int64_t i = 0; i < r.rows; ++i) row(in + i * r.cols, o + i * r.cols, r.cols);
+  });
+  return out;
+}
+
+template <class T>
+T row_max(const T* row, std::int64_t cols) {
+  T m = -std::numeric_limits<T>::infinity();
+  for (std::int64_t j = 0; j < cols; ++j) m = std::max(m, row[j]);
+  return m;
+}
+
 // y = exp(x - m) / sum(exp(x - m)) with m the row max: no overflow for large logits; a row of
 // all -inf gives NaN (0/0), as the usual libraries do.
 Tensor softmax_last(const Tensor& x) {
-  Rows r = as_rows(x, "softmax");
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  dispatch_floating(x.dtype(), "softmax", [&]<class T>() {
-    const T* in = r.packed.data<T>();
-    T* o = out.data<T>();
-    for (std::int64_t i = 0; i < r.rows; ++i) {
-      const T* row = in + i * r.cols;
-      T* y = o + i * r.cols;
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < r.cols; ++j) m = std::max(m, row[j]);
-      double total = 0;
-      for (std::int64_t j = 0; j < r.cols; ++j) {
-        y[j] = std::exp(row[j] - m);
-        total += static_cast<double>(y[j]);
-      }
-      const T inv = static_cast<T>(1.0 / total);
-      for (std::int64_t j = 0; j < r.cols; ++j) y[j] *= inv;
+  return row_forward(x, "softmax", []<class T>(const T* row, T* y, std::int64_t cols) {
+    const T m = row_max(row, cols);
+    double total = 0;
+    for (std::int64_t j = 0; j < cols; ++j) {
+      y[j] = std::exp(row[j] - m);
+      total += static_cast<double>(y[j]);
     }
+    const T inv = static_cast<T>(1.0 / total);
+    for (std::int64_t j = 0; j < cols; ++j) y[j] *= inv;
   });
-  return out;
 }
 
 // y = (x - m) - log(sum(exp(x - m))): computed from the shifted logits, never as log(softmax),
 // so very negative entries stay finite.
 Tensor log_softmax_last(const Tensor& x) {
-  Rows r = as_rows(x, "log_softmax");
-  Tensor out = Tensor::empty(x.shape(), x.dtype());
-  dispatch_floating(x.dtype(), "log_softmax", [&]<class T>() {
-    const T* in = r.packed.data<T>();
-    T* o = out.data<T>();
-    for (std::int64_t i = 0; i < r.rows; ++i) {
-      const T* row = in + i * r.cols;
-      T* y = o + i * r.cols;
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t j = 0; j < r.cols; ++j) m = std::max(m, row[j]);
-      double total = 0;
-      for (std::int64_t j = 0; j < r.cols; ++j) total += std::exp(static_cast<double>(row[j] - m));
-      const T log_total = static_cast<T>(std::log(total));
-      for (std::int64_t j = 0; j < r.cols; ++j) y[j] = (row[j] - m) - log_total;
-    }
+  return row_forward(x, "log_softmax", []<class T>(const T* row, T* y, std::int64_t cols) {
+    const T m = row_max(row, cols);
+    double total = 0;
+    for (std::int64_t j = 0; j < cols; ++j) total += std::exp(static_cast<double>(row[j] - m));
+    const T log_total = static_cast<T>(std::log(total));
+    for (std::int64_t j = 0; j < cols; ++j) y[j] = (row[j] - m) - log_total;
   });
-  return out;
 }
 
 // The scaffolding of a row-wise backward over the last dim: checks the (grad, saved output) pair,
