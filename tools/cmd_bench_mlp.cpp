@@ -13,7 +13,7 @@
 #include "command.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::tools {

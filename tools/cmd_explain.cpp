@@ -10,7 +10,7 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/nn/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 

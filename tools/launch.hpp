@@ -15,7 +15,7 @@
 #include <vector>
 
 #include "meshgrad/comm/communicator.hpp"
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 
 namespace meshgrad::tools {
 

@@ -9,7 +9,7 @@
 
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
@@ -35,7 +35,7 @@ int axis_index_of(const std::vector<dist::MeshAxis>& axes, const std::string& na
   return -1;
 }
 
-// The cost-model op of a recorded op: dist/ records some metadata exchanges with a qualifier,
+// The cost-model op of a recorded op: distributed/ records some metadata exchanges with a qualifier,
 // e.g. "all_gather(sizes)" (the shard sizes of an uneven gather); they cost as the plain op.
 std::string base_op(const std::string& op) { return op.substr(0, op.find('(')); }
 

@@ -5,10 +5,10 @@
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
-#include "meshgrad/dist/collectives.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/mappings.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 

@@ -3,8 +3,8 @@
 #include <cmath>
 
 #include "meshgrad/autograd/checkpoint.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/mappings.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
 

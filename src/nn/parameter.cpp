@@ -1,6 +1,6 @@
 #include "meshgrad/nn/parameter.hpp"
 
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 

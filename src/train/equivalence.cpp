@@ -6,7 +6,7 @@
 
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"

@@ -8,7 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 
 namespace meshgrad::train {
 

@@ -4,8 +4,8 @@
 #include <string>
 
 #include "meshgrad/autograd/grad_mode.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 
 namespace meshgrad::train {

@@ -16,8 +16,8 @@
 #include <numbers>
 
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/dist/collectives.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"

@@ -5,11 +5,11 @@
 #include <map>
 #include <string>
 
-#include "../dist/dist_test_util.hpp"
+#include "../distributed/dist_test_util.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/dist/collectives.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::testing {

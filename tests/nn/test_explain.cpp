@@ -16,10 +16,10 @@
 #include <tuple>
 #include <vector>
 
-#include "../dist/dist_test_util.hpp"
+#include "../distributed/dist_test_util.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/nn/explain.hpp"
 #include "meshgrad/nn/model.hpp"
 

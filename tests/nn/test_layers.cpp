@@ -3,7 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "nn_test_util.hpp"
-#include "meshgrad/dist/mappings.hpp"
+#include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/nn/linear2d.hpp"
 #include "meshgrad/ops/ops.hpp"

@@ -12,7 +12,7 @@
 #include <vector>
 
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 
 namespace meshgrad::train {

@@ -11,8 +11,8 @@
 #include "meshgrad/autograd/checkpoint.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 

@@ -8,7 +8,7 @@
 #include <string>
 
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/train/optimizer.hpp"
 
 namespace meshgrad::train {

@@ -33,7 +33,7 @@ class EnableGradGuard {
   bool previous_;
 };
 
-// Where this thread is in a training step, for tools that attribute work to phases (dist/'s
+// Where this thread is in a training step, for tools that attribute work to phases (distributed/'s
 // communication counter): inside the engine's backward pass, and inside a checkpoint's
 // recomputation of a forward (which runs during backward). Per thread.
 class PassState {

@@ -1,5 +1,5 @@
 // `meshgrad explain`: where a tensor-parallel model communicates, and what the alpha-beta model
-// (dist/cost_model.hpp) predicts each collective costs on a chosen link.
+// (distributed/cost_model.hpp) predicts each collective costs on a chosen link.
 //
 // The counts are produced by running the model, not written down: explain_model starts the ranks,
 // builds the model, runs one forward (loss) and one backward on a synthetic batch with a
@@ -21,9 +21,9 @@
 #include <string>
 #include <vector>
 
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/cost_model.hpp"
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::nn {

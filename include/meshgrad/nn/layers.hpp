@@ -14,7 +14,7 @@
 #include <cstdint>
 #include <string>
 
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/nn/parameter.hpp"
 #include "meshgrad/tensor/random.hpp"

@@ -10,7 +10,7 @@
 // redistribution that produced x), dW = x^T dy is local.
 #pragma once
 
-#include "meshgrad/dist/dtensor.hpp"
+#include "meshgrad/distributed/dtensor.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::nn {

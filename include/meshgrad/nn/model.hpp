@@ -7,7 +7,7 @@
 #include <string>
 #include <vector>
 
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::nn {

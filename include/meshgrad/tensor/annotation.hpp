@@ -1,5 +1,5 @@
 // Metadata an upper layer attaches to a tensor without the tensor layer knowing what it means.
-// dist/ uses it for the placement of a gradient ("partial over the tp axis": the true gradient is
+// distributed/ uses it for the placement of a gradient ("partial over the tp axis": the true gradient is
 // the sum over that axis of the local ones), so redistribution backwards can be derived from the
 // gradient that actually arrives.
 //

@@ -10,7 +10,7 @@
 #include <utility>
 #include <vector>
 
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/parameter.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/train/safetensors.hpp"

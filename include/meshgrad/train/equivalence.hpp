@@ -8,7 +8,7 @@
 #include <string>
 #include <vector>
 
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::train {

@@ -24,8 +24,8 @@
 #include <string>
 #include <vector>
 
-#include "meshgrad/dist/mesh.hpp"
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::train {

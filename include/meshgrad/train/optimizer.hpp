@@ -15,7 +15,7 @@
 #include <cstdint>
 #include <vector>
 
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::train {

@@ -14,7 +14,7 @@
 #include <utility>
 #include <vector>
 
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::train {

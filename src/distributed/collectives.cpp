@@ -1,9 +1,9 @@
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 
 #include <chrono>
 #include <numeric>
 
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 
 namespace meshgrad::dist {
 

@@ -4,7 +4,7 @@
 
 #include <string>
 
-#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::dist {

@@ -1,4 +1,4 @@
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 
 #include "meshgrad/autograd/grad_mode.hpp"
 

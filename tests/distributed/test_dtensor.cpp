@@ -5,9 +5,9 @@
 
 #include "dist_test_util.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/dist/collectives.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/dtensor.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/dtensor.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 

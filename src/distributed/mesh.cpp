@@ -1,4 +1,4 @@
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 
 #include <algorithm>
 #include <charconv>

@@ -5,8 +5,8 @@
 
 #include "dist_test_util.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
-#include "meshgrad/dist/mappings.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 

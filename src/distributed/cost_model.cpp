@@ -1,4 +1,4 @@
-#include "meshgrad/dist/cost_model.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
 
 #include <fmt/format.h>
 

@@ -9,7 +9,7 @@
 #include <memory>
 
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/dist/mesh.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 

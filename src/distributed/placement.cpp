@@ -1,4 +1,4 @@
-#include "meshgrad/dist/placement.hpp"
+#include "meshgrad/distributed/placement.hpp"
 
 #include "meshgrad/autograd/function.hpp"
 

@@ -1,7 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "dist_test_util.hpp"
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 
 using namespace meshgrad;
 using namespace meshgrad::dist;

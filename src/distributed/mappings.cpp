@@ -1,13 +1,13 @@
 // The differentiable collectives. A mapping = a forward primitive and its dual; the single
 // MappingFunction below runs the first in forward and the second in backward, so each pair is
 // written once and both directions share one implementation of every primitive.
-#include "meshgrad/dist/mappings.hpp"
+#include "meshgrad/distributed/mappings.hpp"
 
 #include <numeric>
 
 #include "meshgrad/autograd/function.hpp"
-#include "meshgrad/dist/collectives.hpp"
-#include "meshgrad/dist/comm_counter.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 
 namespace meshgrad::dist {
 

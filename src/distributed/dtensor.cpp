@@ -1,7 +1,7 @@
-#include "meshgrad/dist/dtensor.hpp"
+#include "meshgrad/distributed/dtensor.hpp"
 
 #include "meshgrad/autograd/function.hpp"
-#include "meshgrad/dist/collectives.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/ops/ops.hpp"
 
 namespace meshgrad::dist {
