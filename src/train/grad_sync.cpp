@@ -12,15 +12,6 @@
 
 namespace meshgrad::train {
 
-dist::AxisMask replicated_axes(const nn::Parameter& p, const dist::DeviceMesh& mesh) {
-  dist::AxisMask mask = 0;
-  for (int a = 0; a < mesh.ndim(); ++a) {
-    const bool sharded_here = mesh.axes()[static_cast<std::size_t>(a)].name == "tp" && !p.shard.replicated();
-    if (!sharded_here) mask |= dist::AxisMask{1} << a;
-  }
-  return mask;
-}
-
 // Per-parameter progress of one step.
 struct Entry {
   nn::Parameter* param = nullptr;
@@ -96,7 +87,7 @@ struct GradientSynchronizer::State {
     e.ready = true;
     e.dp_reduce = {};
     const Tensor grad = leaf.grad();
-    const dist::AxisMask partial = dist::partial_axes(grad) & replicated_axes(*e.param, *mesh);
+    const dist::AxisMask partial = dist::partial_axes(grad) & e.param->replicated_axes();
     e.pending_axes.clear();
     for (int a = 0; a < mesh->ndim(); ++a) {
       if (a != dp_axis && (partial & (dist::AxisMask{1} << a)) && mesh->axis_size(a) > 1) e.pending_axes.push_back(a);

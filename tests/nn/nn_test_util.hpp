@@ -39,7 +39,6 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
     auto model = nn::make_model(cfg, parallel, mesh, seed);
     Tensor loss = model->loss(batch, cfg.batch * cfg.seq);
     backward(loss);
-    const auto& group = mesh->group("tp");
     std::map<std::string, Tensor> grads, params;
     {
       dist::CommCounter ignored;   // gathering for the comparison is not the model's communication
@@ -48,9 +47,14 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
         Tensor g = p->value.grad();
         EXPECT_TRUE(g.defined()) << p->name << " got no gradient";
         if (!g.defined()) g = Tensor::zeros(p->value.shape(), p->value.dtype());
-        if (dist::partial_axes(g) & (1u << mesh->axis_index("tp"))) g = dist::all_reduce(g, group);
-        grads[p->name] = nn::gather_full(g, *p, group);
-        params[p->name] = nn::gather_full(p->value.detach(), *p, group);
+        // Reduce what the gradient is still partial on (replicated parameters on sharded data, and
+        // dp), as the synchroniser would.
+        const dist::AxisMask partial = dist::partial_axes(g) & p->replicated_axes();
+        for (int a = 0; a < mesh->ndim(); ++a) {
+          if (partial & dist::axis_bit(a)) g = dist::all_reduce(g, mesh->group(a));
+        }
+        grads[p->name] = nn::gather_full(g, *p);
+        params[p->name] = nn::gather_full(p->value.detach(), *p);
       }
     }
     if (mesh->rank() == 0) {

@@ -30,10 +30,6 @@
 
 namespace meshgrad::train {
 
-// The mesh axes over which parameter p is replicated (its gradient must be complete there before an
-// optimizer step): every axis except "tp" when p is sharded over tp.
-dist::AxisMask replicated_axes(const nn::Parameter& p, const dist::DeviceMesh& mesh);
-
 class GradientSynchronizer {
  public:
   // Registers a post-accumulate hook on every parameter's value. Construct it after the parameters'
