@@ -28,8 +28,10 @@ inline nn::Batch make_batch(const nn::ModelConfig& cfg, std::uint64_t seed) {
 
 // One forward+backward of the model on a "tp=P" mesh. Gradients partial over tp (replicated
 // parameters used on sequence-sharded data) are summed over tp, as the trainer does.
+// axes: the mesh (default "tp=P"); a 2-D grid is {{"tp_row", R}, {"tp_col", C}}.
 inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& parallel, int tp,
-                          std::uint64_t seed = 7, std::uint64_t batch_seed = 99) {
+                          std::uint64_t seed = 7, std::uint64_t batch_seed = 99,
+                          const std::vector<dist::MeshAxis>& axes = {}) {
   ModelRun out;
   const nn::Batch batch = make_batch(cfg, batch_seed);
   std::mutex mu;
@@ -64,7 +66,7 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
       out.params = params;
       out.counter = counter;
     }
-  });
+  }, axes);
   return out;
 }
 
