@@ -98,12 +98,13 @@ TEST_P(GradSyncMesh, SumsOverDpDuringBackward) {
                               sum(mul(b.value, scale(rank_values(mesh->rank(), 2), 2.0))));
       counter.clear();
       backward(replica_loss(loss, mesh));
-      // Both dp all-reduces were issued by the hooks, inside backward.
-      EXPECT_EQ(sync.launched(), 2);
-      EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
-      EXPECT_EQ(counter.records().size(), 2u);
+      // Both gradients share one bucket, all-reduced in place by the hook that filled it, inside backward.
+      EXPECT_EQ(sync.buckets().size(), 1u);
+      EXPECT_EQ(sync.launched(), 1);
+      EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 1);
+      EXPECT_EQ(counter.records().size(), 1u);
       sync.finish();
-      EXPECT_EQ(counter.records().size(), 2u);   // finish only waits
+      EXPECT_EQ(counter.records().size(), 1u);   // finish only waits
       const auto dp_ranks = group_ranks(*mesh, "dp");
       EXPECT_EQ(a.value.grad().to_vector(), summed(dp_ranks, 3));
       auto expect_b = summed(dp_ranks, 2);
@@ -139,10 +140,10 @@ TEST_P(GradSyncMesh, ReducesPartialOverTpThenDp) {
     EXPECT_EQ(ln.value.grad().to_vector(), summed(tp > 1 ? all : group_ranks(*mesh, "dp"), 4));
     EXPECT_EQ(w.value.grad().to_vector(), summed(group_ranks(*mesh, "dp"), 3));
     EXPECT_EQ(dist::partial_axes(ln.value.grad()), 0u);
-    // Every reduction ran during backward: the tp one for ln (when tp > 1) and a dp one for each.
+    // Every reduction ran during backward: the tp one for ln (when tp > 1) and one dp bucket.
     EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "tp"), tp > 1 ? 1 : 0);
-    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
-    EXPECT_EQ(static_cast<int>(counter.records().size()), tp > 1 ? 3 : 2);
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 1);
+    EXPECT_EQ(static_cast<int>(counter.records().size()), tp > 1 ? 2 : 1);
   });
 }
 
@@ -176,9 +177,48 @@ TEST(GradSync, MissingGradientIsAnErrorNamingTheParameter) {
       EXPECT_NE(std::string(e.what()).find("unused.bias"), std::string::npos) << e.what();
       EXPECT_EQ(std::string(e.what()).find("used.weight"), std::string::npos) << e.what();
     }
-    // The reduction of the used parameter completed regardless: nothing is left in flight.
-    EXPECT_EQ(used.value.grad().to_vector(), (std::vector<double>{2.0, 2.0}));
+    // Nothing was half-synchronised: the used parameter keeps its local gradient.
+    EXPECT_EQ(used.value.grad().to_vector(), (std::vector<double>{1.0, 1.0}));
   });
+}
+
+// Buckets of bucket_bytes: gradients are reduced in place, one all-reduce per bucket, each launched
+// by the hook that completes it; the results equal the per-parameter sums.
+TEST(GradSync, BucketsOfConfiguredSizeReduceInPlace) {
+  run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    std::vector<nn::Parameter> params;
+    for (int k = 0; k < 5; ++k) params.push_back(make_param(fmt::format("p{}.weight", k), {3}, mesh));
+    std::vector<nn::Parameter*> ptrs;
+    for (auto& p : params) ptrs.push_back(&p);
+    GradientSynchronizer sync(ptrs, mesh, {.bucket_bytes = 2 * 3 * 8});   // two float64 [3] per bucket
+    ASSERT_EQ(sync.buckets().size(), 3u);
+    EXPECT_EQ(sync.buckets()[0], (std::vector<std::string>{"p4.weight", "p3.weight"}));   // backward order
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    Tensor loss = Tensor::scalar(0.0, DType::Float64);
+    for (int k = 0; k < 5; ++k) loss = add(loss, sum(mul(params[static_cast<std::size_t>(k)].value, scale(rank_values(mesh->rank(), 3), k + 1.0))));
+    backward(replica_loss(loss, mesh));
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 3);
+    sync.finish();
+    const auto dp_ranks = group_ranks(*mesh, "dp");
+    for (int k = 0; k < 5; ++k) {
+      auto expected = summed(dp_ranks, 3);
+      for (double& x : expected) x *= k + 1.0;
+      EXPECT_EQ(params[static_cast<std::size_t>(k)].value.grad().to_vector(), expected) << k;
+    }
+  });
+}
+
+// A dp replica's gradient that is not marked partial over dp means the loss was not marked: the
+// synchroniser refuses instead of silently skipping the reduction.
+TEST(GradSync, UnmarkedLossWithDataParallelReplicasIsRefused) {
+  EXPECT_THROW(run_mesh(2, 1,
+                        [&](const dist::DeviceMeshPtr& mesh) {
+                          nn::Parameter w = make_param("w.weight", {2}, mesh);
+                          GradientSynchronizer sync({&w}, mesh);
+                          backward(sum(w.value));
+                        }),
+               InvalidArgument);
 }
 
 TEST(GradSync, DestroyedSynchronizerDisarmsItsHooks) {
