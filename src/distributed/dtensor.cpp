@@ -116,13 +116,6 @@ DTensor from_local(const Tensor& local, DeviceMeshPtr mesh, Placements placement
   return DTensor(wrapped, std::move(mesh), std::move(placements), std::move(global_shape));
 }
 
-DTensor distribute(const Tensor& full, DeviceMeshPtr mesh, Placements placements) {
-  MG_CHECK(mesh != nullptr, "distribute: no mesh given");
-  DTensor replicated(full, mesh, Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate()),
-                     full.shape());
-  return redistribute(replicated, placements);
-}
-
 DTensor redistribute(const DTensor& x, const Placements& target_in) {
   const Placements target = checked_placements(target_in, *x.mesh(), x.dim(), "redistribute");
   DTensor cur = x;

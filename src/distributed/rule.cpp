@@ -95,11 +95,11 @@ std::vector<RuleRow> rule_table() {
 }
 
 std::string format_rule_table() {
-  std::string out = fmt::format("{:<14} {:<16} {:<10} {:<22} {}\n", "forward", "primitive", "grad in",
+  std::string out = fmt::format("{:<14} {:<21} {:<10} {:<22} {}\n", "forward", "primitive", "grad in",
                                 "backward", "grad out");
   for (const RuleRow& r : rule_table()) {
     const std::string step = r.from.str() + " -> " + r.to.str();
-    out += fmt::format("{:<14} {:<16} {:<10} {:<22} {}\n", step, primitive_name(r.forward), r.incoming.str(),
+    out += fmt::format("{:<14} {:<21} {:<10} {:<22} {}\n", step, primitive_name(r.forward), r.incoming.str(),
                        primitive_name(r.backward.op), r.backward.result.str());
   }
   return out;

@@ -107,8 +107,12 @@ void check_mapping(const Case& tc, const DeviceMeshPtr& mesh, const ProcessGroup
   const std::string bwd = p > 1 ? counted_name(backward_step(tc.from, tc.to, incoming).op) : "";
   EXPECT_EQ(counter.count(Phase::Forward), fwd.empty() ? 0 : 1) << tc.name;
   EXPECT_EQ(counter.count(Phase::Backward), bwd.empty() ? 0 : 1) << tc.name;
-  if (!fwd.empty()) EXPECT_EQ(counter.count(Phase::Forward, fwd, group.axis), 1) << tc.name;
-  if (!bwd.empty()) EXPECT_EQ(counter.count(Phase::Backward, bwd, group.axis), 1) << tc.name;
+  if (!fwd.empty()) {
+    EXPECT_EQ(counter.count(Phase::Forward, fwd, group.axis), 1) << tc.name;
+  }
+  if (!bwd.empty()) {
+    EXPECT_EQ(counter.count(Phase::Backward, bwd, group.axis), 1) << tc.name;
+  }
 }
 
 // The single-rank loss of the global input and its gradient by central differences.
@@ -232,7 +236,10 @@ TEST(Rule, TableRowsAreConsistentAndImpossibleGradientsAreRefused) {
 
 TEST(MappingTable, MatchesTheDesignTable) {
   // The DESIGN.md table, row for row; mapping_table() describes the code's definitions.
-  const std::vector<MappingRow> design = {
+  struct DesignRow {
+    std::string name, forward, backward;
+  };
+  const std::vector<DesignRow> design = {
       {"copy to TP region", "identity", "all-reduce"},
       {"reduce from TP region", "all-reduce", "identity"},
       {"scatter to TP region (feature dim)", "keep own slice", "all-gather"},
