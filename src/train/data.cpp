@@ -204,7 +204,7 @@ TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uin
     : batch_(batch), seq_(seq), seed_(seed) {
   namespace fs = std::filesystem;
   MG_CHECK(batch >= 1 && seq >= 1, "TokenDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
-  std::string meta;   // a meta.json giving the vocabulary, if any
+  std::string& meta = meta_;   // a meta.json giving the vocabulary, if any
   if (path.empty()) {
     source_ = "the built-in corpus";
     description_ = "bytes";
@@ -273,6 +273,15 @@ nn::Batch TokenDataset::next_batch(std::int64_t step) const {
     rows[static_cast<std::size_t>(b)] = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
   }
   return windows(train_, rows);
+}
+
+std::vector<std::string> TokenDataset::input_files() const {
+  std::vector<std::string> files;
+  for (const Tokens* t : {&train_, &val_}) {
+    if (t->file) files.push_back(t->file->path());
+  }
+  if (!meta_.empty()) files.push_back(meta_);
+  return files;
 }
 
 bool TokenDataset::has_validation() const { return val_.size() >= static_cast<std::int64_t>(seq_) + 1; }

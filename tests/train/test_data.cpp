@@ -210,6 +210,8 @@ TEST(Data, PreparedDirectoryVocabularyAndValidationSplit) {
   const fs::path d = prepared_dir("prepared", iota_tokens(300, 77), val, 1000);
   TokenDataset data(d.string(), 3, 10, 1);
   EXPECT_EQ(data.vocab(), 1000) << "meta.json's vocab_size, not the token range";
+  EXPECT_EQ(data.input_files(), (std::vector<std::string>{(d / "train.bin").string(), (d / "val.bin").string(),
+                                                          (d / "meta.json").string()}));
   EXPECT_EQ(data.validation_size(), 101);
   ASSERT_TRUE(data.has_validation());
   // W = (101 - 1) / 10 = 10 windows starting at 0, 10, ..., 90; batches of 3 rows: ceil(10 / 3) = 4.

@@ -16,7 +16,9 @@
 //
 // Sharing: TokenFile::open maps a file once per process (keyed by device, inode, size and mtime) and
 // hands every caller the same read-only mapping, so P rank threads cost one mapping of the file, not
-// P copies. Text is used in place (one byte per token), never converted to int64.
+// P copies. Text is used in place (one byte per token), never converted to int64. A mapped file must
+// not be truncated while it is in use (reading a page past the new end raises SIGBUS): outputs of a
+// run (metrics, checkpoints) must never be one of input_files().
 //
 // Batches are drawn deterministically from (seed, step): row b of step s starts at a window offset
 // given by the counter-based generator random::uniform(seed, s * B + b), so every rank draws the
@@ -133,6 +135,9 @@ class TokenDataset {
   int seq() const { return seq_; }
   // The mapped files (null for the built-in corpus / no validation): for tests of sharing.
   const std::shared_ptr<const TokenFile>& train_file() const { return train_.file; }
+  // Every file this dataset reads (train.bin, val.bin, meta.json of a directory; the file itself
+  // otherwise): what an output path must not be.
+  std::vector<std::string> input_files() const;
 
  private:
   // A run of tokens: a mapped file, or the built-in corpus.
@@ -145,6 +150,7 @@ class TokenDataset {
   nn::Batch windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const;
 
   Tokens train_, val_;
+  std::string meta_;   // the meta.json read, if any
   std::int64_t vocab_ = 256;
   std::string source_, description_;
   int batch_;
