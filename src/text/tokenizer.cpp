@@ -198,6 +198,8 @@ struct Tokenizer::Impl {
   // lowest rank and merge every occurrence of it, left to right without overlap, until no adjacent pair
   // is a merge. Done with a heap of candidate pairs so a long piece costs O(n log n), not O(n^2).
   void bpe(std::string_view piece, std::vector<TokenId>& out) {
+    MG_CHECK(piece.size() < static_cast<std::size_t>(INT32_MAX), "tokenizer: a single pre-token of {} bytes (a run of "
+             "letters, digits or symbols with no space) is longer than the 2^31 - 1 bytes BPE handles", piece.size());
     const auto n = static_cast<std::int32_t>(piece.size());
     nodes.resize(static_cast<std::size_t>(n));
     for (std::int32_t i = 0; i < n; ++i) {
