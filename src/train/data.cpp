@@ -234,13 +234,7 @@ TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uin
   }
   if (!meta.empty()) {
     vocab_ = meta_vocab(meta);
-    for (const Tokens* t : {&train_, &val_}) {
-      if (!t->file) continue;
-      const std::optional<std::int64_t> bad = t->file->first_token_at_least(vocab_);
-      MG_CHECK(!bad, "data '{}': token {} at position {} (byte offset {}) is not below the vocabulary size {} of '{}'",
-               t->file->path(), bad ? t->file->token(*bad) : 0, bad.value_or(0),
-               bad ? t->file->byte_offset(*bad) : 0, vocab_, meta);
-    }
+    require_tokens_below(vocab_, "the vocabulary size " + std::to_string(vocab_) + " of '" + meta + "'");
   } else if (train_.file && train_.file->format() == TokenFile::Format::LlmC) {
     vocab_ = train_.file->max_token() + 1;
   }
@@ -273,6 +267,18 @@ nn::Batch TokenDataset::next_batch(std::int64_t step) const {
     rows[static_cast<std::size_t>(b)] = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
   }
   return windows(train_, rows);
+}
+
+void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& what) const {
+  for (const Tokens* t : {&train_, &val_}) {
+    if (!t->file) {
+      MG_CHECK(t->bytes.empty() || limit >= 256, "data {}: byte tokens reach 255, not below {}", source_, what);
+      continue;
+    }
+    const std::optional<std::int64_t> bad = t->file->first_token_at_least(limit);
+    MG_CHECK(!bad, "data '{}': token {} at position {} (byte offset {}) is not below {}", t->file->path(),
+             bad ? t->file->token(*bad) : 0, bad.value_or(0), bad ? t->file->byte_offset(*bad) : 0, what);
+  }
 }
 
 std::vector<std::string> TokenDataset::input_files() const {

@@ -174,8 +174,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   // Everything that can fail on a user's input fails before the first step.
   const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
   if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
-  MG_CHECK(config.vocab >= data.vocab(), "train: the model's vocabulary ({}) is smaller than the data's ({}, from {})",
-           config.vocab, data.vocab(), data.source());
+  data.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);
 

@@ -209,7 +209,7 @@ TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
   // A fresh model predicts about uniformly over the 50257 ids of meta.json (not 256 bytes).
   EXPECT_NEAR(losses[0], std::log(50257.0), 0.5);
 
-  // A model vocabulary smaller than the data's is refused before training.
+  // A data token beyond the model's vocabulary is refused before training, naming where it is.
   o.model.vocab = 256;
   std::string message;
   comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
@@ -220,7 +220,8 @@ TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
       message = e.what();
     }
   });
-  EXPECT_NE(message.find("vocabulary (256) is smaller than the data's (50257"), std::string::npos) << message;
+  EXPECT_NE(message.find("train.bin': token 50256 at position 0 (byte offset 1024) is not below the model's "
+                         "vocabulary size 256"), std::string::npos) << message;
   fs::remove_all(d);
 }
 

@@ -135,6 +135,9 @@ class TokenDataset {
   int seq() const { return seq_; }
   // The mapped files (null for the built-in corpus / no validation): for tests of sharing.
   const std::shared_ptr<const TokenFile>& train_file() const { return train_.file; }
+  // Throws InvalidArgument naming the file, the position and the byte offset of the first token
+  // >= limit (train, then validation); `what` names the limit in the message ("the model's vocabulary 256").
+  void require_tokens_below(std::int64_t limit, const std::string& what) const;
   // Every file this dataset reads (train.bin, val.bin, meta.json of a directory; the file itself
   // otherwise): what an output path must not be.
   std::vector<std::string> input_files() const;

@@ -21,7 +21,7 @@ namespace meshgrad::train {
 
 struct TrainOptions {
   // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
-  // (TokenDataset::vocab(): 256 for bytes); a vocab smaller than the data's is an error.
+  // (TokenDataset::vocab(): 256 for bytes); a data token >= vocab is an error naming its position.
   nn::ModelConfig model;
   nn::ParallelConfig parallel;
   int steps = 200;
