@@ -10,6 +10,7 @@
 #include <string>
 
 #include "command.hpp"
+#include "launch.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/nn/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -29,6 +30,7 @@ struct ExplainArgs {
 
 int run_explain(const ExplainArgs& a) {
   // --alpha-us/--beta-gbs need each other and exclude --link (CLI11 checks that); either gives the link.
+  mesh_axes_from_spec(a.mesh);   // the CLI's --mesh grammar (dp and tp only), refused before ranks start
   const dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs) : dist::link_preset(a.link);
   const std::vector<nn::ExplainRow> rows = nn::explain_model(a.config, a.parallel, a.mesh, link);
   if (a.format == "json") {

@@ -2,8 +2,13 @@
 
 #include <fmt/core.h>
 
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
 #include <exception>
 #include <memory>
+#include <string_view>
 
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/comm/mpi.hpp"
@@ -12,21 +17,77 @@
 
 namespace meshgrad::tools {
 
+namespace {
+
+constexpr const char* kMeshExamples = "e.g. tp=2, dp=2,tp=2 or dp=2,tp=2x2";
+
+// One size of a --mesh item: a positive integer, at most kMaxMeshRanks (so products of a few stay
+// far from overflow; the product is checked separately).
+std::int64_t parse_mesh_size(std::string_view text, const std::string& item, const std::string& spec) {
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  MG_CHECK(digits && (ec == std::errc::result_out_of_range || value >= 1),
+           "--mesh '{}': the size in '{}' must be a positive integer, got '{}' ({})", spec, item, text, kMeshExamples);
+  MG_CHECK(ec == std::errc() && value <= kMaxMeshRanks, "--mesh '{}': the size in '{}' is {}; meshgrad runs at most {} "
+           "ranks", spec, item, text, kMaxMeshRanks);
+  return value;
+}
+
+}  // namespace
+
 std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec) {
-  std::vector<dist::MeshAxis> axes = dist::parse_mesh_spec(spec);   // throws naming the text
-  bool has_dp = false, has_tp = false;
-  for (const auto& a : axes) {
-    has_dp = has_dp || a.name == "dp";
-    has_tp = has_tp || a.name == "tp";
+  MG_CHECK(!spec.empty(), "--mesh is empty ({})", kMeshExamples);
+  std::int64_t dp = 0, tp_row = 0, tp_col = 0;   // 0 = not given
+  bool two_d = false;
+  std::size_t pos = 0;
+  while (pos <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    pos = comma + 1;
+    const std::size_t eq = item.find('=');
+    MG_CHECK(eq != std::string::npos && eq > 0,
+             "--mesh '{}': '{}' is not axis=size; the axes are dp and tp ({})", spec, item, kMeshExamples);
+    const std::string name = item.substr(0, eq);
+    const std::string_view value = std::string_view(item).substr(eq + 1);
+    if (name != "dp" && name != "tp") {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool miscased = lower == "dp" || lower == "tp";
+      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are dp and tp (names are "
+                                        "case-sensitive; {})", spec, name,
+                                        miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshExamples));
+    }
+    std::int64_t& first = name == "dp" ? dp : tp_row;
+    MG_CHECK(first == 0, "--mesh '{}': axis '{}' appears twice", spec, name);
+    const std::size_t x = value.find('x');
+    if (name == "tp" && x != std::string_view::npos) {   // tp=RxC: a 2-D tensor-parallel grid
+      tp_row = parse_mesh_size(value.substr(0, x), item, spec);
+      tp_col = parse_mesh_size(value.substr(x + 1), item, spec);
+      two_d = true;
+    } else {
+      first = parse_mesh_size(value, item, spec);
+    }
   }
-  if (!has_tp) axes.push_back({"tp", 1});
-  if (!has_dp) axes.push_back({"dp", 1});
-  return dist::canonical_mesh_order(std::move(axes));
+  if (dp == 0) dp = 1;
+  if (tp_row == 0) tp_row = 1;
+  if (tp_col == 0) tp_col = 1;
+  // Each size is <= kMaxMeshRanks (checked above), so this product of three fits in int64.
+  const std::int64_t ranks = dp * tp_row * tp_col;
+  MG_CHECK(ranks <= kMaxMeshRanks, "--mesh '{}' needs {} ranks; meshgrad runs at most {}", spec, ranks, kMaxMeshRanks);
+  std::vector<dist::MeshAxis> axes{{"dp", static_cast<int>(dp)}};
+  if (two_d) {
+    axes.push_back({"tp_row", static_cast<int>(tp_row)});
+    axes.push_back({"tp_col", static_cast<int>(tp_col)});
+  } else {
+    axes.push_back({"tp", static_cast<int>(tp_row)});
+  }
+  return axes;
 }
 
 int mesh_world_size(const std::string& spec) {
   int n = 1;
-  for (const auto& a : mesh_axes_from_spec(spec)) n *= a.size;
+  for (const auto& a : mesh_axes_from_spec(spec)) n *= a.size;   // <= kMaxMeshRanks, checked
   return n;
 }
 
@@ -63,8 +124,7 @@ int run_on_backend(const std::string& backend, int world_size,
 dist::DeviceMeshPtr make_mesh(const comm::CommunicatorPtr& world, const std::string& spec) {
   MG_CHECK(world != nullptr, "make_mesh: no communicator");
   auto axes = mesh_axes_from_spec(spec);
-  int size = 1;
-  for (const auto& a : axes) size *= a.size;
+  const int size = mesh_world_size(spec);
   MG_CHECK(size == world->size(), "--mesh {} ({}) needs {} ranks but the {} world has {}", spec,
            dist::mesh_spec_str(axes), size, world->backend(), world->size());
   return std::make_shared<const dist::DeviceMesh>(world, std::move(axes));

@@ -8,6 +8,10 @@
 //   --mesh "tp=2", "dp=2,tp=2", "tp=2,dp=2" (same mesh): axes laid out dp outermost, tp innermost
 //                       (tp groups are adjacent ranks); a missing tp or dp axis is added with size 1,
 //                       so models always find both.
+//          "tp=RxC", "dp=2,tp=2x3": 2-D tensor parallelism; the mesh axes are [dp, tp_row=R, tp_col=C]
+//                       in that order (dp=1 when absent; there is no plain "tp" axis then).
+//                       The only axis names are dp and tp (case-sensitive): anything else is refused
+//                       before anything starts, since an unknown axis would be silently ignored.
 #pragma once
 
 #include <functional>
@@ -19,10 +23,15 @@
 
 namespace meshgrad::tools {
 
-// The axes of a --mesh spec in canonical order (dp, others, tp), with dp=1 / tp=1 added when absent.
-// Throws InvalidArgument naming the text on a malformed spec.
+// The most ranks a --mesh may ask for. Checked before anything is allocated (the threads backend
+// allocates P x P mailboxes), with every product computed in int64 with overflow checks.
+inline constexpr int kMaxMeshRanks = 4096;
+
+// The axes of a --mesh spec: [dp, tp] for "tp=N" (either missing one has size 1), [dp, tp_row,
+// tp_col] for "tp=RxC". Throws InvalidArgument naming the text and the valid axes on a malformed
+// spec, an unknown or miscased axis, a size < 1, or more than kMaxMeshRanks ranks.
 std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec);
-// The number of ranks a --mesh spec needs (product of its axis sizes).
+// The number of ranks a --mesh spec needs (product of its axis sizes, at most kMaxMeshRanks).
 int mesh_world_size(const std::string& spec);
 
 // Runs fn(world) on every rank of the chosen backend and returns 0 when all ranks finished (errors

@@ -1,0 +1,29 @@
+# Tests of the meshgrad command-line tool: unit tests of tools/launch.cpp (test_launch) and runs of
+# the built `meshgrad` binary that must fail before anything starts, with a message naming what was
+# wrong. Included by tests/CMakeLists.txt.
+add_executable(test_launch ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_launch.cpp ${PROJECT_SOURCE_DIR}/tools/launch.cpp)
+target_include_directories(test_launch PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+target_link_libraries(test_launch PRIVATE meshgrad GTest::gtest GTest::gtest_main)
+gtest_discover_tests(test_launch DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60 PROPERTIES LABELS cli TIMEOUT 120)
+
+# meshgrad_cli_test(NAME RC REGEX ARGS...): runs ARGS (the first one the program), expects exit
+# status RC (a number or NONZERO) and output matching REGEX.
+function(meshgrad_cli_test name rc regex)
+  string(REPLACE ";" "|" args "${ARGN}")
+  add_test(NAME cli_${name}
+           COMMAND ${CMAKE_COMMAND} "-DARGS=${args}" -DRC=${rc} "-DREGEX=${regex}"
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.cmake)
+  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 150)
+endfunction()
+
+set(mg $<TARGET_FILE:meshgrad_cli>)
+set(tiny --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+
+# --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
+meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'pp'.*valid axes are dp and tp" ${mg} train --mesh pp=2 ${tiny})
+meshgrad_cli_test(mesh_miscased_axis 1 "unknown axis 'TP' \\(did you mean 'tp'\\?\\)" ${mg} train --mesh TP=2 ${tiny})
+meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgrad runs at most 4096"
+                  ${mg} train --mesh dp=4,tp=1073741825 ${tiny})
+meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
+                  ${mg} train --mesh dp=100,tp=100 ${tiny})
+meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'pp'" ${mg} explain --mesh pp=2)
