@@ -602,7 +602,7 @@ class ThreadsComm final : public detail::CommBase {
       if (it == mine.end()) return;  // matched (or failed) already
       mine.erase(it);
       r->op->finish(std::make_exception_ptr(CommTimeout(
-          fmt::format("{}: deadline passed after {} without the matching call; missing rank: {}", w, waited, peer),
+          fmt::format("{}: gave up {} without the matching call; missing rank: {}", w, waited, peer),
           "threads", std::string(detail::op_name(r->op->kind)), r->op->seq, this_rank, {peer})));
     };
     return make_work(std::move(op));

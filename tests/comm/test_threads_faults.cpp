@@ -7,6 +7,7 @@
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -333,6 +334,37 @@ TEST(CommEnvironment, TimeoutAndDebugFromEnvironment) {
     EXPECT_THROW(debug_checks_from_env(), InvalidArgument);
   }
   EXPECT_EQ(reduce_op_name(ReduceOp::Avg), "avg");
+}
+
+TEST(CommEnvironment, HugeTimeoutSaturatesInsteadOfOverflowing) {
+  // 10^13 ms is 10^19 ns, past int64 nanoseconds: now + timeout used to wrap into the past, so the
+  // first wait failed at once ("timed out after its deadline ms").
+  EnvGuard g("MESHGRAD_COMM_TIMEOUT_MS", "10000000000000");
+  std::atomic<int> done{0};
+  run_ranks(2, [&](const CommunicatorPtr& c) {
+    double x = 1;
+    c->all_reduce(MutableBuffer{&x, 1, DType::Float64}, ReduceOp::Sum);
+    auto work = c->barrier_async();
+    work->wait();
+    EXPECT_EQ(x, 2);
+    done += 1;
+  });
+  EXPECT_EQ(done.load(), 2);
+  ThreadsOptions o;
+  o.timeout = Milliseconds(std::numeric_limits<Milliseconds::rep>::max());
+  run_ranks(2, [&](const CommunicatorPtr& c) {
+    c->barrier();
+    if (c->rank() == 0) {
+      std::int64_t v = 7;
+      c->send(ConstBuffer{&v, 1, DType::Int64}, 1);
+    } else {
+      std::int64_t v = 0;
+      c->recv(MutableBuffer{&v, 1, DType::Int64}, 0);
+      EXPECT_EQ(v, 7);
+    }
+    done += 1;
+  }, o);
+  EXPECT_EQ(done.load(), 4);
 }
 
 TEST(CommEnvironment, EnvironmentTimeoutReachesRunRanks) {
