@@ -11,8 +11,8 @@
 #include <mutex>
 
 #include "command.hpp"
+#include "launch.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
 
@@ -46,7 +46,7 @@ StepFigures time_steps(const BenchMlpOptions& o, int tp, bool overlap) {
   parallel.overlap = overlap;
   StepFigures result;
   std::mutex mu;
-  comm::run_ranks(tp, [&](const comm::CommunicatorPtr& world) {
+  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", tp}});
     auto model = nn::make_model(cfg, parallel, mesh, 1);
     const nn::Batch batch{Tensor::zeros({1, o.tokens}, DType::Int64), Tensor::zeros({1, o.tokens}, DType::Int64)};

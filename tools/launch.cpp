@@ -6,6 +6,8 @@
 #include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
 #include <string_view>
@@ -13,6 +15,7 @@
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/comm/mpi.hpp"
 #include "meshgrad/comm/threads.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::tools {
@@ -91,10 +94,40 @@ int mesh_world_size(const std::string& spec) {
   return n;
 }
 
+namespace {
+
+// A positive integer from the environment, or 0 when the variable is unset or not one.
+int env_count(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return 0;
+  int value = 0;
+  const char* last = text + std::strlen(text);
+  const auto [end, ec] = std::from_chars(text, last, value);
+  return ec == std::errc() && end == last && value > 0 ? value : 0;
+}
+
+}  // namespace
+
+int mpi_launcher_world_size() {
+  // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI launchers (MPICH's hydra, srun) set PMI_SIZE.
+  return std::max(env_count("OMPI_COMM_WORLD_SIZE"), env_count("PMI_SIZE"));
+}
+
+int mpi_ranks_on_this_node(int world_size) {
+  const int local = std::max(env_count("OMPI_COMM_WORLD_LOCAL_SIZE"), env_count("MPI_LOCALNRANKS"));
+  // Unknown: assume every rank shares this node, which never oversubscribes the cores.
+  return local > 0 ? local : world_size;
+}
+
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn) {
   if (backend == "threads") {
+    const int launched = mpi_launcher_world_size();
+    MG_CHECK(launched <= 1, "--backend threads under mpirun: this is one of {} processes an MPI launcher started, "
+             "and each would run the whole job on its own; add `--backend mpi` (or run without mpirun)", launched);
     MG_CHECK(world_size >= 1, "--backend threads: need at least one rank, got {}", world_size);
+    // All ranks are threads of this process: they share the cores.
+    blas::ThreadsPerRank blas_policy(world_size);
     comm::run_ranks(world_size, fn);   // rethrows the first rank's error after every rank joined
     return 0;
   }
@@ -104,6 +137,8 @@ int run_on_backend(const std::string& backend, int world_size,
     // Throws CommError naming the mpi backend (and how to build it) in a build without MPI.
     comm::MpiSession session(&argc, &argv);
     comm::CommunicatorPtr world = session.world();
+    // One rank per process: the processes on this node share its cores.
+    blas::ThreadsPerRank blas_policy(mpi_ranks_on_this_node(world->size()));
     MG_CHECK(world_size == 0 || world_size == world->size(),
              "--backend mpi: the mesh needs {} ranks but the MPI world has {} processes (start with "
              "`mpirun -np {} meshgrad ...`)",

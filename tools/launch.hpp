@@ -34,12 +34,22 @@ std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec);
 // The number of ranks a --mesh spec needs (product of its axis sizes, at most kMaxMeshRanks).
 int mesh_world_size(const std::string& spec);
 
+// The number of processes an MPI launcher (mpirun, srun) started this job with, from the
+// environment it sets; 0 when not started by one.
+int mpi_launcher_world_size();
+// How many MPI ranks share this node (OMPI_COMM_WORLD_LOCAL_SIZE); world_size when unknown.
+int mpi_ranks_on_this_node(int world_size);
+
 // Runs fn(world) on every rank of the chosen backend and returns 0 when all ranks finished (errors
 // propagate as exceptions: threads rethrows the first rank's error after all joined; under mpi a
 // rank that fails aborts the job with its message, since MPI cannot cancel the peers' collectives).
 //   backend "threads": world_size rank threads (world_size >= 1).
 //   backend "mpi":     this process is one rank; world_size must be the MPI world size or 0 (any).
-// Any other backend name is an error naming it and the choices.
+// Any other backend name is an error naming it and the choices. The threads backend refuses to run
+// under an MPI launcher (every process would run the whole job). While the ranks run, each uses
+// max(1, cores / ranks on this node) BLAS threads (blas::ThreadsPerRank), so ranks x BLAS threads
+// never exceeds the cores: threads -> all world_size ranks share this process; mpi -> the processes
+// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it.
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn);
 

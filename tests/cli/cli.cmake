@@ -27,3 +27,12 @@ meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgr
 meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=100,tp=100 ${tiny})
 meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'pp'" ${mg} explain --mesh pp=2)
+
+# Started by mpirun without --backend mpi: every process would run the whole job on its own.
+meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})
+set_tests_properties(cli_threads_under_mpi_launcher PROPERTIES ENVIRONMENT "OMPI_COMM_WORLD_SIZE=2")
+if(MESHGRAD_WITH_MPI)
+  set(mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  meshgrad_cli_test(mpirun_without_backend_mpi NONZERO "add `--backend mpi`"
+                    ${mpirun} -np 2 ${mg} train --mesh tp=2 ${tiny})
+endif()

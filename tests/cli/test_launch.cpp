@@ -2,10 +2,14 @@
 // the start-up agreement of ranks on their options.
 #include <gtest/gtest.h>
 
+#include <stdlib.h>
+
+#include <atomic>
 #include <string>
 
 #include "launch.hpp"
 #include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 using namespace meshgrad;
@@ -68,4 +72,49 @@ TEST(MeshSpec, RankCountBoundedWithoutOverflow) {
   EXPECT_NE(mesh_error("tp=99999999999999999999999").find("at most 4096"), std::string::npos);
   EXPECT_NE(mesh_error("dp=64,tp=8x16").find("needs 8192 ranks"), std::string::npos) << mesh_error("dp=64,tp=8x16");
   EXPECT_EQ(mesh_world_size("dp=64,tp=8x8"), tools::kMaxMeshRanks);
+}
+
+namespace {
+// setenv for one test (each test runs in its own process under ctest; restored anyway).
+struct EnvGuard {
+  std::string name;
+  EnvGuard(std::string n, const char* value) : name(std::move(n)) { setenv(name.c_str(), value, 1); }
+  ~EnvGuard() { unsetenv(name.c_str()); }
+};
+}  // namespace
+
+TEST(Launch, ThreadsRanksShareTheCoresForBlas) {
+  blas::set_num_threads(1);
+  std::atomic<int> seen{-1};
+  tools::run_on_backend("threads", 2, [&](const comm::CommunicatorPtr& world) {
+    if (world->rank() == 0) seen = blas::num_threads();
+  });
+  EXPECT_EQ(seen.load(), std::max(1, blas::available_cores() / 2));
+  EXPECT_EQ(blas::num_threads(), 1) << "restored after the ranks finished";
+}
+
+TEST(Launch, RanksOnThisNodeFromTheMpiLauncher) {
+  unsetenv("OMPI_COMM_WORLD_LOCAL_SIZE");
+  unsetenv("MPI_LOCALNRANKS");
+  EXPECT_EQ(tools::mpi_ranks_on_this_node(8), 8) << "unknown: assume all on this node";
+  EnvGuard local("OMPI_COMM_WORLD_LOCAL_SIZE", "2");
+  EXPECT_EQ(tools::mpi_ranks_on_this_node(8), 2);
+}
+
+TEST(Launch, ThreadsBackendUnderMpirunIsRefused) {
+  unsetenv("PMI_SIZE");
+  {
+    EnvGuard one("OMPI_COMM_WORLD_SIZE", "1");   // mpirun -np 1: one process, nothing duplicated
+    EXPECT_EQ(tools::run_on_backend("threads", 1, [](const comm::CommunicatorPtr&) {}), 0);
+  }
+  EnvGuard two("OMPI_COMM_WORLD_SIZE", "2");
+  EXPECT_EQ(tools::mpi_launcher_world_size(), 2);
+  bool ran = false;
+  try {
+    tools::run_on_backend("threads", 2, [&](const comm::CommunicatorPtr&) { ran = true; });
+    FAIL() << "ran the threads backend under mpirun";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("add `--backend mpi`"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(ran);
 }
