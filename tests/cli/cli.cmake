@@ -35,4 +35,7 @@ if(MESHGRAD_WITH_MPI)
   set(mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
   meshgrad_cli_test(mpirun_without_backend_mpi NONZERO "add `--backend mpi`"
                     ${mpirun} -np 2 ${mg} train --mesh tp=2 ${tiny})
+  # Every rank but 0 used to compare an empty mesh result: "parameter wte.weight missing on the mesh".
+  meshgrad_cli_test(check_mpi_np2 0 "PASS: the mesh model matches"
+                    ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --layers 1)
 endif()
