@@ -2,6 +2,8 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
 #include <algorithm>
 #include <cctype>
 #include <charconv>
@@ -108,6 +110,100 @@ int env_count(const char* name) {
 
 }  // namespace
 
+namespace {
+
+std::vector<OptionValue>& recorded_options() {
+  static std::vector<OptionValue> options;
+  return options;
+}
+
+std::string serialize(const std::vector<OptionValue>& options) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& o : options) j.push_back({o.name, o.value});
+  return j.dump();
+}
+
+std::vector<OptionValue> deserialize(const std::string& text) {
+  std::vector<OptionValue> out;
+  for (const auto& item : nlohmann::json::parse(text)) out.push_back({item.at(0).get<std::string>(), item.at(1).get<std::string>()});
+  return out;
+}
+
+// FNV-1a, 64 bits: the same on every rank and build (std::hash is neither), reinterpreted as int64
+// for the collective.
+std::int64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<std::int64_t>(h);
+}
+
+// "" when a and b agree, else "--hidden is '32' on rank 0 but '64' on rank 1".
+std::string first_difference(const std::vector<OptionValue>& a, int rank_a, const std::vector<OptionValue>& b,
+                             int rank_b) {
+  auto value_in = [](const std::vector<OptionValue>& options, const std::string& name) -> std::string {
+    for (const auto& o : options) {
+      if (o.name == name) return "'" + o.value + "'";
+    }
+    return "absent";
+  };
+  for (const auto& o : a) {
+    const std::string va = "'" + o.value + "'", vb = value_in(b, o.name);
+    if (va != vb) return fmt::format("{} is {} on rank {} but {} on rank {}", o.name, va, rank_a, vb, rank_b);
+  }
+  for (const auto& o : b) {
+    if (value_in(a, o.name) == "absent") {
+      return fmt::format("{} is absent on rank {} but '{}' on rank {}", o.name, rank_a, o.value, rank_b);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void set_launch_options(std::vector<OptionValue> options) { recorded_options() = std::move(options); }
+const std::vector<OptionValue>& launch_options() { return recorded_options(); }
+
+void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options) {
+  const int P = world.size();
+  const std::string mine = serialize(options);
+  const std::int64_t my_hash = fnv1a(mine);
+  std::vector<std::int64_t> hashes(static_cast<std::size_t>(P));
+  world.all_gather(comm::ConstBuffer{&my_hash, 1, DType::Int64}, comm::MutableBuffer{hashes.data(), hashes.size(), DType::Int64});
+  if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; })) return;
+
+  // Some rank differs: gather every rank's options (as int64 words) to name the option and values.
+  const std::int64_t my_len = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(P));
+  world.all_gather(comm::ConstBuffer{&my_len, 1, DType::Int64}, comm::MutableBuffer{lengths.data(), lengths.size(), DType::Int64});
+  std::vector<std::size_t> words(static_cast<std::size_t>(P));
+  std::size_t total = 0;
+  for (int r = 0; r < P; ++r) total += words[static_cast<std::size_t>(r)] = (static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]) + 7) / 8;
+  std::vector<std::int64_t> my_words(words[static_cast<std::size_t>(world.rank())], 0);
+  std::memcpy(my_words.data(), mine.data(), mine.size());
+  std::vector<std::int64_t> all(total);
+  world.all_gather(comm::ConstBuffer{my_words.data(), my_words.size(), DType::Int64},
+               comm::MutableBuffer{all.data(), all.size(), DType::Int64}, words);
+  std::vector<std::vector<OptionValue>> per_rank;
+  std::size_t offset = 0;
+  for (int r = 0; r < P; ++r) {
+    const auto* bytes = reinterpret_cast<const char*>(all.data() + offset);
+    per_rank.push_back(deserialize(std::string(bytes, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]))));
+    offset += words[static_cast<std::size_t>(r)];
+  }
+  // This rank's own difference from rank 0 when it has one, else the first rank that differs.
+  int other = world.rank();
+  if (hashes[static_cast<std::size_t>(other)] == hashes[0]) {
+    other = static_cast<int>(std::find_if(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h != hashes[0]; }) -
+                             hashes.begin());
+  }
+  int differing = 0;
+  for (std::int64_t h : hashes) differing += h != hashes[0];
+  throw InvalidArgument(fmt::format("the {} ranks were started with different options: {} ({} of {} ranks differ from "
+                                    "rank 0); start every rank with the same command line", world.backend(),
+                                    first_difference(per_rank[0], 0, per_rank[static_cast<std::size_t>(other)], other),
+                                    differing, P));
+}
+
 int mpi_launcher_world_size() {
   // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI launchers (MPICH's hydra, srun) set PMI_SIZE.
   return std::max(env_count("OMPI_COMM_WORLD_SIZE"), env_count("PMI_SIZE"));
@@ -144,6 +240,7 @@ int run_on_backend(const std::string& backend, int world_size,
              "`mpirun -np {} meshgrad ...`)",
              world_size, world->size(), world_size);
     try {
+      if (world->size() > 1) agree_on_options(*world, launch_options());   // before any model is built
       fn(world);
     } catch (const std::exception& e) {
       if (world->size() == 1) throw;

@@ -34,6 +34,24 @@ std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec);
 // The number of ranks a --mesh spec needs (product of its axis sizes, at most kMaxMeshRanks).
 int mesh_world_size(const std::string& spec);
 
+// One option of the parsed command line, as the ranks must agree on it: its name ("--hidden",
+// "command", "env MESHGRAD_COMM_DEBUG") and its effective value (given, else the default).
+struct OptionValue {
+  std::string name;
+  std::string value;
+};
+// The configuration of this process, recorded by main.cpp after parsing; run_on_backend's mpi ranks
+// check at start-up that they all have the same (agree_on_options) before fn runs.
+void set_launch_options(std::vector<OptionValue> options);
+const std::vector<OptionValue>& launch_options();
+
+// Collective over world (every rank calls it; in the same order as its other collectives): the ranks
+// all-gather a hash of their options; when any differs they gather the options themselves and every
+// rank throws InvalidArgument naming the first option that differs with rank 0's value and the
+// differing rank's (this rank's when it differs). MPMD runs (`mpirun -np 1 meshgrad ... --hidden 32
+// : -np 1 meshgrad ... --hidden 64`) used to corrupt the heap or train each rank on its own config.
+void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options);
+
 // The number of processes an MPI launcher (mpirun, srun) started this job with, from the
 // environment it sets; 0 when not started by one.
 int mpi_launcher_world_size();
@@ -49,7 +67,8 @@ int mpi_ranks_on_this_node(int world_size);
 // under an MPI launcher (every process would run the whole job). While the ranks run, each uses
 // max(1, cores / ranks on this node) BLAS threads (blas::ThreadsPerRank), so ranks x BLAS threads
 // never exceeds the cores: threads -> all world_size ranks share this process; mpi -> the processes
-// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it.
+// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it. Under mpi the ranks first agree on their
+// options (agree_on_options over launch_options()).
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn);
 

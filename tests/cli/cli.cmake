@@ -38,4 +38,9 @@ if(MESHGRAD_WITH_MPI)
   # Every rank but 0 used to compare an empty mesh result: "parameter wte.weight missing on the mesh".
   meshgrad_cli_test(check_mpi_np2 0 "PASS: the mesh model matches"
                     ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --layers 1)
+  # MPMD ranks with different model sizes used to corrupt the heap in the first all-reduce.
+  set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-mpmd.jsonl)
+  meshgrad_cli_test(mpmd_options_differ NONZERO "--hidden is '32' on rank 0 but '64' on rank 1"
+                    ${mpirun} -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 32
+                    : -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 64)
 endif()

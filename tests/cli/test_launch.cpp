@@ -4,10 +4,16 @@
 
 #include <stdlib.h>
 
+#include <chrono>
+#include <functional>
+
 #include <atomic>
+#include <mutex>
+#include <vector>
 #include <string>
 
 #include "launch.hpp"
+#include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -117,4 +123,59 @@ TEST(Launch, ThreadsBackendUnderMpirunIsRefused) {
     EXPECT_NE(std::string(e.what()).find("add `--backend mpi`"), std::string::npos) << e.what();
   }
   EXPECT_FALSE(ran);
+}
+
+namespace {
+
+// Runs agree_on_options on P rank threads, rank r with options_of(r); returns each rank's error
+// message ("" when it passed).
+std::vector<std::string> agreement_errors(int P, const std::function<std::vector<tools::OptionValue>(int)>& options_of) {
+  std::vector<std::string> errors(static_cast<std::size_t>(P));
+  std::mutex m;
+  comm::ThreadsOptions o;
+  o.timeout = std::chrono::milliseconds(20000);
+  comm::run_ranks(P, [&](const comm::CommunicatorPtr& world) {
+    try {
+      tools::agree_on_options(*world, options_of(world->rank()));
+    } catch (const InvalidArgument& e) {
+      std::lock_guard lock(m);
+      errors[static_cast<std::size_t>(world->rank())] = e.what();
+    }
+  }, o);
+  return errors;
+}
+
+}  // namespace
+
+TEST(OptionAgreement, SameOptionsPass) {
+  const std::vector<tools::OptionValue> same{{"command", "train"}, {"--hidden", "32"}, {"--data", ""}};
+  for (const auto& e : agreement_errors(3, [&](int) { return same; })) EXPECT_EQ(e, "");
+}
+
+TEST(OptionAgreement, DifferentValueNamesOptionAndBothValues) {
+  auto options_of = [](int rank) {
+    return std::vector<tools::OptionValue>{{"command", "train"}, {"--seed", "1"}, {"--hidden", rank == 2 ? "64" : "32"}};
+  };
+  const auto errors = agreement_errors(3, options_of);
+  // Every rank fails (none may go on to build a model), each naming the option and the values.
+  EXPECT_NE(errors[2].find("--hidden is '32' on rank 0 but '64' on rank 2"), std::string::npos) << errors[2];
+  EXPECT_NE(errors[0].find("--hidden is '32' on rank 0 but '64' on rank 2"), std::string::npos) << errors[0];
+  EXPECT_NE(errors[1].find("--hidden is '32' on rank 0 but '64' on rank 2"), std::string::npos) << errors[1];
+  EXPECT_NE(errors[1].find("1 of 3 ranks differ"), std::string::npos) << errors[1];
+}
+
+TEST(OptionAgreement, MissingOptionAndOtherCommand) {
+  const auto errors = agreement_errors(2, [](int rank) {
+    std::vector<tools::OptionValue> o{{"command", rank == 0 ? "train" : "check"}, {"--steps", "5"}};
+    if (rank == 0) o.push_back({"--metrics", "m.jsonl"});
+    return o;
+  });
+  EXPECT_NE(errors[1].find("command is 'train' on rank 0 but 'check' on rank 1"), std::string::npos) << errors[1];
+  const auto missing = agreement_errors(2, [](int rank) {
+    std::vector<tools::OptionValue> o{{"command", "train"}};
+    if (rank == 1) o.push_back({"--sequence-parallel", "true"});
+    return o;
+  });
+  EXPECT_NE(missing[0].find("--sequence-parallel is absent on rank 0 but 'true' on rank 1"), std::string::npos)
+      << missing[0];
 }
