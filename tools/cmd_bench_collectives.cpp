@@ -10,6 +10,7 @@
 #include <sstream>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "launch.hpp"
 #include "meshgrad/comm/collective_bench.hpp"
 
@@ -75,14 +76,14 @@ MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
     [](CLI::App& app) -> std::function<int()> {
       auto a = std::make_shared<BenchCollectivesArgs>();
       app.add_option("--backend", a->backend, "threads or mpi (mpi: start under mpirun)")->capture_default_str();
-      app.add_option("--ranks", a->ranks, "ranks (threads: default 2; mpi: must equal the world size)");
+      app.add_option("--ranks", a->ranks, "ranks (threads: default 2; mpi: must equal the world size)")->check(at_least(1));
       app.add_option("--ops", a->ops, "comma-separated ops")->capture_default_str();
       app.add_option("--min-bytes", a->min_bytes, "smallest size, e.g. 1K")->capture_default_str();
       app.add_option("--max-bytes", a->max_bytes, "largest size, e.g. 64M")->capture_default_str();
       app.add_option("--step-factor", a->step, "size multiplier between rows (2 or 4)")->capture_default_str();
       app.add_option("--dtype", a->dtype, "float32 or float64")->capture_default_str();
-      app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)");
-      app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)");
+      app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)")->check(at_least(0));
+      app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)")->check(at_least(0));
       return [a] { return run(*a); };
     }});
 

@@ -11,6 +11,7 @@
 #include <mutex>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "launch.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
@@ -107,11 +108,11 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--mesh", o->mesh, "tensor-parallel mesh, tp=N")->capture_default_str();
   app.add_flag("--sequence-parallel", o->sequence_parallel, "sequence-parallel (reduce-scatter) mode");
   app.add_flag("--overlap", o->overlap, "also run with backward communication overlapped and report what it hid");
-  app.add_option("--tokens", o->tokens, "tokens per step")->capture_default_str();
-  app.add_option("--hidden", o->hidden, "hidden size")->capture_default_str();
-  app.add_option("--ffn", o->ffn, "feed-forward size")->capture_default_str();
-  app.add_option("--steps", o->steps, "timed steps")->capture_default_str();
-  app.add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--tokens", o->tokens, "tokens per step")->check(at_least(1))->capture_default_str();
+  app.add_option("--hidden", o->hidden, "hidden size")->check(at_least(1))->capture_default_str();
+  app.add_option("--ffn", o->ffn, "feed-forward size")->check(at_least(1))->capture_default_str();
+  app.add_option("--steps", o->steps, "timed steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(at_least(0))->capture_default_str();
   app.add_option("--dtype", o->dtype, "float32 or float64")->capture_default_str();
   return [o] { return run_bench_mlp(*o); };
 };

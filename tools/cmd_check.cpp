@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "launch.hpp"
 #include "meshgrad/train/equivalence.hpp"
 
@@ -73,17 +74,17 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.batch = 4;
   app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
   app.add_option("--mesh", o.mesh, "mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-  app.add_option("--backend", o.backend, "threads or mpi")->capture_default_str();
-  app.add_option("--layers", o.model.layers, "blocks / MLP layers")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "width")->capture_default_str();
-  app.add_option("--ffn", o.model.ffn, "feed-forward width (0 = 4 x hidden)")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
-  app.add_option("--vocab", o.model.vocab, "vocabulary size")->capture_default_str();
-  app.add_option("--seq", o.model.seq, "sequence length")->capture_default_str();
-  app.add_option("--batch", o.model.batch, "global batch rows")->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
+  app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "width")->check(at_least(1))->capture_default_str();
+  app.add_option("--ffn", o.model.ffn, "feed-forward width (0 = 4 x hidden)")->check(at_least(0))->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")->check(at_least(1))->capture_default_str();
+  app.add_option("--vocab", o.model.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
+  app.add_option("--seq", o.model.seq, "sequence length")->check(at_least(1))->capture_default_str();
+  app.add_option("--batch", o.model.batch, "global batch rows")->check(at_least(1))->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1))->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--seed", o.seed, "initialisation and data seed")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation and data seed")->check(at_least(0, UINT64_MAX))->capture_default_str();
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel, "sequence-parallel (reduce-scatter) mode");
   app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
   app.add_flag("--recompute", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");

@@ -17,7 +17,9 @@ function(meshgrad_cli_test name rc regex)
 endfunction()
 
 set(mg $<TARGET_FILE:meshgrad_cli>)
-set(tiny --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+set(tiny_no_steps --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+set(tiny --steps 1 ${tiny_no_steps})
+set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
 
 # --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
 meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'pp'.*valid axes are dp and tp" ${mg} train --mesh pp=2 ${tiny})
@@ -39,8 +41,30 @@ if(MESHGRAD_WITH_MPI)
   meshgrad_cli_test(check_mpi_np2 0 "PASS: the mesh model matches"
                     ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --layers 1)
   # MPMD ranks with different model sizes used to corrupt the heap in the first all-reduce.
-  set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-mpmd.jsonl)
   meshgrad_cli_test(mpmd_options_differ NONZERO "--hidden is '32' on rank 0 but '64' on rank 1"
                     ${mpirun} -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 32
                     : -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 64)
 endif()
+
+# Integer ranges: a message naming the option and the bound, never "Value 0 not in range 0 to 1.8e308"
+# and never a negative value silently wrapped or replaced by a default.
+meshgrad_cli_test(version 0 "meshgrad [0-9]+\\.[0-9]+\\.[0-9]+ \\(git [0-9a-f]+" ${mg} --version)
+# (Each run is small: a test that wrongly succeeds must not train the default model for minutes.)
+meshgrad_cli_test(train_steps_zero 105 "--steps: must be >= 1, got 0" ${mg} train --steps 0 ${tiny_no_steps})
+meshgrad_cli_test(train_warmup_negative 105 "--warmup: must be an integer >= 0, got '-5'"
+                  ${mg} train --warmup -5 ${tiny})
+meshgrad_cli_test(train_seed_negative 105 "--seed: must be an integer >= 0, got '-1'" ${mg} train --seed -1 ${tiny})
+meshgrad_cli_test(train_seed_too_large 105 "--seed: must be <= 18446744073709551615, got 99999999999999999999"
+                  ${mg} train --seed 99999999999999999999 ${tiny})
+meshgrad_cli_test(train_hidden_too_large 105 "--hidden: must be <= 2147483647, got 2147483648"
+                  ${mg} train --hidden 2147483648 ${tiny_no_hidden})
+meshgrad_cli_test(check_ffn_negative 105 "--ffn: must be an integer >= 0, got '-5'" ${mg} check --model mlp --ffn -5)
+meshgrad_cli_test(check_seq_zero 105 "--seq: must be >= 1, got 0" ${mg} check --seq 0 --layers 1)
+meshgrad_cli_test(gradcheck_repeats_zero 105 "--repeats: must be >= 1, got 0" ${mg} gradcheck --repeats 0 --ops add)
+set(tiny_bench --min-bytes 1K --max-bytes 1K --ops all_reduce)
+meshgrad_cli_test(bench_ranks_negative 105 "--ranks: must be an integer >= 1, got '-3'"
+                  ${mg} bench collectives --ranks -3 ${tiny_bench})
+meshgrad_cli_test(bench_iters_negative 105 "--iters: must be an integer >= 0, got '-1'"
+                  ${mg} bench collectives --iters -1 ${tiny_bench})
+meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too large"
+                  ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)
