@@ -87,6 +87,10 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                            "Sequence parallelism (reduce-scatter / all-gather along the sequence)");
               app.add_flag("--overlap", o.parallel.overlap, "Overlap backward communication with compute");
+              app.add_flag("--regather", o.parallel.recompute_allgather,
+                           "With --sequence-parallel: keep only the local input shard of each column layer and "
+                           "re-gather it in backward into one buffer shared by the layers (less memory, one more "
+                           "all-gather per layer)");
               app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks,
                            "Activation checkpointing per transformer block");
               app.add_option("--dtype", a->dtype, "float32 or float64")

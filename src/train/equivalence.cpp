@@ -67,8 +67,8 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     for (nn::Parameter* p : params) {
       Tensor g = p->value.grad();
       if (!g.defined()) g = Tensor::zeros(p->value.shape(), p->value.dtype());
-      grads[p->name] = nn::gather_full(g, *p, tp).to(DType::Float64);
-      weights[p->name] = nn::gather_full(p->value.detach(), *p, tp).to(DType::Float64);
+      grads[p->name] = nn::gather_full(g, *p).to(DType::Float64);
+      weights[p->name] = nn::gather_full(p->value.detach(), *p).to(DType::Float64);
       order.push_back(p->name);
     }
   }
