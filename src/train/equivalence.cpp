@@ -40,7 +40,6 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   AdamWOptions adam;
   adam.lr = o.lr;
   AdamW optimizer(params, mesh, adam);
-  const auto& tp = mesh->group("tp");
   const auto& dp = mesh->group("dp");
   const std::int64_t global_tokens = static_cast<std::int64_t>(o.model.batch) * o.model.seq;
   std::vector<double> losses;

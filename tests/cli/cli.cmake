@@ -29,6 +29,11 @@ meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgr
 meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=100,tp=100 ${tiny})
 meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'pp'" ${mg} explain --mesh pp=2)
+# tp=RxC reaches the models as the axes dp, tp_row, tp_col (float64, against one rank).
+meshgrad_cli_test(check_tp_2x2 0 "on mesh dp=1,tp_row=2,tp_col=2.*PASS: the mesh model matches"
+                  ${mg} check --mesh tp=2x2 --layers 1)
+meshgrad_cli_test(check_dp2_tp_2x2 0 "on mesh dp=2,tp_row=2,tp_col=2.*PASS: the mesh model matches"
+                  ${mg} check --mesh dp=2,tp=2x2 --layers 1)
 
 # Started by mpirun without --backend mpi: every process would run the whole job on its own.
 meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})
@@ -40,6 +45,8 @@ if(MESHGRAD_WITH_MPI)
   # Every rank but 0 used to compare an empty mesh result: "parameter wte.weight missing on the mesh".
   meshgrad_cli_test(check_mpi_np2 0 "PASS: the mesh model matches"
                     ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --layers 1)
+  meshgrad_cli_test(check_mpi_np4_tp_2x2 0 "PASS: the mesh model matches"
+                    ${mpirun} -np 4 ${mg} check --backend mpi --mesh tp=2x2 --layers 1)
   # MPMD ranks with different model sizes used to corrupt the heap in the first all-reduce.
   meshgrad_cli_test(mpmd_options_differ NONZERO "--hidden is '32' on rank 0 but '64' on rank 1"
                     ${mpirun} -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 32
