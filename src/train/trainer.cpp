@@ -18,6 +18,7 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"
@@ -201,6 +202,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
+    fmt::print(stderr, "compute: {}\n", blas::thread_policy());   // set by whoever launched the ranks
   }
   Progress progress(options.steps);
   std::deque<double> recent;   // step times of the last steps, for a steady rate on the display
