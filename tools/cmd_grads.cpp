@@ -55,6 +55,8 @@ int run(const GradsArgs& a) {
   const train::SafetensorsFile weights_file(a.weights);
   const DType weights_dtype = weights_file.entry("wte.weight").dtype;
   MG_CHECK(weights_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", a.weights);
+  // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+  train::check_gpt2_config_against_weights(config, a.config, weights_file);
   config.dtype = a.dtype.empty() ? weights_dtype : parse_dtype(a.dtype);
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = a.sequence_parallel;

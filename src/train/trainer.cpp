@@ -11,7 +11,6 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
@@ -107,16 +106,6 @@ class Progress {
   int steps_;
   bool tty_;
 };
-
-template <class T>
-T json_key(const nlohmann::json& j, const std::string& path, const char* key, bool integer) {
-  MG_CHECK(j.contains(key), "config '{}': missing key \"{}\"", path, key);
-  const auto& v = j.at(key);
-  const bool ok = integer ? v.is_number_integer() : v.is_number();
-  MG_CHECK(ok, "config '{}': key \"{}\" must be {} but is {} ({})", path, key, integer ? "an integer" : "a number",
-           v.type_name(), v.dump());
-  return v.get<T>();
-}
 
 }  // namespace
 
@@ -255,31 +244,6 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     if (!options.metrics_path.empty()) fmt::print(stderr, "metrics written to {}\n", options.metrics_path);
   }
   return result;
-}
-
-nn::ModelConfig read_gpt2_config(const std::string& path) {
-  std::ifstream in(path);
-  MG_CHECK(in.good(), "config '{}' cannot be opened for reading", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("config '{}' is not valid JSON: {}", path, e.what()));
-  }
-  MG_CHECK(j.is_object(), "config '{}': expected a JSON object, got {}", path, j.type_name());
-  nn::ModelConfig c;
-  c.kind = "gpt";
-  c.layers = json_key<int>(j, path, "n_layer", true);
-  c.heads = json_key<int>(j, path, "n_head", true);
-  c.hidden = json_key<int>(j, path, "n_embd", true);
-  c.vocab = json_key<int>(j, path, "vocab_size", true);
-  c.positions = json_key<int>(j, path, "n_positions", true);
-  c.layer_norm_epsilon = json_key<double>(j, path, "layer_norm_epsilon", false);
-  MG_CHECK(c.layers >= 1 && c.heads >= 1 && c.hidden >= 1 && c.vocab >= 1 && c.positions >= 1,
-           "config '{}': n_layer, n_head, n_embd, vocab_size and n_positions must be positive", path);
-  MG_CHECK(c.layer_norm_epsilon > 0, "config '{}': layer_norm_epsilon must be > 0, got {}", path, c.layer_norm_epsilon);
-  c.dropout = 0.0;
-  return c;
 }
 
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {

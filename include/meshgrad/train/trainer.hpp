@@ -16,6 +16,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/train/gpt2_config.hpp"   // read_gpt2_config (used with compute_gradients)
 
 namespace meshgrad::train {
 
@@ -70,11 +71,6 @@ double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_param
 //   {"step": 1, "loss": 5.54, "tokens_per_s": 1.2e4, "gflops": 0.8, "elapsed_s": 0.3, "lr": 3e-4}
 // Each line is written by one write() call and flushed, so a reader never sees half a line.
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh);
-
-// The model configuration of a Hugging Face GPT-2 config.json (n_layer, n_head, n_embd, vocab_size,
-// n_positions, layer_norm_epsilon). Throws InvalidArgument naming the file and the key when a key
-// is missing or has the wrong type, or when the file is not readable JSON.
-nn::ModelConfig read_gpt2_config(const std::string& path);
 
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
