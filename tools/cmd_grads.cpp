@@ -16,6 +16,7 @@
 #include "command.hpp"
 #include "launch.hpp"
 #include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/output_path.hpp"
 #include "meshgrad/train/safetensors.hpp"
 #include "meshgrad/train/trainer.hpp"
 
@@ -41,6 +42,8 @@ Tensor read_batch_tensor(const train::SafetensorsFile& file, const std::string& 
 }
 
 int run(const GradsArgs& a) {
+  // Before any work: --out must be writable and must not be one of the inputs.
+  train::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
   nn::ModelConfig config = train::read_gpt2_config(a.config);
   const train::SafetensorsFile batch_file(a.batch);
   nn::Batch batch{read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};

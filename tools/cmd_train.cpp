@@ -61,7 +61,14 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
-              app.add_option("--data", o.data_path, "Text file to train on (bytes are tokens); default: built-in corpus");
+              app.add_option("--data", o.data_path, "Text file to train on (bytes are tokens); default: built-in corpus")
+                  ->check(CLI::Validator(
+                      [](const std::string& v) {
+                        // An unset $DATA must not silently train on the built-in corpus.
+                        return v.empty() ? std::string("the path is empty (omit --data for the built-in corpus)")
+                                         : std::string();
+                      },
+                      "PATH"));
               app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
                   ->check(CLI::PositiveNumber)
                   ->capture_default_str();

@@ -6,20 +6,18 @@
 #include "meshgrad/train/safetensors.hpp"
 
 #include "meshgrad/train/json_input.hpp"
+#include "meshgrad/train/output_path.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <tuple>
 #include <string_view>
@@ -334,20 +332,6 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 
 namespace {
 
-void write_all(int fd, const std::string& path, const void* data, std::uint64_t n, const std::string& what) {
-  const auto* src = static_cast<const std::byte*>(data);
-  std::uint64_t done = 0;
-  while (done < n) {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
-    const ssize_t put = ::write(fd, src + done, chunk);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      fail(path, fmt::format("write error while writing {}: {}", what, errno_text(errno)));
-    }
-    done += static_cast<std::uint64_t>(put);
-  }
-}
-
 // The header JSON for tensors already in data order: compact, "__metadata__" first, padded with
 // spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
 std::string make_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& ordered,
@@ -378,14 +362,6 @@ std::string make_header(const std::string& path, const std::vector<std::pair<std
   return text;
 }
 
-std::string temp_path_for(const std::filesystem::path& target) {
-  static std::atomic<std::uint64_t> counter{0};
-  static const std::uint32_t salt = std::random_device{}();
-  const std::string leaf = fmt::format(".{}.tmp-{}-{:08x}-{}", target.filename().string(), ::getpid(), salt,
-                                       counter.fetch_add(1));
-  return (target.parent_path() / leaf).string();
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -409,43 +385,24 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   });
   const std::string header = make_header(path, ordered, metadata);
 
-  // 3. Temporary file in the target's directory (so the rename cannot cross file systems), fsync,
-  //    rename over the target. Until the rename, the old file is untouched; after it, the new file
-  //    is complete. On any failure the temporary is removed.
-  std::filesystem::path target(path);
-  if (target.filename().empty()) fail(path, "path names a directory, not a file");
-  const std::string temp = temp_path_for(target);
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) fail(path, fmt::format("cannot create temporary file '{}': {}", temp, errno_text(errno)));
-  bool renamed = false;
-  struct RemoveTemp {
-    const std::string& temp;
-    const bool& renamed;
-    ~RemoveTemp() {
-      if (!renamed) ::unlink(temp.c_str());
-    }
-  } remove_temp{temp, renamed};
-
-  unsigned char length_bytes[8];
-  const std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
-  write_all(fd.get(), path, length_bytes, 8, "the header length");
-  write_all(fd.get(), path, header.data(), header.size(), "the header");
-  for (const auto& [name, t] : ordered)
-    write_all(fd.get(), path, t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
-              fmt::format("tensor '{}'", name));
-  if (::fsync(fd.get()) != 0) fail(path, fmt::format("fsync of temporary file '{}' failed: {}", temp, errno_text(errno)));
-  if (::close(fd.release()) != 0)
-    fail(path, fmt::format("closing temporary file '{}' failed: {}", temp, errno_text(errno)));
-  if (::rename(temp.c_str(), path.c_str()) != 0)
-    fail(path, fmt::format("cannot rename temporary file '{}' over it: {}", temp, errno_text(errno)));
-  renamed = true;
-
-  // Make the rename itself durable. Best effort: the new file is already in place, and some file
-  // systems do not support fsync on a directory.
-  const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0) (void)::fsync(dir_fd.get());
+  // 3. Through a temporary in the target's directory, flushed and renamed over the target (see
+  //    AtomicFileWriter): until the rename the old file is untouched, after it the new one is
+  //    complete; on any failure (an exception included) the temporary is removed. Only a missing
+  //    target or a regular file is ever replaced.
+  try {
+    AtomicFileWriter out(path);
+    unsigned char length_bytes[8];
+    const std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
+    out.write(length_bytes, 8, "the header length");
+    out.write(header.data(), header.size(), "the header");
+    for (const auto& [name, t] : ordered)
+      out.write(t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
+                fmt::format("tensor '{}'", name));
+    out.commit();
+  } catch (const OutputFileError& e) {
+    fail(path, e.detail());
+  }
 }
 
 }  // namespace meshgrad::train

@@ -1,6 +1,7 @@
 #include "meshgrad/train/trainer.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -21,6 +22,7 @@
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/train/output_path.hpp"
 
 namespace meshgrad::train {
 
@@ -52,11 +54,24 @@ double global_loss(const Tensor& local_loss, const DpPlace& dp) {
 
 // Appends JSON lines to a file. Each line goes out in one write(2) on an O_APPEND descriptor, so a
 // reader (tail -f, a dashboard) never sees a partial line, and nothing is buffered in the process.
+// The file is written in place (not through a temporary) so that it can be followed during the run;
+// check_output_paths has made sure it is absent or a regular file that is not an input, and
+// O_NOFOLLOW + the type check below hold that even if it changed since.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     MG_CHECK(fd_ >= 0, "metrics file '{}' cannot be opened for writing: {}", path, std::strerror(errno));
+    struct stat st {};
+    std::string problem;
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+      problem = "is not a regular file";
+    else if (::ftruncate(fd_, 0) != 0)
+      problem = fmt::format("cannot be truncated: {}", std::strerror(errno));
+    if (!problem.empty()) {
+      ::close(fd_);
+      throw InvalidArgument(fmt::format("metrics file '{}' {}", path, problem));
+    }
   }
   ~MetricsWriter() {
     if (fd_ >= 0) ::close(fd_);
@@ -160,7 +175,12 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   MG_CHECK(config.batch >= dp.size, "train: the global batch ({} rows) must have at least one row per dp replica "
            "(dp={})", config.batch, dp.size);
 
-  // Everything that can fail on a user's input fails before the first step.
+  // Everything that can fail on a user's input fails before the first step: the outputs first (a
+  // run must not train for hours and then find that --save cannot be written, or overwrite --data).
+  std::vector<NamedPath> outputs;
+  if (!options.save_path.empty()) outputs.push_back({"--save", options.save_path});
+  if (!options.metrics_path.empty()) outputs.push_back({"--metrics", options.metrics_path});
+  check_output_paths(outputs, {{"--data", options.data_path}});
   const ByteDataset data(options.data_path, config.batch, config.seq, options.seed);
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);

@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -508,16 +510,39 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheExistingFileByteIdentical) {
   expect_write_error({{"bad\xff", ok}}, "not valid UTF-8");
 }
 
-TEST_F(SafetensorsTest, FailedRenameRemovesTheTemporary) {
-  // The target is a non-empty directory: rename fails after the data was written.
+// Only a missing path or a regular file is replaced: a directory, a device or a symbolic link is
+// refused before anything is written (rename() used to replace /dev/full by a regular file, and a
+// link by a file, without a word).
+TEST_F(SafetensorsTest, DirectoryDeviceOrSymlinkIsNeverReplaced) {
   fs::create_directories(dir_ / "target" / "inner");
-  try {
-    write_safetensors(path("target"), {{"a", Tensor::ones({2})}});
-    ADD_FAILURE() << "writing over a directory did not throw";
-  } catch (const SafetensorsError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot rename"), std::string::npos) << e.what();
+  fs::create_directories(dir_ / "empty");
+  std::ofstream(dir_ / "real.bin") << "keep";
+  fs::create_symlink(dir_ / "real.bin", dir_ / "link.safetensors");
+  const auto expect_refused = [&](const std::string& p, const std::string& needle) {
+    try {
+      write_safetensors(p, {{"a", Tensor::ones({2})}});
+      ADD_FAILURE() << "writing over " << p << " did not throw";
+    } catch (const SafetensorsError& e) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(path("target"), "is a directory");
+  expect_refused(path("empty"), "is a directory");
+  expect_refused(path("link.safetensors"), "is a symbolic link");
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_refused(path("fifo"), "is a FIFO");
+  std::vector<std::string> expected{"empty", "fifo", "link.safetensors", "real.bin", "target"};
+  if (::geteuid() == 0) {   // a device node like /dev/null (c 1 3), made here rather than risk /dev
+    ASSERT_EQ(::mknod(path("null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0);
+    expect_refused(path("null"), "is a character device");
+    expected.push_back("null");
+    EXPECT_TRUE(fs::is_character_file(dir_ / "null"));
   }
-  EXPECT_EQ(listing(), std::vector<std::string>{"target"});
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(listing(), expected);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.safetensors"));
+  EXPECT_EQ(read_bytes(dir_ / "real.bin"), "keep");
   EXPECT_TRUE(fs::is_directory(dir_ / "target" / "inner"));
 }
 
