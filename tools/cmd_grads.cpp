@@ -4,7 +4,7 @@
 //                  --mesh dp=2,tp=2 --sequence-parallel --out grads.safetensors
 // CONFIG: Hugging Face GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions,
 // layer_norm_epsilon). BATCH: int64 "inputs" and "targets" [B, T]. Loss: mean cross-entropy over
-// all B * T positions, no dropout. OUT: every parameter's full gradient under its name, in the
+// the positions whose target is not -100 (PyTorch's ignore_index), no dropout. OUT: every parameter's full gradient under its name, in the
 // weights' dtype, and "loss" as a scalar.
 #include <fmt/core.h>
 

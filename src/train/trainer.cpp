@@ -216,8 +216,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const Clock::time_point t0 = Clock::now();
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
-    const nn::Batch batch = dp_shard(data.next_batch(step), dp.rank, dp.size);
-    const Tensor loss = model->loss(batch, tokens_per_step);
+    const nn::Batch global_batch = data.next_batch(step);
+    const nn::Batch batch = dp_shard(global_batch, dp.rank, dp.size);
+    // Byte tokens are never the ignore index, so this is B * T; counted all the same, so that the
+    // divisor follows the one rule (the mean over non-ignored targets) whatever the data.
+    const Tensor loss = model->loss(batch, count_loss_targets(global_batch.targets));
     backward(loss);
     sync.finish();
     opt.step();
@@ -266,6 +269,17 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   return result;
 }
 
+std::int64_t count_loss_targets(const Tensor& targets) {
+  MG_CHECK(targets.defined() && targets.dtype() == DType::Int64, "count_loss_targets: targets must be int64");
+  const Tensor packed = targets.contiguous();
+  const std::int64_t* t = packed.data<std::int64_t>();
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < packed.numel(); ++i) n += t[i] != kIgnoreIndex ? 1 : 0;
+  MG_CHECK(n > 0, "every one of the {} targets is {} (the ignore index): the mean loss over no tokens is undefined",
+           packed.numel(), kIgnoreIndex);
+  return n;
+}
+
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {
   MG_CHECK(mesh != nullptr, "compute_gradients: no mesh");
   MG_CHECK(global_batch.inputs.defined() && global_batch.inputs.dim() == 2,
@@ -276,7 +290,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
   }
   GradientSynchronizer sync(params, mesh);
-  const std::int64_t global_tokens = global_batch.inputs.numel();
+  const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
   const nn::Batch local = dp_shard(global_batch, dp.rank, dp.size);
   const Tensor loss = model.loss(local, global_tokens);
   backward(loss);

@@ -72,13 +72,24 @@ double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_param
 // Each line is written by one write() call and flushed, so a reader never sees half a line.
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh);
 
+// Targets equal to kIgnoreIndex add no loss (PyTorch's and Hugging Face's ignore_index; the default
+// of nn::vocab_parallel_cross_entropy), and the mean is over the others: the loss divisor is
+// count_loss_targets(global targets), not B * T.
+inline constexpr std::int64_t kIgnoreIndex = -100;
+
+// The number of targets (int64, any shape) that are not kIgnoreIndex: the divisor of the mean
+// cross-entropy of a global batch. Throws InvalidArgument when it is 0 (every target ignored: the
+// mean over no tokens is undefined; PyTorch returns NaN).
+std::int64_t count_loss_targets(const Tensor& targets);
+
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
   std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name
 };
 
 // loss + backward + gradient synchronisation of model on the global batch (inputs/targets int64
-// [B, T], split over dp by the shard rule; loss = mean over all B * T positions), then every
+// [B, T], split over dp by the shard rule; loss = mean over the positions whose target is not
+// kIgnoreIndex), then every
 // parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
 // full result). The model's parameters must not have gradients yet.
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);
