@@ -12,6 +12,7 @@ packages=(
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
+  clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
 )
 missing=()
 for p in "${packages[@]}"; do
