@@ -1,6 +1,7 @@
 #include "meshgrad/train/data.hpp"
 
 #include <algorithm>
+#include <filesystem>
 #include <fstream>
 #include <iterator>
 
@@ -48,6 +49,10 @@ ByteDataset::ByteDataset(const std::string& path, int batch, int seq, std::uint6
     text = std::string(kCorpus);
   } else {
     source_ = "'" + path + "'";
+    // A directory opens as an ifstream and fails only on the first read, with a message that names
+    // neither the file nor the option.
+    std::error_code ec;
+    MG_CHECK(!std::filesystem::is_directory(path, ec), "data file '{}' is a directory, not a file", path);
     std::ifstream in(path, std::ios::binary);
     MG_CHECK(in.good(), "data file '{}' cannot be opened for reading", path);
     text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());

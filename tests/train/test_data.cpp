@@ -81,6 +81,13 @@ TEST(Data, ErrorsNameTheFile) {
     EXPECT_NE(std::string(e.what()).find("5 bytes"), std::string::npos) << e.what();
   }
   std::filesystem::remove(path);
+  const std::string dir = std::filesystem::temp_directory_path().string();
+  try {
+    ByteDataset d(dir, 2, 8, 0);
+    ADD_FAILURE() << "a directory was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'" + dir + "' is a directory"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
