@@ -14,6 +14,7 @@ packages=(
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json)
+  clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
 )
 # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
 # nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).

@@ -4,7 +4,7 @@
 //                  --mesh dp=2,tp=2 --sequence-parallel --out grads.safetensors
 // CONFIG: Hugging Face GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions,
 // layer_norm_epsilon). BATCH: int64 "inputs" and "targets" [B, T]. Loss: mean cross-entropy over
-// all B * T positions, no dropout. OUT: every parameter's full gradient under its name, in the
+// the positions whose target is not -100 (PyTorch's ignore_index), no dropout. OUT: every parameter's full gradient under its name, in the
 // weights' dtype, and "loss" as a scalar.
 #include <fmt/core.h>
 
@@ -16,6 +16,7 @@
 #include "command.hpp"
 #include "launch.hpp"
 #include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/output_path.hpp"
 #include "meshgrad/train/safetensors.hpp"
 #include "meshgrad/train/trainer.hpp"
 
@@ -41,6 +42,8 @@ Tensor read_batch_tensor(const train::SafetensorsFile& file, const std::string& 
 }
 
 int run(const GradsArgs& a) {
+  // Before any work: --out must be writable and must not be one of the inputs.
+  train::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
   nn::ModelConfig config = train::read_gpt2_config(a.config);
   const train::SafetensorsFile batch_file(a.batch);
   nn::Batch batch{read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
@@ -55,6 +58,8 @@ int run(const GradsArgs& a) {
   const train::SafetensorsFile weights_file(a.weights);
   const DType weights_dtype = weights_file.entry("wte.weight").dtype;
   MG_CHECK(weights_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", a.weights);
+  // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+  train::check_gpt2_config_against_weights(config, a.config, weights_file);
   config.dtype = a.dtype.empty() ? weights_dtype : parse_dtype(a.dtype);
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = a.sequence_parallel;

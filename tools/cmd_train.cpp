@@ -63,7 +63,14 @@ MESHGRAD_REGISTER_COMMAND(
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(at_least(1))->capture_default_str();
               app.add_option("--data", o.data_path, "A directory from `meshgrad prepare`, an llm.c .bin token file, or a "
-                             "text file (bytes are tokens); default: built-in corpus");
+                             "text file (bytes are tokens); default: built-in corpus")
+                  ->check(CLI::Validator(
+                      [](const std::string& v) {
+                        // An unset $DATA must not silently train on the built-in corpus.
+                        return v.empty() ? std::string("the path is empty (omit --data for the built-in corpus)")
+                                         : std::string();
+                      },
+                      "PATH"));
               app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
                   ->check(at_least(1))
                   ->capture_default_str();

@@ -12,6 +12,7 @@
 #include "meshgrad/train/explain.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::train {
 
@@ -37,15 +38,16 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   adam.lr = o.lr;
   AdamW optimizer(params, mesh, adam);
   const auto& dp = mesh->group("dp");
-  const std::int64_t global_tokens = static_cast<std::int64_t>(o.model.batch) * o.model.seq;
   std::vector<double> losses;
   dist::CommCounter counter;
   for (int step = 0; step < o.steps; ++step) {
     dist::CommCounter step_counter;
     dist::CountingScope counting(step == 0 ? counter : step_counter);
     optimizer.zero_grad();
-    const nn::Batch batch = make_synthetic_batch(o.model, dp.size(), dp.rank(), o.seed * 1000003 + static_cast<std::uint64_t>(step));
-    Tensor loss = model->loss(batch, global_tokens);
+    const nn::Batch global_batch =
+        make_synthetic_batch(o.model, 1, 0, o.seed * 1000003 + static_cast<std::uint64_t>(step));
+    const nn::Batch batch = dp_shard(global_batch, dp.rank(), dp.size());
+    Tensor loss = model->loss(batch, count_loss_targets(global_batch.targets));
     backward(loss);
     sync.finish();
     optimizer.step();
