@@ -15,6 +15,7 @@
 
 #include "command.hpp"
 #include "launch.hpp"
+#include "meshgrad/nn/layers.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/output_path.hpp"
 #include "meshgrad/train/safetensors.hpp"
@@ -68,7 +69,7 @@ int run(const GradsArgs& a) {
     const auto mesh = make_mesh(world, a.mesh);
     auto model = nn::make_model(config, parallel, mesh, 0);
     model->set_training(false);
-    train::load_parameters(a.weights, model->parameters(), mesh->group("tp"));
+    train::load_parameters(a.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
     train::GradientDump dump = train::compute_gradients(*model, batch, mesh);
     if (mesh->rank() != 0) return;
     std::vector<std::pair<std::string, Tensor>> tensors;

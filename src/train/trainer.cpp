@@ -1,5 +1,7 @@
 #include "meshgrad/train/trainer.hpp"
 
+#include "meshgrad/nn/layers.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
@@ -261,7 +263,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
 
   if (!options.save_path.empty() && dp.rank == 0) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
-    save_parameters(options.save_path, params, mesh->group("tp"), 0,
+    save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0,
                     {{"format", "pt"}, {"producer", "meshgrad train"}});
   }
   if (leader && options.progress) {
@@ -304,7 +306,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   sync.finish();
   GradientDump dump;
   dump.loss = global_loss(loss, dp);
-  dump.gradients = gather_gradients(params, mesh->group("tp"));
+  dump.gradients = gather_gradients(params, nn::tensor_parallel_group(*mesh));
   return dump;
 }
 
