@@ -400,77 +400,31 @@ class DropoutFn final : public Function {
 
 // ---- causal attention -----------------------------------------------------------------------------
 
-// In place on packed scores S [B, H, T, T]: S <- softmax over s of (S[.., t, s] * scale) for s <= t,
-// and 0 for s > t (the causal mask). Row t has t + 1 unmasked entries, so it is never empty and the
-// masked entries contribute exactly 0 (no -inf arithmetic).
-void causal_softmax_(Tensor& scores, double scale) {
-  const std::int64_t steps = scores.size(-1);
-  const std::int64_t rows = scores.numel() / std::max<std::int64_t>(steps, 1);
-  dispatch_floating(scores.dtype(), "causal_attention", [&]<class T>() {
-    T* ps = scores.data<T>();
-    const T sc = static_cast<T>(scale);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T* row = ps + r * steps;
-      const std::int64_t visible = r % steps + 1;   // query position t = r mod T sees s <= t
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t s = 0; s < visible; ++s) {
-        row[s] *= sc;
-        m = std::max(m, row[s]);
-      }
-      double total = 0;
-      for (std::int64_t s = 0; s < visible; ++s) {
-        row[s] = std::exp(row[s] - m);
-        total += static_cast<double>(row[s]);
-      }
-      const T inv = static_cast<T>(1.0 / total);
-      for (std::int64_t s = 0; s < visible; ++s) row[s] *= inv;
-      for (std::int64_t s = visible; s < steps; ++s) row[s] = T(0);
-    }
-  });
-}
-
 // inputs {q, k, v} all [B, H, T, D] -> O [B, H, T, D]
-//   P = causal_softmax(q k^T * scale),  O = P v,  scale = 1 / sqrt(D).
-// Saves P [B, H, T, T] and those of q, k, v that backward reads. Backward:
-//   dV = P^T dO,  dP = dO v^T,  dS = P * (dP - rowsum(dP * P))   (0 where masked, since P is 0)
-//   dQ = dS k * scale,  dK = dS^T q * scale.
-// Transposes are views handed to kernels::matmul, which passes them to BLAS as flags.
+//   O[t] = sum_{s <= t} softmax_s(q_t . k_s * scale) v_s,  scale = 1 / sqrt(D).
+// Blocked like FlashAttention (kernels::causal_attention_forward): saves q, k, v (the inputs,
+// no copies), the output and the per-row log-sum-exp [B, H, T] -- O(T) per head, no [T, T]
+// matrix. Backward recomputes the probabilities tile by tile from them.
 class CausalAttentionFn final : public Function {
  public:
   std::string_view name() const override { return "causal_attention"; }
 
   TensorList forward(const TensorList& in) override {
     const Tensor &q = in[0], &k = in[1], &v = in[2];
-    check_floating(q, "causal_attention");
-    check_same_dtype(q, k, "causal_attention");
-    check_same_dtype(q, v, "causal_attention");
-    MG_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-             "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", shape_str(q.shape()),
-             shape_str(k.shape()), shape_str(v.shape()));
-    MG_CHECK(q.size(3) > 0, "causal_attention: head dim D must be positive, got q {}", shape_str(q.shape()));
+    MG_CHECK(q.dim() == 4 && q.size(3) > 0, "causal_attention: q must be [B, H, T, D] with D > 0, got {}", q.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    Tensor probs = kernels::matmul(q, k.transpose(-2, -1));   // [B, H, T, T], packed
-    causal_softmax_(probs, scale_);
-    Tensor out = kernels::matmul(probs, v);
-    const bool want_qk = needs_input_grad(0) || needs_input_grad(1);
-    save_for_backward({needs_input_grad(1) ? q : Tensor(), needs_input_grad(0) ? k : Tensor(),
-                       want_qk ? v : Tensor(), probs});
-    return {out};
+    kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_);
+    const bool any_grad = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(2);
+    if (any_grad) save_for_backward({q, k, v, fwd.out, fwd.lse});
+    return {fwd.out};
   }
 
   TensorList backward(const TensorList& g) override {
-    const Tensor &q = saved()[0], &k = saved()[1], &v = saved()[2], &probs = saved()[3];
-    const Tensor& dout = g[0];
-    Tensor dq, dk, dv;
-    if (needs_input_grad(2)) dv = kernels::matmul(probs.transpose(-2, -1), dout);
-    if (needs_input_grad(0) || needs_input_grad(1)) {
-      const Tensor dprobs = kernels::matmul(dout, v.transpose(-2, -1));
-      const Tensor dscores = kernels::softmax_backward_last(dprobs, probs);
-      // The scale is applied to the [T, D] products rather than the [T, T] dS: fewer multiplies.
-      if (needs_input_grad(0)) dq = kernels::scale(kernels::matmul(dscores, k), scale_);
-      if (needs_input_grad(1)) dk = kernels::scale(kernels::matmul(dscores.transpose(-2, -1), q), scale_);
-    }
-    return {dq, dk, dv};
+    const TensorList& s = saved();
+    kernels::AttentionGrads grads =
+        kernels::causal_attention_backward(g[0], s[0], s[1], s[2], {s[3], s[4]}, scale_, needs_input_grad(0),
+                                           needs_input_grad(1), needs_input_grad(2));
+    return {grads.dq, grads.dk, grads.dv};
   }
 
  private:

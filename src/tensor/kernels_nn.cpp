@@ -17,10 +17,14 @@
 
 #include "meshgrad/tensor/iter.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "vec_math.hpp"
 
 namespace meshgrad::kernels {
 
 namespace {
+
+using detail::exp_float;
+using detail::exp_fast;
 
 // Pointer to element 0 of a tensor of element type T (storage + offset).
 template <class T>
@@ -99,31 +103,6 @@ Rows as_rows(const Tensor& x, const char* op) {
 // k = sqrt(2/pi), c = 0.044715.
 constexpr double kGeluK = 0.7978845608028654;   // sqrt(2 / pi)
 constexpr double kGeluC = 0.044715;
-
-// exp for float32 that the compiler can vectorise (libm's expf/tanhf are scalar calls, which made
-// GELU ~20% of an MLP training step). x = k ln2 + r with |r| <= ln2/2; e^r by its Taylor series to
-// r^7 (truncation (ln2/2)^8 / 8! ~ 5e-9, below float32's 6e-8); 2^k by adding k to the exponent.
-[[gnu::always_inline]] inline float exp_float(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;         // ln 2 split so k * kLn2Hi is exact
-  constexpr float kLn2Lo = 1.42860682030941723212e-6f;
-  constexpr float kRound = 12582912.0f;                 // 1.5 * 2^23: (v + kRound) - kRound rounds v
-  x = std::min(std::max(x, -87.0f), 88.0f);            // 2^k stays a normal float
-  // k = nearest integer to x / ln2, so |r| <= ln2/2. Rounded by adding and subtracting 1.5 * 2^23
-  // (exact for |v| < 2^22) rather than std::floor, which GCC does not vectorise here.
-  const float k = (x * kLog2e + kRound) - kRound;
-  const float r = (x - k * kLn2Hi) - k * kLn2Lo;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const std::int32_t bits = std::bit_cast<std::int32_t>(p) + (static_cast<std::int32_t>(k) << 23);
-  return std::bit_cast<float>(bits);
-}
 
 // GELU through the logistic function: 0.5 (1 + tanh u) = s = e / (e + 1) with e = e^{2u}, and
 // 1 - s = 1 / (e + 1), so

@@ -529,6 +529,25 @@ TEST(NnOps, CausalAttentionMatchesDirectLoops) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got32[i], expected[i], 1e-5) << i;
 }
 
+// T = 150 spans three 64-row tiles, the last one partial, so the online softmax rescales across
+// key tiles and the diagonal tile is cut short. float64 must equal the direct loops to rounding.
+TEST(NnOps, CausalAttentionMatchesDirectLoopsAcrossTiles) {
+  const Tensor q = randn64({1, 2, 150, 5}, 144), k = randn64({1, 2, 150, 5}, 145), v = randn64({1, 2, 150, 5}, 146);
+  // Large scores so the running max changes between tiles and a wrong rescale would show.
+  const Tensor q3 = scale(q, 3.0);
+  const std::vector<double> expected = attention_reference(q3, k, v);
+  const std::vector<double> got = causal_attention(q3, k, v).to_vector();
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-12) << i;
+  const std::vector<double> got32 = causal_attention(q3.to(f32), k.to(f32), v.to(f32)).to_vector();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got32[i], expected[i], 2e-5) << i;
+  // Strided heads ([B, T, H, D] permuted) across tiles give the same numbers.
+  const Tensor qs = scale(randn64({1, 150, 2, 5}, 147), 3.0).permute({0, 2, 1, 3});
+  const std::vector<double> strided = causal_attention(qs, k, v).to_vector();
+  const std::vector<double> packed = attention_reference(qs.contiguous(), k, v);
+  for (std::size_t i = 0; i < strided.size(); ++i) EXPECT_NEAR(strided[i], packed[i], 1e-12) << i;
+}
+
 TEST(NnOps, CausalAttentionTakesStridedHeads) {
   // The usual layout: [B, T, H, D] permuted to [B, H, T, D] (a view, not a copy).
   const Tensor q = randn64({2, 5, 3, 4}, 47).permute({0, 2, 1, 3});
@@ -627,6 +646,13 @@ TEST(NnGrad, CausalAttention) {
   // Only some inputs require grad: the others get none, and the rest are still right.
   EXPECT_GRADIENTS_MATCH([](const TensorList& x) { return causal_attention(x[0], x[1], x[2]); },
                          (TensorList{randn64({1, 2, 5, 2}, 114), leaf({1, 2, 5, 2}, 115), randn64({1, 2, 5, 2}, 116)}));
+}
+
+// Across tiles: T = 70 is one full 64-row tile and a partial one, so the backward's recomputed
+// tiles, the skipped upper tile and the dK / dV accumulation over query tiles are all exercised.
+TEST(NnGrad, CausalAttentionAcrossTiles) {
+  EXPECT_GRADIENTS_MATCH([](const TensorList& x) { return causal_attention(x[0], x[1], x[2]); },
+                         (TensorList{leaf({1, 1, 70, 2}, 117), leaf({1, 1, 70, 2}, 118), leaf({1, 1, 70, 2}, 119)}));
 }
 
 }  // namespace

@@ -60,4 +60,23 @@ Tensor softmax_backward_last(const Tensor& grad, const Tensor& y);
 // Given y = log_softmax(x) and dy: dx = dy - exp(y) * sum(dy).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y);
 
+// Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
+// [T, T] matrix is kept, tiles above the diagonal are skipped.
+// q, k, v: [B, H, T, D], one dtype, any strides.
+//   out[b, h, t] = sum_{s <= t} softmax_s(scale * q_t . k_s) * v_s    -> [B, H, T, D] (contiguous)
+//   lse[b, h, t] = log sum_{s <= t} exp(scale * q_t . k_s)             -> [B, H, T]    (contiguous)
+struct AttentionForward {
+  Tensor out;
+  Tensor lse;
+};
+AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
+// Gradients of sum(dout * out) with respect to q, k, v, recomputing the probabilities from
+// (q, k, fwd.lse). Only the wanted ones are computed; the others are undefined.
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+AttentionGrads causal_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const AttentionForward& fwd, double scale, bool want_dq, bool want_dk,
+                                         bool want_dv);
+
 }  // namespace meshgrad::kernels
