@@ -48,6 +48,34 @@ TEST(Kernels, BinaryBroadcasting) {
                InvalidArgument);
 }
 
+// A contiguous [70, 45] plus a transposed view of a [45, 70] (the tied embedding's two gradients):
+// the tiled path, with partial tiles at both edges, must give each element's own sum.
+TEST(Kernels, BinaryWithTransposedOperandTakesTilesAndStaysExact) {
+  const Tensor a = random::randn({70, 45}, 11, DType::Float64);
+  const Tensor bt = random::randn({45, 70}, 12, DType::Float64).transpose(0, 1);   // [70, 45], strides (1, 70)
+  for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div}) {
+    const Tensor ab = kernels::binary(op, a, bt);
+    const Tensor ba = kernels::binary(op, bt, a);
+    for (std::int64_t i = 0; i < 70; ++i) {
+      for (std::int64_t j = 0; j < 45; ++j) {
+        const double x = a.at({i, j}), y = bt.at({i, j});
+        const double want_ab = op == Binary::Add ? x + y : op == Binary::Sub ? x - y : op == Binary::Mul ? x * y : x / y;
+        const double want_ba = op == Binary::Add ? y + x : op == Binary::Sub ? y - x : op == Binary::Mul ? y * x : y / x;
+        ASSERT_EQ(ab.at({i, j}), want_ab) << i << "," << j;
+        ASSERT_EQ(ba.at({i, j}), want_ba) << i << "," << j;
+      }
+    }
+  }
+  // In place into the transposed view (out strided too).
+  Tensor base = random::randn({45, 70}, 13, DType::Float64);
+  Tensor view = base.transpose(0, 1);
+  const Tensor before = view.contiguous();
+  kernels::binary_(Binary::Add, view, a);
+  for (std::int64_t i = 0; i < 70; ++i) {
+    for (std::int64_t j = 0; j < 45; ++j) ASSERT_EQ(base.at({j, i}), before.at({i, j}) + a.at({i, j}));
+  }
+}
+
 TEST(Kernels, InPlaceAndAxpy) {
   Tensor a = iota({2, 2});
   kernels::binary_(Binary::Add, a, Tensor::from_values({1, 1}, {2}, DType::Float64));
@@ -113,6 +141,28 @@ TEST(Kernels, BatchedMatmulBroadcastsBatchDims) {
   auto got = y.select(0, 1).select(0, 2).contiguous().to_vector();
   for (std::size_t e = 0; e < ref.size(); ++e) EXPECT_NEAR(got[e], ref[e], 1e-12);
   EXPECT_THROW(kernels::matmul(a, Tensor::zeros({4, 2}, DType::Float64)), InvalidArgument);
+}
+
+// Batch matrices taken as views of permuted and transposed tensors (attention's q k^T), and a
+// batch operand whose matrices BLAS cannot read (inner stride 2) that must be packed once.
+TEST(Kernels, BatchedMatmulTakesStridedBatchMatrices) {
+  const Tensor q = random::randn({2, 5, 3, 4}, 21, DType::Float64).permute({0, 2, 1, 3});   // [2, 3, 5, 4]
+  const Tensor kt = random::randn({2, 3, 6, 4}, 22, DType::Float64).transpose(-2, -1);   // [2, 3, 4, 6]
+  const Tensor every_other = random::randn({2, 3, 4, 6, 2}, 23, DType::Float64).select(4, 0);   // strides (.., 12, 2)
+  for (const Tensor& rhs : {kt, every_other}) {
+    const Tensor c = kernels::matmul(q, rhs);
+    ASSERT_EQ(c.shape(), (Shape{2, 3, 5, 6}));
+    for (std::int64_t i = 0; i < 2; ++i) {
+      for (std::int64_t j = 0; j < 3; ++j) {
+        const auto ref = naive_matmul(q.select(0, i).select(0, j), rhs.select(0, i).select(0, j));
+        const auto got = c.select(0, i).select(0, j).contiguous().to_vector();
+        for (std::size_t e = 0; e < ref.size(); ++e) ASSERT_NEAR(got[e], ref[e], 1e-12) << i << "," << j;
+      }
+    }
+  }
+  // Empty inner dim: zeros.
+  const Tensor z = kernels::matmul(Tensor::ones({2, 3, 0}, DType::Float64), Tensor::ones({2, 0, 4}, DType::Float64));
+  EXPECT_EQ(z.to_vector(), std::vector<double>(24, 0.0));
 }
 
 TEST(Kernels, CatAlongAnyDim) {
