@@ -112,13 +112,6 @@ class LogSoftmaxFn final : public Function {
 
 // ---- layer norm -----------------------------------------------------------------------------------
 
-// Number of rows of a [..., C] tensor (product of the leading dims).
-std::int64_t leading_rows(const Tensor& x) {
-  std::int64_t rows = 1;
-  for (int d = 0; d + 1 < x.dim(); ++d) rows *= x.shape()[static_cast<std::size_t>(d)];
-  return rows;
-}
-
 // inputs {x [..., C], weight [C] or undefined, bias [C] or undefined}
 //   y = xhat * weight + bias,  xhat = (x - mean) * rstd,  rstd = 1 / sqrt(var + eps)
 // with mean and the biased variance (divide by C, as PyTorch) over the last dim of each row.
@@ -136,102 +129,22 @@ class LayerNormFn final : public Function {
     check_floating(x, "layer_norm");
     MG_CHECK(x.dim() >= 1, "layer_norm: input must have at least 1 dim, got {}", x.str());
     MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps_);
-    const std::int64_t cols = x.size(-1);
     const Tensor weight = checked_affine(in[1], x, "weight");
     const Tensor bias = checked_affine(in[2], x, "bias");
     const Tensor xp = x.contiguous();
-    const std::int64_t rows = leading_rows(x);
-    Tensor mean = Tensor::empty({rows}, DType::Float64);
-    Tensor rstd = Tensor::empty({rows}, DType::Float64);
-    Tensor y = Tensor::empty(x.shape(), x.dtype());
-    dispatch_floating(x.dtype(), "layer_norm", [&]<class T>() {
-      const T* px = xp.data<T>();
-      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-      const T* pb = bias.defined() ? bias.data<T>() : nullptr;
-      T* py = y.data<T>();
-      double* pm = mean.data<double>();
-      double* pr = rstd.data<double>();
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* row = px + r * cols;
-        T* out = py + r * cols;
-        // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
-        double total = 0;
-        for (std::int64_t j = 0; j < cols; ++j) total += static_cast<double>(row[j]);
-        const double mu = total / static_cast<double>(cols);
-        double squares = 0;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const double d = static_cast<double>(row[j]) - mu;
-          squares += d * d;
-        }
-        const double rs = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps_);
-        pm[r] = mu;
-        pr[r] = rs;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          double v = (static_cast<double>(row[j]) - mu) * rs;
-          if (pw != nullptr) v *= static_cast<double>(pw[j]);
-          if (pb != nullptr) v += static_cast<double>(pb[j]);
-          out[j] = static_cast<T>(v);
-        }
-      }
-    });
+    kernels::LayerNormForward f = kernels::layer_norm_forward(xp, weight, bias, eps_);
     has_bias_ = bias.defined();
-    save_for_backward({xp, weight, mean, rstd});
-    return {y};
+    save_for_backward({xp, weight, f.mean, f.rstd});
+    return {f.y};
   }
 
   TensorList backward(const TensorList& g) override {
-    const Tensor& xp = saved()[0];
-    const Tensor& weight = saved()[1];
-    const Tensor& mean = saved()[2];
-    const Tensor& rstd = saved()[3];
-    const Tensor dy = g[0].contiguous();
-    const std::int64_t cols = xp.size(-1);
-    const std::int64_t rows = leading_rows(xp);
-    const bool want_dx = needs_input_grad(0);
-    const bool want_dw = weight.defined() && needs_input_grad(1);
-    const bool want_db = has_bias_ && needs_input_grad(2);
-    Tensor dx = want_dx ? Tensor::empty(xp.shape(), xp.dtype()) : Tensor();
-    // Column sums over rows, in row order (deterministic), in double.
-    std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(cols) : 0, 0.0);
-    std::vector<double> db_acc(want_db ? static_cast<std::size_t>(cols) : 0, 0.0);
-    std::vector<double> xhat(static_cast<std::size_t>(cols));
-    std::vector<double> gw(static_cast<std::size_t>(cols));
-    dispatch_floating(xp.dtype(), "layer_norm backward", [&]<class T>() {
-      const T* px = xp.data<T>();
-      const T* pdy = dy.data<T>();
-      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-      const double* pm = mean.data<double>();
-      const double* pr = rstd.data<double>();
-      T* pdx = want_dx ? dx.data<T>() : nullptr;
-      const double inv_cols = 1.0 / static_cast<double>(cols);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* row = px + r * cols;
-        const T* drow = pdy + r * cols;
-        double sum_g = 0, sum_g_xhat = 0;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const double xh = (static_cast<double>(row[j]) - pm[r]) * pr[r];
-          const double d = static_cast<double>(drow[j]);
-          const double gj = pw != nullptr ? d * static_cast<double>(pw[j]) : d;
-          xhat[static_cast<std::size_t>(j)] = xh;
-          gw[static_cast<std::size_t>(j)] = gj;
-          sum_g += gj;
-          sum_g_xhat += gj * xh;
-          if (want_dw) dw_acc[static_cast<std::size_t>(j)] += d * xh;
-          if (want_db) db_acc[static_cast<std::size_t>(j)] += d;
-        }
-        if (!want_dx) continue;
-        const double mean_g = sum_g * inv_cols, mean_g_xhat = sum_g_xhat * inv_cols;
-        T* out = pdx + r * cols;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const auto k = static_cast<std::size_t>(j);
-          out[j] = static_cast<T>(pr[r] * (gw[k] - mean_g - xhat[k] * mean_g_xhat));
-        }
-      }
-    });
-    const Shape col_shape{cols};
-    Tensor dw = want_dw ? Tensor::from_values(dw_acc, col_shape, xp.dtype()) : Tensor();
-    Tensor db = want_db ? Tensor::from_values(db_acc, col_shape, xp.dtype()) : Tensor();
-    return {dx, dw, db};
+    const TensorList& s = saved();
+    const Tensor& weight = s[1];
+    kernels::LayerNormGrads grads =
+        kernels::layer_norm_backward(g[0], s[0], weight, s[2], s[3], needs_input_grad(0),
+                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2));
+    return {grads.dx, grads.dweight, grads.dbias};
   }
 
  private:

@@ -299,6 +299,46 @@ TEST(NnOps, LayerNormFloat32MatchesFloat64) {
   for (std::size_t i = 0; i < y64.size(); ++i) EXPECT_NEAR(y32[i], y64[i], 5e-3);
 }
 
+// The float32 row kernels use lane sums and a vectorised exp: rows of odd lengths (lanes plus a
+// tail) must agree with float64 to float precision, forward and backward, and a -inf logit must
+// still get exactly probability 0.
+TEST(NnKernels, Float32RowKernelsMatchFloat64) {
+  Tensor x = scale(randn64({3, 1001}, 12), 4.0);
+  x.set({1, 7}, -std::numeric_limits<double>::infinity());
+  const Tensor dy = randn64({3, 1001}, 13);
+  auto close = [](const Tensor& got32, const Tensor& want64, double tol, const char* what) {
+    const std::vector<double> a = got32.to_vector(), b = want64.to_vector();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (std::isinf(b[i])) {
+        EXPECT_EQ(a[i], b[i]) << what << " " << i;
+      } else {
+        EXPECT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << what << " " << i;
+      }
+    }
+  };
+  const Tensor y64 = kernels::softmax_last(x), y32 = kernels::softmax_last(x.to(f32));
+  close(y32, y64, 1e-6, "softmax");
+  EXPECT_EQ(y32.at({1, 7}), 0.0);
+  close(kernels::softmax_backward_last(dy.to(f32), y32), kernels::softmax_backward_last(dy, y64), 1e-6, "softmax bwd");
+  const Tensor l64 = kernels::log_softmax_last(x), l32 = kernels::log_softmax_last(x.to(f32));
+  close(l32, l64, 1e-6, "log_softmax");
+  close(kernels::log_softmax_backward_last(dy.to(f32), l32), kernels::log_softmax_backward_last(dy, l64), 1e-5,
+        "log_softmax bwd");
+
+  const Tensor h = random::randn({5, 389}, 14, f64, 3.0, 2.0);
+  const Tensor w = randn64({389}, 15), b = randn64({389}, 16), gy = randn64({5, 389}, 17);
+  const kernels::LayerNormForward n64 = kernels::layer_norm_forward(h, w, b, 1e-5);
+  const kernels::LayerNormForward n32 = kernels::layer_norm_forward(h.to(f32), w.to(f32), b.to(f32), 1e-5);
+  close(n32.y, n64.y, 2e-5, "layer_norm");
+  const kernels::LayerNormGrads g64 = kernels::layer_norm_backward(gy, h, w, n64.mean, n64.rstd, true, true, true);
+  const kernels::LayerNormGrads g32 =
+      kernels::layer_norm_backward(gy.to(f32), h.to(f32), w.to(f32), n32.mean, n32.rstd, true, true, true);
+  close(g32.dx, g64.dx, 2e-5, "layer_norm dx");
+  close(g32.dweight, g64.dweight, 2e-5, "layer_norm dweight");
+  close(g32.dbias, g64.dbias, 1e-5, "layer_norm dbias");
+}
+
 TEST(NnOps, LayerNormErrorsNameShapes) {
   const Tensor x = Tensor::zeros({2, 4}, f64);
   expect_invalid([&] { layer_norm(x, Tensor::ones({3}, f64), Tensor()); }, {"layer_norm", "weight", "[3]", "[2, 4]"});

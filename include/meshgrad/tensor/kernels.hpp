@@ -60,6 +60,23 @@ Tensor softmax_backward_last(const Tensor& grad, const Tensor& y);
 // Given y = log_softmax(x) and dy: dx = dy - exp(y) * sum(dy).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y);
 
+// Layer norm over the last dim of packed x [..., C] (C > 0), per row:
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
+// with the biased variance (divide by C), weight / bias packed [C] or undefined (1 / 0).
+// mean and rstd are float64 [rows]. Two passes over the row (mean, then squared deviations).
+struct LayerNormForward {
+  Tensor y, mean, rstd;
+};
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// With g = dy * weight (or dy) and xhat = (x - mean) * rstd per row:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,
+//   dbias = sum_rows dy (column sums in row order, in double). Unwanted results are undefined.
+struct LayerNormGrads {
+  Tensor dx, dweight, dbias;
+};
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias);
+
 // Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
 // [T, T] matrix is kept, tiles above the diagonal are skipped.
 // q, k, v: [B, H, T, D], one dtype, any strides.
