@@ -228,11 +228,7 @@ class CrossEntropyFn final : public Function {
       for (std::int64_t i = 0; i < rows; ++i) {
         if (pt[i] == ignore_index_) continue;
         const T* row = px + i * vocab;
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < vocab; ++j) m = std::max(m, static_cast<double>(row[j]));
-        double s = 0;
-        for (std::int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(row[j]) - m);
-        pl[i] = m + std::log(s);
+        pl[i] = kernels::log_sum_exp(row, vocab);
         total += pl[i] - static_cast<double>(row[pt[i]]);
       }
     });
@@ -257,12 +253,9 @@ class CrossEntropyFn final : public Function {
       T* pd = dlogits.data<T>();
       for (std::int64_t i = 0; i < rows; ++i) {
         if (pt[i] == ignore_index_) continue;
-        const T* row = px + i * vocab;
         T* out = pd + i * vocab;
-        for (std::int64_t j = 0; j < vocab; ++j) {
-          const double p = std::exp(static_cast<double>(row[j]) - pl[i]);
-          out[j] = static_cast<T>((p - (j == pt[i] ? 1.0 : 0.0)) * factor);
-        }
+        kernels::exp_shifted_scaled(px + i * vocab, vocab, static_cast<T>(pl[i]), static_cast<T>(factor), out);
+        out[pt[i]] -= static_cast<T>(factor);
       }
     });
     return {dlogits, Tensor()};

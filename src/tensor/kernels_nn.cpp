@@ -292,6 +292,39 @@ Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y) {
   });
 }
 
+// ---- cross-entropy rows ---------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+double sum_exp_shifted_t(const T* x, std::int64_t n, T shift) {
+  return detail::row_sum<T>(n, [&](std::int64_t j) { return exp_fast(x[j] - shift); });
+}
+
+template <class T>
+double log_sum_exp_t(const T* x, std::int64_t n) {
+  const T m = detail::row_max(x, n);
+  return static_cast<double>(m) + std::log(sum_exp_shifted_t(x, n, m));
+}
+
+template <class T>
+void exp_shifted_scaled_t(const T* x, std::int64_t n, T shift, T scale, T* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = exp_fast(x[j] - shift) * scale;
+}
+
+}  // namespace
+
+double sum_exp_shifted(const float* x, std::int64_t n, float shift) { return sum_exp_shifted_t(x, n, shift); }
+double sum_exp_shifted(const double* x, std::int64_t n, double shift) { return sum_exp_shifted_t(x, n, shift); }
+double log_sum_exp(const float* x, std::int64_t n) { return log_sum_exp_t(x, n); }
+double log_sum_exp(const double* x, std::int64_t n) { return log_sum_exp_t(x, n); }
+void exp_shifted_scaled(const float* x, std::int64_t n, float shift, float scale, float* out) {
+  exp_shifted_scaled_t(x, n, shift, scale, out);
+}
+void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double scale, double* out) {
+  exp_shifted_scaled_t(x, n, shift, scale, out);
+}
+
 // ---- layer norm -----------------------------------------------------------------------------------
 
 // float32 rows: lane sums and float arithmetic per element (vectorised); float64 rows: double sums

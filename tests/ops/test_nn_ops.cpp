@@ -337,6 +337,18 @@ TEST(NnKernels, Float32RowKernelsMatchFloat64) {
   close(g32.dx, g64.dx, 2e-5, "layer_norm dx");
   close(g32.dweight, g64.dweight, 2e-5, "layer_norm dweight");
   close(g32.dbias, g64.dbias, 1e-5, "layer_norm dbias");
+
+  // Cross-entropy over the 1001-wide rows (row 1 has the -inf logit), loss and gradient.
+  const std::vector<std::int64_t> t = {5, 8, 1000};
+  const Tensor targets = Tensor::from_int64(t, {3});
+  Tensor logits64 = x.clone(), logits32 = x.to(f32);
+  logits64.set_requires_grad(true);
+  logits32.set_requires_grad(true);
+  const Tensor loss64 = cross_entropy(logits64, targets), loss32 = cross_entropy(logits32, targets);
+  EXPECT_NEAR(loss32.item(), loss64.item(), 1e-5 * std::abs(loss64.item()));
+  backward(loss64);
+  backward(loss32);
+  close(logits32.grad(), logits64.grad(), 1e-6, "cross_entropy grad");
 }
 
 TEST(NnOps, LayerNormErrorsNameShapes) {

@@ -60,6 +60,19 @@ Tensor softmax_backward_last(const Tensor& grad, const Tensor& y);
 // Given y = log_softmax(x) and dy: dx = dy - exp(y) * sum(dy).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y);
 
+// Row kernels of the cross-entropy losses (ops' cross_entropy and nn's vocab-parallel one), on
+// one packed row x[0, n). float32 uses a vectorised exp and lane sums; float64 is libm exp summed
+// in index order.
+//   sum_exp_shifted:    sum_j exp(x[j] - shift), in double
+//   log_sum_exp:        m + log(sum_j exp(x[j] - m)), m = max_j x[j]  (n > 0)
+//   exp_shifted_scaled: out[j] = exp(x[j] - shift) * scale  (the softmax times a loss scale)
+double sum_exp_shifted(const float* x, std::int64_t n, float shift);
+double sum_exp_shifted(const double* x, std::int64_t n, double shift);
+double log_sum_exp(const float* x, std::int64_t n);
+double log_sum_exp(const double* x, std::int64_t n);
+void exp_shifted_scaled(const float* x, std::int64_t n, float shift, float scale, float* out);
+void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double scale, double* out);
+
 // Layer norm over the last dim of packed x [..., C] (C > 0), per row:
 //   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
 // with the biased variance (divide by C), weight / bias packed [C] or undefined (1 / 0).
