@@ -121,14 +121,9 @@ void forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const He
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = s.data() + r * kBlock;
         const std::int64_t vis = visible(i0 + r, j0, cols);
-        T tile_max = row[0];
-        for (std::int64_t c = 1; c < vis; ++c) tile_max = std::max(tile_max, row[c]);
-        const T m_new = std::max(m[r], tile_max);
-        T total = 0;
-        for (std::int64_t c = 0; c < vis; ++c) {
-          row[c] = detail::exp_fast(row[c] - m_new);
-          total += row[c];
-        }
+        const T m_new = std::max(m[r], detail::row_max(row, vis));
+        for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - m_new);
+        const T total = static_cast<T>(detail::row_sum<T>(vis, [&](std::int64_t c) { return row[c]; }));
         std::fill(row + vis, row + cols, T(0));   // masked keys weigh exactly 0
         // First tile: m = -inf, l = 0 and acc = 0, so the rescale is skipped (exp(-inf) is 0 anyway).
         if (m[r] != m_new && l[r] != T(0)) {
@@ -168,9 +163,8 @@ void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t di
   for (std::int64_t t = 0; t < steps; ++t) {
     const T* o = h.out.row(t);
     const T* g = h.dout.row(t);
-    T dot = 0;
-    for (std::int64_t d = 0; d < dim; ++d) dot += o[d] * g[d];
-    delta[static_cast<std::size_t>(t)] = dot;
+    const double dot = detail::row_sum<T>(dim, [&](std::int64_t d) { return o[d] * g[d]; });
+    delta[static_cast<std::size_t>(t)] = static_cast<T>(dot);
   }
   const bool want_ds = h.dq.p != nullptr || h.dk.p != nullptr;
   for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
