@@ -215,6 +215,8 @@ Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim)
                           for (std::int64_t i = 0; i < n; ++i) acc += x[i * st[1]];
                         }
                         *o = acc;
+                      } else if (st[0] == 1 && st[1] == 1) {   // column sums (bias gradients): vectorises
+                        for (std::int64_t i = 0; i < n; ++i) o[i] += x[i];
                       } else {
                         for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] += x[i * st[1]];
                       }
