@@ -232,3 +232,34 @@ TEST(Blas, ThreadCountCanBeSet) {
   blas::set_num_threads(before);
   EXPECT_GE(blas::available_cores(), 1);
 }
+
+// The attention kernel splits (batch, head) pairs over blas::num_threads() threads: the split must
+// not change a bit of the result (heads are independent), and under TSan (make test-tsan) the
+// workers must not race. T = 70 crosses a tile boundary.
+TEST(Kernels, CausalAttentionIsTheSameOnOneOrSeveralThreads) {
+  const Tensor q = random::randn({2, 3, 70, 8}, 31, DType::Float32);
+  const Tensor k = random::randn({2, 3, 70, 8}, 32, DType::Float32);
+  const Tensor v = random::randn({2, 3, 70, 8}, 33, DType::Float32);
+  const Tensor g = random::randn({2, 3, 70, 8}, 34, DType::Float32);
+  const int before = blas::num_threads();
+  auto run = [&](int threads) {
+    blas::set_num_threads(threads);
+    kernels::AttentionForward f = kernels::causal_attention_forward(q, k, v, 0.35);
+    kernels::AttentionGrads d = kernels::causal_attention_backward(g, q, k, v, f, 0.35, true, true, true);
+    return std::vector<std::vector<double>>{f.out.to_vector(), f.lse.to_vector(), d.dq.to_vector(),
+                                            d.dk.to_vector(), d.dv.to_vector()};
+  };
+  const auto one = run(1);
+  const auto four = run(4);
+  blas::set_num_threads(before);
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], four[i]) << "result " << i;
+  // Only the wanted gradients are computed.
+  blas::set_num_threads(1);
+  const kernels::AttentionGrads only_dv =
+      kernels::causal_attention_backward(g, q, k, v, kernels::causal_attention_forward(q, k, v, 0.35), 0.35, false,
+                                         false, true);
+  blas::set_num_threads(before);
+  EXPECT_FALSE(only_dv.dq.defined());
+  EXPECT_FALSE(only_dv.dk.defined());
+  EXPECT_EQ(only_dv.dv.to_vector(), four[4]);
+}
