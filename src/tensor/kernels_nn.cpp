@@ -6,9 +6,10 @@
 //  - inputs may be strided views; outputs are new contiguous tensors (except embedding_backward_,
 //    which adds into its first argument in place, whatever its layout);
 //  - float32 and float64 only; the operands of one kernel share a dtype;
-//  - row-wise kernels treat a tensor of shape [..., C] as rows of C elements and accumulate the
-//    per-row sums in double, in index order, so results are deterministic and float32 rows of
-//    any length lose no more than one float rounding in the sum.
+//  - row-wise kernels treat a tensor of shape [..., C] as rows of C elements and take per-row
+//    sums in a fixed order (deterministic): float64 in one double accumulator in index order,
+//    float32 in 16 float lanes added in double (vec_math.hpp row_sum), which vectorises; float32
+//    exponentials use the vectorised exp_float, float64 ones libm.
 #include <algorithm>
 #include <bit>
 #include <cmath>
