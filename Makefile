@@ -3,7 +3,7 @@
 #   make train      build and run the main job (meshgrad train on the threads backend, defaults)
 #   make test       build and run the whole test suite with ctest
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
-#   make test-tsan  the threads-backend communication tests under ThreadSanitizer
+#   make test-tsan  the threads-backend communication and tensor (caching allocator) tests under TSan
 #   make fuzz       the libFuzzer targets (clang), 20000 runs each from fuzz/corpus
 JOBS ?= $(shell nproc)
 BUILD ?= build
@@ -36,8 +36,8 @@ test-asan: deps
 test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMESHGRAD_SANITIZER=thread -DMESHGRAD_WITH_MPI=OFF \
 	      -DMESHGRAD_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
-	cmake --build build-tsan -j $(JOBS) --target test_comm
-	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L comm
+	cmake --build build-tsan -j $(JOBS) --target test_comm test_tensor
+	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L 'comm|tensor'
 
 fuzz: deps
 	JOBS=$(JOBS) scripts/fuzz.sh

@@ -401,9 +401,7 @@ class VocabParallelCrossEntropyFn final : public Function {
       T* se = sum_exp.data<T>();
       T* tl = target_logit.data<T>();
       for (std::int64_t i = 0; i < n; ++i) {
-        double acc = 0;
-        for (std::int64_t j = 0; j < vl; ++j) acc += std::exp(static_cast<double>(l[i * vl + j] - m[i]));
-        se[i] = static_cast<T>(acc);
+        se[i] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl, vl, m[i]));
         const std::int64_t target = t[static_cast<std::size_t>(i)];
         if (target == ignore_) continue;
         MG_CHECK(target >= 0 && target < vocab_, "vocab_parallel_cross_entropy: target {} at position {} is outside "
@@ -449,7 +447,7 @@ class VocabParallelCrossEntropyFn final : public Function {
           std::fill(d + i * vl, d + (i + 1) * vl, T(0));
           continue;
         }
-        for (std::int64_t j = 0; j < vl; ++j) d[i * vl + j] = static_cast<T>(std::exp(l[i * vl + j] - s[i]) * scale);
+        kernels::exp_shifted_scaled(l + i * vl, vl, s[i], static_cast<T>(scale), d + i * vl);
         if (target >= offset_ && target < offset_ + vl) d[i * vl + (target - offset_)] -= static_cast<T>(scale);
       }
     });

@@ -404,6 +404,13 @@ const std::vector<Spec>& table() {
          return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
                       [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
        }},
+      // T in [65, 100]: two 64-row tiles of the blocked kernel, the second partial.
+      {"causal_attention.tiles", "causal_attention",
+       [](Draw& d) {
+         Shape s{1, 1, d.dim(65, 100), d.dim(1, 3)};   // [B, H, T, D]
+         return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
+                      [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
+       }},
 
       // ---- a composition: the pieces of a GPT block chained, one loss ----------------------------
       {"composite.mlp_loss", "composite",

@@ -3,8 +3,9 @@
 // forward and backward side by side; forward saves only what backward needs.
 //
 // Shapes in comments: x [..., C] means "any leading dims, C along the last one", and a row is one
-// index of the leading dims. Per-row statistics (layer-norm mean and variance, log-sum-exp) are
-// accumulated in double in index order: deterministic, and float32 loses nothing to long rows.
+// index of the leading dims. The row loops are tensor kernels (kernels.hpp): per-row statistics
+// (layer-norm mean and variance, log-sum-exp) are deterministic, summed in double in index order
+// for float64 and in 16 float lanes combined in double for float32 (so that they vectorise).
 #include <algorithm>
 #include <cmath>
 #include <limits>
@@ -112,13 +113,6 @@ class LogSoftmaxFn final : public Function {
 
 // ---- layer norm -----------------------------------------------------------------------------------
 
-// Number of rows of a [..., C] tensor (product of the leading dims).
-std::int64_t leading_rows(const Tensor& x) {
-  std::int64_t rows = 1;
-  for (int d = 0; d + 1 < x.dim(); ++d) rows *= x.shape()[static_cast<std::size_t>(d)];
-  return rows;
-}
-
 // inputs {x [..., C], weight [C] or undefined, bias [C] or undefined}
 //   y = xhat * weight + bias,  xhat = (x - mean) * rstd,  rstd = 1 / sqrt(var + eps)
 // with mean and the biased variance (divide by C, as PyTorch) over the last dim of each row.
@@ -136,102 +130,22 @@ class LayerNormFn final : public Function {
     check_floating(x, "layer_norm");
     MG_CHECK(x.dim() >= 1, "layer_norm: input must have at least 1 dim, got {}", x.str());
     MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps_);
-    const std::int64_t cols = x.size(-1);
     const Tensor weight = checked_affine(in[1], x, "weight");
     const Tensor bias = checked_affine(in[2], x, "bias");
     const Tensor xp = x.contiguous();
-    const std::int64_t rows = leading_rows(x);
-    Tensor mean = Tensor::empty({rows}, DType::Float64);
-    Tensor rstd = Tensor::empty({rows}, DType::Float64);
-    Tensor y = Tensor::empty(x.shape(), x.dtype());
-    dispatch_floating(x.dtype(), "layer_norm", [&]<class T>() {
-      const T* px = xp.data<T>();
-      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-      const T* pb = bias.defined() ? bias.data<T>() : nullptr;
-      T* py = y.data<T>();
-      double* pm = mean.data<double>();
-      double* pr = rstd.data<double>();
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* row = px + r * cols;
-        T* out = py + r * cols;
-        // Two passes (mean, then squared deviations): no cancellation when |mean| >> std.
-        double total = 0;
-        for (std::int64_t j = 0; j < cols; ++j) total += static_cast<double>(row[j]);
-        const double mu = total / static_cast<double>(cols);
-        double squares = 0;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const double d = static_cast<double>(row[j]) - mu;
-          squares += d * d;
-        }
-        const double rs = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps_);
-        pm[r] = mu;
-        pr[r] = rs;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          double v = (static_cast<double>(row[j]) - mu) * rs;
-          if (pw != nullptr) v *= static_cast<double>(pw[j]);
-          if (pb != nullptr) v += static_cast<double>(pb[j]);
-          out[j] = static_cast<T>(v);
-        }
-      }
-    });
+    kernels::LayerNormForward f = kernels::layer_norm_forward(xp, weight, bias, eps_);
     has_bias_ = bias.defined();
-    save_for_backward({xp, weight, mean, rstd});
-    return {y};
+    save_for_backward({xp, weight, f.mean, f.rstd});
+    return {f.y};
   }
 
   TensorList backward(const TensorList& g) override {
-    const Tensor& xp = saved()[0];
-    const Tensor& weight = saved()[1];
-    const Tensor& mean = saved()[2];
-    const Tensor& rstd = saved()[3];
-    const Tensor dy = g[0].contiguous();
-    const std::int64_t cols = xp.size(-1);
-    const std::int64_t rows = leading_rows(xp);
-    const bool want_dx = needs_input_grad(0);
-    const bool want_dw = weight.defined() && needs_input_grad(1);
-    const bool want_db = has_bias_ && needs_input_grad(2);
-    Tensor dx = want_dx ? Tensor::empty(xp.shape(), xp.dtype()) : Tensor();
-    // Column sums over rows, in row order (deterministic), in double.
-    std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(cols) : 0, 0.0);
-    std::vector<double> db_acc(want_db ? static_cast<std::size_t>(cols) : 0, 0.0);
-    std::vector<double> xhat(static_cast<std::size_t>(cols));
-    std::vector<double> gw(static_cast<std::size_t>(cols));
-    dispatch_floating(xp.dtype(), "layer_norm backward", [&]<class T>() {
-      const T* px = xp.data<T>();
-      const T* pdy = dy.data<T>();
-      const T* pw = weight.defined() ? weight.data<T>() : nullptr;
-      const double* pm = mean.data<double>();
-      const double* pr = rstd.data<double>();
-      T* pdx = want_dx ? dx.data<T>() : nullptr;
-      const double inv_cols = 1.0 / static_cast<double>(cols);
-      for (std::int64_t r = 0; r < rows; ++r) {
-        const T* row = px + r * cols;
-        const T* drow = pdy + r * cols;
-        double sum_g = 0, sum_g_xhat = 0;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const double xh = (static_cast<double>(row[j]) - pm[r]) * pr[r];
-          const double d = static_cast<double>(drow[j]);
-          const double gj = pw != nullptr ? d * static_cast<double>(pw[j]) : d;
-          xhat[static_cast<std::size_t>(j)] = xh;
-          gw[static_cast<std::size_t>(j)] = gj;
-          sum_g += gj;
-          sum_g_xhat += gj * xh;
-          if (want_dw) dw_acc[static_cast<std::size_t>(j)] += d * xh;
-          if (want_db) db_acc[static_cast<std::size_t>(j)] += d;
-        }
-        if (!want_dx) continue;
-        const double mean_g = sum_g * inv_cols, mean_g_xhat = sum_g_xhat * inv_cols;
-        T* out = pdx + r * cols;
-        for (std::int64_t j = 0; j < cols; ++j) {
-          const auto k = static_cast<std::size_t>(j);
-          out[j] = static_cast<T>(pr[r] * (gw[k] - mean_g - xhat[k] * mean_g_xhat));
-        }
-      }
-    });
-    const Shape col_shape{cols};
-    Tensor dw = want_dw ? Tensor::from_values(dw_acc, col_shape, xp.dtype()) : Tensor();
-    Tensor db = want_db ? Tensor::from_values(db_acc, col_shape, xp.dtype()) : Tensor();
-    return {dx, dw, db};
+    const TensorList& s = saved();
+    const Tensor& weight = s[1];
+    kernels::LayerNormGrads grads =
+        kernels::layer_norm_backward(g[0], s[0], weight, s[2], s[3], needs_input_grad(0),
+                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2));
+    return {grads.dx, grads.dweight, grads.dbias};
   }
 
  private:
@@ -315,11 +229,7 @@ class CrossEntropyFn final : public Function {
       for (std::int64_t i = 0; i < rows; ++i) {
         if (pt[i] == ignore_index_) continue;
         const T* row = px + i * vocab;
-        double m = -std::numeric_limits<double>::infinity();
-        for (std::int64_t j = 0; j < vocab; ++j) m = std::max(m, static_cast<double>(row[j]));
-        double s = 0;
-        for (std::int64_t j = 0; j < vocab; ++j) s += std::exp(static_cast<double>(row[j]) - m);
-        pl[i] = m + std::log(s);
+        pl[i] = kernels::log_sum_exp(row, vocab);
         total += pl[i] - static_cast<double>(row[pt[i]]);
       }
     });
@@ -344,12 +254,9 @@ class CrossEntropyFn final : public Function {
       T* pd = dlogits.data<T>();
       for (std::int64_t i = 0; i < rows; ++i) {
         if (pt[i] == ignore_index_) continue;
-        const T* row = px + i * vocab;
         T* out = pd + i * vocab;
-        for (std::int64_t j = 0; j < vocab; ++j) {
-          const double p = std::exp(static_cast<double>(row[j]) - pl[i]);
-          out[j] = static_cast<T>((p - (j == pt[i] ? 1.0 : 0.0)) * factor);
-        }
+        kernels::exp_shifted_scaled(px + i * vocab, vocab, static_cast<T>(pl[i]), static_cast<T>(factor), out);
+        out[pt[i]] -= static_cast<T>(factor);
       }
     });
     return {dlogits, Tensor()};
@@ -400,77 +307,31 @@ class DropoutFn final : public Function {
 
 // ---- causal attention -----------------------------------------------------------------------------
 
-// In place on packed scores S [B, H, T, T]: S <- softmax over s of (S[.., t, s] * scale) for s <= t,
-// and 0 for s > t (the causal mask). Row t has t + 1 unmasked entries, so it is never empty and the
-// masked entries contribute exactly 0 (no -inf arithmetic).
-void causal_softmax_(Tensor& scores, double scale) {
-  const std::int64_t steps = scores.size(-1);
-  const std::int64_t rows = scores.numel() / std::max<std::int64_t>(steps, 1);
-  dispatch_floating(scores.dtype(), "causal_attention", [&]<class T>() {
-    T* ps = scores.data<T>();
-    const T sc = static_cast<T>(scale);
-    for (std::int64_t r = 0; r < rows; ++r) {
-      T* row = ps + r * steps;
-      const std::int64_t visible = r % steps + 1;   // query position t = r mod T sees s <= t
-      T m = -std::numeric_limits<T>::infinity();
-      for (std::int64_t s = 0; s < visible; ++s) {
-        row[s] *= sc;
-        m = std::max(m, row[s]);
-      }
-      double total = 0;
-      for (std::int64_t s = 0; s < visible; ++s) {
-        row[s] = std::exp(row[s] - m);
-        total += static_cast<double>(row[s]);
-      }
-      const T inv = static_cast<T>(1.0 / total);
-      for (std::int64_t s = 0; s < visible; ++s) row[s] *= inv;
-      for (std::int64_t s = visible; s < steps; ++s) row[s] = T(0);
-    }
-  });
-}
-
 // inputs {q, k, v} all [B, H, T, D] -> O [B, H, T, D]
-//   P = causal_softmax(q k^T * scale),  O = P v,  scale = 1 / sqrt(D).
-// Saves P [B, H, T, T] and those of q, k, v that backward reads. Backward:
-//   dV = P^T dO,  dP = dO v^T,  dS = P * (dP - rowsum(dP * P))   (0 where masked, since P is 0)
-//   dQ = dS k * scale,  dK = dS^T q * scale.
-// Transposes are views handed to kernels::matmul, which passes them to BLAS as flags.
+//   O[t] = sum_{s <= t} softmax_s(q_t . k_s * scale) v_s,  scale = 1 / sqrt(D).
+// Blocked like FlashAttention (kernels::causal_attention_forward): saves q, k, v (the inputs,
+// no copies), the output and the per-row log-sum-exp [B, H, T] -- O(T) per head, no [T, T]
+// matrix. Backward recomputes the probabilities tile by tile from them.
 class CausalAttentionFn final : public Function {
  public:
   std::string_view name() const override { return "causal_attention"; }
 
   TensorList forward(const TensorList& in) override {
     const Tensor &q = in[0], &k = in[1], &v = in[2];
-    check_floating(q, "causal_attention");
-    check_same_dtype(q, k, "causal_attention");
-    check_same_dtype(q, v, "causal_attention");
-    MG_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-             "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", shape_str(q.shape()),
-             shape_str(k.shape()), shape_str(v.shape()));
-    MG_CHECK(q.size(3) > 0, "causal_attention: head dim D must be positive, got q {}", shape_str(q.shape()));
+    MG_CHECK(q.dim() == 4 && q.size(3) > 0, "causal_attention: q must be [B, H, T, D] with D > 0, got {}", q.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    Tensor probs = kernels::matmul(q, k.transpose(-2, -1));   // [B, H, T, T], packed
-    causal_softmax_(probs, scale_);
-    Tensor out = kernels::matmul(probs, v);
-    const bool want_qk = needs_input_grad(0) || needs_input_grad(1);
-    save_for_backward({needs_input_grad(1) ? q : Tensor(), needs_input_grad(0) ? k : Tensor(),
-                       want_qk ? v : Tensor(), probs});
-    return {out};
+    kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_);
+    const bool any_grad = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(2);
+    if (any_grad) save_for_backward({q, k, v, fwd.out, fwd.lse});
+    return {fwd.out};
   }
 
   TensorList backward(const TensorList& g) override {
-    const Tensor &q = saved()[0], &k = saved()[1], &v = saved()[2], &probs = saved()[3];
-    const Tensor& dout = g[0];
-    Tensor dq, dk, dv;
-    if (needs_input_grad(2)) dv = kernels::matmul(probs.transpose(-2, -1), dout);
-    if (needs_input_grad(0) || needs_input_grad(1)) {
-      const Tensor dprobs = kernels::matmul(dout, v.transpose(-2, -1));
-      const Tensor dscores = kernels::softmax_backward_last(dprobs, probs);
-      // The scale is applied to the [T, D] products rather than the [T, T] dS: fewer multiplies.
-      if (needs_input_grad(0)) dq = kernels::scale(kernels::matmul(dscores, k), scale_);
-      if (needs_input_grad(1)) dk = kernels::scale(kernels::matmul(dscores.transpose(-2, -1), q), scale_);
-    }
-    return {dq, dk, dv};
+    const TensorList& s = saved();
+    kernels::AttentionGrads grads =
+        kernels::causal_attention_backward(g[0], s[0], s[1], s[2], {s[3], s[4]}, scale_, needs_input_grad(0),
+                                           needs_input_grad(1), needs_input_grad(2));
+    return {grads.dq, grads.dk, grads.dv};
   }
 
  private:

@@ -56,9 +56,51 @@ void binary_rows(T* out, const T* a, const T* b, const Shape& shape, const Strid
                   });
 }
 
+// 2-D operands of out's shape where some operand's inner stride is not 1 (a transposed view,
+// e.g. the tied embedding's [V, C] gradient from the LM head, added to the embedding's own):
+// visited in kTile x kTile tiles, so the reads across rows stay within kTile cache lines
+// instead of touching a new line per element.
+constexpr std::int64_t kTile = 32;
+
+template <class T, Binary Op>
+void binary_tiled_2d(T* out, const T* a, const T* b, std::int64_t rows, std::int64_t cols, const Strides& so,
+                     const Strides& sa, const Strides& sb) {
+  for (std::int64_t i0 = 0; i0 < rows; i0 += kTile) {
+    const std::int64_t i1 = std::min(rows, i0 + kTile);
+    for (std::int64_t j0 = 0; j0 < cols; j0 += kTile) {
+      const std::int64_t j1 = std::min(cols, j0 + kTile);
+      for (std::int64_t i = i0; i < i1; ++i) {
+        for (std::int64_t j = j0; j < j1; ++j) {
+          out[i * so[0] + j * so[1]] = apply_binary(Op, a[i * sa[0] + j * sa[1]], b[i * sb[0] + j * sb[1]]);
+        }
+      }
+    }
+  }
+}
+
+// True when a 2-D op over `shape` should take binary_tiled_2d: every operand is a full matrix
+// (no broadcast dims), at least one is read across rows, and the matrix spans several tiles.
+bool wants_tiles(const Shape& shape, std::initializer_list<const Strides*> strides) {
+  if (shape.size() != 2 || shape[0] < kTile || shape[1] < kTile) return false;
+  bool across = false;
+  for (const Strides* s : strides) {
+    if ((*s)[0] == 0 || (*s)[1] == 0) return false;
+    across = across || (*s)[1] != 1;
+  }
+  return across;
+}
+
 template <class T>
 void binary_dispatch(Binary op, T* out, const T* a, const T* b, const Shape& shape, const Strides& so,
                      const Strides& sa, const Strides& sb) {
+  if (wants_tiles(shape, {&so, &sa, &sb})) {
+    switch (op) {
+      case Binary::Add: return binary_tiled_2d<T, Binary::Add>(out, a, b, shape[0], shape[1], so, sa, sb);
+      case Binary::Sub: return binary_tiled_2d<T, Binary::Sub>(out, a, b, shape[0], shape[1], so, sa, sb);
+      case Binary::Mul: return binary_tiled_2d<T, Binary::Mul>(out, a, b, shape[0], shape[1], so, sa, sb);
+      case Binary::Div: return binary_tiled_2d<T, Binary::Div>(out, a, b, shape[0], shape[1], so, sa, sb);
+    }
+  }
   switch (op) {
     case Binary::Add: return binary_rows<T, Binary::Add>(out, a, b, shape, so, sa, sb);
     case Binary::Sub: return binary_rows<T, Binary::Sub>(out, a, b, shape, so, sa, sb);
@@ -175,6 +217,8 @@ Tensor sum(const Tensor& a, const std::vector<std::int64_t>& dims, bool keepdim)
                           for (std::int64_t i = 0; i < n; ++i) acc += x[i * st[1]];
                         }
                         *o = acc;
+                      } else if (st[0] == 1 && st[1] == 1) {   // column sums (bias gradients): vectorises
+                        for (std::int64_t i = 0; i < n; ++i) o[i] += x[i];
                       } else {
                         for (std::int64_t i = 0; i < n; ++i) o[i * st[0]] += x[i * st[1]];
                       }
@@ -288,26 +332,47 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   a_full.insert(a_full.end(), {m, k});
   b_full.insert(b_full.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
-  const Tensor ae = a.expand(a_full);
-  const Tensor be = b.expand(b_full);
+  Tensor ae = a.expand(a_full), be = b.expand(b_full);
   Tensor out = Tensor::empty(out_shape, a.dtype());
   const std::int64_t batches = shape_numel(batch);
-  // Walk the batch index; each step is one GEMM on [m, k] x [k, n] views (no copies unless a
-  // matrix has a layout BLAS cannot take).
-  std::vector<std::int64_t> index(batch.size(), 0);
-  for (std::int64_t bi = 0; bi < batches; ++bi) {
-    Tensor am = ae, bm = be, om = out;
-    for (std::size_t d = 0; d < batch.size(); ++d) {
-      am = am.select(0, index[d]);
-      bm = bm.select(0, index[d]);
-      om = om.select(0, index[d]);
-    }
-    matmul_into(om, am, bm, false);
-    for (std::size_t d = batch.size(); d-- > 0;) {
-      if (++index[d] < batch[d]) break;
-      index[d] = 0;
-    }
+  if (batches == 0 || m == 0 || n == 0) return out;
+  if (k == 0) {
+    out.zero_();
+    return out;
   }
+  // One layout check for all batches (every batch matrix of a view has the same strides); a
+  // matrix layout BLAS cannot take is packed once, up front.
+  const std::size_t nb = batch.size();
+  BlasOperand la = blas_layout(m, k, ae.strides()[nb], ae.strides()[nb + 1]);
+  if (!la.usable) {
+    ae = ae.contiguous();
+    la = blas_layout(m, k, ae.strides()[nb], ae.strides()[nb + 1]);
+  }
+  BlasOperand lb = blas_layout(k, n, be.strides()[nb], be.strides()[nb + 1]);
+  if (!lb.usable) {
+    be = be.contiguous();
+    lb = blas_layout(k, n, be.strides()[nb], be.strides()[nb + 1]);
+  }
+  // Walk the batch index, moving each operand's element offset by its batch strides (0 along
+  // broadcast dims): one GEMM per batch on pointers, no per-batch tensor views.
+  dispatch_floating(a.dtype(), "matmul", [&]<class T>() {
+    const T* pa = base_ptr<T>(ae);
+    const T* pb = base_ptr<T>(be);
+    T* pc = out.data<T>();
+    std::vector<std::int64_t> index(nb, 0);
+    std::int64_t off_a = 0, off_b = 0;
+    for (std::int64_t bi = 0; bi < batches; ++bi) {
+      blas::gemm(la.trans, lb.trans, m, n, k, T(1), pa + off_a, la.ld, pb + off_b, lb.ld, T(0), pc + bi * m * n, n);
+      for (std::size_t d = nb; d-- > 0;) {
+        off_a += ae.strides()[d];
+        off_b += be.strides()[d];
+        if (++index[d] < batch[d]) break;
+        off_a -= ae.strides()[d] * batch[d];
+        off_b -= be.strides()[d] * batch[d];
+        index[d] = 0;
+      }
+    }
+  });
   return out;
 }
 

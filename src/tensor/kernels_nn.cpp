@@ -6,21 +6,27 @@
 //  - inputs may be strided views; outputs are new contiguous tensors (except embedding_backward_,
 //    which adds into its first argument in place, whatever its layout);
 //  - float32 and float64 only; the operands of one kernel share a dtype;
-//  - row-wise kernels treat a tensor of shape [..., C] as rows of C elements and accumulate the
-//    per-row sums in double, in index order, so results are deterministic and float32 rows of
-//    any length lose no more than one float rounding in the sum.
+//  - row-wise kernels treat a tensor of shape [..., C] as rows of C elements and take per-row
+//    sums in a fixed order (deterministic): float64 in one double accumulator in index order,
+//    float32 in 16 float lanes added in double (vec_math.hpp row_sum), which vectorises; float32
+//    exponentials use the vectorised exp_float, float64 ones libm.
 #include <algorithm>
 #include <bit>
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 #include "meshgrad/tensor/iter.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "vec_math.hpp"
 
 namespace meshgrad::kernels {
 
 namespace {
+
+using detail::exp_float;
+using detail::exp_fast;
 
 // Pointer to element 0 of a tensor of element type T (storage + offset).
 template <class T>
@@ -99,31 +105,6 @@ Rows as_rows(const Tensor& x, const char* op) {
 // k = sqrt(2/pi), c = 0.044715.
 constexpr double kGeluK = 0.7978845608028654;   // sqrt(2 / pi)
 constexpr double kGeluC = 0.044715;
-
-// exp for float32 that the compiler can vectorise (libm's expf/tanhf are scalar calls, which made
-// GELU ~20% of an MLP training step). x = k ln2 + r with |r| <= ln2/2; e^r by its Taylor series to
-// r^7 (truncation (ln2/2)^8 / 8! ~ 5e-9, below float32's 6e-8); 2^k by adding k to the exponent.
-[[gnu::always_inline]] inline float exp_float(float x) {
-  constexpr float kLog2e = 1.44269504088896341f;
-  constexpr float kLn2Hi = 0.693145751953125f;         // ln 2 split so k * kLn2Hi is exact
-  constexpr float kLn2Lo = 1.42860682030941723212e-6f;
-  constexpr float kRound = 12582912.0f;                 // 1.5 * 2^23: (v + kRound) - kRound rounds v
-  x = std::min(std::max(x, -87.0f), 88.0f);            // 2^k stays a normal float
-  // k = nearest integer to x / ln2, so |r| <= ln2/2. Rounded by adding and subtracting 1.5 * 2^23
-  // (exact for |v| < 2^22) rather than std::floor, which GCC does not vectorise here.
-  const float k = (x * kLog2e + kRound) - kRound;
-  const float r = (x - k * kLn2Hi) - k * kLn2Lo;
-  float p = 1.0f / 5040;
-  p = p * r + 1.0f / 720;
-  p = p * r + 1.0f / 120;
-  p = p * r + 1.0f / 24;
-  p = p * r + 1.0f / 6;
-  p = p * r + 0.5f;
-  p = p * r + 1.0f;
-  p = p * r + 1.0f;
-  const std::int32_t bits = std::bit_cast<std::int32_t>(p) + (static_cast<std::int32_t>(k) << 23);
-  return std::bit_cast<float>(bits);
-}
 
 // GELU through the logistic function: 0.5 (1 + tanh u) = s = e / (e + 1) with e = e^{2u}, and
 // 1 - s = 1 / (e + 1), so
@@ -256,24 +237,14 @@ Tensor row_forward(const Tensor& x, const char* op, RowFn&& row) {
   return out;
 }
 
-template <class T>
-T row_max(const T* row, std::int64_t cols) {
-  T m = -std::numeric_limits<T>::infinity();
-  for (std::int64_t j = 0; j < cols; ++j) m = std::max(m, row[j]);
-  return m;
-}
-
 // y = exp(x - m) / sum(exp(x - m)) with m the row max: no overflow for large logits; a row of
-// all -inf gives NaN (0/0), as the usual libraries do.
+// all -inf gives NaN (0/0), as the usual libraries do. float32 rows take the vectorised exp and
+// lane sums (vec_math.hpp); float64 rows are libm exp summed in index order.
 Tensor softmax_last(const Tensor& x) {
   return row_forward(x, "softmax", []<class T>(const T* row, T* y, std::int64_t cols) {
-    const T m = row_max(row, cols);
-    double total = 0;
-    for (std::int64_t j = 0; j < cols; ++j) {
-      y[j] = std::exp(row[j] - m);
-      total += static_cast<double>(y[j]);
-    }
-    const T inv = static_cast<T>(1.0 / total);
+    const T m = detail::row_max(row, cols);
+    for (std::int64_t j = 0; j < cols; ++j) y[j] = exp_fast(row[j] - m);
+    const T inv = static_cast<T>(1.0 / detail::row_sum<T>(cols, [&](std::int64_t j) { return y[j]; }));
     for (std::int64_t j = 0; j < cols; ++j) y[j] *= inv;
   });
 }
@@ -282,9 +253,8 @@ Tensor softmax_last(const Tensor& x) {
 // so very negative entries stay finite.
 Tensor log_softmax_last(const Tensor& x) {
   return row_forward(x, "log_softmax", []<class T>(const T* row, T* y, std::int64_t cols) {
-    const T m = row_max(row, cols);
-    double total = 0;
-    for (std::int64_t j = 0; j < cols; ++j) total += std::exp(static_cast<double>(row[j] - m));
+    const T m = detail::row_max(row, cols);
+    const double total = detail::row_sum<T>(cols, [&](std::int64_t j) { return exp_fast(row[j] - m); });
     const T log_total = static_cast<T>(std::log(total));
     for (std::int64_t j = 0; j < cols; ++j) y[j] = (row[j] - m) - log_total;
   });
@@ -310,9 +280,7 @@ Tensor row_backward(const Tensor& grad, const Tensor& y, const char* op, RowFn&&
 // dx = y * (dy - <dy, y>) per row (the Jacobian of softmax is diag(y) - y y^T).
 Tensor softmax_backward_last(const Tensor& grad, const Tensor& y) {
   return row_backward(grad, y, "softmax_backward", []<class T>(const T* dy, const T* yy, T* dx, std::int64_t cols) {
-    double dot = 0;
-    for (std::int64_t j = 0; j < cols; ++j) dot += static_cast<double>(dy[j]) * static_cast<double>(yy[j]);
-    const T d = static_cast<T>(dot);
+    const T d = static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return dy[j] * yy[j]; }));
     for (std::int64_t j = 0; j < cols; ++j) dx[j] = yy[j] * (dy[j] - d);
   });
 }
@@ -320,11 +288,134 @@ Tensor softmax_backward_last(const Tensor& grad, const Tensor& y) {
 // dx = dy - exp(y) * sum(dy) per row (exp(y) is the softmax).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y) {
   return row_backward(grad, y, "log_softmax_backward", []<class T>(const T* dy, const T* yy, T* dx, std::int64_t cols) {
-    double total = 0;
-    for (std::int64_t j = 0; j < cols; ++j) total += static_cast<double>(dy[j]);
-    const T t = static_cast<T>(total);
-    for (std::int64_t j = 0; j < cols; ++j) dx[j] = dy[j] - std::exp(yy[j]) * t;
+    const T t = static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return dy[j]; }));
+    for (std::int64_t j = 0; j < cols; ++j) dx[j] = dy[j] - exp_fast(yy[j]) * t;
   });
+}
+
+// ---- cross-entropy rows ---------------------------------------------------------------------------
+
+namespace {
+
+template <class T>
+double sum_exp_shifted_t(const T* x, std::int64_t n, T shift) {
+  return detail::row_sum<T>(n, [&](std::int64_t j) { return exp_fast(x[j] - shift); });
+}
+
+template <class T>
+double log_sum_exp_t(const T* x, std::int64_t n) {
+  const T m = detail::row_max(x, n);
+  return static_cast<double>(m) + std::log(sum_exp_shifted_t(x, n, m));
+}
+
+template <class T>
+void exp_shifted_scaled_t(const T* x, std::int64_t n, T shift, T scale, T* out) {
+  for (std::int64_t j = 0; j < n; ++j) out[j] = exp_fast(x[j] - shift) * scale;
+}
+
+}  // namespace
+
+double sum_exp_shifted(const float* x, std::int64_t n, float shift) { return sum_exp_shifted_t(x, n, shift); }
+double sum_exp_shifted(const double* x, std::int64_t n, double shift) { return sum_exp_shifted_t(x, n, shift); }
+double log_sum_exp(const float* x, std::int64_t n) { return log_sum_exp_t(x, n); }
+double log_sum_exp(const double* x, std::int64_t n) { return log_sum_exp_t(x, n); }
+void exp_shifted_scaled(const float* x, std::int64_t n, float shift, float scale, float* out) {
+  exp_shifted_scaled_t(x, n, shift, scale, out);
+}
+void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double scale, double* out) {
+  exp_shifted_scaled_t(x, n, shift, scale, out);
+}
+
+// ---- layer norm -----------------------------------------------------------------------------------
+
+// float32 rows: lane sums and float arithmetic per element (vectorised); float64 rows: double sums
+// in index order. The weight / bias cases are separate loops so no per-element branch remains.
+LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+  Rows r = as_rows(x_in, "layer_norm");
+  LayerNormForward f{Tensor::empty(x_in.shape(), x_in.dtype()), Tensor::empty({r.rows}, DType::Float64),
+                     Tensor::empty({r.rows}, DType::Float64)};
+  const std::int64_t cols = r.cols;
+  dispatch_floating(x_in.dtype(), "layer_norm", [&]<class T>() {
+    const T* pw = weight.defined() ? weight.data<T>() : nullptr;
+    const T* pb = bias.defined() ? bias.data<T>() : nullptr;
+    double* pm = f.mean.data<double>();
+    double* pr = f.rstd.data<double>();
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      const T* row = r.packed.data<T>() + i * cols;
+      T* out = f.y.data<T>() + i * cols;
+      const double mu = detail::row_sum<T>(cols, [&](std::int64_t j) { return row[j]; }) / static_cast<double>(cols);
+      const T mu_t = static_cast<T>(mu);
+      const double squares = detail::row_sum<T>(cols, [&](std::int64_t j) {
+        const T d = row[j] - mu_t;
+        return d * d;
+      });
+      const double rs = 1.0 / std::sqrt(squares / static_cast<double>(cols) + eps);
+      pm[i] = mu;
+      pr[i] = rs;
+      const T rs_t = static_cast<T>(rs);
+      if (pw != nullptr && pb != nullptr) {
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = (row[j] - mu_t) * rs_t * pw[j] + pb[j];
+      } else if (pw != nullptr) {
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = (row[j] - mu_t) * rs_t * pw[j];
+      } else if (pb != nullptr) {
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = (row[j] - mu_t) * rs_t + pb[j];
+      } else {
+        for (std::int64_t j = 0; j < cols; ++j) out[j] = (row[j] - mu_t) * rs_t;
+      }
+    }
+  });
+  return f;
+}
+
+LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, bool want_dx, bool want_dw, bool want_db) {
+  check_backward_pair(dy_in, x, "layer_norm backward", "input");
+  Rows r = as_rows(x, "layer_norm backward");
+  const Tensor dy = dy_in.contiguous();
+  const std::int64_t cols = r.cols;
+  LayerNormGrads g;
+  if (want_dx) g.dx = Tensor::empty(x.shape(), x.dtype());
+  // Column sums over rows, in row order (deterministic), in double.
+  std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(cols) : 0, 0.0);
+  std::vector<double> db_acc(want_db ? static_cast<std::size_t>(cols) : 0, 0.0);
+  dispatch_floating(x.dtype(), "layer_norm backward", [&]<class T>() {
+    std::vector<T> xhat(static_cast<std::size_t>(cols)), gw(static_cast<std::size_t>(cols));
+    const T* pw = weight.defined() ? weight.data<T>() : nullptr;
+    const double* pm = mean.data<double>();
+    const double* pr = rstd.data<double>();
+    for (std::int64_t i = 0; i < r.rows; ++i) {
+      const T* row = r.packed.data<T>() + i * cols;
+      const T* drow = dy.data<T>() + i * cols;
+      const T mu = static_cast<T>(pm[i]), rs = static_cast<T>(pr[i]);
+      for (std::int64_t j = 0; j < cols; ++j) xhat[static_cast<std::size_t>(j)] = (row[j] - mu) * rs;
+      if (pw != nullptr) {
+        for (std::int64_t j = 0; j < cols; ++j) gw[static_cast<std::size_t>(j)] = drow[j] * pw[j];
+      } else {
+        std::copy(drow, drow + cols, gw.begin());
+      }
+      if (want_dw) {
+        for (std::int64_t j = 0; j < cols; ++j) {
+          dw_acc[static_cast<std::size_t>(j)] += static_cast<double>(drow[j] * xhat[static_cast<std::size_t>(j)]);
+        }
+      }
+      if (want_db) {
+        for (std::int64_t j = 0; j < cols; ++j) db_acc[static_cast<std::size_t>(j)] += static_cast<double>(drow[j]);
+      }
+      if (!want_dx) continue;
+      const T* xh = xhat.data();
+      const T* gg = gw.data();
+      const double inv_cols = 1.0 / static_cast<double>(cols);
+      const T mean_g = static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return gg[j]; }) * inv_cols);
+      const T mean_gx =
+          static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return gg[j] * xh[j]; }) * inv_cols);
+      T* out = g.dx.data<T>() + i * cols;
+      for (std::int64_t j = 0; j < cols; ++j) out[j] = rs * (gg[j] - mean_g - xh[j] * mean_gx);
+    }
+  });
+  const Shape col_shape{cols};
+  if (want_dw) g.dweight = Tensor::from_values(dw_acc, col_shape, x.dtype());
+  if (want_db) g.dbias = Tensor::from_values(db_acc, col_shape, x.dtype());
+  return g;
 }
 
 // ---- embedding ------------------------------------------------------------------------------------

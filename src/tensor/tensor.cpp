@@ -3,12 +3,11 @@
 #include <algorithm>
 #include <cstdlib>
 #include <cstring>
-#include <malloc.h>
-#include <mutex>
 #include <new>
 #include <numeric>
 #include <optional>
 
+#include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/tensor/shard.hpp"
 
 #include "meshgrad/tensor/iter.hpp"
@@ -17,29 +16,12 @@ namespace meshgrad {
 
 // ---- storage --------------------------------------------------------------------------------------
 
-namespace {
-// Training allocates and frees the same large buffers every step. By default glibc serves blocks
-// over 128 KiB with mmap and unmaps them on free, so each step page-faults its activations in
-// again (measured: ~13% of an MLP step). Raising the mmap and trim thresholds keeps freed blocks
-// in the heap for reuse. Process-wide, set once, before the first tensor.
-void keep_large_blocks_for_reuse() {
-  static std::once_flag once;
-  std::call_once(once, [] {
-    mallopt(M_MMAP_THRESHOLD, 32 * 1024 * 1024);   // glibc's maximum on 64-bit
-    mallopt(M_TRIM_THRESHOLD, 1024 * 1024 * 1024);
-  });
-}
-}  // namespace
+// Blocks come from the caching allocator (allocator.hpp): 64-byte aligned (whole cache lines
+// and full AVX-512 vectors for every tensor start), reused across training steps.
+Storage::Storage(std::size_t nbytes)
+    : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes) {}
 
-Storage::Storage(std::size_t nbytes) : nbytes_(nbytes) {
-  keep_large_blocks_for_reuse();
-  // 64-byte alignment: whole cache lines and full AVX-512 vectors for every tensor start.
-  const std::size_t rounded = std::max<std::size_t>(64, (nbytes + 63) / 64 * 64);
-  data_ = static_cast<std::byte*>(std::aligned_alloc(64, rounded));
-  if (data_ == nullptr) throw std::bad_alloc();
-}
-
-Storage::~Storage() { std::free(data_); }
+Storage::~Storage() { memory::deallocate(data_, nbytes_); }
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strides strides, std::int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();

@@ -299,6 +299,58 @@ TEST(NnOps, LayerNormFloat32MatchesFloat64) {
   for (std::size_t i = 0; i < y64.size(); ++i) EXPECT_NEAR(y32[i], y64[i], 5e-3);
 }
 
+// The float32 row kernels use lane sums and a vectorised exp: rows of odd lengths (lanes plus a
+// tail) must agree with float64 to float precision, forward and backward, and a -inf logit must
+// still get exactly probability 0.
+TEST(NnKernels, Float32RowKernelsMatchFloat64) {
+  Tensor x = scale(randn64({3, 1001}, 12), 4.0);
+  x.set({1, 7}, -std::numeric_limits<double>::infinity());
+  const Tensor dy = randn64({3, 1001}, 13);
+  auto close = [](const Tensor& got32, const Tensor& want64, double tol, const char* what) {
+    const std::vector<double> a = got32.to_vector(), b = want64.to_vector();
+    ASSERT_EQ(a.size(), b.size());
+    for (std::size_t i = 0; i < a.size(); ++i) {
+      if (std::isinf(b[i])) {
+        EXPECT_EQ(a[i], b[i]) << what << " " << i;
+      } else {
+        EXPECT_NEAR(a[i], b[i], tol * (1 + std::abs(b[i]))) << what << " " << i;
+      }
+    }
+  };
+  const Tensor y64 = kernels::softmax_last(x), y32 = kernels::softmax_last(x.to(f32));
+  close(y32, y64, 1e-6, "softmax");
+  EXPECT_EQ(y32.at({1, 7}), 0.0);
+  close(kernels::softmax_backward_last(dy.to(f32), y32), kernels::softmax_backward_last(dy, y64), 1e-6, "softmax bwd");
+  const Tensor l64 = kernels::log_softmax_last(x), l32 = kernels::log_softmax_last(x.to(f32));
+  close(l32, l64, 1e-6, "log_softmax");
+  close(kernels::log_softmax_backward_last(dy.to(f32), l32), kernels::log_softmax_backward_last(dy, l64), 1e-5,
+        "log_softmax bwd");
+
+  const Tensor h = random::randn({5, 389}, 14, f64, 3.0, 2.0);
+  const Tensor w = randn64({389}, 15), b = randn64({389}, 16), gy = randn64({5, 389}, 17);
+  const kernels::LayerNormForward n64 = kernels::layer_norm_forward(h, w, b, 1e-5);
+  const kernels::LayerNormForward n32 = kernels::layer_norm_forward(h.to(f32), w.to(f32), b.to(f32), 1e-5);
+  close(n32.y, n64.y, 2e-5, "layer_norm");
+  const kernels::LayerNormGrads g64 = kernels::layer_norm_backward(gy, h, w, n64.mean, n64.rstd, true, true, true);
+  const kernels::LayerNormGrads g32 =
+      kernels::layer_norm_backward(gy.to(f32), h.to(f32), w.to(f32), n32.mean, n32.rstd, true, true, true);
+  close(g32.dx, g64.dx, 2e-5, "layer_norm dx");
+  close(g32.dweight, g64.dweight, 2e-5, "layer_norm dweight");
+  close(g32.dbias, g64.dbias, 1e-5, "layer_norm dbias");
+
+  // Cross-entropy over the 1001-wide rows (row 1 has the -inf logit), loss and gradient.
+  const std::vector<std::int64_t> t = {5, 8, 1000};
+  const Tensor targets = Tensor::from_int64(t, {3});
+  Tensor logits64 = x.clone(), logits32 = x.to(f32);
+  logits64.set_requires_grad(true);
+  logits32.set_requires_grad(true);
+  const Tensor loss64 = cross_entropy(logits64, targets), loss32 = cross_entropy(logits32, targets);
+  EXPECT_NEAR(loss32.item(), loss64.item(), 1e-5 * std::abs(loss64.item()));
+  backward(loss64);
+  backward(loss32);
+  close(logits32.grad(), logits64.grad(), 1e-6, "cross_entropy grad");
+}
+
 TEST(NnOps, LayerNormErrorsNameShapes) {
   const Tensor x = Tensor::zeros({2, 4}, f64);
   expect_invalid([&] { layer_norm(x, Tensor::ones({3}, f64), Tensor()); }, {"layer_norm", "weight", "[3]", "[2, 4]"});
@@ -529,6 +581,25 @@ TEST(NnOps, CausalAttentionMatchesDirectLoops) {
   for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got32[i], expected[i], 1e-5) << i;
 }
 
+// T = 150 spans three 64-row tiles, the last one partial, so the online softmax rescales across
+// key tiles and the diagonal tile is cut short. float64 must equal the direct loops to rounding.
+TEST(NnOps, CausalAttentionMatchesDirectLoopsAcrossTiles) {
+  const Tensor q = randn64({1, 2, 150, 5}, 144), k = randn64({1, 2, 150, 5}, 145), v = randn64({1, 2, 150, 5}, 146);
+  // Large scores so the running max changes between tiles and a wrong rescale would show.
+  const Tensor q3 = scale(q, 3.0);
+  const std::vector<double> expected = attention_reference(q3, k, v);
+  const std::vector<double> got = causal_attention(q3, k, v).to_vector();
+  ASSERT_EQ(got.size(), expected.size());
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], expected[i], 1e-12) << i;
+  const std::vector<double> got32 = causal_attention(q3.to(f32), k.to(f32), v.to(f32)).to_vector();
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got32[i], expected[i], 2e-5) << i;
+  // Strided heads ([B, T, H, D] permuted) across tiles give the same numbers.
+  const Tensor qs = scale(randn64({1, 150, 2, 5}, 147), 3.0).permute({0, 2, 1, 3});
+  const std::vector<double> strided = causal_attention(qs, k, v).to_vector();
+  const std::vector<double> packed = attention_reference(qs.contiguous(), k, v);
+  for (std::size_t i = 0; i < strided.size(); ++i) EXPECT_NEAR(strided[i], packed[i], 1e-12) << i;
+}
+
 TEST(NnOps, CausalAttentionTakesStridedHeads) {
   // The usual layout: [B, T, H, D] permuted to [B, H, T, D] (a view, not a copy).
   const Tensor q = randn64({2, 5, 3, 4}, 47).permute({0, 2, 1, 3});
@@ -627,6 +698,13 @@ TEST(NnGrad, CausalAttention) {
   // Only some inputs require grad: the others get none, and the rest are still right.
   EXPECT_GRADIENTS_MATCH([](const TensorList& x) { return causal_attention(x[0], x[1], x[2]); },
                          (TensorList{randn64({1, 2, 5, 2}, 114), leaf({1, 2, 5, 2}, 115), randn64({1, 2, 5, 2}, 116)}));
+}
+
+// Across tiles: T = 70 is one full 64-row tile and a partial one, so the backward's recomputed
+// tiles, the skipped upper tile and the dK / dV accumulation over query tiles are all exercised.
+TEST(NnGrad, CausalAttentionAcrossTiles) {
+  EXPECT_GRADIENTS_MATCH([](const TensorList& x) { return causal_attention(x[0], x[1], x[2]); },
+                         (TensorList{leaf({1, 1, 70, 2}, 117), leaf({1, 1, 70, 2}, 118), leaf({1, 1, 70, 2}, 119)}));
 }
 
 }  // namespace

@@ -48,6 +48,35 @@ TEST(Kernels, BinaryBroadcasting) {
                InvalidArgument);
 }
 
+// A contiguous [70, 45] plus a transposed view of a [45, 70] (the tied embedding's two gradients):
+// the tiled path, with partial tiles at both edges, must give each element's own sum.
+TEST(Kernels, BinaryWithTransposedOperandTakesTilesAndStaysExact) {
+  const Tensor a = random::randn({70, 45}, 11, DType::Float64);
+  const Tensor bt = random::randn({45, 70}, 12, DType::Float64).transpose(0, 1);   // [70, 45], strides (1, 70)
+  for (Binary op : {Binary::Add, Binary::Sub, Binary::Mul, Binary::Div}) {
+    const Tensor ab = kernels::binary(op, a, bt);
+    const Tensor ba = kernels::binary(op, bt, a);
+    for (std::int64_t i = 0; i < 70; ++i) {
+      for (std::int64_t j = 0; j < 45; ++j) {
+        const double x = a.at({i, j}), y = bt.at({i, j});
+        auto apply = [op](double l, double r) {
+          return op == Binary::Add ? l + r : op == Binary::Sub ? l - r : op == Binary::Mul ? l * r : l / r;
+        };
+        ASSERT_EQ(ab.at({i, j}), apply(x, y)) << i << "," << j;
+        ASSERT_EQ(ba.at({i, j}), apply(y, x)) << i << "," << j;
+      }
+    }
+  }
+  // In place into the transposed view (out strided too).
+  Tensor base = random::randn({45, 70}, 13, DType::Float64);
+  Tensor view = base.transpose(0, 1);
+  const Tensor before = view.contiguous();
+  kernels::binary_(Binary::Add, view, a);
+  for (std::int64_t i = 0; i < 70; ++i) {
+    for (std::int64_t j = 0; j < 45; ++j) ASSERT_EQ(base.at({j, i}), before.at({i, j}) + a.at({i, j}));
+  }
+}
+
 TEST(Kernels, InPlaceAndAxpy) {
   Tensor a = iota({2, 2});
   kernels::binary_(Binary::Add, a, Tensor::from_values({1, 1}, {2}, DType::Float64));
@@ -113,6 +142,28 @@ TEST(Kernels, BatchedMatmulBroadcastsBatchDims) {
   auto got = y.select(0, 1).select(0, 2).contiguous().to_vector();
   for (std::size_t e = 0; e < ref.size(); ++e) EXPECT_NEAR(got[e], ref[e], 1e-12);
   EXPECT_THROW(kernels::matmul(a, Tensor::zeros({4, 2}, DType::Float64)), InvalidArgument);
+}
+
+// Batch matrices taken as views of permuted and transposed tensors (attention's q k^T), and a
+// batch operand whose matrices BLAS cannot read (inner stride 2) that must be packed once.
+TEST(Kernels, BatchedMatmulTakesStridedBatchMatrices) {
+  const Tensor q = random::randn({2, 5, 3, 4}, 21, DType::Float64).permute({0, 2, 1, 3});   // [2, 3, 5, 4]
+  const Tensor kt = random::randn({2, 3, 6, 4}, 22, DType::Float64).transpose(-2, -1);   // [2, 3, 4, 6]
+  const Tensor every_other = random::randn({2, 3, 4, 6, 2}, 23, DType::Float64).select(4, 0);   // strides (.., 12, 2)
+  for (const Tensor& rhs : {kt, every_other}) {
+    const Tensor c = kernels::matmul(q, rhs);
+    ASSERT_EQ(c.shape(), (Shape{2, 3, 5, 6}));
+    for (std::int64_t i = 0; i < 2; ++i) {
+      for (std::int64_t j = 0; j < 3; ++j) {
+        const auto ref = naive_matmul(q.select(0, i).select(0, j), rhs.select(0, i).select(0, j));
+        const auto got = c.select(0, i).select(0, j).contiguous().to_vector();
+        for (std::size_t e = 0; e < ref.size(); ++e) ASSERT_NEAR(got[e], ref[e], 1e-12) << i << "," << j;
+      }
+    }
+  }
+  // Empty inner dim: zeros.
+  const Tensor z = kernels::matmul(Tensor::ones({2, 3, 0}, DType::Float64), Tensor::ones({2, 0, 4}, DType::Float64));
+  EXPECT_EQ(z.to_vector(), std::vector<double>(24, 0.0));
 }
 
 TEST(Kernels, CatAlongAnyDim) {
@@ -203,4 +254,35 @@ TEST(Blas, ThreadsPerRankSharesTheCoresAndRestores) {
   EXPECT_EQ(blas::num_threads(), 3);
   EXPECT_EQ(blas::thread_policy(), "3 BLAS threads (no launch policy in effect)");
   EXPECT_THROW(blas::ThreadsPerRank(0), InvalidArgument);
+}
+
+// The attention kernel splits (batch, head) pairs over blas::num_threads() threads: the split must
+// not change a bit of the result (heads are independent), and under TSan (make test-tsan) the
+// workers must not race. T = 70 crosses a tile boundary.
+TEST(Kernels, CausalAttentionIsTheSameOnOneOrSeveralThreads) {
+  const Tensor q = random::randn({2, 3, 70, 8}, 31, DType::Float32);
+  const Tensor k = random::randn({2, 3, 70, 8}, 32, DType::Float32);
+  const Tensor v = random::randn({2, 3, 70, 8}, 33, DType::Float32);
+  const Tensor g = random::randn({2, 3, 70, 8}, 34, DType::Float32);
+  const int before = blas::num_threads();
+  auto run = [&](int threads) {
+    blas::set_num_threads(threads);
+    kernels::AttentionForward f = kernels::causal_attention_forward(q, k, v, 0.35);
+    kernels::AttentionGrads d = kernels::causal_attention_backward(g, q, k, v, f, 0.35, true, true, true);
+    return std::vector<std::vector<double>>{f.out.to_vector(), f.lse.to_vector(), d.dq.to_vector(),
+                                            d.dk.to_vector(), d.dv.to_vector()};
+  };
+  const auto one = run(1);
+  const auto four = run(4);
+  blas::set_num_threads(before);
+  for (std::size_t i = 0; i < one.size(); ++i) EXPECT_EQ(one[i], four[i]) << "result " << i;
+  // Only the wanted gradients are computed.
+  blas::set_num_threads(1);
+  const kernels::AttentionGrads only_dv =
+      kernels::causal_attention_backward(g, q, k, v, kernels::causal_attention_forward(q, k, v, 0.35), 0.35, false,
+                                         false, true);
+  blas::set_num_threads(before);
+  EXPECT_FALSE(only_dv.dq.defined());
+  EXPECT_FALSE(only_dv.dk.defined());
+  EXPECT_EQ(only_dv.dv.to_vector(), four[4]);
 }

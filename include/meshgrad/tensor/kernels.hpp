@@ -61,4 +61,53 @@ Tensor softmax_backward_last(const Tensor& grad, const Tensor& y);
 // Given y = log_softmax(x) and dy: dx = dy - exp(y) * sum(dy).
 Tensor log_softmax_backward_last(const Tensor& grad, const Tensor& y);
 
+// Row kernels of the cross-entropy losses (ops' cross_entropy and nn's vocab-parallel one), on
+// one packed row x[0, n). float32 uses a vectorised exp and lane sums; float64 is libm exp summed
+// in index order.
+//   sum_exp_shifted:    sum_j exp(x[j] - shift), in double
+//   log_sum_exp:        m + log(sum_j exp(x[j] - m)), m = max_j x[j]  (n > 0)
+//   exp_shifted_scaled: out[j] = exp(x[j] - shift) * scale  (the softmax times a loss scale)
+double sum_exp_shifted(const float* x, std::int64_t n, float shift);
+double sum_exp_shifted(const double* x, std::int64_t n, double shift);
+double log_sum_exp(const float* x, std::int64_t n);
+double log_sum_exp(const double* x, std::int64_t n);
+void exp_shifted_scaled(const float* x, std::int64_t n, float shift, float scale, float* out);
+void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double scale, double* out);
+
+// Layer norm over the last dim of packed x [..., C] (C > 0), per row:
+//   y = (x - mean) * rstd * weight + bias,  rstd = 1 / sqrt(var + eps)
+// with the biased variance (divide by C), weight / bias packed [C] or undefined (1 / 0).
+// mean and rstd are float64 [rows]. Two passes over the row (mean, then squared deviations).
+struct LayerNormForward {
+  Tensor y, mean, rstd;
+};
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// With g = dy * weight (or dy) and xhat = (x - mean) * rstd per row:
+//   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,
+//   dbias = sum_rows dy (column sums in row order, in double). Unwanted results are undefined.
+struct LayerNormGrads {
+  Tensor dx, dweight, dbias;
+};
+LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
+                                   const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias);
+
+// Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
+// [T, T] matrix is kept, tiles above the diagonal are skipped.
+// q, k, v: [B, H, T, D], one dtype, any strides.
+//   out[b, h, t] = sum_{s <= t} softmax_s(scale * q_t . k_s) * v_s    -> [B, H, T, D] (contiguous)
+//   lse[b, h, t] = log sum_{s <= t} exp(scale * q_t . k_s)             -> [B, H, T]    (contiguous)
+struct AttentionForward {
+  Tensor out;
+  Tensor lse;
+};
+AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
+// Gradients of sum(dout * out) with respect to q, k, v, recomputing the probabilities from
+// (q, k, fwd.lse). Only the wanted ones are computed; the others are undefined.
+struct AttentionGrads {
+  Tensor dq, dk, dv;
+};
+AttentionGrads causal_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
+                                         const AttentionForward& fwd, double scale, bool want_dq, bool want_dk,
+                                         bool want_dv);
+
 }  // namespace meshgrad::kernels

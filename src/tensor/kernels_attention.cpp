@@ -1,0 +1,263 @@
+// Causal self-attention, blocked like FlashAttention on a CPU. For each (batch, head) the
+// [T, T] score matrix is visited as square tiles of kBlock x kBlock: query block i meets key
+// blocks j <= i only (tiles above the diagonal are all masked and skipped), and each tile's
+// scores live in a kBlock x kBlock scratch, never in a [T, T] tensor. Tile products are BLAS
+// GEMMs on strided views of q, k, v (no copies when the head dim is unit-stride, as after the
+// usual [B, T, H, D] -> [B, H, T, D] permute).
+//
+// Forward keeps, per query row, the running max m and running sum l of the exponentials (the
+// online softmax): a new key tile with a larger max rescales the partial output by exp(m - m').
+// It returns the output and lse = m + log l per row. Backward recomputes each tile's
+// probabilities as exp(score - lse) and accumulates dV, dQ, dK tile by tile (FlashAttention-2's
+// backward; D_t = <dO_t, O_t> stands in for the softmax Jacobian's row sum).
+//
+// Work is split over (batch, head) pairs between blas::num_threads() threads (the caller's
+// thread is one of them): heads are independent, so results do not depend on the split.
+#include <algorithm>
+#include <cmath>
+#include <exception>
+#include <limits>
+#include <thread>
+#include <vector>
+
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+#include "vec_math.hpp"
+
+namespace meshgrad::kernels {
+
+namespace {
+
+constexpr std::int64_t kBlock = 64;   // tile side: 64 x 64 scores (16 KiB in float32) stay in L1/L2
+
+// One [T, D] head matrix of a [B, H, T, D] tensor: element (t, d) at p[t * ld + d].
+template <class T>
+struct HeadMat {
+  T* p;
+  std::int64_t ld;
+  T* row(std::int64_t t) const { return p + t * ld; }
+};
+
+// q, k, v, dout as BLAS can read them: unit stride along D and a row stride of at least D.
+// Anything else (rare: an expanded or transposed head dim) is packed first.
+Tensor blas_ready(const Tensor& t) {
+  const Strides& s = t.strides();
+  if (s[3] == 1 && s[2] >= t.size(3)) return t;
+  return t.contiguous();
+}
+
+template <class T>
+HeadMat<T> head(const Tensor& t, std::int64_t pair, std::int64_t heads) {
+  const Strides& s = t.strides();
+  T* base = reinterpret_cast<T*>(t.storage()->data()) + t.offset();
+  return {base + (pair / heads) * s[0] + (pair % heads) * s[1], s[2]};
+}
+
+// Runs work(pair) for pair in [0, pairs), split in contiguous ranges over up to
+// blas::num_threads() threads. An exception in any worker is rethrown on the caller's thread.
+template <class Work>
+void for_each_pair(std::int64_t pairs, Work&& work) {
+  const std::int64_t workers = std::min<std::int64_t>(std::max(1, blas::num_threads()), pairs);
+  if (workers <= 1) {
+    for (std::int64_t p = 0; p < pairs; ++p) work(p);
+    return;
+  }
+  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
+  auto run = [&](std::int64_t w) {
+    try {
+      for (std::int64_t p = w * pairs / workers; p < (w + 1) * pairs / workers; ++p) work(p);
+    } catch (...) {
+      errors[static_cast<std::size_t>(w)] = std::current_exception();
+    }
+  };
+  std::vector<std::thread> threads;
+  threads.reserve(static_cast<std::size_t>(workers - 1));
+  for (std::int64_t w = 1; w < workers; ++w) threads.emplace_back(run, w);
+  run(0);
+  for (std::thread& t : threads) t.join();
+  for (const std::exception_ptr& e : errors) {
+    if (e) std::rethrow_exception(e);
+  }
+}
+
+void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
+  check_floating(q, op);
+  check_same_dtype(q, k, op);
+  check_same_dtype(q, v, op);
+  MG_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
+           "{}: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", op, shape_str(q.shape()),
+           shape_str(k.shape()), shape_str(v.shape()));
+  MG_CHECK(q.size(3) > 0, "{}: head dim D must be positive, got q {}", op, shape_str(q.shape()));
+}
+
+// Scores of one tile: s[r, c] = scale * q[i0 + r] . k[j0 + c] for r < rows, c < cols
+// (row stride kBlock).
+template <class T>
+void tile_scores(T* s, const HeadMat<const T>& q, const HeadMat<const T>& k, std::int64_t i0, std::int64_t j0,
+                 std::int64_t rows, std::int64_t cols, std::int64_t dim, T scale) {
+  blas::gemm(false, true, rows, cols, dim, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s, kBlock);
+}
+
+// Number of keys of tile column range [j0, j0 + cols) that query t may see (s <= t); >= 1
+// because tiles are square and j0 <= the tile's first query.
+inline std::int64_t visible(std::int64_t t, std::int64_t j0, std::int64_t cols) {
+  return std::min(cols, t - j0 + 1);
+}
+
+template <class T>
+void forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const HeadMat<const T>& v,
+                  const HeadMat<T>& out, T* lse, std::int64_t steps, std::int64_t dim, T scale) {
+  std::vector<T> s(static_cast<std::size_t>(kBlock * kBlock));
+  std::vector<T> acc(static_cast<std::size_t>(kBlock * dim));
+  std::vector<T> m(static_cast<std::size_t>(kBlock)), l(static_cast<std::size_t>(kBlock));
+  for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
+    const std::int64_t rows = std::min(kBlock, steps - i0);
+    std::fill(acc.begin(), acc.end(), T(0));
+    std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
+    std::fill(l.begin(), l.end(), T(0));
+    for (std::int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
+      const std::int64_t cols = std::min(kBlock, steps - j0);
+      tile_scores(s.data(), q, k, i0, j0, rows, cols, dim, scale);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        T* row = s.data() + r * kBlock;
+        const std::int64_t vis = visible(i0 + r, j0, cols);
+        const T m_new = std::max(m[r], detail::row_max(row, vis));
+        for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - m_new);
+        const T total = static_cast<T>(detail::row_sum<T>(vis, [&](std::int64_t c) { return row[c]; }));
+        std::fill(row + vis, row + cols, T(0));   // masked keys weigh exactly 0
+        // First tile: m = -inf, l = 0 and acc = 0, so the rescale is skipped (exp(-inf) is 0 anyway).
+        if (m[r] != m_new && l[r] != T(0)) {
+          const T correction = std::exp(m[r] - m_new);
+          l[r] *= correction;
+          T* a = acc.data() + r * dim;
+          for (std::int64_t d = 0; d < dim; ++d) a[d] *= correction;
+        }
+        l[r] += total;
+        m[r] = m_new;
+      }
+      blas::gemm(false, false, rows, dim, cols, T(1), s.data(), kBlock, v.row(j0), v.ld, T(1), acc.data(), dim);
+    }
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const T inv = T(1) / l[r];
+      const T* a = acc.data() + r * dim;
+      T* o = out.row(i0 + r);
+      for (std::int64_t d = 0; d < dim; ++d) o[d] = a[d] * inv;
+      lse[i0 + r] = m[r] + std::log(l[r]);
+    }
+  }
+}
+
+template <class T>
+struct BackwardHead {
+  HeadMat<const T> q, k, v, out, dout;
+  const T* lse;
+  HeadMat<T> dq, dk, dv;   // p == nullptr: not wanted. Zero on entry; accumulated tile by tile.
+};
+
+template <class T>
+void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t dim, T scale) {
+  std::vector<T> p(static_cast<std::size_t>(kBlock * kBlock));
+  std::vector<T> dp(static_cast<std::size_t>(kBlock * kBlock));
+  // delta[t] = <dO_t, O_t> = sum_s P[t, s] dP[t, s], the row sum in the softmax backward.
+  std::vector<T> delta(static_cast<std::size_t>(steps));
+  for (std::int64_t t = 0; t < steps; ++t) {
+    const T* o = h.out.row(t);
+    const T* g = h.dout.row(t);
+    const double dot = detail::row_sum<T>(dim, [&](std::int64_t d) { return o[d] * g[d]; });
+    delta[static_cast<std::size_t>(t)] = static_cast<T>(dot);
+  }
+  const bool want_ds = h.dq.p != nullptr || h.dk.p != nullptr;
+  for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
+    const std::int64_t rows = std::min(kBlock, steps - i0);
+    for (std::int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
+      const std::int64_t cols = std::min(kBlock, steps - j0);
+      tile_scores(p.data(), h.q, h.k, i0, j0, rows, cols, dim, scale);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        T* row = p.data() + r * kBlock;
+        const std::int64_t vis = visible(i0 + r, j0, cols);
+        const T shift = h.lse[i0 + r];
+        for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - shift);
+        std::fill(row + vis, row + cols, T(0));
+      }
+      // dV_j += P^T dO_i
+      if (h.dv.p != nullptr) {
+        blas::gemm(true, false, cols, dim, rows, T(1), p.data(), kBlock, h.dout.row(i0), h.dout.ld, T(1),
+                   h.dv.row(j0), h.dv.ld);
+      }
+      if (!want_ds) continue;
+      // dP = dO_i V_j^T; dS = P * (dP - delta), 0 where masked since P is 0 there.
+      blas::gemm(false, true, rows, cols, dim, T(1), h.dout.row(i0), h.dout.ld, h.v.row(j0), h.v.ld, T(0), dp.data(),
+                 kBlock);
+      for (std::int64_t r = 0; r < rows; ++r) {
+        T* ds = dp.data() + r * kBlock;
+        const T* pr = p.data() + r * kBlock;
+        const T dl = delta[static_cast<std::size_t>(i0 + r)];
+        for (std::int64_t c = 0; c < cols; ++c) ds[c] = pr[c] * (ds[c] - dl);
+      }
+      // dQ_i += scale * dS K_j,  dK_j += scale * dS^T Q_i
+      if (h.dq.p != nullptr) {
+        blas::gemm(false, false, rows, dim, cols, scale, dp.data(), kBlock, h.k.row(j0), h.k.ld, T(1), h.dq.row(i0),
+                   h.dq.ld);
+      }
+      if (h.dk.p != nullptr) {
+        blas::gemm(true, false, cols, dim, rows, scale, dp.data(), kBlock, h.q.row(i0), h.q.ld, T(1), h.dk.row(j0),
+                   h.dk.ld);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale) {
+  check_qkv(q_in, k_in, v_in, "causal_attention");
+  const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
+  const std::int64_t heads = q.size(1), steps = q.size(2), dim = q.size(3);
+  const std::int64_t pairs = q.size(0) * heads;
+  AttentionForward r{Tensor::empty(q.shape(), q.dtype()), Tensor::empty({q.size(0), heads, steps}, q.dtype())};
+  dispatch_floating(q.dtype(), "causal_attention", [&]<class T>() {
+    T* lse = r.lse.data<T>();
+    for_each_pair(pairs, [&](std::int64_t pair) {
+      forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
+                      head<T>(r.out, pair, heads), lse + pair * steps, steps, dim, static_cast<T>(scale));
+    });
+  });
+  return r;
+}
+
+AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
+                                         const Tensor& v_in, const AttentionForward& fwd, double scale, bool want_dq,
+                                         bool want_dk, bool want_dv) {
+  check_qkv(q_in, k_in, v_in, "causal_attention backward");
+  check_same_dtype(q_in, dout_in, "causal_attention backward");
+  MG_CHECK(dout_in.shape() == q_in.shape() && fwd.out.shape() == q_in.shape() && fwd.lse.dtype() == q_in.dtype() &&
+               fwd.lse.shape() == Shape({q_in.size(0), q_in.size(1), q_in.size(2)}) && fwd.lse.is_contiguous(),
+           "causal_attention backward: grad {}, output {} and lse {} do not match q {}", dout_in.str(), fwd.out.str(),
+           fwd.lse.str(), q_in.str());
+  const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
+  const Tensor dout = blas_ready(dout_in), out = blas_ready(fwd.out);
+  const std::int64_t heads = q.size(1), steps = q.size(2), dim = q.size(3);
+  const std::int64_t pairs = q.size(0) * heads;
+  AttentionGrads g;
+  if (want_dq) g.dq = Tensor::zeros(q.shape(), q.dtype());
+  if (want_dk) g.dk = Tensor::zeros(q.shape(), q.dtype());
+  if (want_dv) g.dv = Tensor::zeros(q.shape(), q.dtype());
+  if (!want_dq && !want_dk && !want_dv) return g;
+  dispatch_floating(q.dtype(), "causal_attention backward", [&]<class T>() {
+    const T* lse = fwd.lse.data<T>();
+    auto grad_head = [&](const Tensor& t, std::int64_t pair) {
+      return t.defined() ? head<T>(t, pair, heads) : HeadMat<T>{nullptr, 0};
+    };
+    for_each_pair(pairs, [&](std::int64_t pair) {
+      const BackwardHead<T> h{head<const T>(q, pair, heads),   head<const T>(k, pair, heads),
+                              head<const T>(v, pair, heads),   head<const T>(out, pair, heads),
+                              head<const T>(dout, pair, heads), lse + pair * steps,
+                              grad_head(g.dq, pair),           grad_head(g.dk, pair),
+                              grad_head(g.dv, pair)};
+      backward_head<T>(h, steps, dim, static_cast<T>(scale));
+    });
+  });
+  return g;
+}
+
+}  // namespace meshgrad::kernels
