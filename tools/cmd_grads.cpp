@@ -14,69 +14,23 @@
 #include <vector>
 
 #include "command.hpp"
-#include "launch.hpp"
-#include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/jobs.hpp"
 #include "meshgrad/train/safetensors.hpp"
-#include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
-struct GradsArgs {
-  std::string config, weights, batch, out;
-  std::string mesh = "tp=1";
-  std::string backend = "threads";
-  std::string dtype;   // "" = the weights' dtype
-  bool sequence_parallel = false;
-};
-
-// The batch file's int64 [B, T] tensor `name`.
-Tensor read_batch_tensor(const train::SafetensorsFile& file, const std::string& name) {
-  MG_CHECK(file.contains(name), "batch '{}': no tensor \"{}\" (expected int64 \"inputs\" and \"targets\" [B, T])",
-           file.path(), name);
-  Tensor t = file.get(name);
-  MG_CHECK(t.dtype() == DType::Int64 && t.dim() == 2, "batch '{}': \"{}\" must be int64 [B, T], got {}", file.path(),
-           name, t.str());
-  return t;
-}
-
-int run(const GradsArgs& a) {
-  nn::ModelConfig config = train::read_gpt2_config(a.config);
-  const train::SafetensorsFile batch_file(a.batch);
-  nn::Batch batch{read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
-  MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
-           a.batch, batch.inputs.str(), batch.targets.str());
-  config.batch = static_cast<int>(batch.inputs.size(0));
-  config.seq = static_cast<int>(batch.inputs.size(1));
-  MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'", a.batch,
-           config.seq, config.n_positions(), a.config);
-
-  // Output dtype per parameter: the weights file's; the model computes in --dtype (default: wte's).
-  const train::SafetensorsFile weights_file(a.weights);
-  const DType weights_dtype = weights_file.entry("wte.weight").dtype;
-  MG_CHECK(weights_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", a.weights);
-  config.dtype = a.dtype.empty() ? weights_dtype : parse_dtype(a.dtype);
-  nn::ParallelConfig parallel;
-  parallel.sequence_parallel = a.sequence_parallel;
-
-  return run_on_backend(a.backend, mesh_world_size(a.mesh), [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = make_mesh(world, a.mesh);
-    auto model = nn::make_model(config, parallel, mesh, 0);
-    model->set_training(false);
-    train::load_parameters(a.weights, model->parameters(), mesh->group("tp"));
-    train::GradientDump dump = train::compute_gradients(*model, batch, mesh);
-    if (mesh->rank() != 0) return;
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (auto& [name, grad] : dump.gradients) {
-      const DType out = weights_file.contains(name) ? weights_file.entry(name).dtype : weights_dtype;
-      tensors.emplace_back(name, grad.to(out));
-    }
-    tensors.emplace_back("loss", Tensor::scalar(dump.loss, weights_dtype));
-    train::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
-    fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", dump.loss,
-               dump.gradients.size(), dtype_name(weights_dtype), a.out, mesh->str(), world->backend(),
-               a.sequence_parallel ? ", sequence-parallel" : "");
-  });
+// The job (reading the files, ranks, gradients) is train::run_grads_job, shared with the Python
+// module; this writes rank 0's result.
+int run(const train::GradsJob& job, const std::string& out) {
+  const train::GradsResult r = train::run_grads_job(job);
+  if (!r.has_result) return 0;   // an MPI process other than rank 0
+  std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
+  tensors.emplace_back("loss", Tensor::scalar(r.loss, r.dtype));
+  train::write_safetensors(out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", job.mesh}});
+  fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", r.loss, r.gradients.size(),
+             dtype_name(r.dtype), out, r.mesh, r.backend, job.sequence_parallel ? ", sequence-parallel" : "");
+  return 0;
 }
 
 }  // namespace
@@ -84,19 +38,23 @@ int run(const GradsArgs& a) {
 MESHGRAD_REGISTER_COMMAND(
     grads, {"", "grads", "Write the full gradient of every GPT-2 parameter for one batch (safetensors)",
             [](CLI::App& app) -> std::function<int()> {
+              struct GradsArgs {
+                train::GradsJob job;
+                std::string out;
+              };
               auto a = std::make_shared<GradsArgs>();
-              app.add_option("--config", a->config, "Hugging Face GPT-2 config.json")->required();
-              app.add_option("--weights", a->weights, "Full parameters (safetensors, GPT-2 names)")->required();
-              app.add_option("--batch", a->batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
+              app.add_option("--config", a->job.config, "Hugging Face GPT-2 config.json")->required();
+              app.add_option("--weights", a->job.weights, "Full parameters (safetensors, GPT-2 names)")->required();
+              app.add_option("--batch", a->job.batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
               app.add_option("--out", a->out, "Where to write the gradients (safetensors)")->required();
-              app.add_option("--mesh", a->mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-              app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
+              app.add_option("--mesh", a->job.mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+              app.add_option("--backend", a->job.backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
-              app.add_option("--dtype", a->dtype, "Compute dtype (default: the weights' dtype)")
+              app.add_option("--dtype", a->job.dtype, "Compute dtype (default: the weights' dtype)")
                   ->check(CLI::IsMember({"float32", "float64"}));
-              app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism");
-              return [a] { return run(*a); };
+              app.add_flag("--sequence-parallel", a->job.sequence_parallel, "Sequence parallelism");
+              return [a] { return run(a->job, a->out); };
             }});
 
 }  // namespace meshgrad::tools

@@ -10,43 +10,35 @@
 #include <string>
 
 #include "command.hpp"
-#include "launch.hpp"
-#include "meshgrad/train/trainer.hpp"
+#include "meshgrad/train/jobs.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
 struct TrainArgs {
-  std::string mesh = "tp=2";
-  std::string backend = "threads";
   std::string dtype = "float32";
-  train::TrainOptions options;
+  train::TrainJob job;
   TrainArgs() {
     // Defaults sized to finish in about a minute on a 2-core machine with the loss clearly falling.
-    options.model.kind = "gpt";
-    options.model.vocab = 256;   // byte tokens
-    options.model.layers = 4;
-    options.model.hidden = 128;
-    options.model.heads = 4;
-    options.model.seq = 64;
-    options.model.batch = 16;
-    options.steps = 1000;
-    options.lr = 3e-3;
-    options.metrics_path = "meshgrad-metrics.jsonl";
+    train::TrainOptions& o = job.options;
+    o.model.kind = "gpt";
+    o.model.vocab = 256;   // byte tokens
+    o.model.layers = 4;
+    o.model.hidden = 128;
+    o.model.heads = 4;
+    o.model.seq = 64;
+    o.model.batch = 16;
+    o.steps = 1000;
+    o.lr = 3e-3;
+    o.metrics_path = "meshgrad-metrics.jsonl";
   }
 };
 
+// The job (checks, ranks, loop) is train::run_train_job, shared with the Python module.
 int run(TrainArgs& a) {
-  a.options.model.dtype = parse_dtype(a.dtype);
-  MG_CHECK(a.options.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
-  MG_CHECK(a.options.model.dropout >= 0 && a.options.model.dropout < 1, "train: --dropout must be in [0, 1), got {}",
-           a.options.model.dropout);
-  const int world_size = mesh_world_size(a.mesh);
-  return run_on_backend(a.backend, world_size,
-                        [&](const comm::CommunicatorPtr& world) {
-                          const auto mesh = make_mesh(world, a.mesh);
-                          train::train(a.options, mesh);
-                        });
+  a.job.options.model.dtype = parse_dtype(a.dtype);
+  train::run_train_job(a.job);
+  return 0;
 }
 
 }  // namespace
@@ -55,9 +47,9 @@ MESHGRAD_REGISTER_COMMAND(
     train, {"", "train", "Train a byte-level GPT on a dp x tp mesh (AdamW, progress bar, JSON-lines metrics)",
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<TrainArgs>();
-              auto& o = a->options;
-              app.add_option("--mesh", a->mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-              app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
+              auto& o = a->job.options;
+              app.add_option("--mesh", a->job.mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+              app.add_option("--backend", a->job.backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();

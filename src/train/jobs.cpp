@@ -1,0 +1,119 @@
+#include "meshgrad/train/jobs.hpp"
+
+#include <optional>
+
+#include "meshgrad/nn/explain.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/launch.hpp"
+#include "meshgrad/train/safetensors.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+void check_positive(const char* job, const char* option, int value) {
+  MG_CHECK(value >= 1, "{}: --{} must be >= 1, got {}", job, option, value);
+}
+
+// The batch file's int64 [B, T] tensor `name`.
+Tensor read_batch_tensor(const SafetensorsFile& file, const std::string& name) {
+  MG_CHECK(file.contains(name), "batch '{}': no tensor \"{}\" (expected int64 \"inputs\" and \"targets\" [B, T])",
+           file.path(), name);
+  Tensor t = file.get(name);
+  MG_CHECK(t.dtype() == DType::Int64 && t.dim() == 2, "batch '{}': \"{}\" must be int64 [B, T], got {}", file.path(),
+           name, t.str());
+  return t;
+}
+
+}  // namespace
+
+void check_train_job(const TrainJob& job) {
+  const TrainOptions& o = job.options;
+  MG_CHECK(o.model.kind == "gpt", "train: the model must be \"gpt\", got \"{}\"", o.model.kind);
+  check_positive("train", "steps", o.steps);
+  check_positive("train", "layers", o.model.layers);
+  check_positive("train", "hidden", o.model.hidden);
+  check_positive("train", "heads", o.model.heads);
+  check_positive("train", "seq", o.model.seq);
+  check_positive("train", "batch", o.model.batch);
+  MG_CHECK(o.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
+  MG_CHECK(o.model.dropout >= 0 && o.model.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.model.dropout);
+  MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
+}
+
+TrainResult run_train_job(const TrainJob& job) {
+  check_train_job(job);
+  std::optional<TrainResult> result;
+  run_on_backend(job.backend, mesh_world_size(job.mesh), [&](const comm::CommunicatorPtr& world) {
+    const auto mesh = make_mesh(world, job.mesh);
+    TrainResult r = train(job.options, mesh);
+    if (mesh->rank() == 0) result = std::move(r);   // under threads only rank 0's thread writes
+  });
+  // Under mpi the processes of ranks > 0 keep their own (identical losses; their own clock).
+  MG_CHECK(result.has_value() || job.backend == "mpi", "train: rank 0 returned no result");
+  return result.value_or(TrainResult{});
+}
+
+GradsResult run_grads_job(const GradsJob& job) {
+  const bool from_files = !job.config.empty() || !job.weights.empty() || !job.batch.empty();
+  MG_CHECK(!from_files || (!job.config.empty() && !job.weights.empty() && !job.batch.empty()),
+           "grads: --config, --weights and --batch go together (got config '{}', weights '{}', batch '{}')",
+           job.config, job.weights, job.batch);
+  nn::ModelConfig config = job.model;
+  nn::Batch batch;
+  std::optional<SafetensorsFile> weights_file;
+  DType out_dtype = config.dtype;
+  if (from_files) {
+    config = read_gpt2_config(job.config);
+    const SafetensorsFile batch_file(job.batch);
+    batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
+    MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
+             job.batch, batch.inputs.str(), batch.targets.str());
+    config.batch = static_cast<int>(batch.inputs.size(0));
+    config.seq = static_cast<int>(batch.inputs.size(1));
+    MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'",
+             job.batch, config.seq, config.n_positions(), job.config);
+    // Output dtype per parameter: the weights file's; the model computes in dtype (default: wte's).
+    weights_file.emplace(job.weights);
+    out_dtype = weights_file->entry("wte.weight").dtype;
+    MG_CHECK(out_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", job.weights);
+  } else {
+    MG_CHECK(config.kind == "gpt", "grads: the model must be \"gpt\", got \"{}\"", config.kind);
+    check_positive("grads", "layers", config.layers);
+    check_positive("grads", "hidden", config.hidden);
+    check_positive("grads", "heads", config.heads);
+    check_positive("grads", "vocab", config.vocab);
+    check_positive("grads", "seq", config.seq);
+    check_positive("grads", "batch", config.batch);
+    config.dropout = 0.0;
+    batch = nn::make_synthetic_batch(config, 1, 0, job.seed);
+  }
+  if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
+  else if (from_files) config.dtype = out_dtype;
+  MG_CHECK(config.dtype != DType::Int64, "grads: --dtype must be float32 or float64");
+  if (!from_files) out_dtype = config.dtype;
+  nn::ParallelConfig parallel;
+  parallel.sequence_parallel = job.sequence_parallel;
+
+  GradsResult result;
+  run_on_backend(job.backend, mesh_world_size(job.mesh), [&](const comm::CommunicatorPtr& world) {
+    const auto mesh = make_mesh(world, job.mesh);
+    auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
+    model->set_training(false);
+    if (from_files) load_parameters(job.weights, model->parameters(), mesh->group("tp"));
+    GradientDump dump = compute_gradients(*model, batch, mesh);
+    if (mesh->rank() != 0) return;
+    result.loss = dump.loss;
+    for (auto& [name, grad] : dump.gradients) {
+      const DType out = weights_file && weights_file->contains(name) ? weights_file->entry(name).dtype : out_dtype;
+      result.gradients.emplace_back(name, grad.to(out));
+    }
+    result.dtype = out_dtype;
+    result.mesh = mesh->str();
+    result.backend = world->backend();
+    result.has_result = true;
+  });
+  return result;
+}
+
+}  // namespace meshgrad::train
