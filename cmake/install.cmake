@@ -52,3 +52,14 @@ install(FILES ${PROJECT_BINARY_DIR}/meshgrad-config.cmake ${PROJECT_BINARY_DIR}/
         DESTINATION lib/cmake/meshgrad)
 configure_file(${CMAKE_CURRENT_LIST_DIR}/meshgrad.pc.in ${PROJECT_BINARY_DIR}/meshgrad.pc @ONLY)
 install(FILES ${PROJECT_BINARY_DIR}/meshgrad.pc DESTINATION lib/pkgconfig)
+
+# scripts/test-install.sh: install to a temporary prefix, build and run examples/ against it with
+# find_package and with pkg-config, import the installed Python module (when built).
+if(MESHGRAD_BUILD_TESTS)
+  set(meshgrad_install_test_args ${PROJECT_BINARY_DIR})
+  if(TARGET meshgrad_python)
+    list(APPEND meshgrad_install_test_args --python ${Python3_EXECUTABLE})
+  endif()
+  add_test(NAME install.examples COMMAND ${PROJECT_SOURCE_DIR}/scripts/test-install.sh ${meshgrad_install_test_args})
+  set_tests_properties(install.examples PROPERTIES LABELS install TIMEOUT 900)
+endif()
