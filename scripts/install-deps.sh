@@ -12,6 +12,7 @@ packages=(
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
+  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
 )
 missing=()
 for p in "${packages[@]}"; do
