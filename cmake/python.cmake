@@ -5,6 +5,12 @@ option(MESHGRAD_PYTHON "Build the Python module (needs pybind11-dev, python3-pyb
 if(NOT MESHGRAD_PYTHON)
   return()
 endif()
+if(MESHGRAD_SANITIZER)
+  # A sanitized extension cannot be loaded into an unsanitized interpreter (the runtime must come
+  # first); make test-asan / test-tsan check the C++ library, the normal build checks the module.
+  message(STATUS "meshgrad: the Python module is not built with MESHGRAD_SANITIZER=${MESHGRAD_SANITIZER}")
+  return()
+endif()
 # Debian's interpreter, the one python3-pybind11 / python3-numpy / python3-pytest install into
 # (a pyenv or venv python3 earlier on PATH usually lacks them); -DPython3_EXECUTABLE=... overrides.
 if(NOT DEFINED Python3_EXECUTABLE AND EXISTS /usr/bin/python3)
