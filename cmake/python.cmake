@@ -41,4 +41,10 @@ if(MESHGRAD_BUILD_TESTS)
            COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${PROJECT_SOURCE_DIR}/python/tests)
   set_tests_properties(python.pytest PROPERTIES LABELS python TIMEOUT 600
                        ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python")
+  if(MESHGRAD_WITH_MPI)
+    add_test(NAME python.mpi COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG} 2
+                                     ${Python3_EXECUTABLE} ${PROJECT_SOURCE_DIR}/python/tests/mpi_check.py)
+    set_tests_properties(python.mpi PROPERTIES LABELS "python;mpi" TIMEOUT 120
+                         ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python")
+  endif()
 endif()

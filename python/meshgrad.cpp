@@ -17,10 +17,12 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <memory>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "meshgrad/comm/mpi.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/nn/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -120,6 +122,19 @@ Tensor from_numpy(const py::array& a) {
 
 // ---- jobs ----------------------------------------------------------------------------------------
 
+// MPI can be initialised once per process, and a job's own session would finalise it when the job
+// ends. So the first backend="mpi" call opens a session the module keeps until the interpreter
+// exits, and every later call runs on the same MPI world. (A build without MPI throws here,
+// naming the backend, as the CLI does.)
+void keep_mpi_initialised(const std::string& backend) {
+  static std::unique_ptr<comm::MpiSession> session;
+  if (backend != "mpi" || session) return;
+  int argc = 0;
+  char** argv = nullptr;
+  session = std::make_unique<comm::MpiSession>(&argc, &argv);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { session.reset(); }));
+}
+
 // The Python functions' default GPT: small enough for a few seconds of training on 2 cores.
 nn::ModelConfig small_gpt() {
   nn::ModelConfig c;
@@ -169,6 +184,7 @@ py::list train_job(const py::kwargs& kwargs) {
   k.finish();
   o.model.dtype = parse_dtype(dtype);
 
+  keep_mpi_initialised(job.backend);
   std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
   o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
   {
@@ -206,6 +222,7 @@ py::dict grads_job(const py::kwargs& kwargs) {
   k.get("sequence_parallel", job.sequence_parallel);
   k.finish();
 
+  keep_mpi_initialised(job.backend);
   train::GradsResult r;
   {
     py::gil_scoped_release release;
@@ -304,12 +321,13 @@ PYBIND11_MODULE(meshgrad, m) {
         "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', progress=False) -> list of per-step "
-        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`");
+        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
+        "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,
         "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "
         "sequence_parallel=False, backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
         "-> {parameter name: numpy array of its full gradient}. With a seed, the weights and batch depend only on "
-        "the seed, not the mesh.");
+        "the seed, not the mesh. Under backend='mpi' the process of rank 0 gets the dict, the others {}.");
   m.def("explain", &explain_job,
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "
         "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, link='nvlink4' | "
