@@ -258,6 +258,7 @@ py::list explain_job(const py::kwargs& kwargs) {
            "explain: alpha_us and beta_gbs go together (a custom link needs both)");
   MG_CHECK(!custom || !kwargs.contains("link"), "explain: give either link or alpha_us and beta_gbs, not both");
   MG_CHECK(c.kind == "gpt" || c.kind == "mlp", "explain: model must be \"gpt\" or \"mlp\", got \"{}\"", c.kind);
+  MG_CHECK(c.ffn >= 0, "explain: ffn must be >= 0 (0 = 4 x hidden), got {}", c.ffn);
   const dist::Link link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
 
   std::vector<nn::ExplainRow> rows;

@@ -188,3 +188,7 @@ def test_meshgrad_errors_keep_their_message():
         meshgrad.grads(config="config.json")
     with pytest.raises(meshgrad.InvalidArgument, match="unknown link"):
         meshgrad.explain(link="nvlink")
+    with pytest.raises(meshgrad.InvalidArgument, match="ffn must be >= 0"):
+        meshgrad.explain(ffn=-1)
+    with pytest.raises(meshgrad.InvalidArgument, match="layers, hidden, heads and vocab must be positive"):
+        meshgrad.explain(layers=0)

@@ -47,11 +47,12 @@ TrainResult run_train_job(const TrainJob& job) {
   run_on_backend(job.backend, mesh_world_size(job.mesh), [&](const comm::CommunicatorPtr& world) {
     const auto mesh = make_mesh(world, job.mesh);
     TrainResult r = train(job.options, mesh);
-    if (mesh->rank() == 0) result = std::move(r);   // under threads only rank 0's thread writes
+    // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
+    // (the same losses on every rank; its own clock).
+    if (mesh->rank() == 0 || world->backend() == "mpi") result = std::move(r);
   });
-  // Under mpi the processes of ranks > 0 keep their own (identical losses; their own clock).
-  MG_CHECK(result.has_value() || job.backend == "mpi", "train: rank 0 returned no result");
-  return result.value_or(TrainResult{});
+  MG_CHECK(result.has_value(), "train: no rank returned a result");
+  return *std::move(result);
 }
 
 GradsResult run_grads_job(const GradsJob& job) {
