@@ -10,7 +10,6 @@
 #include "meshgrad/distributed/dtensor.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/random.hpp"
-#include "meshgrad/train/launch.hpp"
 
 using namespace meshgrad;
 using dist::Partial;
@@ -22,7 +21,7 @@ int main() {
     const Tensor full = random::randn({6, 10}, 3, DType::Float64);   // 6 rows over dp=2, 10 cols over tp=2
     std::atomic<bool> ok{true};
     comm::run_ranks(4, [&](const comm::CommunicatorPtr& world) {
-      const auto mesh = train::make_mesh(world, "dp=2,tp=2");   // placements: one per axis, {dp, tp}
+      const auto mesh = example::make_mesh(world, 2, 2);   // placements: one per axis, {dp, tp}
       const bool leader = mesh->rank() == 0;
       auto check = [&](const char* what, const Tensor& got, const Tensor& want) {
         const double d = example::max_abs_diff(got, want);

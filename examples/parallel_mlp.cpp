@@ -14,7 +14,6 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/random.hpp"
-#include "meshgrad/train/launch.hpp"
 
 using namespace meshgrad;
 
@@ -33,7 +32,7 @@ Result run_mlp(int ranks, const Tensor& x_full, const Tensor& dy) {
   Result out;
   std::mutex mu;
   comm::run_ranks(ranks, [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = train::make_mesh(world, fmt::format("tp={}", ranks));
+    const auto mesh = example::make_mesh(world, 1, ranks);
     const auto ctx = nn::ParallelContext::on(mesh, nn::ParallelConfig{});
     nn::ColumnParallelLinear fc("mlp.c_fc", C, H, {}, ctx, kSeed, DType::Float64);
     nn::RowParallelLinear proj("mlp.c_proj", H, C, {}, ctx, kSeed, DType::Float64);

@@ -6,8 +6,8 @@
 #include <cmath>
 #include <vector>
 
+#include "example_check.hpp"
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/train/launch.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 using namespace meshgrad;
@@ -32,7 +32,7 @@ int main() {
 
     train::TrainResult result;
     comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
-      const auto mesh = train::make_mesh(world, "tp=2");
+      const auto mesh = example::make_mesh(world, 1, 2);
       train::TrainResult r = train::train(options, mesh);
       if (mesh->rank() == 0) result = r;
     });

@@ -8,7 +8,8 @@
 //
 // Every function takes keyword arguments only, named as the CLI's options with '_' for '-'; an
 // unknown keyword or a value of the wrong type is a TypeError naming it. The jobs are the library's
-// (train/jobs.hpp, nn/explain.hpp), so the CLI's checks apply and meshgrad's errors arrive as
+// (train/jobs.hpp, nn/explain.hpp) started by the CLI's launcher (tools/launch.cpp, compiled into
+// the module: the bindings are a front-end like the CLI), so the CLI's checks apply and meshgrad's errors arrive as
 // meshgrad.Error (RuntimeError) or meshgrad.InvalidArgument (also a ValueError) with the same
 // message. The GIL is released while the ranks run.
 #include <fmt/core.h>
@@ -28,6 +29,7 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/train/jobs.hpp"
+#include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
 
 namespace py = pybind11;
 
@@ -157,16 +159,16 @@ void model_keywords(Keywords& k, nn::ModelConfig& c) {
 }
 
 py::list train_job(const py::kwargs& kwargs) {
-  train::TrainJob job;
-  train::TrainOptions& o = job.options;
+  train::TrainOptions o;
+  std::string mesh = "tp=2", backend = "threads";
   // Small defaults: a few seconds. The rest as the CLI's defaults (TrainOptions).
   o.model = small_gpt();
   o.steps = 5;
   o.progress = false;
   std::string dtype = "float32";
   Keywords k("train", kwargs);
-  k.get("mesh", job.mesh);
-  k.get("backend", job.backend);
+  k.get("mesh", mesh);
+  k.get("backend", backend);
   k.get("steps", o.steps);
   k.get("data", o.data_path);
   model_keywords(k, o.model);
@@ -184,12 +186,12 @@ py::list train_job(const py::kwargs& kwargs) {
   k.finish();
   o.model.dtype = parse_dtype(dtype);
 
-  keep_mpi_initialised(job.backend);
+  keep_mpi_initialised(backend);
   std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
   o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
   {
     py::gil_scoped_release release;
-    train::run_train_job(job);
+    train::run_train_job(o, tools::mesh_runner(backend, mesh));
   }
   py::list out;
   for (const auto& m : steps) {
@@ -207,11 +209,11 @@ py::list train_job(const py::kwargs& kwargs) {
 
 py::dict grads_job(const py::kwargs& kwargs) {
   train::GradsJob job;
-  job.mesh = "tp=2";
+  std::string mesh = "tp=2", backend = "threads";
   job.model = small_gpt();
   Keywords k("grads", kwargs);
-  k.get("mesh", job.mesh);
-  k.get("backend", job.backend);
+  k.get("mesh", mesh);
+  k.get("backend", backend);
   model_keywords(k, job.model);
   k.get("vocab", job.model.vocab);
   k.get("seed", job.seed);
@@ -222,11 +224,11 @@ py::dict grads_job(const py::kwargs& kwargs) {
   k.get("sequence_parallel", job.sequence_parallel);
   k.finish();
 
-  keep_mpi_initialised(job.backend);
+  keep_mpi_initialised(backend);
   train::GradsResult r;
   {
     py::gil_scoped_release release;
-    r = train::run_grads_job(job);
+    r = train::run_grads_job(job, tools::mesh_runner(backend, mesh));
   }
   py::dict out;
   for (const auto& [name, grad] : r.gradients) out[py::str(name)] = to_numpy(grad);

@@ -14,22 +14,37 @@
 #include <vector>
 
 #include "command.hpp"
+#include "mesh_runner.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "meshgrad/train/safetensors.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
-// The job (reading the files, ranks, gradients) is train::run_grads_job, shared with the Python
-// module; this writes rank 0's result.
-int run(const train::GradsJob& job, const std::string& out) {
-  const train::GradsResult r = train::run_grads_job(job);
-  if (!r.has_result) return 0;   // an MPI process other than rank 0
+struct GradsArgs {
+  std::string config, weights, batch, out;
+  std::string mesh = "tp=1";
+  std::string backend = "threads";
+  std::string dtype;   // "" = the weights' dtype
+  bool sequence_parallel = false;
+};
+
+// Reading and checking the files and computing the gradients is the library's job
+// (train::run_grads_job, shared with the Python module); this writes rank 0's result.
+int run(const GradsArgs& a) {
+  train::GradsJob job;
+  job.config = a.config;
+  job.weights = a.weights;
+  job.batch = a.batch;
+  job.dtype = a.dtype;
+  job.sequence_parallel = a.sequence_parallel;
+  const train::GradsResult r = train::run_grads_job(job, mesh_runner(a.backend, a.mesh));
+  if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
   tensors.emplace_back("loss", Tensor::scalar(r.loss, r.dtype));
-  train::write_safetensors(out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", job.mesh}});
+  train::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
   fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", r.loss, r.gradients.size(),
-             dtype_name(r.dtype), out, r.mesh, r.backend, job.sequence_parallel ? ", sequence-parallel" : "");
+             dtype_name(r.dtype), a.out, r.mesh, r.backend, a.sequence_parallel ? ", sequence-parallel" : "");
   return 0;
 }
 
@@ -38,23 +53,19 @@ int run(const train::GradsJob& job, const std::string& out) {
 MESHGRAD_REGISTER_COMMAND(
     grads, {"", "grads", "Write the full gradient of every GPT-2 parameter for one batch (safetensors)",
             [](CLI::App& app) -> std::function<int()> {
-              struct GradsArgs {
-                train::GradsJob job;
-                std::string out;
-              };
               auto a = std::make_shared<GradsArgs>();
-              app.add_option("--config", a->job.config, "Hugging Face GPT-2 config.json")->required();
-              app.add_option("--weights", a->job.weights, "Full parameters (safetensors, GPT-2 names)")->required();
-              app.add_option("--batch", a->job.batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
+              app.add_option("--config", a->config, "Hugging Face GPT-2 config.json")->required();
+              app.add_option("--weights", a->weights, "Full parameters (safetensors, GPT-2 names)")->required();
+              app.add_option("--batch", a->batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
               app.add_option("--out", a->out, "Where to write the gradients (safetensors)")->required();
-              app.add_option("--mesh", a->job.mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-              app.add_option("--backend", a->job.backend, "threads (rank threads) or mpi (under mpirun)")
+              app.add_option("--mesh", a->mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+              app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
-              app.add_option("--dtype", a->job.dtype, "Compute dtype (default: the weights' dtype)")
+              app.add_option("--dtype", a->dtype, "Compute dtype (default: the weights' dtype)")
                   ->check(CLI::IsMember({"float32", "float64"}));
-              app.add_flag("--sequence-parallel", a->job.sequence_parallel, "Sequence parallelism");
-              return [a] { return run(a->job, a->out); };
+              app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism");
+              return [a] { return run(*a); };
             }});
 
 }  // namespace meshgrad::tools

@@ -3,7 +3,7 @@
 //   meshgrad train                                   tp=2 rank threads, about a minute on 2 cores
 //   meshgrad train --mesh dp=2,tp=2 --steps 100 --data book.txt --metrics run.jsonl
 //   mpirun -np 2 meshgrad train --backend mpi --mesh tp=2
-// The loop lives in the library (train/trainer.hpp); this file parses options and starts the ranks.
+// The job lives in the library (train/jobs.hpp, train/trainer.hpp); this file parses options.
 #include <fmt/core.h>
 
 #include <memory>
@@ -11,33 +11,35 @@
 
 #include "command.hpp"
 #include "meshgrad/train/jobs.hpp"
+#include "mesh_runner.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
 struct TrainArgs {
+  std::string mesh = "tp=2";
+  std::string backend = "threads";
   std::string dtype = "float32";
-  train::TrainJob job;
+  train::TrainOptions options;
   TrainArgs() {
     // Defaults sized to finish in about a minute on a 2-core machine with the loss clearly falling.
-    train::TrainOptions& o = job.options;
-    o.model.kind = "gpt";
-    o.model.vocab = 256;   // byte tokens
-    o.model.layers = 4;
-    o.model.hidden = 128;
-    o.model.heads = 4;
-    o.model.seq = 64;
-    o.model.batch = 16;
-    o.steps = 1000;
-    o.lr = 3e-3;
-    o.metrics_path = "meshgrad-metrics.jsonl";
+    options.model.kind = "gpt";
+    options.model.vocab = 256;   // byte tokens
+    options.model.layers = 4;
+    options.model.hidden = 128;
+    options.model.heads = 4;
+    options.model.seq = 64;
+    options.model.batch = 16;
+    options.steps = 1000;
+    options.lr = 3e-3;
+    options.metrics_path = "meshgrad-metrics.jsonl";
   }
 };
 
-// The job (checks, ranks, loop) is train::run_train_job, shared with the Python module.
+// The checks and the loop are the library's (train::run_train_job), shared with the Python module.
 int run(TrainArgs& a) {
-  a.job.options.model.dtype = parse_dtype(a.dtype);
-  train::run_train_job(a.job);
+  a.options.model.dtype = parse_dtype(a.dtype);
+  train::run_train_job(a.options, mesh_runner(a.backend, a.mesh));
   return 0;
 }
 
@@ -47,9 +49,9 @@ MESHGRAD_REGISTER_COMMAND(
     train, {"", "train", "Train a byte-level GPT on a dp x tp mesh (AdamW, progress bar, JSON-lines metrics)",
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<TrainArgs>();
-              auto& o = a->job.options;
-              app.add_option("--mesh", a->job.mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-              app.add_option("--backend", a->job.backend, "threads (rank threads) or mpi (under mpirun)")
+              auto& o = a->options;
+              app.add_option("--mesh", a->mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+              app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();

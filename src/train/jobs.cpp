@@ -5,7 +5,6 @@
 #include "meshgrad/nn/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/checkpoint.hpp"
-#include "meshgrad/train/launch.hpp"
 #include "meshgrad/train/safetensors.hpp"
 
 namespace meshgrad::train {
@@ -27,8 +26,7 @@ Tensor read_batch_tensor(const SafetensorsFile& file, const std::string& name) {
 
 }  // namespace
 
-void check_train_job(const TrainJob& job) {
-  const TrainOptions& o = job.options;
+void check_train_options(const TrainOptions& o) {
   MG_CHECK(o.model.kind == "gpt", "train: the model must be \"gpt\", got \"{}\"", o.model.kind);
   check_positive("train", "steps", o.steps);
   check_positive("train", "layers", o.model.layers);
@@ -41,21 +39,20 @@ void check_train_job(const TrainJob& job) {
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
 }
 
-TrainResult run_train_job(const TrainJob& job) {
-  check_train_job(job);
+TrainResult run_train_job(const TrainOptions& options, const RunOnMesh& run_on_mesh) {
+  check_train_options(options);
   std::optional<TrainResult> result;
-  run_on_backend(job.backend, mesh_world_size(job.mesh), [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = make_mesh(world, job.mesh);
-    TrainResult r = train(job.options, mesh);
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    TrainResult r = train(options, mesh);
     // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
     // (the same losses on every rank; its own clock).
-    if (mesh->rank() == 0 || world->backend() == "mpi") result = std::move(r);
+    if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
   });
   MG_CHECK(result.has_value(), "train: no rank returned a result");
   return *std::move(result);
 }
 
-GradsResult run_grads_job(const GradsJob& job) {
+GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
   const bool from_files = !job.config.empty() || !job.weights.empty() || !job.batch.empty();
   MG_CHECK(!from_files || (!job.config.empty() && !job.weights.empty() && !job.batch.empty()),
            "grads: --config, --weights and --batch go together (got config '{}', weights '{}', batch '{}')",
@@ -97,8 +94,7 @@ GradsResult run_grads_job(const GradsJob& job) {
   parallel.sequence_parallel = job.sequence_parallel;
 
   GradsResult result;
-  run_on_backend(job.backend, mesh_world_size(job.mesh), [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = make_mesh(world, job.mesh);
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
     auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
     model->set_training(false);
     if (from_files) load_parameters(job.weights, model->parameters(), mesh->group("tp"));
@@ -111,7 +107,7 @@ GradsResult run_grads_job(const GradsJob& job) {
     }
     result.dtype = out_dtype;
     result.mesh = mesh->str();
-    result.backend = world->backend();
+    result.backend = mesh->world()->backend();
     result.has_result = true;
   });
   return result;

@@ -1,4 +1,4 @@
-#include "meshgrad/train/launch.hpp"
+#include "launch.hpp"
 
 #include <fmt/core.h>
 
@@ -10,7 +10,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::tools {
 
 std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec) {
   std::vector<dist::MeshAxis> axes = dist::parse_mesh_spec(spec);   // throws naming the text
@@ -70,4 +70,4 @@ dist::DeviceMeshPtr make_mesh(const comm::CommunicatorPtr& world, const std::str
   return std::make_shared<const dist::DeviceMesh>(world, std::move(axes));
 }
 
-}  // namespace meshgrad::train
+}  // namespace meshgrad::tools
