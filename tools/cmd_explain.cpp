@@ -1,6 +1,7 @@
 // `meshgrad explain`: for each layer of a tensor-parallel model, the collectives its forward and
 // backward issue (op, mesh axis, bytes) and the time an alpha-beta model predicts for them on a link.
-// The counts come from running the model once (nn/explain.hpp); this file parses options and prints.
+// The counts come from running the model once (train/explain.hpp); this file parses options and prints.
+//   meshgrad explain --rules      the one communication rule (distributed/rule.hpp) as a table
 //   meshgrad explain --model gpt --mesh tp=4
 //   meshgrad explain --model gpt --mesh dp=2,tp=2 --sequence-parallel --link ib-ndr --format json
 //   meshgrad explain --model mlp --mesh tp=2 --alpha-us 5 --beta-gbs 25
@@ -11,7 +12,9 @@
 
 #include "command.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
-#include "meshgrad/nn/explain.hpp"
+#include "launch.hpp"
+#include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/train/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::tools {
@@ -24,17 +27,25 @@ struct ExplainArgs {
   std::string link = "nvlink4";
   double alpha_us = 0, beta_gbs = 0;   // used when custom_link is set
   bool custom_link = false;            // --alpha-us and --beta-gbs were given (CLI11: both or neither)
+  bool rules = false;                  // print the rule table instead
   std::string format = "table";
 };
 
 int run_explain(const ExplainArgs& a) {
   // --alpha-us/--beta-gbs need each other and exclude --link (CLI11 checks that); either gives the link.
   const dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs) : dist::link_preset(a.link);
-  const std::vector<nn::ExplainRow> rows = nn::explain_model(a.config, a.parallel, a.mesh, link);
+  if (a.rules) {
+    fmt::print("The one rule: the backward of every communication step, from the placement of the gradient that\n"
+               "arrives (R replicated, P partial, S(d) shard; distributed/rule.hpp)\n\n{}",
+               dist::format_rule_table());
+    return 0;
+  }
+  const std::vector<dist::MeshAxis> axes = mesh_axes_from_spec(a.mesh);
+  const std::vector<train::ExplainRow> rows = train::explain_model(a.config, a.parallel, axes, link);
   if (a.format == "json") {
-    fmt::print("{}", nn::format_explain_json(rows));
+    fmt::print("{}", train::format_explain_json(rows));
   } else {
-    fmt::print("{}", nn::format_explain_table(rows, {a.config, a.parallel, nn::explain_mesh_axes(a.mesh), link}));
+    fmt::print("{}", train::format_explain_table(rows, {a.config, a.parallel, axes, link}));
   }
   return 0;
 }
@@ -54,14 +65,16 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
       app.add_option("--seq", c.seq, "sequence length T")->check(CLI::PositiveNumber)->capture_default_str();
       app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(CLI::PositiveNumber)
           ->capture_default_str();
-      app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4 or dp=2,tp=2 (missing axes have size 1)")
+      app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4, dp=2,tp=2 or tp=2x2 (missing axes have size 1)")
           ->capture_default_str();
       app.add_flag("--sequence-parallel", a->parallel.sequence_parallel,
                    "sequence parallelism: all-gather / reduce-scatter along the sequence instead of all-reduce");
       app.add_flag("--overlap", a->parallel.overlap,
                    "column layers overlap their backward communication with compute (same collectives)");
-      app.add_flag("--recompute", a->parallel.recompute_allgather,
+      app.add_flag("--regather", a->parallel.recompute_allgather,
                    "with --sequence-parallel: re-gather column inputs in backward (adds backward all-gathers)");
+      app.add_flag("--rules", a->rules, "print the one communication rule (forward step x arriving gradient -> "
+                   "backward) and exit");
       app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,
                    "activation checkpointing per block (adds a recompute phase)");
       std::string presets;

@@ -24,7 +24,7 @@ struct TrainArgs {
   TrainArgs() {
     // Defaults sized to finish in about a minute on a 2-core machine with the loss clearly falling.
     options.model.kind = "gpt";
-    options.model.vocab = 256;   // byte tokens
+    options.model.vocab = 0;     // from the data: 256 for bytes, meta.json or the token range for tokens
     options.model.layers = 4;
     options.model.hidden = 128;
     options.model.heads = 4;
@@ -55,7 +55,8 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
-              app.add_option("--data", o.data_path, "Text file to train on (bytes are tokens); default: built-in corpus");
+              app.add_option("--data", o.data_path, "A directory from `meshgrad prepare`, an llm.c .bin token file, or a "
+                             "text file (bytes are tokens); default: built-in corpus");
               app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
                   ->check(CLI::PositiveNumber)
                   ->capture_default_str();
@@ -78,6 +79,10 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                            "Sequence parallelism (reduce-scatter / all-gather along the sequence)");
               app.add_flag("--overlap", o.parallel.overlap, "Overlap backward communication with compute");
+              app.add_flag("--regather", o.parallel.recompute_allgather,
+                           "With --sequence-parallel: keep only the local input shard of each column layer and "
+                           "re-gather it in backward into one buffer shared by the layers (less memory, one more "
+                           "all-gather per layer)");
               app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks,
                            "Activation checkpointing per transformer block");
               app.add_option("--dtype", a->dtype, "float32 or float64")

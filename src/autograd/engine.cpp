@@ -156,7 +156,7 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
     if (any && (task.accumulate_into_leaves || !is_leaf_sink)) {
       input_grads = node->apply(std::move(grads));
       check_gradients(*node, input_grads);
-      if (incoming) {
+      if (incoming && !node->decides_gradient_placement()) {
         for (Tensor& g : input_grads) {
           if (g.defined() && !g.annotation()) g.set_annotation(incoming);
         }

@@ -52,7 +52,31 @@ std::vector<std::size_t> element_counts(const std::vector<std::int64_t>& sizes, 
 }  // namespace
 
 PendingTensor::PendingTensor(comm::WorkPtr work, std::function<Tensor()> finish)
-    : work_(std::move(work)), finish_(std::move(finish)) {}
+    : finish_(std::move(finish)), work_(std::move(work)) {}
+
+// The executor may hold its own reference to the Work, so dropping ours does not wait: an
+// operation still in flight (an error path skipped wait()) is waited for here, before finish_
+// frees the buffers it writes. Its error was or will be reported by the path that abandoned it.
+void PendingTensor::settle() noexcept {
+  if (work_ && !work_->is_completed()) {
+    try {
+      work_->wait();
+    } catch (...) {
+    }
+  }
+  work_.reset();
+}
+
+PendingTensor::~PendingTensor() { settle(); }
+
+PendingTensor& PendingTensor::operator=(PendingTensor&& other) {
+  if (this != &other) {
+    settle();
+    finish_ = std::move(other.finish_);
+    work_ = std::move(other.work_);
+  }
+  return *this;
+}
 
 PendingTensor PendingTensor::ready(Tensor t) {
   return PendingTensor(nullptr, [t] { return t; });

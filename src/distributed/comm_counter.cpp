@@ -33,13 +33,6 @@ int CommCounter::count(Phase phase, const std::string& op, const std::string& ax
   return n;
 }
 
-std::int64_t CommCounter::bytes(Phase phase, const std::string& op, const std::string& axis) const {
-  std::int64_t n = 0;
-  for (const auto& r : records_) {
-    if (r.phase == phase && (op.empty() || r.op == op) && (axis.empty() || r.axis == axis)) n += r.bytes;
-  }
-  return n;
-}
 
 CountingScope::CountingScope(CommCounter& counter) : previous_(active_counter) { active_counter = &counter; }
 CountingScope::~CountingScope() { active_counter = previous_; }

@@ -2,13 +2,15 @@
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/ops.hpp"
 
 namespace meshgrad::dist {
 
 namespace {
 
-AxisMask bit(int axis) { return AxisMask{1} << axis; }
+AxisMask bit(int axis) { return axis_bit(axis); }
 
 // Checks placements against a mesh and a tensor rank: one per axis, shard dims in range, no dim
 // sharded by two axes. Returns them with shard dims normalised to [0, nd).
@@ -30,90 +32,16 @@ Placements checked_placements(const Placements& placements, const DeviceMesh& me
   return out;
 }
 
-Tensor zeros_like(const Tensor& t) { return Tensor::zeros(t.shape(), t.dtype()); }
-
-// ---- one axis of a redistribution -------------------------------------------------------------------
-
-class RedistributeAxisFn final : public autograd::Function {
- public:
-  RedistributeAxisFn(DeviceMeshPtr mesh, int axis, Placement from, Placement to, Shape global_shape)
-      : mesh_(std::move(mesh)), axis_(axis), from_(from), to_(to), global_(std::move(global_shape)) {}
-  std::string_view name() const override { return "redistribute"; }
-
-  TensorList forward(const TensorList& x) override { return {forward_one(x[0])}; }
-
-  // Derived from the gradient that arrived: see the table in dtensor.hpp.
-  TensorList backward(const TensorList& g) override {
-    const ProcessGroup& group = mesh_->group(axis_);
-    const AxisMask incoming = partial_axes(g[0]);
-    const bool partial = (incoming & bit(axis_)) != 0;
-    Tensor grad = g[0];
-    if (from_.is_shard() && to_.is_replicate()) {
-      const int i = from_.dim;
-      grad = partial ? reduce_scatter(grad, group, i, sizes(i)) : local_shard(grad, group, i).contiguous();
-    } else if (from_.is_replicate() && to_.is_shard()) {
-      grad = all_gather(grad, group, to_.dim, sizes(to_.dim));
-    } else if (from_.is_partial() && to_.is_replicate()) {
-      if (partial) grad = all_reduce(grad, group);
-    } else if (from_.is_partial() && to_.is_shard()) {
-      grad = all_gather(grad, group, to_.dim, sizes(to_.dim));
-    } else if (from_.is_replicate() && to_.is_partial()) {
-      if (partial) grad = all_reduce(grad, group);
-    } else if (from_.is_shard() && to_.is_shard()) {
-      grad = dist::all_to_all(grad, group, from_.dim, to_.dim, sizes(to_.dim));
-    }
-    Tensor out = grad.same_as(g[0]) ? grad.detach() : grad;
-    set_partial_axes(out, incoming & ~bit(axis_));
-    return {out};
-  }
-
- private:
-  std::vector<std::int64_t> sizes(int dim) const {
-    return shard_sizes(global_[static_cast<std::size_t>(dim)], mesh_->axis_size(axis_));
-  }
-
-  Tensor forward_one(const Tensor& x) {
-    const ProcessGroup& group = mesh_->group(axis_);
-    if (from_.is_shard() && to_.is_replicate()) return all_gather(x, group, from_.dim, sizes(from_.dim));
-    if (from_.is_replicate() && to_.is_shard()) return local_shard(x, group, to_.dim).contiguous();
-    if (from_.is_partial() && to_.is_replicate()) return all_reduce(x, group);
-    if (from_.is_partial() && to_.is_shard()) return reduce_scatter(x, group, to_.dim, sizes(to_.dim));
-    if (from_.is_replicate() && to_.is_partial()) return group.rank() == 0 ? x : zeros_like(x);
-    if (from_.is_shard() && to_.is_shard()) {
-      return dist::all_to_all(x, group, to_.dim, from_.dim, sizes(from_.dim));
-    }
-    throw InvalidArgument(fmt::format("redistribute: no direct step from {} to {} on axis {}", from_.str(), to_.str(),
-                                      mesh_->axes()[static_cast<std::size_t>(axis_)].name));
-  }
-
-  DeviceMeshPtr mesh_;
-  int axis_;
-  Placement from_, to_;
-  Shape global_;
-};
-
-// forward: identity; backward: the gradient becomes partial over the Partial axes.
-class FromLocalFn final : public autograd::Function {
- public:
-  explicit FromLocalFn(AxisMask partial) : partial_(partial) {}
-  std::string_view name() const override { return "from_local"; }
-  TensorList forward(const TensorList& x) override { return {x[0]}; }
-  TensorList backward(const TensorList& g) override {
-    Tensor out = g[0].detach();
-    set_partial_axes(out, partial_axes(g[0]) | partial_);
-    return {out};
-  }
-
- private:
-  AxisMask partial_;
-};
-
+// One axis of a redistribution: the differentiable step of mappings.hpp on that axis' group, with
+// the backward the one rule derives from the gradient that arrives.
 DTensor step(const DTensor& x, int axis, Placement to) {
   Placements pl = x.placements();
+  const Placement from = pl[static_cast<std::size_t>(axis)];
   pl[static_cast<std::size_t>(axis)] = to;
   pl = checked_placements(pl, *x.mesh(), x.dim(), "redistribute");
-  Tensor local = autograd::apply<RedistributeAxisFn>({x.local()}, x.mesh(), axis,
-                                                     x.placements()[static_cast<std::size_t>(axis)], to, x.shape())[0];
+  // The extent the step gathers: along from's shard dim (S -> R, S -> S').
+  const std::int64_t full = from.is_shard() ? x.shape()[static_cast<std::size_t>(from.dim)] : -1;
+  Tensor local = change_placement(x.local(), x.mesh()->group(axis), from, to, full);
   return DTensor(local, x.mesh(), pl, x.shape());
 }
 
@@ -184,15 +112,8 @@ DTensor from_local(const Tensor& local, DeviceMeshPtr mesh, Placements placement
   for (std::size_t i = 0; i < placements.size(); ++i) {
     if (placements[i].is_partial()) partial |= bit(static_cast<int>(i));
   }
-  Tensor wrapped = partial != 0 ? autograd::apply<FromLocalFn>({local}, partial)[0] : local;
+  Tensor wrapped = mark_partial_grad(local, partial);
   return DTensor(wrapped, std::move(mesh), std::move(placements), std::move(global_shape));
-}
-
-DTensor distribute(const Tensor& full, DeviceMeshPtr mesh, Placements placements) {
-  MG_CHECK(mesh != nullptr, "distribute: no mesh given");
-  DTensor replicated(full, mesh, Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate()),
-                     full.shape());
-  return redistribute(replicated, placements);
 }
 
 DTensor redistribute(const DTensor& x, const Placements& target_in) {

@@ -1,6 +1,6 @@
-// The differentiable collectives. A mapping = a forward primitive and its dual; the single
-// MappingFunction below runs the first in forward and the second in backward, so each pair is
-// written once and both directions share one implementation of every primitive.
+// The differentiable collectives: every one is a change of placement on a group, run forward by
+// the rule's forward primitive and backward by the rule's answer for the gradient that arrives
+// (rule.hpp). DTensor's redistribute steps are the same function (dtensor.cpp).
 #include "meshgrad/distributed/mappings.hpp"
 
 #include <numeric>
@@ -8,164 +8,181 @@
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/rule.hpp"
 
 namespace meshgrad::dist {
 
 namespace {
 
-enum class Primitive { Identity, AllReduce, KeepOwnSlice, AllGather, ReduceScatter, AllToAll };
-
-const char* describe(Primitive p) {
-  switch (p) {
-    case Primitive::Identity: return "identity";
-    case Primitive::AllReduce: return "all-reduce";
-    case Primitive::KeepOwnSlice: return "keep own slice";
-    case Primitive::AllGather: return "all-gather";
-    case Primitive::ReduceScatter: return "reduce-scatter";
-    case Primitive::AllToAll: return "all-to-all";
-  }
-  return "?";
+std::string step_name(Placement from, Placement to) {
+  return fmt::format("{} ({} -> {})", primitive_name(forward_primitive(from, to)), from.str(), to.str());
 }
 
-struct Mapping {
-  const char* name;
-  Primitive forward;
-  Primitive backward;
-};
-
-// The table. Sequence-parallel and feature-dim mappings differ only in the dim they act on.
-constexpr Mapping kCopyToRegion{"copy to TP region", Primitive::Identity, Primitive::AllReduce};
-constexpr Mapping kReduceFromRegion{"reduce from TP region", Primitive::AllReduce, Primitive::Identity};
-constexpr Mapping kScatterToRegion{"scatter to TP region (feature dim)", Primitive::KeepOwnSlice, Primitive::AllGather};
-constexpr Mapping kGatherFromRegion{"gather from TP region (feature dim)", Primitive::AllGather, Primitive::KeepOwnSlice};
-constexpr Mapping kScatterToSequence{"scatter to sequence-parallel region", Primitive::KeepOwnSlice, Primitive::AllGather};
-constexpr Mapping kGatherFromSequence{"gather from sequence-parallel region", Primitive::AllGather,
-                                      Primitive::ReduceScatter};
-constexpr Mapping kReduceScatterToSequence{"reduce-scatter to sequence-parallel region", Primitive::ReduceScatter,
-                                           Primitive::AllGather};
-constexpr Mapping kAllToAll{"all-to-all", Primitive::AllToAll, Primitive::AllToAll};
-constexpr Mapping kAllGatherWithGrad{"all-gather with gradient", Primitive::AllGather, Primitive::ReduceScatter};
-
-// Shard extents of every rank along the mapping's dim, learnt in forward and reused by backward.
-struct ShardExtents {
-  std::vector<std::int64_t> sizes;
-};
-
-// Applies one primitive along dim. `extents` is read when known and filled when this primitive
-// is the one that learns it (forward of a slice, gather or reduce-scatter).
-Tensor run_primitive(Primitive p, const Tensor& x, const ProcessGroup& group, int dim, int dim2,
-                     std::int64_t full_size, ShardExtents& extents) {
-  switch (p) {
-    case Primitive::Identity:
-      return x;
-    case Primitive::AllReduce:
-      return all_reduce(x, group);
-    case Primitive::KeepOwnSlice: {
-      if (extents.sizes.empty()) extents.sizes = shard_sizes(x.size(dim), group.size());
-      if (group.size() == 1) return x;
-      const auto& s = extents.sizes;
-      const std::int64_t offset = std::accumulate(s.begin(), s.begin() + group.rank(), std::int64_t{0});
-      MG_CHECK(x.size(dim) == std::accumulate(s.begin(), s.end(), std::int64_t{0}),
-               "keep own slice over {}: extent {} along dim {} does not match the shard sizes {}", group.axis,
-               x.size(dim), dim, shape_str(s));
-      return x.narrow(dim, offset, s[static_cast<std::size_t>(group.rank())]).contiguous();
-    }
-    case Primitive::AllGather:
-      if (extents.sizes.empty()) {
-        extents.sizes = full_size >= 0 ? shard_sizes(full_size, group.size()) : exchange_sizes(x.size(dim), group);
-      }
-      return all_gather(x, group, dim, extents.sizes);
-    case Primitive::ReduceScatter:
-      if (extents.sizes.empty()) extents.sizes = shard_sizes(x.size(dim), group.size());
-      return reduce_scatter(x, group, dim, extents.sizes);
-    case Primitive::AllToAll:
-      break;
-  }
-  // All-to-all: split along dim, gather along dim2.
-  if (extents.sizes.empty()) {
-    extents.sizes = full_size >= 0 ? shard_sizes(full_size, group.size()) : exchange_sizes(x.size(dim2), group);
-  }
-  return dist::all_to_all(x, group, dim, dim2, extents.sizes);
-}
-
-class MappingFunction final : public autograd::Function {
+// x placed `from` on group -> placed `to`. Shard dims are normalised to [0, x.dim()).
+class ChangePlacementFn final : public autograd::Function {
  public:
-  MappingFunction(const Mapping& mapping, ProcessGroup group, std::int64_t dim, std::int64_t dim2,
-                  std::int64_t full_size)
-      : mapping_(mapping), group_(std::move(group)), dim_arg_(dim), dim2_arg_(dim2), full_size_(full_size),
+  ChangePlacementFn(ProcessGroup group, Placement from, Placement to, std::int64_t full_size)
+      : group_(std::move(group)), from_(from), to_(to), full_size_(full_size), name_(step_name(from, to)),
         label_(current_comm_label()) {}
-  std::string_view name() const override { return mapping_.name; }
+  std::string_view name() const override { return name_; }
+  // The gradient's placement on this group is decided here (by the rule), not inherited.
+  bool decides_gradient_placement() const override { return true; }
 
   TensorList forward(const TensorList& x) override {
-    // Identity / all-reduce pairs take any shape (a scalar too); the others act along a dim.
-    const bool uses_dim = mapping_.forward != Primitive::Identity && mapping_.forward != Primitive::AllReduce;
-    dim_ = uses_dim ? normalize_dim(dim_arg_, x[0].shape(), mapping_.name) : 0;
-    dim2_ = mapping_.forward == Primitive::AllToAll ? normalize_dim(dim2_arg_, x[0].shape(), mapping_.name) : dim_;
-    if (mapping_.forward == Primitive::AllToAll) split_full_ = x[0].size(dim_);
-    return {run_primitive(mapping_.forward, x[0], group_, dim_, dim2_, full_size_, extents_)};
+    const Primitive p = forward_primitive(from_, to_);
+    StepArgs args;
+    switch (p) {
+      case Primitive::AllGather:   // S(d) -> R: gather d
+        args.dim = from_.dim;
+        args.sizes = gathered_sizes(x[0].size(from_.dim));
+        gathered_ = args.sizes;
+        break;
+      case Primitive::Slice:          // R -> S(d)
+      case Primitive::ReduceScatter:  // P -> S(d)
+        args.dim = to_.dim;
+        args.sizes = shard_sizes(x[0].size(to_.dim), group_.size());
+        scattered_ = args.sizes;
+        break;
+      case Primitive::AllToAll:    // S(i) -> S(j): split j, gather i
+        args.dim = to_.dim;
+        args.dim2 = from_.dim;
+        args.sizes = gathered_sizes(x[0].size(from_.dim));
+        gathered_ = args.sizes;
+        scattered_ = shard_sizes(x[0].size(to_.dim), group_.size());
+        break;
+      default:
+        break;
+    }
+    return {run_primitive(p, x[0], group_, args)};
   }
 
   TensorList backward(const TensorList& g) override {
     CommLabelScope label(label_);
-    if (mapping_.backward == Primitive::AllToAll) {
-      // The reverse exchange: split what forward gathered, gather what forward split.
-      ShardExtents reverse{shard_sizes(split_full_, group_.size())};
-      return {run_primitive(Primitive::AllToAll, g[0], group_, dim2_, dim_, split_full_, reverse)};
+    const Placement incoming = arriving_placement(g[0], to_, group_.axes, name_);
+    const BackwardStep step = backward_step(from_, to_, incoming);
+    StepArgs args;
+    switch (step.op) {
+      case Primitive::AllGather:       // back from R -> S(d) or P -> S(d)
+        args.dim = to_.dim;
+        args.sizes = scattered_;
+        break;
+      case Primitive::ReduceScatter:   // back from S(d) -> R
+      case Primitive::Slice:
+        args.dim = from_.dim;
+        args.sizes = gathered_;
+        break;
+      case Primitive::AllToAll:        // back from S(i) -> S(j): split i, gather j
+        args.dim = from_.dim;
+        args.dim2 = to_.dim;
+        args.sizes = scattered_;
+        break;
+      default:
+        break;
     }
-    return {run_primitive(mapping_.backward, g[0], group_, dim_, dim2_, -1, extents_)};
+    Tensor grad = run_primitive(step.op, g[0], group_, args);
+    Tensor out = grad.same_as(g[0]) ? grad.detach() : grad;   // a new handle for the new placement
+    set_partial_axes(out, partial_axes(g[0]) & ~group_.axes);
+    return {out};
   }
 
  private:
-  Mapping mapping_;
+  std::vector<std::int64_t> gathered_sizes(std::int64_t local) const {
+    return full_size_ >= 0 ? shard_sizes(full_size_, group_.size()) : exchange_sizes(local, group_);
+  }
+
   ProcessGroup group_;
-  std::int64_t dim_arg_, dim2_arg_, full_size_;
-  std::string label_;
-  int dim_ = 0, dim2_ = 0;
-  std::int64_t split_full_ = 0;
-  ShardExtents extents_;
+  Placement from_, to_;
+  std::int64_t full_size_;
+  std::string name_, label_;
+  std::vector<std::int64_t> gathered_;    // every coordinate's extent along the gathered dim
+  std::vector<std::int64_t> scattered_;   // ... along the dim that forward sharded
 };
 
-Tensor apply_mapping(const Mapping& m, const Tensor& x, const ProcessGroup& group, std::int64_t dim = 0,
-                     std::int64_t dim2 = 0, std::int64_t full_size = -1) {
-  check_floating(x, m.name);
-  return autograd::apply<MappingFunction>({x}, m, group, dim, dim2, full_size)[0];
+Placement normalized(Placement p, const Tensor& x, const char* op) {
+  if (p.is_shard()) p.dim = normalize_dim(p.dim, x.shape(), op);
+  return p;
 }
+
+// The mappings for the DESIGN table, with symbolic shard dims (the dim does not change the rule's
+// answer) and the gradient each usually receives.
+struct Mapping {
+  const char* name;
+  Placement from, to;
+  Placement usual_incoming;
+};
+const Placement kR = Placement::replicate(), kP = Placement::partial(), kS0 = Placement::shard(0),
+                kS1 = Placement::shard(1);
+const Mapping kMappings[] = {
+    {"copy to TP region", kR, kR, kP},
+    {"reduce from TP region", kP, kR, kR},
+    {"scatter to TP region (feature dim)", kR, kS1, kS1},
+    {"gather from TP region (feature dim)", kS1, kR, kR},
+    {"scatter to sequence-parallel region", kR, kS0, kS0},
+    {"gather from sequence-parallel region", kS0, kR, kP},
+    {"reduce-scatter to sequence-parallel region", kP, kS0, kS0},
+    {"all-to-all", kS1, kS0, kS0},
+    {"all-gather with gradient", kS0, kR, kP},
+};
 
 }  // namespace
 
-Tensor copy_to_region(const Tensor& x, const ProcessGroup& group) { return apply_mapping(kCopyToRegion, x, group); }
-Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group) {
-  return apply_mapping(kReduceFromRegion, x, group);
+Tensor change_placement(const Tensor& x, const ProcessGroup& group, Placement from, Placement to,
+                        std::int64_t full_size) {
+  check_floating(x, "change_placement");
+  MG_CHECK(group.size() == 1 || group.axes != 0, "change_placement over '{}': the group is not a mesh group (no "
+           "mesh axes), so gradient placements cannot be read on it", group.axis);
+  from = normalized(from, x, "change_placement");
+  to = normalized(to, x, "change_placement");
+  if (group.size() == 1 || from == to) return x;   // nothing moves; bit-identical, nothing recorded
+  return autograd::apply<ChangePlacementFn>({x}, group, from, to, full_size)[0];
 }
+
+Tensor copy_to_region(const Tensor& x, const ProcessGroup& group) {
+  // R -> R is a step of its own (identity forward): not folded away by from == to.
+  check_floating(x, "copy_to_region");
+  if (group.size() == 1) return x;
+  return autograd::apply<ChangePlacementFn>({x}, group, kR, kR, -1)[0];
+}
+Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group) { return change_placement(x, group, kP, kR); }
 Tensor scatter_to_region(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
-  return apply_mapping(kScatterToRegion, x, group, dim);
+  return change_placement(x, group, kR, Placement::shard(static_cast<int>(dim)));
 }
 Tensor gather_from_region(const Tensor& x, const ProcessGroup& group, std::int64_t dim, std::int64_t full_size) {
-  return apply_mapping(kGatherFromRegion, x, group, dim, dim, full_size);
+  return change_placement(x, group, Placement::shard(static_cast<int>(dim)), kR, full_size);
 }
 Tensor scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
-  return apply_mapping(kScatterToSequence, x, group, dim);
+  return change_placement(x, group, kR, Placement::shard(static_cast<int>(dim)));
 }
 Tensor gather_from_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim, std::int64_t full_size) {
-  return apply_mapping(kGatherFromSequence, x, group, dim, dim, full_size);
+  return change_placement(x, group, Placement::shard(static_cast<int>(dim)), kR, full_size);
 }
 Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
-  return apply_mapping(kReduceScatterToSequence, x, group, dim);
+  return change_placement(x, group, kP, Placement::shard(static_cast<int>(dim)));
 }
 Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
                   std::int64_t cat_full_size) {
-  return apply_mapping(kAllToAll, x, group, split_dim, cat_dim, cat_full_size);
+  return change_placement(x, group, Placement::shard(static_cast<int>(cat_dim)),
+                          Placement::shard(static_cast<int>(split_dim)), cat_full_size);
 }
 Tensor all_gather_with_grad(const Tensor& x, const ProcessGroup& group, std::int64_t dim, std::int64_t full_size) {
-  return apply_mapping(kAllGatherWithGrad, x, group, dim, dim, full_size);
+  return mark_partial_grad(gather_from_sequence(x, group, dim, full_size), group.size() > 1 ? group.axes : 0);
 }
 
 std::vector<MappingRow> mapping_table() {
   std::vector<MappingRow> rows;
-  for (const Mapping* m : {&kCopyToRegion, &kReduceFromRegion, &kScatterToRegion, &kGatherFromRegion,
-                           &kScatterToSequence, &kGatherFromSequence, &kReduceScatterToSequence, &kAllToAll,
-                           &kAllGatherWithGrad}) {
-    rows.push_back({m->name, describe(m->forward), describe(m->backward)});
+  for (const Mapping& m : kMappings) {
+    const auto answer = [&](Placement in) { return primitive_name(backward_step(m.from, m.to, in).op); };
+    MappingRow row;
+    row.name = m.name;
+    row.forward = primitive_name(forward_primitive(m.from, m.to));
+    if (m.to.is_shard()) {
+      row.backward = answer(m.to);   // a shard's gradient is always its shard
+    } else {
+      row.backward_if_partial = answer(kP);
+      row.backward_if_replicated = answer(kR);
+      row.backward = m.usual_incoming.is_partial() ? row.backward_if_partial : row.backward_if_replicated;
+    }
+    rows.push_back(std::move(row));
   }
   return rows;
 }

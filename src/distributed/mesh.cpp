@@ -59,8 +59,42 @@ DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)
     std::vector<int> base = coords_;
     base[static_cast<std::size_t>(axis)] = 0;
     auto sub = world_->split(rank_of(base), coords_[static_cast<std::size_t>(axis)]);
-    groups_.push_back({std::move(sub), axes_[static_cast<std::size_t>(axis)].name});
+    groups_.push_back({std::move(sub), axes_[static_cast<std::size_t>(axis)].name, axis_bit(axis)});
   }
+}
+
+ProcessGroup DeviceMesh::make_group(const std::vector<int>& axes) const {
+  MG_CHECK(!axes.empty(), "{}: make_group needs at least one axis", str());
+  AxisMask mask = 0;
+  for (int a : axes) {
+    MG_CHECK(a >= 0 && a < ndim(), "{}: make_group: axis {} out of range", str(), a);
+    MG_CHECK(!(mask & axis_bit(a)), "{}: make_group: axis {} given twice", str(), axes_[static_cast<std::size_t>(a)].name);
+    mask |= axis_bit(a);
+  }
+  if (axes.size() == 1) return group(axes[0]);
+  // Color: the rank with every grouped coordinate set to 0; key: the row-major index over the
+  // grouped axes in mesh order.
+  std::vector<int> base = coords_;
+  int key = 0;
+  std::string name;
+  for (int a = 0; a < ndim(); ++a) {
+    if (!(mask & axis_bit(a))) continue;
+    base[static_cast<std::size_t>(a)] = 0;
+    key = key * axes_[static_cast<std::size_t>(a)].size + coords_[static_cast<std::size_t>(a)];
+    name += (name.empty() ? "" : "+") + axes_[static_cast<std::size_t>(a)].name;
+  }
+  return {world_->split(rank_of(base), key), name, mask};
+}
+
+const ProcessGroup& DeviceMesh::flattened_group(const std::vector<int>& axes) const {
+  if (axes.size() == 1) return group(axes[0]);
+  AxisMask mask = 0;
+  for (int a : axes) mask |= axis_bit(a);
+  for (const ProcessGroup& g : flattened_) {
+    if (g.axes == mask) return g;
+  }
+  flattened_.push_back(make_group(axes));
+  return flattened_.back();
 }
 
 int DeviceMesh::axis_index(const std::string& name) const {

@@ -6,11 +6,24 @@ namespace meshgrad::dist {
 
 std::string Placement::str() const {
   switch (kind) {
-    case Kind::Shard: return fmt::format("S({})", dim);
+    case Kind::Shard:
+      return blocks == 1 && unit == 1 ? fmt::format("S({})", dim) : fmt::format("S({})x{}/{}", dim, blocks, unit);
     case Kind::Replicate: return "R";
     case Kind::Partial: return "P";
   }
   return "?";
+}
+
+std::vector<ShardRange> Placement::ranges(std::int64_t full, int parts, int index) const {
+  MG_CHECK(is_shard(), "placement {} has no shard ranges", str());
+  if (blocks == 1 && unit == 1) return {shard_range(full, parts, index)};
+  MG_CHECK(blocks >= 1 && unit >= 1 && full % blocks == 0 && (full / blocks) % unit == 0,
+           "placement {}: extent {} is not {} blocks of whole units of {}", str(), full, blocks, unit);
+  const std::int64_t block = full / blocks;
+  const ShardRange units = shard_range(block / unit, parts, index);
+  std::vector<ShardRange> out;
+  for (int b = 0; b < blocks; ++b) out.push_back({b * block + units.offset * unit, units.size * unit});
+  return out;
 }
 
 std::string placements_str(const Placements& p) {
@@ -51,11 +64,6 @@ std::string mask_str(AxisMask axes) {
 
 std::string PartialGradient::str() const { return mask_str(axes_); }
 
-bool PartialGradient::equals(const Annotation& other) const {
-  auto* o = dynamic_cast<const PartialGradient*>(&other);
-  return o != nullptr && o->axes_ == axes_;
-}
-
 AnnotationPtr PartialGradient::combine(const AnnotationPtr& other) const {
   const AxisMask other_axes = other ? partial_axes_of(*other) : 0;
   MG_CHECK(other_axes == axes_,
@@ -70,13 +78,16 @@ AxisMask partial_axes(const Tensor& grad) {
   return partial_axes_of(*grad.annotation());
 }
 
-void set_partial_axes(const Tensor& grad, AxisMask axes) { grad.set_annotation(std::make_shared<PartialGradient>(axes)); }
+void set_partial_axes(const Tensor& grad, AxisMask axes) {
+  grad.set_annotation(axes == 0 ? nullptr : std::make_shared<PartialGradient>(axes));
+}
 
 namespace {
 class MarkPartialGradFn final : public autograd::Function {
  public:
   explicit MarkPartialGradFn(AxisMask axes) : axes_(axes) {}
   std::string_view name() const override { return "mark_partial_grad"; }
+  bool decides_gradient_placement() const override { return true; }
   TensorList forward(const TensorList& x) override { return {x[0]}; }
   TensorList backward(const TensorList& g) override {
     Tensor out = g[0].detach();   // a new handle: the annotation must not leak to other holders

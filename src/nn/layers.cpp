@@ -9,44 +9,104 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
 namespace meshgrad::nn {
 
 using autograd::Function;
+using dist::Placement;
 
-ParallelContext ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
+// ---- context --------------------------------------------------------------------------------------
+
+Tensor GatherBuffers::reusable(const Shape& shape, DType dtype) const {
+  for (const Tensor& b : buffers_) {
+    if (b.shape() == shape && b.dtype() == dtype && b.storage().use_count() == 1) return b;
+  }
+  return Tensor();
+}
+
+void GatherBuffers::keep(const Tensor& t) {
+  for (const Tensor& b : buffers_) {
+    if (b.storage() == t.storage()) return;
+  }
+  // One buffer per (shape, dtype) is what the layers need; a second appears only while the first
+  // is held (two forwards before a backward) and then stays for reuse too.
+  buffers_.push_back(t);
+}
+
+std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
   MG_CHECK(mesh != nullptr, "model: no mesh given");
-  ParallelContext ctx;
-  ctx.tp_axis = mesh->axis_index("tp");
-  ctx.tp = mesh->group(ctx.tp_axis);
-  ctx.mesh = std::move(mesh);
-  ctx.config = config;
+  auto ctx = std::make_shared<ParallelContext>();
+  ctx->config = config;
+  ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
+  if (mesh->has_axis("tp_row") || mesh->has_axis("tp_col")) {
+    MG_CHECK(mesh->has_axis("tp_row") && mesh->has_axis("tp_col") && !mesh->has_axis("tp"),
+             "model: a 2-D tensor-parallel mesh has axes tp_row and tp_col (and no tp), got {}", mesh->str());
+    ctx->two_d = true;
+    ctx->row_axis = mesh->axis_index("tp_row");
+    ctx->col_axis = mesh->axis_index("tp_col");
+    ctx->tp = mesh->make_group({ctx->row_axis, ctx->col_axis});
+    const bool grid = mesh->axis_size(ctx->row_axis) > 1 || mesh->axis_size(ctx->col_axis) > 1;
+    MG_CHECK(!(grid && config.sequence_parallel),
+             "model: sequence parallelism is not supported on a 2-D tensor-parallel mesh ({}); use tp=N", mesh->str());
+    MG_CHECK(!(grid && (config.overlap || config.recompute_allgather)),
+             "model: --overlap and --regather apply to the 1-D column-parallel layers, not to a 2-D mesh ({})",
+             mesh->str());
+  } else {
+    MG_CHECK(mesh->has_axis("tp"), "model: the mesh {} has no tensor-parallel axis (tp, or tp_row and tp_col)",
+             mesh->str());
+    ctx->tp_axis = mesh->axis_index("tp");
+    ctx->tp = mesh->group(ctx->tp_axis);
+  }
+  ctx->mesh = std::move(mesh);
   return ctx;
+}
+
+dist::Placements ParallelContext::replicated() const {
+  return dist::Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate());
+}
+
+dist::Placements ParallelContext::on_tp(Placement p) const {
+  dist::Placements out = replicated();
+  if (two_d) {
+    out[static_cast<std::size_t>(row_axis)] = p;
+    out[static_cast<std::size_t>(col_axis)] = p;
+  } else {
+    out[static_cast<std::size_t>(tp_axis)] = p;
+  }
+  return out;
+}
+
+dist::Placements ParallelContext::on_grid(Placement p_row, Placement p_col) const {
+  MG_CHECK(two_d, "on_grid: the mesh {} is not a 2-D tensor-parallel mesh", mesh->str());
+  dist::Placements out = replicated();
+  out[static_cast<std::size_t>(row_axis)] = p_row;
+  out[static_cast<std::size_t>(col_axis)] = p_col;
+  return out;
 }
 
 Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
   if (tp.size() == 1) return x;
-  return dist::mark_partial_grad(x, dist::AxisMask{1} << tp_axis);
+  return dist::mark_partial_grad(x, tp.axes);
 }
 
-Parameter make_parameter(const std::string& name, const Shape& full_shape, const ShardSpec& spec,
+Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
+  if (dp_axis < 0 || mesh->axis_size(dp_axis) == 1) return loss;
+  return dist::mark_partial_grad(loss, dist::axis_bit(dp_axis));
+}
+
+Parameter make_parameter(const std::string& name, const Shape& full_shape, dist::Placements placements,
                          const ParallelContext& ctx, std::uint64_t seed, double std, double constant, DType dtype) {
   Parameter p;
   p.name = name;
   p.full_shape = full_shape;
-  p.shard = spec;
-  if (std > 0) {
-    p.value = init_normal_shard(name, full_shape, spec, ctx.tp_size(), ctx.tp_rank(), seed, std, dtype);
-  } else {
-    Shape local = full_shape;
-    if (!spec.replicated()) {
-      local[static_cast<std::size_t>(spec.dim)] =
-          spec.local_extent(full_shape[static_cast<std::size_t>(spec.dim)], ctx.tp_size(), ctx.tp_rank());
-    }
-    p.value = Tensor::full(local, constant, dtype);
-  }
+  p.placements = std::move(placements);
+  p.mesh = ctx.mesh;
+  const dist::PieceLayout layout = p.layout();
+  p.value = std > 0 ? init_normal_piece(name, full_shape, layout, seed, std, dtype)
+                    : Tensor::full(layout.local_shape, constant, dtype);
   p.value.set_requires_grad();
   p.value.set_name(name);
   return p;
@@ -54,15 +114,17 @@ Parameter make_parameter(const std::string& name, const Shape& full_shape, const
 
 namespace {
 
-// ---- column-parallel linear: one Function, both modes, optional overlap and recompute ------------
+// ---- column-parallel linear: one Function, both modes, optional overlap and regather ------------
 //
 // Inputs {x, W, b}: x [T(_local), B, in], W [in, out_local], b [out_local] or undefined.
-//   forward:  X = x (all-reduce mode) or all_gather_seq(x) (sequence parallel); Y = X W + b
-//   backward: dX = dY W^T, then all-reduce (all-reduce mode) or reduce-scatter along the sequence;
-//             dW = X^T dY; db = sum of dY rows.
+//   forward:  X = x (all-reduce mode: the step R -> R on tp) or all_gather_seq(x) (sequence
+//             parallel: the step S(0) -> R); Y = X W + b
+//   backward: dX = dY W^T is partial over tp (W is split by output features), so the one rule
+//             answers for that step: all-reduce (R -> R) or reduce-scatter along the sequence
+//             (S(0) -> R); dW = X^T dY; db = sum of dY rows.
 // With overlap the backward issues its communication asynchronously and computes meanwhile:
 //
-//   recompute:  [all-gather x ......]                 (re-gather the input, SP only)
+//   regather:   [all-gather x ......]                 (re-gather the input, SP only)
 //               [dX = dY W^T][reduce-scatter/all-reduce dX ......]
 //                            wait gather -> [dW = X^T dY][db]  wait dX
 //
@@ -72,15 +134,16 @@ struct ColumnConfig {
   dist::ProcessGroup tp;
   bool sequence_parallel = false;
   bool overlap = false;
-  bool recompute_allgather = false;
+  bool regather = false;
   std::int64_t seq_len = 0;
   std::string label;
 };
 
 class ColumnLinearFn final : public Function {
  public:
-  ColumnLinearFn(ColumnConfig config, Tensor* gather_buffer) : c_(std::move(config)), gather_buffer_(gather_buffer) {}
+  ColumnLinearFn(ColumnConfig config, ParallelContextPtr ctx) : c_(std::move(config)), ctx_(std::move(ctx)) {}
   std::string_view name() const override { return "column_parallel_linear"; }
+  bool decides_gradient_placement() const override { return true; }
 
   TensorList forward(const TensorList& in) override {
     const Tensor& x = in[0];
@@ -89,9 +152,9 @@ class ColumnLinearFn final : public Function {
     MG_CHECK(x.dim() == 3 && w.dim() == 2 && x.size(2) == w.size(0),
              "{}: input {} and weight {} do not match ([T, B, in] and [in, out_local])", c_.label,
              shape_str(x.shape()), shape_str(w.shape()));
-    Tensor x_full = gather_input(x, /*async=*/false).wait();
+    Tensor x_full = gather_input(x).wait();
     Tensor y = meshgrad::linear(x_full, w, b);   // recording is off inside forward
-    const bool keep_local = c_.sequence_parallel && c_.recompute_allgather;
+    const bool keep_local = c_.sequence_parallel && c_.regather;
     save_for_backward({keep_local ? x : x_full, w});
     return {y};
   }
@@ -103,11 +166,12 @@ class ColumnLinearFn final : public Function {
     const Tensor dy = grads[0].contiguous();
     const std::int64_t out = dy.size(-1), in = w.size(0);
     const Tensor dy_rows = dy.view({-1, out});
-    const bool regather = c_.sequence_parallel && c_.recompute_allgather;
+    const bool regather = c_.sequence_parallel && c_.regather;
     const bool need_w_grad = needs_input_grad(1);
+    const dist::AxisMask incoming = dist::partial_axes(grads[0]);
 
     dist::PendingTensor x_full_pending;
-    if (regather && need_w_grad) x_full_pending = gather_input(s[0], c_.overlap);
+    if (regather && need_w_grad) x_full_pending = launch(gather_input(s[0]));
 
     Tensor dx;
     dist::PendingTensor dx_pending;
@@ -115,14 +179,12 @@ class ColumnLinearFn final : public Function {
       Shape full_shape = dy.shape();
       full_shape.back() = in;
       const Tensor dx_full = kernels::matmul(dy_rows, w.transpose(0, 1)).view(full_shape);
-      if (c_.tp.size() == 1) {
-        dx = dx_full;
-      } else if (c_.sequence_parallel) {
-        dx_pending = launch(dist::reduce_scatter_async(dx_full, c_.tp, 0, seq_sizes()), c_.overlap);
-      } else {
-        // dx_full is ours alone: reduce it in place (no buffer per call).
-        dx_pending = launch(dist::all_reduce_in_place_async(dx_full, c_.tp), c_.overlap);
-      }
+      // dX is partial over tp: the rule decides how this layer's input step is undone.
+      const dist::BackwardStep step =
+          dist::backward_step(input_placement(), Placement::replicate(), Placement::partial());
+      dist::StepArgs args{0, 0, seq_sizes()};
+      // dx_full is ours alone: an all-reduce may reduce it in place (no buffer per call).
+      dx_pending = launch(dist::run_primitive_async(step.op, dx_full, c_.tp, args, /*in_place=*/true));
     }
     Tensor dw, db;
     if (need_w_grad) {
@@ -130,50 +192,59 @@ class ColumnLinearFn final : public Function {
       dw = kernels::matmul(x_full.reshape({-1, in}).transpose(0, 1), dy_rows);
     }
     if (needs_input_grad(2)) db = kernels::sum(dy_rows, {0}, false);
-    if (dx_pending.valid()) dx = dx_pending.wait();
+    if (dx_pending.valid()) {
+      dx = dx_pending.wait();
+      dist::set_partial_axes(dx, incoming & ~c_.tp.axes);   // reduced over tp; other marks pass through
+    }
+    for (Tensor* g : {&dw, &db}) {
+      if (g->defined()) dist::set_partial_axes(*g, incoming);
+    }
     return {dx, dw, db};
   }
 
  private:
+  Placement input_placement() const {
+    return c_.sequence_parallel ? Placement::shard(0) : Placement::replicate();
+  }
   std::vector<std::int64_t> seq_sizes() const { return shard_sizes(c_.seq_len, c_.tp.size()); }
 
   // Without overlap a launched operation is waited for at once (same result, no concurrency).
-  static dist::PendingTensor launch(dist::PendingTensor pending, bool overlap) {
-    if (overlap) return pending;
+  dist::PendingTensor launch(dist::PendingTensor pending) const {
+    if (c_.overlap) return pending;
     return dist::PendingTensor::ready(pending.wait());
   }
 
-  // The full input: x itself in all-reduce mode; the sequence all-gather under SP, into the
-  // layer's reusable buffer when nobody else holds it (no allocation per step).
-  dist::PendingTensor gather_input(const Tensor& x, bool async) {
+  // The full input: x itself in all-reduce mode; the sequence all-gather under SP (in regather
+  // mode into the model's shared buffer, which is free again once this layer's forward is done).
+  dist::PendingTensor gather_input(const Tensor& x) {
     if (!c_.sequence_parallel || c_.tp.size() == 1) return dist::PendingTensor::ready(x);
     Tensor reuse;
-    if (gather_buffer_ != nullptr && gather_buffer_->defined() && gather_buffer_->storage().use_count() == 1) {
-      reuse = *gather_buffer_;
-    }
+    Shape full_shape = x.shape();
+    full_shape[0] = c_.seq_len;
+    if (c_.regather) reuse = ctx_->gather_buffers.reusable(full_shape, x.dtype());
     dist::PendingTensor p = dist::all_gather_async(x, c_.tp, 0, seq_sizes(), reuse);
-    if (async) return p;
+    if (!c_.regather) return p;
     Tensor full = p.wait();
-    if (gather_buffer_ != nullptr) *gather_buffer_ = full;
+    ctx_->gather_buffers.keep(full);
     return dist::PendingTensor::ready(full);
   }
 
   ColumnConfig c_;
-  Tensor* gather_buffer_;
+  ParallelContextPtr ctx_;
 };
 
 }  // namespace
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t in, std::int64_t out,
-                                           const Options& options, const ParallelContext& ctx, std::uint64_t seed,
+                                           const Options& options, ParallelContextPtr ctx, std::uint64_t seed,
                                            DType dtype)
-    : name_(name), options_(options), out_(out), ctx_(&ctx) {
+    : name_(name), options_(options), out_(out), ctx_(std::move(ctx)) {
   MG_CHECK(!(options.gather_output && options.blocks > 1), "{}: gather_output with fused blocks is not supported",
            name);
-  const ShardSpec w_spec{1, options.blocks, options.unit};
-  const ShardSpec b_spec{0, options.blocks, options.unit};
-  if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, ctx, seed, options.init_std, 0.0, dtype);
-  if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, ctx, seed, 0.0, 0.0, dtype);
+  const auto w_spec = ctx_->on_tp(Placement::shard(1, options.blocks, options.unit));
+  const auto b_spec = ctx_->on_tp(Placement::shard(0, options.blocks, options.unit));
+  if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
+  if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
@@ -186,18 +257,18 @@ Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len,
   dist::CommLabelScope label(name_);
   ColumnConfig config{ctx_->tp, ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
                       seq_len, name_};
-  Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), &gather_buffer_)[0];
+  Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), ctx_)[0];
   if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
   return y;
 }
 
 RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, std::int64_t out,
-                                     const Options& options, const ParallelContext& ctx, std::uint64_t seed,
+                                     const Options& options, ParallelContextPtr ctx, std::uint64_t seed,
                                      DType dtype)
-    : name_(name), options_(options), ctx_(&ctx) {
-  weight = make_parameter(name + ".weight", {in, out}, ShardSpec{0, 1, options.unit}, ctx, seed, options.init_std,
-                          0.0, dtype);
-  if (options.bias) bias = make_parameter(name + ".bias", {out}, ShardSpec{}, ctx, seed, 0.0, 0.0, dtype);
+    : name_(name), options_(options), ctx_(std::move(ctx)) {
+  weight = make_parameter(name + ".weight", {in, out}, ctx_->on_tp(Placement::shard(0, 1, options.unit)), *ctx_, seed,
+                          options.init_std, 0.0, dtype);
+  if (options.bias) bias = make_parameter(name + ".bias", {out}, ctx_->replicated(), *ctx_, seed, 0.0, 0.0, dtype);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
@@ -214,11 +285,47 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   return y;
 }
 
-LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, const ParallelContext& ctx,
-                     DType dtype)
-    : eps_(eps), ctx_(&ctx) {
-  weight = make_parameter(name + ".weight", {features}, ShardSpec{}, ctx, 0, 0.0, 1.0, dtype);
-  bias = make_parameter(name + ".bias", {features}, ShardSpec{}, ctx, 0, 0.0, 0.0, dtype);
+GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t out, bool in_on_rows,
+                       const Options& options, ParallelContextPtr ctx, std::uint64_t seed, DType dtype)
+    : name_(name), options_(options), in_(in), ctx_(std::move(ctx)) {
+  MG_CHECK(ctx_->two_d, "{}: GridLinear needs a 2-D tensor-parallel mesh, got {}", name, ctx_->mesh->str());
+  in_axis_ = in_on_rows ? ctx_->row_axis : ctx_->col_axis;
+  out_axis_ = in_on_rows ? ctx_->col_axis : ctx_->row_axis;
+  const Placement w_in = Placement::shard(0, 1, options.in_unit);
+  const Placement w_out = Placement::shard(1, options.blocks, options.out_unit);
+  const Placement b_out = Placement::shard(0, options.blocks, options.out_unit);
+  auto w_spec = ctx_->replicated(), b_spec = ctx_->replicated();
+  w_spec[static_cast<std::size_t>(in_axis_)] = w_in;
+  w_spec[static_cast<std::size_t>(out_axis_)] = w_out;
+  b_spec[static_cast<std::size_t>(out_axis_)] = b_out;
+  weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
+  bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
+}
+
+Tensor GridLinear::forward(const Tensor& x) const {
+  dist::CommLabelScope label(name_);
+  const dist::ProcessGroup& in_group = ctx_->mesh->group(in_axis_);
+  const dist::ProcessGroup& out_group = ctx_->mesh->group(out_axis_);
+  // Own feature slice on in_axis (R -> S(-1)): whole units, as the weight's rows are split.
+  Tensor x_split = x;
+  if (!options_.input_is_split && in_group.size() > 1) {
+    MG_CHECK(x.size(-1) == in_, "{}: input {} has {} features, expected {}", name_, shape_str(x.shape()), x.size(-1), in_);
+    MG_CHECK(options_.in_unit == 1, "{}: a replicated input is split in plain features (in_unit 1)", name_);
+    x_split = dist::scatter_to_region(x, in_group, -1);
+  }
+  // The same X enters sharded compute on out_axis: its gradient comes back partial there (W is
+  // split by output features), and the rule's R -> R step reduces it.
+  const Tensor x_in = dist::mark_partial_grad(dist::copy_to_region(x_split, out_group),
+                                              out_group.size() > 1 ? out_group.axes : 0);
+  const Tensor partial = meshgrad::linear(x_in, weight.value);             // partial over in_axis
+  const Tensor y = dist::reduce_from_region(partial, in_group);            // P -> R on in_axis
+  return meshgrad::add(y, bias.value);
+}
+
+LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)
+    : eps_(eps), ctx_(std::move(ctx)) {
+  weight = make_parameter(name + ".weight", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 1.0, dtype);
+  bias = make_parameter(name + ".bias", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 0.0, dtype);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
@@ -230,10 +337,13 @@ Tensor LayerNorm::forward(const Tensor& x) const {
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
-                                               const ParallelContext& ctx, std::uint64_t seed, DType dtype)
-    : vocab_(vocab), ctx_(&ctx) {
-  weight = make_parameter(name + ".weight", {vocab, features}, ShardSpec{0}, ctx, seed, 0.02, 0.0, dtype);
-  offset_ = shard_range(vocab, ctx.tp_size(), ctx.tp_rank()).offset;
+                                               ParallelContextPtr ctx, std::uint64_t seed, DType dtype)
+    : vocab_(vocab), ctx_(std::move(ctx)) {
+  // Split over the whole tp group (both grid axes on a 2-D mesh: layout.hpp's nested rule is the
+  // grid group's rank order, so the offset below is this rank's piece).
+  weight = make_parameter(name + ".weight", {vocab, features}, ctx_->on_tp(Placement::shard(0)), *ctx_, seed, 0.02,
+                          0.0, dtype);
+  offset_ = shard_range(vocab, ctx_->tp_size(), ctx_->tp_rank()).offset;
 }
 
 Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {

@@ -14,29 +14,60 @@ namespace {
 
 // Offsets of this rank's piece of a [T, B, C] activation: sharded along T under SP.
 std::vector<std::int64_t> activation_offsets(const ParallelContext& ctx, std::int64_t seq) {
+  // 1-D under SP only; a 2-D grid keeps activations replicated.
   const std::int64_t t0 = ctx.sequence_parallel() ? shard_range(seq, ctx.tp_size(), ctx.tp_rank()).offset : 0;
   return {t0, 0, 0};
 }
 
 // ---- GPT ------------------------------------------------------------------------------------------
 
+// Sizes the tensor-parallel split must respect, checked before any layer is built so the message
+// says what is wrong (not a shard extent deep inside a layer).
+void check_split(const ModelConfig& cfg, const ParallelContext& ctx) {
+  MG_CHECK(cfg.hidden % cfg.heads == 0, "gpt: --hidden {} is not divisible by --heads {} (each head needs a whole "
+           "number of features)", cfg.hidden, cfg.heads);
+  const int head_split = ctx.two_d ? ctx.col().size() : ctx.tp_size();
+  MG_CHECK(head_split <= cfg.heads, "gpt: {} ranks split the attention heads but there are only {} heads (--heads): "
+           "use at most {} ranks on that axis ({})", head_split, cfg.heads, cfg.heads,
+           ctx.two_d ? "tp_col, the C of tp=RxC" : "tp");
+  if (ctx.two_d) {
+    MG_CHECK(ctx.row().size() <= cfg.hidden, "gpt: tp_row = {} ranks split --hidden {} features", ctx.row().size(),
+             cfg.hidden);
+  }
+}
+
+// 1-D: column-parallel c_attn (heads split over tp) and row-parallel c_proj.
+// 2-D: c_attn splits C over tp_row and the heads over tp_col; c_proj takes the heads over tp_col
+// and splits its output over tp_row, then the output is all-gathered over tp_row. The attention
+// itself runs on this column's heads (the same on every row of the grid).
 class Attention {
  public:
-  Attention(const std::string& name, const ModelConfig& cfg, const ParallelContext& ctx, std::uint64_t seed)
-      : head_dim_(cfg.hidden / cfg.heads), ctx_(&ctx),
-        c_attn_(name + ".c_attn", cfg.hidden, 3 * cfg.hidden,
-                {.bias = true, .gather_output = false, .blocks = 3, .unit = cfg.hidden / cfg.heads, .init_std = 0.02},
-                ctx, seed, cfg.dtype),
-        c_proj_(name + ".c_proj", cfg.hidden, cfg.hidden,
-                {.bias = true, .input_is_parallel = true, .unit = cfg.hidden / cfg.heads,
-                 .init_std = 0.02 / std::sqrt(2.0 * cfg.layers)},
-                ctx, seed, cfg.dtype) {
-    MG_CHECK(cfg.hidden % cfg.heads == 0, "gpt: n_embd {} is not divisible by n_head {}", cfg.hidden, cfg.heads);
+  Attention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
+      : head_dim_(cfg.hidden / cfg.heads), hidden_(cfg.hidden), ctx_(ctx) {
+    const double proj_std = 0.02 / std::sqrt(2.0 * cfg.layers);
+    if (ctx->two_d) {
+      grid_attn_ = std::make_unique<GridLinear>(name + ".c_attn", cfg.hidden, 3 * cfg.hidden, /*in_on_rows=*/true,
+                                                GridLinear::Options{.blocks = 3, .out_unit = head_dim_}, ctx, seed,
+                                                cfg.dtype);
+      grid_proj_ = std::make_unique<GridLinear>(name + ".c_proj", cfg.hidden, cfg.hidden, /*in_on_rows=*/false,
+                                                GridLinear::Options{.input_is_split = true, .in_unit = head_dim_,
+                                                                    .init_std = proj_std},
+                                                ctx, seed, cfg.dtype);
+    } else {
+      c_attn_ = std::make_unique<ColumnParallelLinear>(
+          name + ".c_attn", cfg.hidden, 3 * cfg.hidden,
+          ColumnParallelLinear::Options{.bias = true, .gather_output = false, .blocks = 3, .unit = head_dim_, .init_std = 0.02},
+          ctx, seed, cfg.dtype);
+      c_proj_ = std::make_unique<RowParallelLinear>(
+          name + ".c_proj", cfg.hidden, cfg.hidden,
+          RowParallelLinear::Options{.bias = true, .input_is_parallel = true, .unit = head_dim_, .init_std = proj_std},
+          ctx, seed, cfg.dtype);
+    }
   }
 
   // x: [T(_local), B, C] -> same.
   Tensor forward(const Tensor& x, std::int64_t seq) const {
-    const Tensor qkv = c_attn_.forward(x, seq);          // [T, B, 3 * H_local * D]
+    const Tensor qkv = ctx_->two_d ? grid_attn_->forward(x) : c_attn_->forward(x, seq);   // [T, B, 3 * H_local * D]
     const std::int64_t b = qkv.size(1);
     const std::int64_t local = qkv.size(2) / 3;
     const std::int64_t heads = local / head_dim_;
@@ -46,38 +77,70 @@ class Attention {
     const TensorList parts = split(qkv, 2, {local, local, local});
     const Tensor y = causal_attention(heads_first(parts[0]), heads_first(parts[1]), heads_first(parts[2]));
     const Tensor merged = reshape(contiguous(permute(y, {2, 0, 1, 3})), {seq, b, local});
-    return c_proj_.forward(merged);
+    if (!ctx_->two_d) return c_proj_->forward(merged);
+    // [T, B, C over tp_row] -> the whole [T, B, C] on every rank.
+    return dist::gather_from_region(grid_proj_->forward(merged), ctx_->row(), -1, hidden_);
   }
   void collect(std::vector<Parameter*>& out) {
-    for (Parameter* p : {&c_attn_.weight, &c_attn_.bias, &c_proj_.weight, &c_proj_.bias}) out.push_back(p);
+    if (ctx_->two_d) {
+      for (Parameter* p : {&grid_attn_->weight, &grid_attn_->bias, &grid_proj_->weight, &grid_proj_->bias}) out.push_back(p);
+    } else {
+      for (Parameter* p : {&c_attn_->weight, &c_attn_->bias, &c_proj_->weight, &c_proj_->bias}) out.push_back(p);
+    }
   }
 
  private:
-  std::int64_t head_dim_;
-  const ParallelContext* ctx_;
-  ColumnParallelLinear c_attn_;
-  RowParallelLinear c_proj_;
+  std::int64_t head_dim_, hidden_;
+  ParallelContextPtr ctx_;
+  std::unique_ptr<ColumnParallelLinear> c_attn_;
+  std::unique_ptr<RowParallelLinear> c_proj_;
+  std::unique_ptr<GridLinear> grid_attn_, grid_proj_;
 };
 
+// 1-D: Megatron's column (h -> f) + GELU + row (f -> h).
+// 2-D: c_fc splits h over tp_row and f over tp_col; c_proj takes f over tp_col and splits h over
+// tp_row; the output is all-gathered over tp_row.
 class Mlp {
  public:
-  Mlp(const std::string& name, std::int64_t hidden, std::int64_t ffn, int layers, const ParallelContext& ctx,
+  Mlp(const std::string& name, std::int64_t hidden, std::int64_t ffn, int layers, const ParallelContextPtr& ctx,
       std::uint64_t seed, DType dtype)
-      : c_fc_(name + ".c_fc", hidden, ffn, {}, ctx, seed, dtype),
-        c_proj_(name + ".c_proj", ffn, hidden, {.init_std = 0.02 / std::sqrt(2.0 * layers)}, ctx, seed, dtype) {}
-  Tensor forward(const Tensor& x, std::int64_t seq) const { return c_proj_.forward(gelu(c_fc_.forward(x, seq))); }
+      : hidden_(hidden), ctx_(ctx) {
+    const double proj_std = 0.02 / std::sqrt(2.0 * layers);
+    if (ctx->two_d) {
+      grid_fc_ = std::make_unique<GridLinear>(name + ".c_fc", hidden, ffn, true, GridLinear::Options{}, ctx, seed, dtype);
+      grid_proj_ = std::make_unique<GridLinear>(name + ".c_proj", ffn, hidden, false,
+                                                GridLinear::Options{.input_is_split = true, .init_std = proj_std}, ctx,
+                                                seed, dtype);
+    } else {
+      c_fc_ = std::make_unique<ColumnParallelLinear>(name + ".c_fc", hidden, ffn, ColumnParallelLinear::Options{}, ctx,
+                                                     seed, dtype);
+      c_proj_ = std::make_unique<RowParallelLinear>(name + ".c_proj", ffn, hidden,
+                                                    RowParallelLinear::Options{.init_std = proj_std}, ctx, seed, dtype);
+    }
+  }
+  Tensor forward(const Tensor& x, std::int64_t seq) const {
+    if (!ctx_->two_d) return c_proj_->forward(gelu(c_fc_->forward(x, seq)));
+    return dist::gather_from_region(grid_proj_->forward(gelu(grid_fc_->forward(x))), ctx_->row(), -1, hidden_);
+  }
   void collect(std::vector<Parameter*>& out) {
-    for (Parameter* p : {&c_fc_.weight, &c_fc_.bias, &c_proj_.weight, &c_proj_.bias}) out.push_back(p);
+    if (ctx_->two_d) {
+      for (Parameter* p : {&grid_fc_->weight, &grid_fc_->bias, &grid_proj_->weight, &grid_proj_->bias}) out.push_back(p);
+    } else {
+      for (Parameter* p : {&c_fc_->weight, &c_fc_->bias, &c_proj_->weight, &c_proj_->bias}) out.push_back(p);
+    }
   }
 
  private:
-  ColumnParallelLinear c_fc_;
-  RowParallelLinear c_proj_;
+  std::int64_t hidden_;
+  ParallelContextPtr ctx_;
+  std::unique_ptr<ColumnParallelLinear> c_fc_;
+  std::unique_ptr<RowParallelLinear> c_proj_;
+  std::unique_ptr<GridLinear> grid_fc_, grid_proj_;
 };
 
 class Block {
  public:
-  Block(int index, const ModelConfig& cfg, const ParallelContext& ctx, std::uint64_t seed)
+  Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
       : prefix_(fmt::format("h.{}", index)),
         ln_1_(prefix_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
         attn_(prefix_ + ".attn", cfg, ctx, seed),
@@ -107,15 +170,33 @@ class Block {
   Mlp mlp_;
 };
 
+// What the dropout of a GPT needs, owned jointly by the model and by the closures a checkpointed
+// block keeps for its recomputation (so a node never points into a model that moved or died).
+struct DropoutState {
+  double p = 0;
+  bool training = true;
+  ParallelContextPtr ctx;
+  random::Generator gen;
+};
+
 class Gpt final : public Model {
  public:
   Gpt(const ModelConfig& cfg, const ParallelConfig& parallel, dist::DeviceMeshPtr mesh, std::uint64_t seed)
       : cfg_(cfg), ctx_(ParallelContext::on(std::move(mesh), parallel)),
         wte_("wte", cfg.vocab, cfg.hidden, ctx_, seed, cfg.dtype),
-        ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx_, cfg.dtype), dropout_gen_(seed ^ 0xD50F) {
-    wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ShardSpec{}, ctx_, seed, 0.02, 0.0, cfg.dtype);
-    for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_unique<Block>(i, cfg_, ctx_, seed));
+        ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx_, cfg.dtype),
+        dropout_(std::make_shared<DropoutState>(DropoutState{cfg.dropout, true, ctx_, random::Generator(seed ^ 0xD50F)})) {
+    check_split(cfg, *ctx_);
+    wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx_->replicated(), *ctx_, seed, 0.02, 0.0,
+                          cfg.dtype);
+    for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed));
+    ColumnParallelLinear::Options o;
+    o.bias = false;
+    o.owns_weight = false;   // the LM head's weight is wte^T
+    lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
   }
+  Gpt(const Gpt&) = delete;
+  Gpt& operator=(const Gpt&) = delete;
 
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
     check_dtype(batch.inputs, DType::Int64, "gpt", "inputs");
@@ -124,8 +205,10 @@ class Gpt final : public Model {
              "gpt: inputs {} and targets {} must both be [B, T]", shape_str(batch.inputs.shape()),
              shape_str(batch.targets.shape()));
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), c = cfg_.hidden;
+    MG_CHECK(seq >= 1 && b >= 1, "gpt: a batch needs at least one row and one position, got [B, T] = [{}, {}]", b, seq);
     MG_CHECK(seq <= cfg_.n_positions(), "gpt: sequence length {} exceeds n_positions {}", seq, cfg_.n_positions());
-    const bool sp = ctx_.sequence_parallel();
+    const ParallelContext& ctx = *ctx_;
+    const bool sp = ctx.sequence_parallel();
     const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
 
     // Embedding: vocab-parallel partial sums, reduced over tp (all-reduce, or reduce-scatter along
@@ -134,25 +217,26 @@ class Gpt final : public Model {
     {
       dist::CommLabelScope label("wte");
       const Tensor partial = wte_.forward_partial(ids);               // [T, B, C], partial over tp
-      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx_.tp, 0) : dist::reduce_from_region(partial, ctx_.tp);
+      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
     }
-    const std::int64_t t0 = activation_offsets(ctx_, seq)[0];
+    const std::int64_t t0 = activation_offsets(ctx, seq)[0];
     const std::int64_t t_local = h.size(0);
     Tensor pos = reshape(narrow(wpe_.value, 0, t0, t_local), {t_local, 1, c});
-    h = add(h, sp ? ctx_.partial_over_tp(pos) : pos);
+    h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
 
-    // Captures by value: a checkpointed block calls it again during backward, after loss() returned.
-    const std::function<Tensor(const Tensor&)> dropout = [this, seq, b, c](const Tensor& x) {
-      if (!training_ || cfg_.dropout == 0) return x;
-      return dropout_global(x, cfg_.dropout, dropout_gen_.next_seed(), {seq, b, c}, activation_offsets(ctx_, seq));
+    // Holds the shared state, not the model: a checkpointed block calls it again during backward.
+    const std::shared_ptr<DropoutState> state = dropout_;
+    const std::function<Tensor(const Tensor&)> dropout = [state, seq, b, c](const Tensor& x) {
+      if (!state->training || state->p == 0) return x;
+      return dropout_global(x, state->p, state->gen.next_seed(), {seq, b, c}, activation_offsets(*state->ctx, seq));
     };
     h = dropout(h);
-    for (const auto& block : blocks_) {
-      if (ctx_.config.checkpoint_blocks) {
-        const Block* blk = block.get();
+    for (const auto& b_ptr : blocks_) {
+      const std::shared_ptr<const Block> block = b_ptr;
+      if (ctx.config.checkpoint_blocks) {
         h = autograd::checkpoint(
-            [blk, seq, dropout](const TensorList& in) { return TensorList{blk->forward(in[0], seq, dropout)}; }, {h},
-            {&dropout_gen_})[0];
+            [block, seq, dropout](const TensorList& in) { return TensorList{block->forward(in[0], seq, dropout)}; },
+            {h}, {&state->gen})[0];
       } else {
         h = block->forward(h, seq, dropout);
       }
@@ -160,10 +244,12 @@ class Gpt final : public Model {
     h = ln_f_.forward(h);
 
     // Tied output layer: column-parallel over the vocabulary with wte^T; logits stay sharded.
-    const Tensor logits = lm_head_forward(h, seq);                   // [T, B, V_local]
+    const Tensor logits = lm_head_->forward_with(h, seq, transpose(wte_.weight.value, 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
-    return vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets, wte_.vocab_offset(),
-                                        cfg_.vocab, ctx_.tp, static_cast<double>(global_tokens));
+    const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
+                                                     wte_.vocab_offset(), cfg_.vocab, ctx.tp,
+                                                     static_cast<double>(global_tokens));
+    return ctx.loss_partial_over_dp(loss);
   }
 
   std::vector<Parameter*> parameters() override {
@@ -174,37 +260,24 @@ class Gpt final : public Model {
     return out;
   }
   const ModelConfig& config() const override { return cfg_; }
-  void set_training(bool training) override { training_ = training; }
+  void set_training(bool training) override { dropout_->training = training; }
 
  private:
-  // The LM head is a column-parallel linear whose weight is wte^T ([C, V_local], a view).
-  Tensor lm_head_forward(const Tensor& h, std::int64_t seq) {
-    if (!lm_head_) {
-      ColumnParallelLinear::Options o;
-      o.bias = false;
-      o.owns_weight = false;   // the weight is wte's
-      lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
-    }
-    return lm_head_->forward_with(h, seq, transpose(wte_.weight.value, 0, 1), Tensor());
-  }
-
   ModelConfig cfg_;
-  ParallelContext ctx_;
+  ParallelContextPtr ctx_;
   VocabParallelEmbedding wte_;
   Parameter wpe_;
-  std::vector<std::unique_ptr<Block>> blocks_;
+  std::vector<std::shared_ptr<Block>> blocks_;   // shared with checkpointed regions' closures
   LayerNorm ln_f_;
-  std::unique_ptr<ColumnParallelLinear> lm_head_;   // no weight of its own: holds its communication buffer
-  random::Generator dropout_gen_;
-  bool training_ = true;
+  std::unique_ptr<ColumnParallelLinear> lm_head_;      // no weight of its own
+  std::shared_ptr<DropoutState> dropout_;
 };
 
 // ---- MLP stack --------------------------------------------------------------------------------------
 
-// `layers` Megatron MLPs (column h -> f, GELU, row f -> h) on a fixed random input [T, B, H]
-// (sequence-sharded under SP);
-// loss = sum of squares of the output / (global_tokens * H) (the mean square, as the peer
-// benchmark torch_tp_mlp.py uses).
+// `layers` MLPs (1-D: column h -> f, GELU, row f -> h; 2-D: two grid linears) on a fixed random
+// input [T, B, H] (sequence-sharded under SP); loss = sum of squares of the output /
+// (global_tokens * H) (the mean square, as the peer benchmark torch_tp_mlp.py uses).
 class MlpModel final : public Model {
  public:
   MlpModel(const ModelConfig& cfg, const ParallelConfig& parallel, dist::DeviceMeshPtr mesh, std::uint64_t seed)
@@ -214,11 +287,14 @@ class MlpModel final : public Model {
                                             seed, cfg.dtype));
     }
   }
+  MlpModel(const MlpModel&) = delete;
+  MlpModel& operator=(const MlpModel&) = delete;
 
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
+    const ParallelContext& ctx = *ctx_;
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), hdim = cfg_.hidden;
     random::Box box{{0, seq}, {0, b}, {0, hdim}};
-    if (ctx_.sequence_parallel()) box[0] = shard_range(seq, ctx_.tp_size(), ctx_.tp_rank());
+    if (ctx.sequence_parallel()) box[0] = shard_range(seq, ctx.tp_size(), ctx.tp_rank());
     // The input is drawn once per shape; each call uses a fresh leaf over it that requires grad
     // (as in the PyTorch peer benchmark), so backward computes and communicates dX of the first
     // layer too.
@@ -233,12 +309,12 @@ class MlpModel final : public Model {
       h = mlps_[i]->forward(h, seq);
     }
     Tensor sq = sum(mul(h, h));
-    if (ctx_.sequence_parallel()) {
+    if (ctx.sequence_parallel()) {
       // Each rank holds its own tokens: the loss is the sum over tp of the local sums.
       dist::CommLabelScope label("loss");
-      sq = dist::reduce_from_region(sq, ctx_.tp);
+      sq = dist::reduce_from_region(sq, ctx.tp);
     }
-    return scale(sq, 1.0 / static_cast<double>(global_tokens * hdim));
+    return ctx.loss_partial_over_dp(scale(sq, 1.0 / static_cast<double>(global_tokens * hdim)));
   }
   std::vector<Parameter*> parameters() override {
     std::vector<Parameter*> out;
@@ -250,7 +326,7 @@ class MlpModel final : public Model {
 
  private:
   ModelConfig cfg_;
-  ParallelContext ctx_;
+  ParallelContextPtr ctx_;
   std::uint64_t seed_;
   std::vector<std::unique_ptr<Mlp>> mlps_;
   Tensor input_;        // this rank's piece of the fixed input

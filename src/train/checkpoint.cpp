@@ -28,21 +28,14 @@ void check_params(const std::string& path, const std::vector<nn::Parameter*>& pa
     throw SafetensorsError(path, fmt::format("{}: {}", op, problem));
 }
 
-// The shape of this rank's shard of p; sets *problem when p's ShardSpec does not fit its full shape.
-Shape local_shape(const nn::Parameter& p, const dist::ProcessGroup& tp, std::string* problem) {
-  Shape s = p.full_shape;
-  if (p.shard.replicated()) return s;
-  if (static_cast<std::size_t>(p.shard.dim) >= s.size()) {
-    *problem = fmt::format("shard spec {} names dim {} of a full shape {}", p.shard.str(), p.shard.dim, shape_str(s));
-    return s;
-  }
-  const auto d = static_cast<std::size_t>(p.shard.dim);
+// The shape of this rank's piece of p; sets *problem when p's placements do not fit its full shape.
+Shape local_shape(const nn::Parameter& p, const dist::ProcessGroup&, std::string* problem) {
   try {
-    s[d] = p.shard.local_extent(s[d], tp.size(), tp.rank());
+    return p.layout().local_shape;
   } catch (const InvalidArgument& e) {
     *problem = e.what();
   }
-  return s;
+  return p.full_shape;
 }
 
 }  // namespace
@@ -79,7 +72,7 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
       throw SafetensorsError(path, fmt::format("load_parameters: parameter '{}' has local shape {} but its full shape "
                                                "{} sharded {} over tp={} gives {} on rank {}",
                                                p->name, shape_str(p->value.shape()), shape_str(p->full_shape),
-                                               p->shard.str(), tp.size(), shape_str(expected_local), tp.rank()));
+                                               dist::placements_str(p->placements), tp.size(), shape_str(expected_local), tp.rank()));
   }
 
   // Pass 2: read, convert (see above), keep this rank's shard and copy it into the leaf's storage.
@@ -87,7 +80,7 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   autograd::NoGradGuard no_grad;
   for (nn::Parameter* p : params) {
     Tensor full = file.get(p->name).to(p->value.dtype());
-    Tensor shard = nn::take_shard(full, p->shard, tp.size(), tp.rank());
+    Tensor shard = nn::take_shard(full, *p);
     p->value.detach().copy_from(shard);
   }
 }
@@ -103,7 +96,7 @@ void save_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   autograd::NoGradGuard no_grad;
   std::vector<std::pair<std::string, Tensor>> full;
   full.reserve(params.size());
-  for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p, tp));
+  for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p));
   if (tp.rank() == writer_rank) write_safetensors(path, full, metadata);
 }
 
@@ -119,7 +112,7 @@ std::vector<std::pair<std::string, Tensor>> gather_gradients(const std::vector<n
     if (!grad.defined()) grad = Tensor::zeros(p->value.shape(), p->value.dtype());
     // gather_full returns the local tensor itself when nothing is gathered; clone so that the
     // caller's dump does not alias (and later see changes to) the live .grad.
-    Tensor gathered = nn::gather_full(grad.detach(), *p, tp);
+    Tensor gathered = nn::gather_full(grad.detach(), *p);
     out.emplace_back(p->name, gathered.storage() == grad.storage() ? gathered.clone() : gathered);
   }
   return out;

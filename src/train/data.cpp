@@ -1,8 +1,18 @@
 #include "meshgrad/train/data.hpp"
 
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <filesystem>
 #include <fstream>
-#include <iterator>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <tuple>
 
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/tensor/shard.hpp"
@@ -39,42 +49,264 @@ When the miller's son was asked what his father had taught him, he said that his
 
 std::string_view builtin_corpus() { return kCorpus; }
 
-ByteDataset::ByteDataset(const std::string& path, int batch, int seq, std::uint64_t seed)
-    : batch_(batch), seq_(seq), seed_(seed) {
-  MG_CHECK(batch >= 1 && seq >= 1, "ByteDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
-  std::string text;
-  if (path.empty()) {
-    source_ = "the built-in corpus";
-    text = std::string(kCorpus);
-  } else {
-    source_ = "'" + path + "'";
-    std::ifstream in(path, std::ios::binary);
-    MG_CHECK(in.good(), "data file '{}' cannot be opened for reading", path);
-    text.assign(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
-    MG_CHECK(!in.bad(), "data file '{}' could not be read to the end", path);
-  }
-  MG_CHECK(static_cast<std::int64_t>(text.size()) >= static_cast<std::int64_t>(seq) + 1,
-           "data {} has {} bytes but a training window needs seq + 1 = {} bytes (T inputs and T shifted targets)",
-           source_, text.size(), seq + 1);
-  tokens_.reserve(text.size());
-  for (unsigned char c : text) tokens_.push_back(static_cast<std::int64_t>(c));
+namespace {
+
+// What a stat mode is, for messages about paths that are not regular files.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a pipe or FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
 }
 
-nn::Batch ByteDataset::next_batch(std::int64_t step) const {
-  MG_CHECK(step >= 0, "ByteDataset::next_batch: step must be >= 0, got {}", step);
-  const std::int64_t B = batch_, T = seq_;
-  // Window starts 0 .. size - T - 1 inclusive: the targets reach index start + T.
-  const std::int64_t starts = size() - T;
+struct stat stat_path(const std::string& path, const std::string& what) {
+  struct stat st {};
+  MG_CHECK(::stat(path.c_str(), &st) == 0, "{} '{}' cannot be opened for reading: {}", what, path,
+           std::strerror(errno));
+  return st;
+}
+
+bool has_llmc_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), 4);
+  return in.gcount() == 4 && magic == kTokenFileMagic;
+}
+
+// meta.json's vocab_size (written by meshgrad prepare).
+std::int64_t meta_vocab(const std::string& path) {
+  std::ifstream in(path);
+  MG_CHECK(in.good(), "data: '{}' cannot be opened for reading", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidArgument(fmt::format("data: '{}' is not valid JSON (byte offset {})", path, e.byte > 0 ? e.byte - 1 : 0));
+  }
+  MG_CHECK(j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer(),
+           "data: '{}' has no integer \"vocab_size\" (is it a meta.json written by meshgrad prepare?)", path);
+  const auto v = j["vocab_size"].get<std::int64_t>();
+  MG_CHECK(v >= 1 && v <= 65536, "data: '{}': vocab_size must be in [1, 65536] for uint16 tokens, got {}", path, v);
+  return v;
+}
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& what) {
+  const struct stat st = stat_path(path, what);
+  MG_CHECK(S_ISREG(st.st_mode), "{} '{}' is {}, not a regular file", what, path, file_kind(st.st_mode));
+}
+
+MappedFile::MappedFile(const std::string& path, const std::string& what) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MG_CHECK(fd >= 0, "{} '{}' cannot be opened for reading: {}", what, path, std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MG_CHECK(stat_ok, "{} '{}' cannot be inspected: {}", what, path, std::strerror(stat_errno));
+    throw InvalidArgument(fmt::format("{} '{}' is {}, not a regular file", what, path, file_kind(st.st_mode)));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    data_ = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    if (data_ == MAP_FAILED) {
+      data_ = nullptr;
+      throw InvalidArgument(fmt::format("{} '{}' ({} bytes) cannot be mapped into memory: {}", what, path, size_,
+                                        std::strerror(map_errno)));
+    }
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(data_, size_);
+}
+
+TokenFile::TokenFile(const std::string& path, Format format) : file_(path, "data"), format_(format) {
+  const std::string_view b = file_.bytes();
+  if (format == Format::Bytes) {
+    tokens_ = b.data();
+    size_ = static_cast<std::int64_t>(b.size());
+  } else {
+    const auto file_bytes = static_cast<std::int64_t>(b.size());
+    MG_CHECK(file_bytes >= kTokenFileHeaderBytes, "data '{}': {} bytes, shorter than the {}-byte header of an llm.c "
+             "token file", path, file_bytes, kTokenFileHeaderBytes);
+    std::int32_t header[3];
+    std::memcpy(header, b.data(), sizeof header);
+    MG_CHECK(header[0] == kTokenFileMagic, "data '{}': byte offset 0: magic {} is not the llm.c token file magic {}",
+             path, header[0], kTokenFileMagic);
+    MG_CHECK(header[1] == kTokenFileVersion, "data '{}': byte offset 4: version {} is not supported (version {}: "
+             "uint16 tokens)", path, header[1], kTokenFileVersion);
+    const std::int64_t count = header[2];
+    const std::int64_t payload = file_bytes - kTokenFileHeaderBytes;
+    MG_CHECK(count >= 0 && payload == 2 * count, "data '{}': byte offset 8: the header says {} tokens ({} bytes) but "
+             "the file has {} bytes after the header", path, count, 2 * count, payload);
+    tokens_ = b.data() + kTokenFileHeaderBytes;
+    size_ = count;
+  }
+  if (format == Format::Bytes) {
+    max_token_ = size_ > 0 ? 255 : -1;   // a bound, not a scan: byte data is used as it is paged in
+  } else {
+    for (std::int64_t i = 0; i < size_; ++i) max_token_ = std::max(max_token_, token(i));
+  }
+}
+
+std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format format) {
+  // One mapping per (file identity, format) in the process, while anyone holds it.
+  using Key = std::tuple<dev_t, ino_t, off_t, std::int64_t, std::int64_t, int>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<const TokenFile>> open_files;
+  require_regular_file(path, "data");
+  const struct stat st = stat_path(path, "data");
+  const Key key{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, static_cast<int>(format)};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = open_files.find(key); it != open_files.end()) {
+    if (auto file = it->second.lock()) return file;
+  }
+  auto file = std::make_shared<const TokenFile>(path, format);
+  std::erase_if(open_files, [](const auto& entry) { return entry.second.expired(); });
+  open_files[key] = file;
+  return file;
+}
+
+std::optional<std::int64_t> TokenFile::first_token_at_least(std::int64_t limit) const {
+  if (max_token_ < limit) return std::nullopt;
+  for (std::int64_t i = 0; i < size_; ++i) {
+    if (token(i) >= limit) return i;
+  }
+  return std::nullopt;
+}
+
+std::int64_t TokenFile::byte_offset(std::int64_t i) const {
+  return format_ == Format::Bytes ? i : kTokenFileHeaderBytes + 2 * i;
+}
+
+void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  MG_CHECK(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "write_token_file '{}': {} tokens do not fit the "
+           "int32 count of the llm.c header", path, tokens.size());
+  std::int32_t header[256] = {kTokenFileMagic, kTokenFileVersion, static_cast<std::int32_t>(tokens.size())};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  MG_CHECK(out.good(), "'{}' cannot be opened for writing: {}", path, std::strerror(errno));
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
+  out.close();
+  MG_CHECK(out.good(), "'{}': write failed (disk full?)", path);
+}
+
+TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed)
+    : batch_(batch), seq_(seq), seed_(seed) {
+  namespace fs = std::filesystem;
+  MG_CHECK(batch >= 1 && seq >= 1, "TokenDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
+  std::string& meta = meta_;   // a meta.json giving the vocabulary, if any
+  if (path.empty()) {
+    source_ = "the built-in corpus";
+    description_ = "bytes";
+    train_.bytes = kCorpus;
+  } else {
+    source_ = "'" + path + "'";
+    const struct stat st = stat_path(path, "data");
+    if (S_ISDIR(st.st_mode)) {
+      const fs::path dir(path);
+      for (const char* name : {"train.bin", "val.bin", "meta.json"}) {
+        MG_CHECK(fs::exists(dir / name), "data '{}' is a directory without {}: a data directory is the output of "
+                 "`meshgrad prepare` (train.bin, val.bin, meta.json)", path, name);
+      }
+      train_.file = TokenFile::open((dir / "train.bin").string(), TokenFile::Format::LlmC);
+      val_.file = TokenFile::open((dir / "val.bin").string(), TokenFile::Format::LlmC);
+      meta = (dir / "meta.json").string();
+      description_ = "prepared directory";
+    } else {
+      MG_CHECK(S_ISREG(st.st_mode), "data '{}' is {}, not a regular file: --data takes a text file, an llm.c .bin "
+               "token file or a directory written by meshgrad prepare", path, file_kind(st.st_mode));
+      const bool llmc = fs::path(path).extension() == ".bin" || has_llmc_magic(path);
+      train_.file = TokenFile::open(path, llmc ? TokenFile::Format::LlmC : TokenFile::Format::Bytes);
+      description_ = llmc ? "llm.c tokens" : "bytes";
+      const fs::path beside = fs::path(path).parent_path() / "meta.json";
+      if (llmc && fs::is_regular_file(beside)) meta = beside.string();
+    }
+  }
+  if (!meta.empty()) {
+    vocab_ = meta_vocab(meta);
+    require_tokens_below(vocab_, "the vocabulary size " + std::to_string(vocab_) + " of '" + meta + "'");
+  } else if (train_.file && train_.file->format() == TokenFile::Format::LlmC) {
+    vocab_ = train_.file->max_token() + 1;
+  }
+  MG_CHECK(train_.size() >= static_cast<std::int64_t>(seq) + 1,
+           "data {} has {} {} but a training window needs seq + 1 = {} (T inputs and T shifted targets)", source_,
+           train_.size(), description_ == "bytes" ? "bytes" : "training tokens", seq + 1);
+}
+
+nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const {
+  const std::int64_t B = static_cast<std::int64_t>(starts.size()), T = seq_;
   std::vector<std::int64_t> inputs(static_cast<std::size_t>(B * T)), targets(static_cast<std::size_t>(B * T));
   for (std::int64_t b = 0; b < B; ++b) {
-    const double u = random::uniform(seed_, static_cast<std::uint64_t>(step * B + b));
-    const std::int64_t start = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
+    const std::int64_t start = starts[static_cast<std::size_t>(b)];
     for (std::int64_t t = 0; t < T; ++t) {
-      inputs[static_cast<std::size_t>(b * T + t)] = tokens_[static_cast<std::size_t>(start + t)];
-      targets[static_cast<std::size_t>(b * T + t)] = tokens_[static_cast<std::size_t>(start + t + 1)];
+      inputs[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t);
+      targets[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t + 1);
     }
   }
   return {Tensor::from_int64(inputs, {B, T}), Tensor::from_int64(targets, {B, T})};
+}
+
+nn::Batch TokenDataset::next_batch(std::int64_t step) const {
+  MG_CHECK(step >= 0, "TokenDataset::next_batch: step must be >= 0, got {}", step);
+  const std::int64_t B = batch_, T = seq_;
+  // Window starts 0 .. size - T - 1 inclusive: the targets reach index start + T.
+  const std::int64_t starts = size() - T;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const double u = random::uniform(seed_, static_cast<std::uint64_t>(step * B + b));
+    rows[static_cast<std::size_t>(b)] = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
+  }
+  return windows(train_, rows);
+}
+
+void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& what) const {
+  for (const Tokens* t : {&train_, &val_}) {
+    if (!t->file) {
+      MG_CHECK(t->bytes.empty() || limit >= 256, "data {}: byte tokens reach 255, not below {}", source_, what);
+      continue;
+    }
+    const std::optional<std::int64_t> bad = t->file->first_token_at_least(limit);
+    MG_CHECK(!bad, "data '{}': token {} at position {} (byte offset {}) is not below {}", t->file->path(),
+             bad ? t->file->token(*bad) : 0, bad.value_or(0), bad ? t->file->byte_offset(*bad) : 0, what);
+  }
+}
+
+std::vector<std::string> TokenDataset::input_files() const {
+  std::vector<std::string> files;
+  for (const Tokens* t : {&train_, &val_}) {
+    if (t->file) files.push_back(t->file->path());
+  }
+  if (!meta_.empty()) files.push_back(meta_);
+  return files;
+}
+
+bool TokenDataset::has_validation() const { return val_.size() >= static_cast<std::int64_t>(seq_) + 1; }
+
+std::int64_t TokenDataset::validation_batches() const {
+  if (!has_validation()) return 0;
+  const std::int64_t W = (val_.size() - 1) / seq_;
+  return (W + batch_ - 1) / batch_;
+}
+
+nn::Batch TokenDataset::validation_batch(std::int64_t index) const {
+  MG_CHECK(has_validation(), "data {}: no validation split with a window of seq + 1 = {} tokens ({}; a directory "
+           "written by meshgrad prepare with --val-fraction > 0 has one)", source_, seq_ + 1,
+           val_.file ? fmt::format("val.bin has {} tokens", val_.size()) : std::string("only prepared directories have one"));
+  MG_CHECK(index >= 0, "TokenDataset::validation_batch: index must be >= 0, got {}", index);
+  const std::int64_t W = (val_.size() - 1) / seq_;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = ((index * batch_ + b) % W) * seq_;
+  return windows(val_, rows);
 }
 
 nn::Batch dp_shard(const nn::Batch& batch, int dp_rank, int dp_size) {

@@ -9,6 +9,7 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/data.hpp"
+#include "meshgrad/train/explain.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
 
@@ -24,11 +25,6 @@ struct RunResult {
   dist::CommCounter first_step;   // collectives of step 1
 };
 
-nn::Batch batch_for(const nn::ModelConfig& cfg, std::uint64_t seed, int step) {
-  Tensor tokens = random::randint({cfg.batch, cfg.seq + 1}, seed * 1000003 + static_cast<std::uint64_t>(step), cfg.vocab);
-  return {tokens.narrow(1, 0, cfg.seq).contiguous(), tokens.narrow(1, 1, cfg.seq).contiguous()};
-}
-
 // Trains on `mesh` of `world`; fills result on world rank 0. Every rank must call it.
 void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& mesh, std::uint64_t model_seed,
                        RunResult& result, std::mutex& mu) {
@@ -39,7 +35,6 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   AdamWOptions adam;
   adam.lr = o.lr;
   AdamW optimizer(params, mesh, adam);
-  const auto& tp = mesh->group("tp");
   const auto& dp = mesh->group("dp");
   const std::int64_t global_tokens = static_cast<std::int64_t>(o.model.batch) * o.model.seq;
   std::vector<double> losses;
@@ -48,7 +43,7 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     dist::CommCounter step_counter;
     dist::CountingScope counting(step == 0 ? counter : step_counter);
     optimizer.zero_grad();
-    const nn::Batch batch = dp_shard(batch_for(o.model, o.seed, step), dp.rank(), dp.size());
+    const nn::Batch batch = make_synthetic_batch(o.model, dp.size(), dp.rank(), o.seed * 1000003 + static_cast<std::uint64_t>(step));
     Tensor loss = model->loss(batch, global_tokens);
     backward(loss);
     sync.finish();
@@ -66,8 +61,8 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     for (nn::Parameter* p : params) {
       Tensor g = p->value.grad();
       if (!g.defined()) g = Tensor::zeros(p->value.shape(), p->value.dtype());
-      grads[p->name] = nn::gather_full(g, *p, tp).to(DType::Float64);
-      weights[p->name] = nn::gather_full(p->value.detach(), *p, tp).to(DType::Float64);
+      grads[p->name] = nn::gather_full(g, *p).to(DType::Float64);
+      weights[p->name] = nn::gather_full(p->value.detach(), *p).to(DType::Float64);
       order.push_back(p->name);
     }
   }

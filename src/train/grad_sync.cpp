@@ -9,61 +9,91 @@
 #include <utility>
 
 #include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/rule.hpp"
 
 namespace meshgrad::train {
 
-dist::AxisMask replicated_axes(const nn::Parameter& p, const dist::DeviceMesh& mesh) {
-  dist::AxisMask mask = 0;
-  for (int a = 0; a < mesh.ndim(); ++a) {
-    const bool sharded_here = mesh.axes()[static_cast<std::size_t>(a)].name == "tp" && !p.shard.replicated();
-    if (!sharded_here) mask |= dist::AxisMask{1} << a;
-  }
-  return mask;
-}
+namespace {
+// The label every synchronisation collective carries (explain tells them from the model's by it).
+constexpr const char* kLabel = "grad-sync";
+}  // namespace
+
+// One dp bucket: a flat buffer the members' gradients are copied into, reduced in place.
+struct Bucket {
+  Tensor flat;                          // [sum of members' numel], the members' dtype
+  std::vector<std::size_t> members;     // entry indices, in slot order
+  std::vector<std::int64_t> offsets;    // each member's offset into flat
+  int ready = 0;                        // members whose gradient is in this step
+  dist::PendingTensor reduce;           // the in-place dp all-reduce in flight
+};
 
 // Per-parameter progress of one step.
 struct Entry {
   nn::Parameter* param = nullptr;
+  int bucket = -1;                    // its dp bucket (-1: no dp reduction)
   bool ready = false;                 // its hook fired in this step
-  std::vector<int> pending_axes;      // non-dp partial axes still to reduce (first one in flight)
+  std::vector<int> pending_axes;      // non-dp axes still to reduce (first one in flight)
   dist::PendingTensor axis_reduce;    // the in-flight reduction over pending_axes.front()
-  dist::PendingTensor dp_reduce;      // the data-parallel all-reduce (or the ready local gradient)
+  Tensor complete;                    // the gradient once complete over every non-dp axis
 };
 
 struct GradientSynchronizer::State {
   dist::DeviceMeshPtr mesh;
   int dp_axis = -1;   // -1: no dp axis (dp size 1)
   std::vector<Entry> entries;
+  std::vector<Bucket> buckets;
   std::unordered_map<const TensorImpl*, std::size_t> index_of;
   std::vector<std::size_t> deferred;   // entries whose non-dp reduction is in flight, in launch order
   int launched = 0;
 
   bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
 
-  // Starts the dp all-reduce of a gradient that is complete over every other axis.
-  void launch_dp(Entry& e, const Tensor& grad) {
-    if (!dp_active()) {
-      e.dp_reduce = dist::PendingTensor::ready(grad);
-      return;
-    }
-    e.dp_reduce = dist::all_reduce_async(grad, mesh->group(dp_axis), comm::ReduceOp::Sum);
-    ++launched;
+  // The rule for a replicated parameter on one axis: R -> R forward, the gradient arriving as marked.
+  bool needs_reduction(const Tensor& grad, int axis) const {
+    const dist::Placement arriving =
+        dist::arriving_placement(grad, dist::Placement::replicate(), dist::axis_bit(axis), kLabel);
+    return dist::backward_step(dist::Placement::replicate(), dist::Placement::replicate(), arriving).op ==
+           dist::Primitive::AllReduce;
   }
 
-  // Finishes the non-dp reductions launched by earlier hooks and starts their dp all-reduces.
-  // Called at every hook and in finish(): a deterministic point, so the order is the same on every rank.
+  // Puts a gradient that is complete over every non-dp axis into its bucket; launches the bucket's
+  // in-place dp all-reduce when it is full.
+  void deposit(std::size_t i, const Tensor& grad) {
+    Entry& e = entries[i];
+    e.complete = grad;
+    if (e.bucket < 0) return;
+    MG_CHECK(!dp_active() || needs_reduction(grad, dp_axis),
+             "GradientSynchronizer: the gradient of '{}' is not marked partial over dp, but dp replicas see different "
+             "rows: mark the loss (ParallelContext::loss_partial_over_dp / dist::mark_partial_grad) before backward",
+             e.param->name);
+    Bucket& b = buckets[static_cast<std::size_t>(e.bucket)];
+    const auto slot = static_cast<std::size_t>(std::find(b.members.begin(), b.members.end(), i) - b.members.begin());
+    Tensor dst = b.flat.narrow(0, b.offsets[slot], grad.numel()).view(grad.shape());
+    if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
+    if (++b.ready == static_cast<int>(b.members.size())) {
+      dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
+      b.reduce = dist::all_reduce_in_place_async(b.flat, mesh->group(dp_axis));
+      ++launched;
+    }
+  }
+
+  // Finishes the non-dp reductions launched by earlier hooks. Called at every hook and in finish():
+  // a deterministic point, so the order is the same on every rank.
   void drain_deferred() {
     for (std::size_t i : deferred) {
       Entry& e = entries[i];
       Tensor g = e.axis_reduce.wait();   // bounded by the communicator's deadline
       e.axis_reduce = {};
-      // Rare: partial over more than one non-dp axis (2-D meshes); the rest is reduced at once.
+      // Partial over more than one non-dp axis: the rest is reduced at once.
       for (std::size_t k = 1; k < e.pending_axes.size(); ++k) {
-        g = dist::all_reduce(g, mesh->group(e.pending_axes[k]), comm::ReduceOp::Sum);
+        dist::CommLabelScope label(fmt::format("{}:{}", kLabel, e.param->name));
+        g = dist::all_reduce(g, mesh->group(e.pending_axes[k]));
         ++launched;
       }
       e.pending_axes.clear();
-      launch_dp(e, g);
+      dist::set_partial_axes(g, dp_active() ? dist::axis_bit(dp_axis) : 0);
+      deposit(i, g);
     }
     deferred.clear();
   }
@@ -79,43 +109,73 @@ struct GradientSynchronizer::State {
       e.axis_reduce = {};
       std::erase(deferred, i);
     }
-    if (e.dp_reduce.valid()) {
-      e.dp_reduce.wait();
-      e.dp_reduce = {};
+    if (e.bucket >= 0) {
+      Bucket& b = buckets[static_cast<std::size_t>(e.bucket)];
+      if (b.reduce.valid()) {
+        b.reduce.wait();
+        b.reduce = {};
+      }
+      // Its first part will be deposited again with the sum: take it out of the count.
+      if (e.complete.defined()) --b.ready;
     }
+    e.complete = Tensor();
   }
 
   // The hook body: the accumulated local gradient of entries[i] is ready.
   void on_ready(std::size_t i, const Tensor& leaf) {
     drain_deferred();
     Entry& e = entries[i];
-    // A leaf whose gradient is accumulated twice in one backward (used inside two checkpointed
-    // regions, whose nested backward passes each accumulate) fires again with the sum: the reduction
-    // launched for the first part was waited for by before_accumulate and is superseded here; every
-    // rank does the same, so the collective order still matches.
     e.ready = true;
-    e.dp_reduce = {};
     const Tensor grad = leaf.grad();
-    const dist::AxisMask partial = dist::partial_axes(grad) & replicated_axes(*e.param, *mesh);
     e.pending_axes.clear();
     for (int a = 0; a < mesh->ndim(); ++a) {
-      if (a != dp_axis && (partial & (dist::AxisMask{1} << a)) && mesh->axis_size(a) > 1) e.pending_axes.push_back(a);
+      if (a == dp_axis || !(e.param->replicated_axes() & dist::axis_bit(a)) || mesh->axis_size(a) == 1) continue;
+      if (needs_reduction(grad, a)) e.pending_axes.push_back(a);
     }
     if (e.pending_axes.empty()) {
-      launch_dp(e, grad);
+      deposit(i, grad);
       return;
     }
-    // Partial over tp (e.g. LayerNorm weights under sequence parallelism): sum over that axis
-    // first. Launched now, waited at the next hook, so it too overlaps backward compute.
-    e.axis_reduce = dist::all_reduce_async(grad, mesh->group(e.pending_axes.front()), comm::ReduceOp::Sum);
+    // Partial over a tp axis (LayerNorm weights under sequence parallelism): sum over it first.
+    // Launched now, waited at the next hook, so it too overlaps backward compute.
+    dist::CommLabelScope label(fmt::format("{}:{}", kLabel, e.param->name));
+    e.axis_reduce = dist::all_reduce_async(grad, mesh->group(e.pending_axes.front()));
     ++launched;
     deferred.push_back(i);
   }
+
+  // Buckets in reverse parameter order (backward makes the last parameters' gradients first), one
+  // dtype per bucket, up to bucket_bytes each.
+  void make_buckets(std::int64_t bucket_bytes) {
+    if (!dp_active()) return;
+    for (std::size_t k = entries.size(); k-- > 0;) {
+      Entry& e = entries[k];
+      const Tensor& v = e.param->value;
+      const std::int64_t bytes = v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype()));
+      const bool fits = !buckets.empty() && buckets.back().flat.dtype() == v.dtype() &&
+                        (buckets.back().flat.numel() * static_cast<std::int64_t>(dtype_size(v.dtype())) + bytes <=
+                             bucket_bytes ||
+                         buckets.back().members.empty());
+      if (!fits) {
+        Bucket b;
+        b.flat = Tensor::empty({0}, v.dtype());
+        buckets.push_back(std::move(b));
+      }
+      Bucket& b = buckets.back();
+      b.offsets.push_back(b.flat.numel());
+      b.members.push_back(k);
+      b.flat = Tensor::empty({b.flat.numel() + v.numel()}, v.dtype());   // sized for real below
+      e.bucket = static_cast<int>(buckets.size()) - 1;
+    }
+    for (Bucket& b : buckets) b.flat = Tensor::zeros({b.flat.numel()}, b.flat.dtype());
+  }
 };
 
-GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, dist::DeviceMeshPtr mesh)
+GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, dist::DeviceMeshPtr mesh,
+                                           GradSyncOptions options)
     : state_(std::make_shared<State>()) {
   MG_CHECK(mesh != nullptr, "GradientSynchronizer: no mesh given");
+  MG_CHECK(options.bucket_bytes > 0, "GradientSynchronizer: bucket_bytes must be positive, got {}", options.bucket_bytes);
   state_->mesh = std::move(mesh);
   state_->dp_axis = state_->mesh->has_axis("dp") ? state_->mesh->axis_index("dp") : -1;
   state_->entries.reserve(params.size());
@@ -123,12 +183,19 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
     MG_CHECK(p != nullptr, "GradientSynchronizer: null parameter");
     MG_CHECK(p->value.defined() && p->value.is_leaf() && p->value.requires_grad(),
              "GradientSynchronizer: parameter '{}' is not a leaf that requires grad", p->name);
+    MG_CHECK(static_cast<int>(p->placements.size()) == state_->mesh->ndim(),
+             "GradientSynchronizer: parameter '{}' has {} placements for {}", p->name, p->placements.size(),
+             state_->mesh->str());
     const std::size_t index = state_->entries.size();
     MG_CHECK(state_->index_of.emplace(p->value.impl_ptr().get(), index).second,
              "GradientSynchronizer: parameter '{}' is listed twice", p->name);
     Entry entry;
     entry.param = p;
     state_->entries.push_back(std::move(entry));
+  }
+  state_->make_buckets(options.bucket_bytes);
+  for (std::size_t index = 0; index < state_->entries.size(); ++index) {
+    nn::Parameter* p = state_->entries[index].param;
     std::weak_ptr<State> weak = state_;
     p->value.register_hook([weak, index](const Tensor&) {
       if (auto state = weak.lock()) state->before_accumulate(index);
@@ -144,27 +211,51 @@ GradientSynchronizer::~GradientSynchronizer() = default;
 
 int GradientSynchronizer::launched() const { return state_->launched; }
 
+std::vector<std::vector<std::string>> GradientSynchronizer::buckets() const {
+  std::vector<std::vector<std::string>> out;
+  for (const Bucket& b : state_->buckets) {
+    std::vector<std::string> names;
+    for (std::size_t i : b.members) names.push_back(state_->entries[i].param->name);
+    out.push_back(std::move(names));
+  }
+  return out;
+}
+
 void GradientSynchronizer::finish() {
   State& s = *state_;
   s.drain_deferred();
   std::vector<std::string> missing;
-  for (Entry& e : s.entries) {
-    if (!e.ready) {
-      missing.push_back(e.param->name);
-      continue;
-    }
-    Tensor reduced = e.dp_reduce.wait();   // bounded by the communicator's deadline
-    e.dp_reduce = {};
-    e.ready = false;
-    dist::set_partial_axes(reduced, 0);   // explicitly complete: the optimizer checks this
-    e.param->value.set_grad(reduced);
+  for (const Entry& e : s.entries) {
+    if (!e.ready) missing.push_back(e.param->name);
   }
+  // A bucket with a missing member never launched: no rank launched it (same graph everywhere).
+  for (Bucket& b : s.buckets) {
+    if (b.reduce.valid()) b.reduce.wait();   // bounded by the communicator's deadline
+    b.reduce = {};
+  }
+  for (Entry& e : s.entries) {
+    if (e.ready && missing.empty()) {
+      Tensor grad = e.complete;
+      if (e.bucket >= 0) {
+        const Bucket& b = s.buckets[static_cast<std::size_t>(e.bucket)];
+        const auto slot = static_cast<std::size_t>(std::find(b.members.begin(), b.members.end(),
+                                                             static_cast<std::size_t>(&e - s.entries.data())) -
+                                                   b.members.begin());
+        grad = b.flat.narrow(0, b.offsets[slot], e.param->value.numel()).view(e.param->value.shape());
+      }
+      dist::set_partial_axes(grad, 0);
+      e.param->value.set_grad(grad);
+    }
+    e.ready = false;
+    e.complete = Tensor();
+  }
+  for (Bucket& b : s.buckets) b.ready = 0;
   s.launched = 0;
-  for (Entry& e : s.entries) e.ready = false;
+  // With a parameter missing no gradient is replaced (its bucket never launched anywhere).
   MG_CHECK(missing.empty(),
            "GradientSynchronizer::finish: no gradient reached parameter(s) {} during backward (not used by the "
            "loss, backward not run, or a hook lost because the parameter's tensor was replaced after the "
-           "synchroniser was built)",
+           "synchroniser was built); no gradient was changed",
            fmt::join(missing, ", "));
 }
 

@@ -2,7 +2,7 @@
 
 #include <optional>
 
-#include "meshgrad/nn/explain.hpp"
+#include "meshgrad/train/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/safetensors.hpp"
@@ -84,7 +84,7 @@ GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
     check_positive("grads", "seq", config.seq);
     check_positive("grads", "batch", config.batch);
     config.dropout = 0.0;
-    batch = nn::make_synthetic_batch(config, 1, 0, job.seed);
+    batch = make_synthetic_batch(config, 1, 0, job.seed);
   }
   if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
   else if (from_files) config.dtype = out_dtype;

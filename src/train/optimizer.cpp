@@ -56,7 +56,6 @@ AdamW::AdamW(std::vector<nn::Parameter*> params, dist::DeviceMeshPtr mesh, AdamW
 }
 
 void AdamW::check_gradients() const {
-  const bool dp_replicas = mesh_ && mesh_->has_axis("dp") && mesh_->axis_size("dp") > 1;
   for (const nn::Parameter* p : params_) {
     const Tensor g = p->value.grad();
     if (!g.defined()) continue;
@@ -64,7 +63,10 @@ void AdamW::check_gradients() const {
              "AdamW: gradient of '{}' is {} but the parameter is {}", p->name, g.str(), p->value.str());
     const dist::AxisMask partial = dist::partial_axes(g);
     if (mesh_) {
-      const dist::AxisMask bad = partial & replicated_axes(*p, *mesh_);
+      MG_CHECK(static_cast<int>(p->placements.size()) == mesh_->ndim(),
+               "AdamW: parameter '{}' has {} placements for {} (one per mesh axis expected)", p->name,
+               p->placements.size(), mesh_->str());
+      const dist::AxisMask bad = partial & p->replicated_axes();
       for (int a = 0; a < mesh_->ndim(); ++a) {
         MG_CHECK(!(bad & (dist::AxisMask{1} << a)),
                  "AdamW: the gradient of '{}' is still a partial sum over mesh axis '{}', where the parameter is "
@@ -75,12 +77,6 @@ void AdamW::check_gradients() const {
       MG_CHECK(partial == 0, "AdamW: the gradient of '{}' is still a partial sum (axes mask {:#x}) and no mesh was given",
                p->name, partial);
     }
-    // With data-parallel replicas every local gradient is partial over dp, though nothing marks it
-    // so; the synchroniser marks what it reduced as complete, so an unmarked gradient was not reduced.
-    MG_CHECK(!dp_replicas || dynamic_cast<const dist::PartialGradient*>(g.annotation().get()) != nullptr,
-             "AdamW: the gradient of '{}' was not reduced over the dp axis (size {}): run "
-             "GradientSynchronizer::finish() after backward",
-             p->name, mesh_ ? mesh_->axis_size("dp") : 1);
   }
 }
 

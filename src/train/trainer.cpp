@@ -172,7 +172,9 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
            "(dp={})", config.batch, dp.size);
 
   // Everything that can fail on a user's input fails before the first step.
-  const ByteDataset data(options.data_path, config.batch, config.seq, options.seed);
+  const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
+  if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
+  data.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);
 
@@ -194,11 +196,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   if (leader && options.progress) {
     fmt::print(stderr,
                "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
-               "[{}{}{}], {} steps, lr {:g}, data: {} ({} bytes)\n",
+               "[{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
                config.layers, config.hidden, config.heads, config.seq, config.batch, result.parameters,
                dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
-               options.steps, options.lr, data.source(), data.size());
+               options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
   }
   Progress progress(options.steps);
   std::deque<double> recent;   // step times of the last steps, for a steady rate on the display

@@ -260,12 +260,9 @@ struct Label final : Annotation {
   explicit Label(std::string l) : label(std::move(l)) {}
   std::string label;
   std::string str() const override { return label; }
-  bool equals(const Annotation& o) const override {
-    auto* other = dynamic_cast<const Label*>(&o);
-    return other != nullptr && other->label == label;
-  }
   AnnotationPtr combine(const AnnotationPtr& other) const override {
-    if (other && !equals(*other)) throw InvalidArgument("labels " + label + " and " + other->str() + " differ");
+    auto* same = dynamic_cast<const Label*>(other.get());
+    if (other && (same == nullptr || same->label != label)) throw InvalidArgument("labels " + label + " and " + other->str() + " differ");
     return std::make_shared<Label>(label);
   }
 };

@@ -28,8 +28,10 @@ inline nn::Batch make_batch(const nn::ModelConfig& cfg, std::uint64_t seed) {
 
 // One forward+backward of the model on a "tp=P" mesh. Gradients partial over tp (replicated
 // parameters used on sequence-sharded data) are summed over tp, as the trainer does.
+// axes: the mesh (default "tp=P"); a 2-D grid is {{"tp_row", R}, {"tp_col", C}}.
 inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& parallel, int tp,
-                          std::uint64_t seed = 7, std::uint64_t batch_seed = 99) {
+                          std::uint64_t seed = 7, std::uint64_t batch_seed = 99,
+                          const std::vector<dist::MeshAxis>& axes = {}) {
   ModelRun out;
   const nn::Batch batch = make_batch(cfg, batch_seed);
   std::mutex mu;
@@ -39,7 +41,6 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
     auto model = nn::make_model(cfg, parallel, mesh, seed);
     Tensor loss = model->loss(batch, cfg.batch * cfg.seq);
     backward(loss);
-    const auto& group = mesh->group("tp");
     std::map<std::string, Tensor> grads, params;
     {
       dist::CommCounter ignored;   // gathering for the comparison is not the model's communication
@@ -48,9 +49,14 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
         Tensor g = p->value.grad();
         EXPECT_TRUE(g.defined()) << p->name << " got no gradient";
         if (!g.defined()) g = Tensor::zeros(p->value.shape(), p->value.dtype());
-        if (dist::partial_axes(g) & (1u << mesh->axis_index("tp"))) g = dist::all_reduce(g, group);
-        grads[p->name] = nn::gather_full(g, *p, group);
-        params[p->name] = nn::gather_full(p->value.detach(), *p, group);
+        // Reduce what the gradient is still partial on (replicated parameters on sharded data, and
+        // dp), as the synchroniser would.
+        const dist::AxisMask partial = dist::partial_axes(g) & p->replicated_axes();
+        for (int a = 0; a < mesh->ndim(); ++a) {
+          if (partial & dist::axis_bit(a)) g = dist::all_reduce(g, mesh->group(a));
+        }
+        grads[p->name] = nn::gather_full(g, *p);
+        params[p->name] = nn::gather_full(p->value.detach(), *p);
       }
     }
     if (mesh->rank() == 0) {
@@ -60,7 +66,7 @@ inline ModelRun run_model(const nn::ModelConfig& cfg, const nn::ParallelConfig& 
       out.params = params;
       out.counter = counter;
     }
-  });
+  }, axes);
   return out;
 }
 

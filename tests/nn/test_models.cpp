@@ -84,6 +84,48 @@ INSTANTIATE_TEST_SUITE_P(TpSweep, ModelEquivalence,
                                             ::testing::Range(0, 6)),
                          sweep_name);
 
+// 2-D tensor parallelism: the attention and MLP weights split over both axes of an R x C grid (the
+// vocabulary over the whole grid), uneven everywhere (hidden 12 over 5 rows is not a multiple,
+// heads 4 over 3 columns, ffn 50, vocab 37), against the single-rank model with the same bound.
+class GridEquivalence : public ::testing::TestWithParam<std::tuple<std::string, int, int>> {};
+
+TEST_P(GridEquivalence, LossAndGradientsMatchTheSingleRankModel) {
+  const auto& [kind, rows, cols] = GetParam();
+  const nn::ModelConfig cfg = kind == "gpt" ? small_gpt() : small_mlp();
+  const ModelRun reference = run_model(cfg, {}, 1);
+  const ModelRun grid = run_model(cfg, {}, rows * cols, 7, 99, {{"tp_row", rows}, {"tp_col", cols}});
+  EXPECT_NEAR(grid.loss, reference.loss, 1e-12 * std::abs(reference.loss));
+  const auto [err, where] = max_rel_grad_error(grid, reference);
+  EXPECT_LT(err, 1e-9) << kind << " " << rows << "x" << cols << ": worst parameter " << where;
+  for (const auto& [name, p] : reference.params) {
+    EXPECT_TRUE(bitwise_equal(grid.params.at(name), p)) << name << ": pieces are not slices of the tp=1 init";
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(GridSweep, GridEquivalence,
+                         ::testing::Combine(::testing::Values("gpt", "mlp"), ::testing::Values(1, 2, 3),
+                                            ::testing::Values(1, 2, 3)),
+                         [](const auto& info) {
+                           return std::get<0>(info.param) + "_" + std::to_string(std::get<1>(info.param)) + "x" +
+                                  std::to_string(std::get<2>(info.param));
+                         });
+
+// Per axis, a 2x2 GPT step runs the collectives the grid layers promise: per block and direction
+// two all-reduces over tp_row, two over tp_col and two all-gathers over tp_row forward, and the
+// rule's duals backward (the gathers' duals are slices: no communication).
+TEST(GridEquivalence, CountsCollectivesPerAxis) {
+  nn::ModelConfig cfg = small_gpt();
+  const ModelRun grid = run_model(cfg, {}, 4, 7, 99, {{"tp_row", 2}, {"tp_col", 2}});
+  const int L = cfg.layers;
+  EXPECT_EQ(grid.counter.count(Phase::Forward, "all_gather", "tp_row"), 2 * L);
+  EXPECT_EQ(grid.counter.count(Phase::Forward, "all_reduce", "tp_row"), 2 * L);
+  EXPECT_EQ(grid.counter.count(Phase::Forward, "all_reduce", "tp_col"), 2 * L);
+  EXPECT_EQ(grid.counter.count(Phase::Backward, "all_reduce", "tp_col"), 2 * L);   // c_attn / c_fc inputs
+  EXPECT_EQ(grid.counter.count(Phase::Backward, "all_reduce", "tp_row"), 2 * L);   // c_proj inputs
+  EXPECT_EQ(grid.counter.count(Phase::Backward, "all_gather", "tp_row"), 2 * L);   // the input slices' duals
+  EXPECT_EQ(grid.counter.count(Phase::Backward, "all_gather", "tp_col"), 0);
+}
+
 TEST(ModelEquivalence, OverlapAndRecomputeAreBitIdentical) {
   const nn::ModelConfig cfg = small_gpt();
   for (bool sp : {false, true}) {

@@ -24,16 +24,16 @@ namespace fs = std::filesystem;
 struct Case {
   std::string name;
   Shape full_shape;
-  nn::ShardSpec spec;
+  dist::Placement spec;   // on the tp axis of a (tp) mesh
 };
 const std::vector<Case>& cases() {
   static const std::vector<Case> all = {
-      {"rep.weight", {5, 3}, {}},                  // replicated
-      {"gain", {}, {}},                            // replicated scalar
-      {"row.weight", {7, 3}, {0, 1, 1}},           // dim 0: 7 rows -> 4,3 / 3,2,2
-      {"col.weight", {4, 5}, {1, 1, 1}},           // dim 1: 5 columns -> 3,2 / 2,2,1
-      {"qkv.weight", {3, 18}, {1, 3, 2}},          // 3 blocks of 6 = 3 units of 2 -> 2,1 / 1,1,1 units
-      {"bias", {7}, {0, 1, 1}},                    // 1-D, dim 0
+      {"rep.weight", {5, 3}, dist::Replicate()},                    // replicated
+      {"gain", {}, dist::Replicate()},                              // replicated scalar
+      {"row.weight", {7, 3}, dist::Shard(0)},                       // dim 0: 7 rows -> 4,3 / 3,2,2
+      {"col.weight", {4, 5}, dist::Shard(1)},                       // dim 1: 5 columns -> 3,2 / 2,2,1
+      {"qkv.weight", {3, 18}, dist::Placement::shard(1, 3, 2)},     // 3 blocks of 6 = 3 units of 2 -> 2,1 / 1,1,1 units
+      {"bias", {7}, dist::Shard(0)},                                // 1-D, dim 0
   };
   return all;
 }
@@ -46,24 +46,28 @@ Tensor reference(std::size_t k, DType dtype, double offset = 0.0) {
   return Tensor::from_values(values, c.full_shape, dtype);
 }
 
-Shape local_shape(const Case& c, int parts, int index) {
-  Shape s = c.full_shape;
-  if (!c.spec.replicated()) {
-    const auto d = static_cast<std::size_t>(c.spec.dim);
-    s[d] = c.spec.local_extent(s[d], parts, index);
-  }
-  return s;
+// The mesh of the rank thread running a test body (run_tp sets it): parameters carry their mesh.
+thread_local dist::DeviceMeshPtr current_mesh;
+
+nn::Parameter param_of(const Case& c, const Tensor& value) {
+  return {c.name, value, c.full_shape, {c.spec}, current_mesh};
 }
 
-// Parameters for rank `index` of `parts`: shards of the reference (filled) or zeros.
-std::vector<nn::Parameter> make_params(int parts, int index, DType dtype, bool filled) {
+// This rank's piece of case k's reference (the parameter's layout on the current mesh).
+Tensor shard_of(std::size_t k, const Tensor& full) {
+  const Case& c = cases()[k];
+  return nn::take_shard(full, param_of(c, Tensor()));
+}
+
+// Parameters for this rank: pieces of the reference (filled) or zeros.
+std::vector<nn::Parameter> make_params(int, int, DType dtype, bool filled) {
   std::vector<nn::Parameter> params;
   for (std::size_t k = 0; k < cases().size(); ++k) {
     const Case& c = cases()[k];
-    Tensor value = filled ? nn::take_shard(reference(k, dtype), c.spec, parts, index)
-                          : Tensor::zeros(local_shape(c, parts, index), dtype);
+    Tensor value = filled ? shard_of(k, reference(k, dtype))
+                          : Tensor::zeros(param_of(c, Tensor()).layout().local_shape, dtype);
     value.set_requires_grad(true);
-    params.push_back({c.name, value, c.full_shape, c.spec});
+    params.push_back(param_of(c, value));
   }
   return params;
 }
@@ -82,8 +86,9 @@ void run_tp(int ranks, const std::function<void(const dist::ProcessGroup&)>& fn)
   comm::run_ranks(
       ranks,
       [&](const comm::CommunicatorPtr& world) {
-        const dist::DeviceMesh mesh(world, {{"tp", ranks}});
-        fn(mesh.group("tp"));
+        current_mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", ranks}});
+        fn(current_mesh->group("tp"));
+        current_mesh.reset();
       },
       options);
 }
@@ -148,7 +153,7 @@ TEST_P(CheckpointTest, LoadFullFileGivesEachRankItsShard) {
     for (const auto& param : params) storage_before.push_back(param.value.storage().get());
     load_parameters(p, pointers(params), tp);
     for (std::size_t k = 0; k < params.size(); ++k) {
-      const Tensor expected = nn::take_shard(reference(k, DType::Float32), cases()[k].spec, P, tp.rank());
+      const Tensor expected = shard_of(k, reference(k, DType::Float32));
       EXPECT_TRUE(bitwise_equal(params[k].value, expected)) << params[k].name << " rank " << tp.rank();
       EXPECT_EQ(params[k].value.storage().get(), storage_before[k]) << "not loaded in place: " << params[k].name;
       EXPECT_TRUE(params[k].value.is_leaf());
@@ -170,8 +175,7 @@ TEST_P(CheckpointTest, SaveAtTp3LoadAtTpP) {
     auto params = make_params(P, tp.rank(), DType::Float64, /*filled=*/false);
     load_parameters(p, pointers(params), tp);
     for (std::size_t k = 0; k < params.size(); ++k)
-      EXPECT_TRUE(bitwise_equal(params[k].value, nn::take_shard(reference(k, DType::Float64), cases()[k].spec, P,
-                                                                tp.rank())))
+      EXPECT_TRUE(bitwise_equal(params[k].value, shard_of(k, reference(k, DType::Float64))))
           << params[k].name;
   });
 }
@@ -183,7 +187,7 @@ TEST_P(CheckpointTest, GatherGradientsGivesFullGradients) {
     auto params = make_params(P, tp.rank(), DType::Float32, /*filled=*/true);
     for (std::size_t k = 0; k < params.size(); ++k)
       if (params[k].name != "bias")
-        params[k].value.set_grad(nn::take_shard(reference(k, DType::Float32, 0.5), cases()[k].spec, P, tp.rank()));
+        params[k].value.set_grad(shard_of(k, reference(k, DType::Float32, 0.5)));
     const auto grads = gather_gradients(pointers(params), tp);
     ASSERT_EQ(grads.size(), params.size());
     for (std::size_t k = 0; k < grads.size(); ++k) {
@@ -250,7 +254,7 @@ TEST_F(CheckpointFixed, LoadConvertsBetweenFloatDtypes) {
     load_parameters(p, pointers(params), tp);
     for (std::size_t k = 0; k < params.size(); ++k) {
       EXPECT_EQ(params[k].value.dtype(), DType::Float32);
-      const Tensor expected = nn::take_shard(reference(k, DType::Float64, 0.1).to(DType::Float32), cases()[k].spec, 2, tp.rank());
+      const Tensor expected = shard_of(k, reference(k, DType::Float64, 0.1).to(DType::Float32));
       EXPECT_TRUE(bitwise_equal(params[k].value, expected)) << params[k].name;
     }
   });

@@ -32,14 +32,23 @@ void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr
       options);
 }
 
-nn::Parameter make_param(const std::string& name, const Shape& shape, nn::ShardSpec shard = {}) {
+// A parameter on the (dp, tp) mesh, replicated unless tp_placement says otherwise.
+nn::Parameter make_param(const std::string& name, const Shape& shape, const dist::DeviceMeshPtr& mesh,
+                         dist::Placement tp_placement = dist::Replicate()) {
   nn::Parameter p;
   p.name = name;
   p.value = Tensor::zeros(shape, DType::Float64);
   p.value.set_requires_grad(true);
   p.full_shape = shape;
-  p.shard = shard;
+  p.mesh = mesh;
+  p.placements = {dist::Replicate(), tp_placement};
   return p;
+}
+
+// Each dp replica's loss is its share of the global loss: partial over dp (the models mark theirs
+// so too: ParallelContext::loss_partial_over_dp), which is what makes the synchroniser reduce.
+Tensor replica_loss(const Tensor& loss, const dist::DeviceMeshPtr& mesh) {
+  return dist::mark_partial_grad(loss, mesh->axis_size("dp") > 1 ? dist::axis_bit(mesh->axis_index("dp")) : 0);
 }
 
 // A per-rank input that differs by world rank and element: x[i] = 10 * rank + i + 1.
@@ -76,8 +85,8 @@ class GradSyncMesh : public ::testing::TestWithParam<int> {};   // param: tp siz
 TEST_P(GradSyncMesh, SumsOverDpDuringBackward) {
   const int tp = GetParam();
   run_mesh(2, tp, [&](const dist::DeviceMeshPtr& mesh) {
-    nn::Parameter a = make_param("a.weight", {3});
-    nn::Parameter b = make_param("b.bias", {2});
+    nn::Parameter a = make_param("a.weight", {3}, mesh);
+    nn::Parameter b = make_param("b.bias", {2}, mesh);
     GradientSynchronizer sync({&a, &b}, mesh);
     dist::CommCounter counter;
     dist::CountingScope counting(counter);
@@ -88,21 +97,21 @@ TEST_P(GradSyncMesh, SumsOverDpDuringBackward) {
       const Tensor loss = add(sum(mul(a.value, rank_values(mesh->rank(), 3))),
                               sum(mul(b.value, scale(rank_values(mesh->rank(), 2), 2.0))));
       counter.clear();
-      backward(loss);
-      // Both dp all-reduces were issued by the hooks, inside backward.
-      EXPECT_EQ(sync.launched(), 2);
-      EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
-      EXPECT_EQ(counter.records().size(), 2u);
+      backward(replica_loss(loss, mesh));
+      // Both gradients share one bucket, all-reduced in place by the hook that filled it, inside backward.
+      EXPECT_EQ(sync.buckets().size(), 1u);
+      EXPECT_EQ(sync.launched(), 1);
+      EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 1);
+      EXPECT_EQ(counter.records().size(), 1u);
       sync.finish();
-      EXPECT_EQ(counter.records().size(), 2u);   // finish only waits
+      EXPECT_EQ(counter.records().size(), 1u);   // finish only waits
       const auto dp_ranks = group_ranks(*mesh, "dp");
       EXPECT_EQ(a.value.grad().to_vector(), summed(dp_ranks, 3));
       auto expect_b = summed(dp_ranks, 2);
       for (double& x : expect_b) x *= 2;
       EXPECT_EQ(b.value.grad().to_vector(), expect_b);
       EXPECT_EQ(dist::partial_axes(a.value.grad()), 0u);
-      EXPECT_NE(dynamic_cast<const dist::PartialGradient*>(a.value.grad().annotation().get()), nullptr)
-          << "finish() must mark the gradient explicitly complete";
+      EXPECT_EQ(a.value.grad().annotation(), nullptr) << "complete has one encoding: no annotation";
     }
   });
 }
@@ -112,17 +121,17 @@ TEST_P(GradSyncMesh, ReducesPartialOverTpThenDp) {
   run_mesh(2, tp, [&](const dist::DeviceMeshPtr& mesh) {
     const dist::AxisMask tp_bit = dist::AxisMask{1} << mesh->axis_index("tp");
     // ln: replicated over tp but used on tp-sharded data -> its gradient is partial over tp.
-    nn::Parameter ln = make_param("h.0.ln_1.weight", {4});
+    nn::Parameter ln = make_param("h.0.ln_1.weight", {4}, mesh);
     // w: this rank's tp shard; its local gradient is complete over tp, partial only over dp.
-    nn::Parameter w = make_param("h.0.mlp.c_fc.weight", {3}, nn::ShardSpec{0, 1, 1});
+    nn::Parameter w = make_param("h.0.mlp.c_fc.weight", {3}, mesh, dist::Shard(0));
     GradientSynchronizer sync({&ln, &w}, mesh);
     dist::CommCounter counter;
     dist::CountingScope counting(counter);
     const Tensor loss = add(sum(mul(dist::mark_partial_grad(ln.value, tp_bit), rank_values(mesh->rank(), 4))),
                             sum(mul(w.value, rank_values(mesh->rank(), 3))));
-    backward(loss);
+    backward(replica_loss(loss, mesh));
     if (tp > 1) {
-      EXPECT_EQ(dist::partial_axes(ln.value.grad()), tp_bit) << "the test needs a gradient marked partial over tp";
+      EXPECT_EQ(dist::partial_axes(ln.value.grad()) & tp_bit, tp_bit) << "the test needs a gradient marked partial over tp";
     }
     sync.finish();
     // ln: summed over the whole mesh (tp then dp); w: over dp only.
@@ -131,10 +140,10 @@ TEST_P(GradSyncMesh, ReducesPartialOverTpThenDp) {
     EXPECT_EQ(ln.value.grad().to_vector(), summed(tp > 1 ? all : group_ranks(*mesh, "dp"), 4));
     EXPECT_EQ(w.value.grad().to_vector(), summed(group_ranks(*mesh, "dp"), 3));
     EXPECT_EQ(dist::partial_axes(ln.value.grad()), 0u);
-    // Every reduction ran during backward: the tp one for ln (when tp > 1) and a dp one for each.
+    // Every reduction ran during backward: the tp one for ln (when tp > 1) and one dp bucket.
     EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "tp"), tp > 1 ? 1 : 0);
-    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 2);
-    EXPECT_EQ(static_cast<int>(counter.records().size()), tp > 1 ? 3 : 2);
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 1);
+    EXPECT_EQ(static_cast<int>(counter.records().size()), tp > 1 ? 2 : 1);
   });
 }
 
@@ -143,7 +152,7 @@ INSTANTIATE_TEST_SUITE_P(DpTimesTp, GradSyncMesh, ::testing::Values(1, 2),
 
 TEST(GradSync, NothingCommunicatedWithOneReplica) {
   run_mesh(1, 2, [&](const dist::DeviceMeshPtr& mesh) {
-    nn::Parameter w = make_param("w.weight", {3}, nn::ShardSpec{0, 1, 1});
+    nn::Parameter w = make_param("w.weight", {3}, mesh, dist::Shard(0));
     GradientSynchronizer sync({&w}, mesh);
     dist::CommCounter counter;
     dist::CountingScope counting(counter);
@@ -157,10 +166,10 @@ TEST(GradSync, NothingCommunicatedWithOneReplica) {
 
 TEST(GradSync, MissingGradientIsAnErrorNamingTheParameter) {
   run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
-    nn::Parameter used = make_param("used.weight", {2});
-    nn::Parameter unused = make_param("unused.bias", {2});
+    nn::Parameter used = make_param("used.weight", {2}, mesh);
+    nn::Parameter unused = make_param("unused.bias", {2}, mesh);
     GradientSynchronizer sync({&used, &unused}, mesh);
-    backward(sum(used.value));
+    backward(replica_loss(sum(used.value), mesh));
     try {
       sync.finish();
       ADD_FAILURE() << "finish() accepted a parameter without gradient";
@@ -168,14 +177,53 @@ TEST(GradSync, MissingGradientIsAnErrorNamingTheParameter) {
       EXPECT_NE(std::string(e.what()).find("unused.bias"), std::string::npos) << e.what();
       EXPECT_EQ(std::string(e.what()).find("used.weight"), std::string::npos) << e.what();
     }
-    // The reduction of the used parameter completed regardless: nothing is left in flight.
-    EXPECT_EQ(used.value.grad().to_vector(), (std::vector<double>{2.0, 2.0}));
+    // Nothing was half-synchronised: the used parameter keeps its local gradient.
+    EXPECT_EQ(used.value.grad().to_vector(), (std::vector<double>{1.0, 1.0}));
   });
+}
+
+// Buckets of bucket_bytes: gradients are reduced in place, one all-reduce per bucket, each launched
+// by the hook that completes it; the results equal the per-parameter sums.
+TEST(GradSync, BucketsOfConfiguredSizeReduceInPlace) {
+  run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    std::vector<nn::Parameter> params;
+    for (int k = 0; k < 5; ++k) params.push_back(make_param(fmt::format("p{}.weight", k), {3}, mesh));
+    std::vector<nn::Parameter*> ptrs;
+    for (auto& p : params) ptrs.push_back(&p);
+    GradientSynchronizer sync(ptrs, mesh, {.bucket_bytes = 2 * 3 * 8});   // two float64 [3] per bucket
+    ASSERT_EQ(sync.buckets().size(), 3u);
+    EXPECT_EQ(sync.buckets()[0], (std::vector<std::string>{"p4.weight", "p3.weight"}));   // backward order
+    dist::CommCounter counter;
+    dist::CountingScope counting(counter);
+    Tensor loss = Tensor::scalar(0.0, DType::Float64);
+    for (int k = 0; k < 5; ++k) loss = add(loss, sum(mul(params[static_cast<std::size_t>(k)].value, scale(rank_values(mesh->rank(), 3), k + 1.0))));
+    backward(replica_loss(loss, mesh));
+    EXPECT_EQ(counter.count(dist::Phase::Backward, "all_reduce", "dp"), 3);
+    sync.finish();
+    const auto dp_ranks = group_ranks(*mesh, "dp");
+    for (int k = 0; k < 5; ++k) {
+      auto expected = summed(dp_ranks, 3);
+      for (double& x : expected) x *= k + 1.0;
+      EXPECT_EQ(params[static_cast<std::size_t>(k)].value.grad().to_vector(), expected) << k;
+    }
+  });
+}
+
+// A dp replica's gradient that is not marked partial over dp means the loss was not marked: the
+// synchroniser refuses instead of silently skipping the reduction.
+TEST(GradSync, UnmarkedLossWithDataParallelReplicasIsRefused) {
+  EXPECT_THROW(run_mesh(2, 1,
+                        [&](const dist::DeviceMeshPtr& mesh) {
+                          nn::Parameter w = make_param("w.weight", {2}, mesh);
+                          GradientSynchronizer sync({&w}, mesh);
+                          backward(sum(w.value));
+                        }),
+               InvalidArgument);
 }
 
 TEST(GradSync, DestroyedSynchronizerDisarmsItsHooks) {
   run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
-    nn::Parameter w = make_param("w.weight", {2});
+    nn::Parameter w = make_param("w.weight", {2}, mesh);
     { GradientSynchronizer sync({&w}, mesh); }
     dist::CommCounter counter;
     dist::CountingScope counting(counter);
@@ -190,7 +238,7 @@ TEST(GradSync, DestroyedSynchronizerDisarmsItsHooks) {
 // finished before the second is added, and the final gradient is the dp sum of both parts.
 TEST(GradientSynchronizer, ParameterAccumulatedTwiceInOneBackward) {
   run_mesh(2, 1, [](const dist::DeviceMeshPtr& mesh) {
-    nn::Parameter w = make_param("w", {3});
+    nn::Parameter w = make_param("w", {3}, mesh);
     w.value.detach().copy_from(Tensor::from_values({0.5, -1.0, 2.0}, {3}, DType::Float64));
     GradientSynchronizer sync({&w}, mesh);
     const double r = mesh->rank() + 1;   // rank-dependent data: dp ranks see different rows
@@ -202,7 +250,7 @@ TEST(GradientSynchronizer, ParameterAccumulatedTwiceInOneBackward) {
           [&, factor](const TensorList& in) { return TensorList{scale(sum(mul(mul(w.value, w.value), in[0])), factor)}; },
           {x})[0];
     };
-    backward(add(region(1.0), region(3.0)));   // d/dw = (1 + 3) * 2 w x
+    backward(replica_loss(add(region(1.0), region(3.0)), mesh));   // d/dw = (1 + 3) * 2 w x
     sync.finish();
     // Sum over ranks r = 1, 2 of 8 w x_r = 8 w (x_1 + x_2) = 8 w * 3 * [1, 2, 3].
     const std::vector<double> expected{8 * 0.5 * 3, 8 * -1.0 * 6, 8 * 2.0 * 9};

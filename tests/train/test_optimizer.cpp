@@ -15,13 +15,14 @@ namespace meshgrad::train {
 namespace {
 
 nn::Parameter make_param(const std::string& name, const std::vector<double>& values, const Shape& full_shape,
-                         DType dtype, nn::ShardSpec shard = {}) {
+                         DType dtype, dist::Placements placements = {}, dist::DeviceMeshPtr mesh = nullptr) {
   nn::Parameter p;
   p.name = name;
   p.value = Tensor::from_values(values, {static_cast<std::int64_t>(values.size())}, dtype);
   p.value.set_requires_grad(true);
   p.full_shape = full_shape;
-  p.shard = shard;
+  p.placements = std::move(placements);
+  p.mesh = std::move(mesh);
   return p;
 }
 
@@ -112,8 +113,10 @@ TEST(AdamW, RefusesGradientPartialOverReplicatedAxis) {
       [&](const comm::CommunicatorPtr& world) {
         auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 2}});
         const dist::AxisMask tp_bit = dist::AxisMask{1} << mesh->axis_index("tp");
-        nn::Parameter ln = make_param("h.0.ln_1.weight", {1.0, 1.0}, {2}, DType::Float32);
-        nn::Parameter fc = make_param("h.0.mlp.c_fc.weight", {0.5, 0.5}, {2, 2}, DType::Float32, nn::ShardSpec{1, 1, 1});
+        nn::Parameter ln = make_param("h.0.ln_1.weight", {1.0, 1.0}, {2}, DType::Float32,
+                                      {dist::Replicate(), dist::Replicate()}, mesh);
+        nn::Parameter fc = make_param("h.0.mlp.c_fc.weight", {0.5, 0.5}, {2, 2}, DType::Float32,
+                                      {dist::Replicate(), dist::Shard(1)}, mesh);
         AdamW opt({&fc, &ln}, mesh);
         set_grad(ln, {1.0, 1.0});
         set_grad(fc, {1.0, 1.0});
@@ -133,9 +136,11 @@ TEST(AdamW, RefusesGradientPartialOverReplicatedAxis) {
 TEST(AdamW, RefusesGradientNotReducedOverDp) {
   comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 2}, {"tp", 1}});
-    nn::Parameter w = make_param("w.weight", {1.0}, {1, 1}, DType::Float64);
+    nn::Parameter w = make_param("w.weight", {1.0}, {1, 1}, DType::Float64, {dist::Replicate(), dist::Replicate()}, mesh);
     AdamW opt({&w}, mesh);
-    set_grad(w, {1.0});   // a plain local gradient: no synchroniser ran
+    set_grad(w, {1.0});
+    // What backward leaves from a replica's loss (marked partial over dp): no synchroniser ran.
+    dist::set_partial_axes(w.value.grad(), dist::axis_bit(mesh->axis_index("dp")));
     expect_refused(opt, {"w.weight", "dp", "GradientSynchronizer::finish"});
     dist::set_partial_axes(w.value.grad(), 0);   // what finish() does
     opt.step();

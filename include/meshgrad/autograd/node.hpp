@@ -41,6 +41,10 @@ class Node : public std::enable_shared_from_this<Node> {
   virtual TensorList apply(TensorList&& grads) = 0;
   // Drops what forward saved (called after backward unless the graph is retained).
   virtual void release_saved() {}
+  // Whether this node sets the annotation of the gradients it returns itself (communication nodes:
+  // an all-reduce makes a partial gradient complete). Otherwise the engine gives returned gradients
+  // without an annotation the annotation of the gradients the node received (annotation.hpp).
+  virtual bool decides_gradient_placement() const { return false; }
 
   std::vector<Edge> next_edges;        // one per input of the op
   std::vector<TensorMeta> input_meta;  // one per input: gradients returned must match

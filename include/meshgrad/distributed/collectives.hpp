@@ -24,13 +24,20 @@ class PendingTensor {
  public:
   PendingTensor() = default;
   PendingTensor(comm::WorkPtr work, std::function<Tensor()> finish);
+  ~PendingTensor();   // waits for an operation still in flight before its buffers go (errors swallowed)
+  PendingTensor(PendingTensor&&) = default;
+  PendingTensor& operator=(PendingTensor&&);
+  PendingTensor(const PendingTensor&) = delete;
+  PendingTensor& operator=(const PendingTensor&) = delete;
   static PendingTensor ready(Tensor t);
   Tensor wait();
   bool valid() const { return static_cast<bool>(finish_); }
 
  private:
-  comm::WorkPtr work_;
+  void settle() noexcept;   // waits for work_ if it is still running; drops it
+  // finish_ holds the buffers the operation reads and writes; settle() runs before they go.
   std::function<Tensor()> finish_;
+  comm::WorkPtr work_;
 };
 
 // x summed (or op-reduced) over the group; same shape. x: any shape, float32/float64.

@@ -31,7 +31,6 @@ class CommCounter {
   const std::vector<CollectiveRecord>& records() const { return records_; }
   // Number of records matching phase (and op / axis when not empty).
   int count(Phase phase, const std::string& op = "", const std::string& axis = "") const;
-  std::int64_t bytes(Phase phase, const std::string& op = "", const std::string& axis = "") const;
   void clear() { records_.clear(); }
 
  private:

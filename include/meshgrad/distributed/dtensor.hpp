@@ -1,21 +1,15 @@
 // DTensor: a tensor distributed over a DeviceMesh: this rank's local piece + the mesh + one
 // placement per mesh axis + the global shape. Every operation here is differentiable (the local
 // tensor carries the autograd history), and the backward of a redistribution is derived from the
-// placement of the gradient that actually arrives (see placement.hpp):
-//
-//   forward        backward, gradient complete      backward, gradient partial on that axis
-//   S(i) -> R      keep own slice                   reduce-scatter along i
-//   R -> S(i)      all-gather along i               all-gather along i (shard gradients are complete)
-//   P -> R         identity                         all-reduce
-//   P -> S(i)      all-gather along i               all-gather along i
-//   R -> P         identity                         all-reduce
-//   S(i) -> S(j)   all-to-all back                  all-to-all back
+// placement of the gradient that actually arrives, by the one rule (rule.hpp; `meshgrad explain
+// --rules` prints it).
 //
 // So a loss computed identically on every rank (from_local(loss, {R})) and a loss that differs per
 // rank and is summed over ranks (from_local(loss, {P})) both give the single-process gradient,
 // with no scaling by the world size.
 //
-// Limits: two mesh axes may not shard the same tensor dim (nested sharding) — refused with an error.
+// Limits: two mesh axes may not shard the same tensor dim (nested sharding) in a DTensor: refused
+// with an error (parameters may: layout.hpp).
 #pragma once
 
 #include <memory>
@@ -63,11 +57,9 @@ std::vector<std::int64_t> local_offsets_of(const Shape& global_shape, const Devi
 // (a small exchange per sharded axis).
 DTensor from_local(const Tensor& local, DeviceMeshPtr mesh, Placements placements, Shape global_shape = {});
 
-// Distributes a tensor that is the same on every rank (Replicate everywhere) to placements.
-// Partial: coordinate 0 of the axis keeps the value, the others hold zeros.
-DTensor distribute(const Tensor& full, DeviceMeshPtr mesh, Placements placements);
-
-// Changes placements, axis by axis, with the derived backward above.
+// Changes placements, axis by axis: each step is mappings.hpp's change_placement on that axis,
+// whose backward the one rule (rule.hpp) derives from the gradient that arrives. To distribute a
+// tensor that is the same on every rank, wrap it as Replicate everywhere and redistribute.
 DTensor redistribute(const DTensor& x, const Placements& target);
 
 // The whole tensor on every rank (redistribute to Replicate everywhere, then the local tensor).

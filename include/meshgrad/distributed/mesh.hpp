@@ -4,6 +4,8 @@
 // the dp groups. Each axis has its own sub-communicator (built once, by split).
 #pragma once
 
+#include <cstdint>
+#include <deque>
 #include <memory>
 #include <string>
 #include <utility>
@@ -13,10 +15,17 @@
 
 namespace meshgrad::dist {
 
-// A communicator together with the mesh axis it spans (the name shows in counts and errors).
+// Bit i set: mesh axis i. Used for the axes a group spans and the axes a gradient is partial on.
+using AxisMask = std::uint32_t;
+inline AxisMask axis_bit(int axis) { return AxisMask{1} << axis; }
+
+// A communicator together with the mesh axes it spans: the name shows in counts and errors ("tp",
+// or "tp_row+tp_col" for a group over two axes), the mask is what the one rule (rule.hpp) reads
+// gradient placements against.
 struct ProcessGroup {
   comm::CommunicatorPtr comm;
   std::string axis;
+  AxisMask axes = 0;
   int rank() const { return comm->rank(); }
   int size() const { return comm->size(); }
 };
@@ -60,6 +69,12 @@ class DeviceMesh {
   // The group of ranks that differ from this one only along `axis`.
   const ProcessGroup& group(int axis) const { return groups_.at(static_cast<std::size_t>(axis)); }
   const ProcessGroup& group(const std::string& name) const { return group(axis_index(name)); }
+  // A group over several axes at once (the ranks that agree on every other coordinate), ranked
+  // row-major over the given axes in mesh order. Collective over world: every rank calls it, with
+  // the same axes, in the same order. E.g. the whole tensor-parallel grid of a 2-D mesh.
+  ProcessGroup make_group(const std::vector<int>& axes) const;
+  // The same, built on first use and kept (every rank asks in the same order, as for make_group).
+  const ProcessGroup& flattened_group(const std::vector<int>& axes) const;
   const comm::CommunicatorPtr& world() const { return world_; }
   std::string str() const;   // "mesh(dp=2, tp=2)"
 
@@ -68,6 +83,9 @@ class DeviceMesh {
   std::vector<MeshAxis> axes_;
   std::vector<int> coords_;
   std::vector<ProcessGroup> groups_;
+  // flattened_group's cache, by axis mask. Each rank owns its DeviceMesh object (one per rank
+  // thread), so no lock.
+  mutable std::deque<ProcessGroup> flattened_;   // a deque: references stay valid as it grows
 };
 using DeviceMeshPtr = std::shared_ptr<const DeviceMesh>;
 

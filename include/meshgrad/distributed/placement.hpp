@@ -16,7 +16,9 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/tensor/annotation.hpp"
+#include "meshgrad/tensor/shard.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
 namespace meshgrad::dist {
@@ -24,17 +26,28 @@ namespace meshgrad::dist {
 struct Placement {
   enum class Kind : std::uint8_t { Shard, Replicate, Partial };
   Kind kind = Kind::Replicate;
-  int dim = 0;   // meaningful for Shard only
+  int dim = 0;              // Shard only
+  // Shard only: the dim is made of `blocks` equal blocks (a fused QKV weight: 3) and each block is
+  // split by the shard rule in whole units of `unit` elements (a head's width, so heads are never
+  // split); this coordinate's piece is its part of every block, concatenated. 1, 1: a plain shard.
+  int blocks = 1;
+  std::int64_t unit = 1;
 
-  static Placement shard(int d) { return {Kind::Shard, d}; }
+  static Placement shard(int d, int blocks = 1, std::int64_t unit = 1) { return {Kind::Shard, d, blocks, unit}; }
   static Placement replicate() { return {Kind::Replicate, 0}; }
   static Placement partial() { return {Kind::Partial, 0}; }
   bool is_shard() const { return kind == Kind::Shard; }
   bool is_shard(int d) const { return kind == Kind::Shard && dim == d; }
   bool is_replicate() const { return kind == Kind::Replicate; }
   bool is_partial() const { return kind == Kind::Partial; }
-  bool operator==(const Placement& o) const { return kind == o.kind && (kind != Kind::Shard || dim == o.dim); }
-  std::string str() const;   // "S(0)", "R", "P"
+  bool is_plain_shard() const { return is_shard() && blocks == 1 && unit == 1; }
+  bool operator==(const Placement& o) const {
+    return kind == o.kind && (kind != Kind::Shard || (dim == o.dim && blocks == o.blocks && unit == o.unit));
+  }
+  std::string str() const;   // "S(0)", "S(1)x3/64" (3 blocks in units of 64), "R", "P"
+  // The ranges of a dim of extent `full` that part `index` of `parts` holds, one per block, in
+  // order. Throws when the extent is not `blocks` blocks of whole units.
+  std::vector<ShardRange> ranges(std::int64_t full, int parts, int index) const;
 };
 using Placements = std::vector<Placement>;
 
@@ -43,17 +56,8 @@ inline Placement Replicate() { return Placement::replicate(); }
 inline Placement Partial() { return Placement::partial(); }
 
 std::string placements_str(const Placements& p);   // "[S(0), R]"
-// Parses "S(0)", "R", "P" (and lists "S(0),R"); throws naming the text.
+// Parses "S(0)", "R", "P"; throws naming the text.
 Placement parse_placement(const std::string& text);
-
-struct PlacementHash {
-  std::size_t operator()(const Placement& p) const {
-    return std::hash<int>()(static_cast<int>(p.kind) * 1024 + (p.is_shard() ? p.dim : 0));
-  }
-};
-
-// Bit i set: the gradient is partial over mesh axis i.
-using AxisMask = std::uint32_t;
 
 // The annotation on a gradient tensor. Summing gradients with different masks is refused: the
 // result would be neither a complete gradient nor a partial one.
@@ -62,16 +66,15 @@ class PartialGradient final : public Annotation {
   explicit PartialGradient(AxisMask axes) : axes_(axes) {}
   AxisMask axes() const { return axes_; }
   std::string str() const override;
-  bool equals(const Annotation& other) const override;
   AnnotationPtr combine(const AnnotationPtr& other) const override;
 
  private:
   AxisMask axes_;
 };
 
-// The partial axes of a gradient (0 when unannotated: complete).
+// The partial axes of a gradient (0 when unannotated: complete, the only encoding of complete).
 AxisMask partial_axes(const Tensor& grad);
-// Sets the gradient's annotation to exactly `axes` (0 = explicitly complete).
+// Sets the gradient's annotation to exactly `axes` (0 removes it: complete).
 void set_partial_axes(const Tensor& grad, AxisMask axes);
 
 // Identity in forward; in backward, marks the gradient partial over `axes` (added to whatever it

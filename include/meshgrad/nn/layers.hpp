@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
 #include <string>
 
 #include "meshgrad/distributed/mesh.hpp"
@@ -21,23 +22,61 @@
 
 namespace meshgrad::nn {
 
-// The mesh a model lives on, its tp group and the parallel options.
+// Buffers for the sequence all-gather of the column layers in regather mode, shared by every layer
+// of a model per (shape, dtype) as Megatron's global memory buffer: forward gathers into one, uses
+// it and lets it go; backward gathers into it again. A buffer is handed out only while nobody else
+// holds it, so a saved tensor is never overwritten.
+class GatherBuffers {
+ public:
+  // A buffer of this shape and dtype that nobody else holds, or an undefined Tensor (the gather then
+  // allocates; take() keeps the result for next time).
+  Tensor reusable(const Shape& shape, DType dtype) const;
+  void keep(const Tensor& t);
+  std::size_t size() const { return buffers_.size(); }
+
+ private:
+  std::vector<Tensor> buffers_;
+};
+
+// The mesh a model lives on, its tensor-parallel groups and the parallel options. Built once per
+// model and shared (std::shared_ptr) by its layers and by the graph nodes they record, so a node
+// never points into a layer or model that moved or died.
+//   1-D mesh (dp, tp):            tp = the "tp" axis group
+//   2-D mesh (dp, tp_row, tp_col): tp = the whole grid (tp_row+tp_col); row / col = the axis groups
 struct ParallelContext {
   dist::DeviceMeshPtr mesh;
   dist::ProcessGroup tp;
-  int tp_axis = 0;
+  bool two_d = false;
+  int tp_axis = -1;                  // 1-D
+  int row_axis = -1, col_axis = -1;  // 2-D
+  int dp_axis = -1;                  // -1: no dp axis
   ParallelConfig config;
+  mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
-  static ParallelContext on(dist::DeviceMeshPtr mesh, const ParallelConfig& config);
+  // Collective over the mesh (builds the grid group on a 2-D mesh). Throws naming the mesh when it
+  // has neither a "tp" axis nor "tp_row" and "tp_col", and for options 2-D does not support.
+  static std::shared_ptr<const ParallelContext> on(dist::DeviceMeshPtr mesh, const ParallelConfig& config);
   int tp_size() const { return tp.size(); }
   int tp_rank() const { return tp.rank(); }
+  const dist::ProcessGroup& row() const { return mesh->group(row_axis); }
+  const dist::ProcessGroup& col() const { return mesh->group(col_axis); }
   bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
-  // Marks x's gradient partial over tp (replicated tensor used on sequence-sharded data).
+  // Placements of a parameter: replicated everywhere; `p` on the tp axis (1-D) or on both grid
+  // axes (2-D: the dim split over the whole grid); or p_row on tp_row and p_col on tp_col (2-D).
+  dist::Placements replicated() const;
+  dist::Placements on_tp(dist::Placement p) const;
+  dist::Placements on_grid(dist::Placement p_row, dist::Placement p_col) const;
+  // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data).
   Tensor partial_over_tp(const Tensor& x) const;
+  // Marks a loss partial over dp: each replica's loss is its share of the global one, so every
+  // gradient arrives partial over dp and the synchroniser reduces it by the one rule.
+  Tensor loss_partial_over_dp(const Tensor& loss) const;
 };
+using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
 
-// A parameter of a layer, created from its full shape with deterministic init.
-Parameter make_parameter(const std::string& name, const Shape& full_shape, const ShardSpec& spec,
+// A parameter of a layer, created from its full shape with deterministic init (std > 0: normal;
+// else the constant).
+Parameter make_parameter(const std::string& name, const Shape& full_shape, dist::Placements placements,
                          const ParallelContext& ctx, std::uint64_t seed, double std, double constant, DType dtype);
 
 class ColumnParallelLinear {
@@ -51,7 +90,7 @@ class ColumnParallelLinear {
     bool owns_weight = true;      // false: the caller passes the weight to forward_with (tied LM head)
   };
   ColumnParallelLinear(const std::string& name, std::int64_t in, std::int64_t out, const Options& options,
-                       const ParallelContext& ctx, std::uint64_t seed, DType dtype);
+                       ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
   // x: [T, B, in] (replicated) or, under sequence parallelism, [T_local, B, in] with seq_len = T.
   // Returns [T, B, out_local] ([T, B, out] with gather_output).
   Tensor forward(const Tensor& x, std::int64_t seq_len) const;
@@ -59,15 +98,12 @@ class ColumnParallelLinear {
   Tensor forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& weight, const Tensor& bias) const;
 
   Parameter weight, bias;
-  // The buffer the sequence all-gather writes into; reused while nobody else holds it (tests).
-  const Tensor& gather_buffer() const { return gather_buffer_; }
 
  private:
   std::string name_;
   Options options_;
   std::int64_t out_;
-  const ParallelContext* ctx_;
-  mutable Tensor gather_buffer_;   // reused across steps for the sequence all-gather
+  ParallelContextPtr ctx_;
 };
 
 class RowParallelLinear {
@@ -79,7 +115,7 @@ class RowParallelLinear {
     double init_std = 0.02;
   };
   RowParallelLinear(const std::string& name, std::int64_t in, std::int64_t out, const Options& options,
-                    const ParallelContext& ctx, std::uint64_t seed, DType dtype);
+                    ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
   // x: [T, B, in_local] -> [T, B, out] (all-reduce mode) or [T_local, B, out] (sequence parallel).
   Tensor forward(const Tensor& x) const;
 
@@ -88,18 +124,18 @@ class RowParallelLinear {
  private:
   std::string name_;
   Options options_;
-  const ParallelContext* ctx_;
+  ParallelContextPtr ctx_;
 };
 
 class LayerNorm {
  public:
-  LayerNorm(const std::string& name, std::int64_t features, double eps, const ParallelContext& ctx, DType dtype);
+  LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype);
   Tensor forward(const Tensor& x) const;
   Parameter weight, bias;
 
  private:
   double eps_;
-  const ParallelContext* ctx_;
+  ParallelContextPtr ctx_;
 };
 
 // Embedding whose table [V, C] is split over tp by vocabulary rows. forward returns this rank's
@@ -107,7 +143,7 @@ class LayerNorm {
 class VocabParallelEmbedding {
  public:
   VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
-                         const ParallelContext& ctx, std::uint64_t seed, DType dtype);
+                         ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
   // ids: int64 [...] -> [..., C], partial over tp.
   Tensor forward_partial(const Tensor& ids) const;
   std::int64_t vocab_offset() const { return offset_; }
@@ -116,7 +152,37 @@ class VocabParallelEmbedding {
 
  private:
   std::int64_t vocab_, offset_;
-  const ParallelContext* ctx_;
+  ParallelContextPtr ctx_;
+};
+
+// A linear layer of 2-D tensor parallelism: W [in, out] split over both axes of the tp grid,
+// in_axis splitting the input features and out_axis the output features (blocks / unit as the
+// column layer). x: [T, B, in] replicated on both axes, or already split by features on in_axis
+// (input_is_split: the output of a GridLinear whose out_axis is this in_axis). Returns
+// [T, B, out_local]: split by features on out_axis, replicated on in_axis.
+//   forward:  keep own feature slice on in_axis (if replicated) | local X W: partial over in_axis |
+//             all-reduce over in_axis | + bias (split on out_axis)
+//   backward: by the rule: dX = dY W^T is partial over out_axis -> all-reduce over out_axis; then
+//             the feature slice's dual, all-gather over in_axis (if the input was replicated)
+class GridLinear {
+ public:
+  struct Options {
+    bool input_is_split = false;
+    int blocks = 1;
+    std::int64_t in_unit = 1, out_unit = 1;
+    double init_std = 0.02;
+  };
+  GridLinear(const std::string& name, std::int64_t in, std::int64_t out, bool in_on_rows, const Options& options,
+             ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
+  Tensor forward(const Tensor& x) const;
+  Parameter weight, bias;
+
+ private:
+  std::string name_;
+  Options options_;
+  std::int64_t in_;
+  int in_axis_, out_axis_;
+  ParallelContextPtr ctx_;
 };
 
 // Cross-entropy over logits split by vocabulary ([N, V_local], never gathered): the sum over the

@@ -5,7 +5,8 @@
 //
 // The autograd engine carries annotations along: gradients a node returns without one inherit the
 // annotation of the gradients the node received (every backward formula is linear in the incoming
-// gradient, so "partial" survives local ops), and when two gradients for one tensor are summed
+// gradient, so "partial" survives local ops), except from nodes that decide it themselves
+// (Node::decides_gradient_placement: communication); when two gradients for one tensor are summed
 // their annotations are combined (combine() throws when they cannot be summed meaningfully).
 #pragma once
 
@@ -18,7 +19,6 @@ class Annotation {
  public:
   virtual ~Annotation() = default;
   virtual std::string str() const = 0;
-  virtual bool equals(const Annotation& other) const = 0;
   // The annotation of a + b where a carries this and b carries other (other may be null).
   virtual std::shared_ptr<const Annotation> combine(const std::shared_ptr<const Annotation>& other) const = 0;
 };

@@ -31,7 +31,7 @@ TrainResult run_train_job(const TrainOptions& options, const RunOnMesh& run_on_m
 //    (safetensors with int64 "inputs" and "targets" [B, T]); model sizes come from the files;
 //  - a seed (config, weights and batch all empty): a GPT of `model`'s sizes initialised from seed
 //    (nn::make_model) and a batch of random tokens in [0, vocab) from seed
-//    (nn::make_synthetic_batch). The same seed gives the same weights and batch at any mesh.
+//    (make_synthetic_batch, explain.hpp). The same seed gives the same weights and batch at any mesh.
 struct GradsJob {
   std::string config, weights, batch;   // all three or none
   nn::ModelConfig model;                // seed mode: the sizes (kind "gpt")

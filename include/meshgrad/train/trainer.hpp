@@ -30,7 +30,8 @@ struct StepMetrics {
 };
 
 struct TrainOptions {
-  // GPT sizes (kind "gpt", vocab 256 for byte tokens); batch is the *global* B, split over dp.
+  // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
+  // (TokenDataset::vocab(): 256 for bytes); a data token >= vocab is an error naming its position.
   nn::ModelConfig model;
   nn::ParallelConfig parallel;
   int steps = 200;
@@ -39,7 +40,7 @@ struct TrainOptions {
   double min_lr_ratio = 0.1; // cosine decay from lr down to lr * min_lr_ratio at the last step
   double weight_decay = 0.1;
   std::uint64_t seed = 1234; // model initialisation, data order and dropout
-  std::string data_path;     // "" = the built-in corpus
+  std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
   bool progress = true;      // rank 0 shows progress on stderr

@@ -1,4 +1,4 @@
-#include "meshgrad/nn/explain.hpp"
+#include "meshgrad/train/explain.hpp"
 
 #include <fmt/format.h>
 
@@ -10,30 +10,38 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad::nn {
+namespace meshgrad::train {
+
+using nn::Model;
+using nn::Parameter;
 
 namespace {
 
 constexpr std::uint64_t kModelSeed = 1234;   // any fixed seed: counts and bytes do not depend on values
 constexpr std::uint64_t kBatchSeed = 5678;
 
-int axis_size_of(const std::vector<dist::MeshAxis>& axes, const std::string& name) {
-  for (const auto& axis : axes) {
-    if (axis.name == name) return axis.size;
+// The size of the group a record names: one axis ("tp") or several ("tp_row+tp_col", the grid).
+int group_size_of(const std::vector<dist::MeshAxis>& axes, const std::string& group) {
+  int size = 1;
+  std::size_t pos = 0;
+  while (pos <= group.size()) {
+    const std::size_t plus = std::min(group.find('+', pos), group.size());
+    const std::string name = group.substr(pos, plus - pos);
+    auto it = std::find_if(axes.begin(), axes.end(), [&](const dist::MeshAxis& a) { return a.name == name; });
+    if (it == axes.end()) {
+      throw InvalidArgument(fmt::format("explain: a collective ran over mesh axis '{}' but the mesh {} has no such "
+                                        "axis", name, dist::mesh_spec_str(axes)));
+    }
+    size *= it->size;
+    pos = plus + 1;
   }
-  throw InvalidArgument(fmt::format("explain: a collective ran over mesh axis '{}' but the mesh {} has no such axis",
-                                    name, dist::mesh_spec_str(axes)));
+  return size;
 }
 
-int axis_index_of(const std::vector<dist::MeshAxis>& axes, const std::string& name) {
-  for (std::size_t i = 0; i < axes.size(); ++i) {
-    if (axes[i].name == name) return static_cast<int>(i);
-  }
-  return -1;
-}
 
 // The cost-model op of a recorded op: distributed/ records some metadata exchanges with a qualifier,
 // e.g. "all_gather(sizes)" (the shard sizes of an uneven gather); they cost as the plain op.
@@ -63,12 +71,8 @@ int phase_rank(const std::string& phase) {
   return 99;
 }
 
-// What rank 0 learns about one parameter after the backward (for the GradSync rows).
-struct ParamSync {
-  std::string name;
-  std::int64_t bytes;
-  bool partial_over_tp;
-};
+// The synchroniser labels its collectives "grad-sync:<what>" (grad_sync.cpp).
+constexpr std::string_view kGradSyncPrefix = "grad-sync:";
 
 std::string on_off(bool b) { return b ? "on" : "off"; }
 
@@ -80,13 +84,6 @@ const char* explain_source_name(ExplainSource source) {
     case ExplainSource::GradSync: return "grad-sync";
   }
   return "?";
-}
-
-std::vector<dist::MeshAxis> explain_mesh_axes(const std::string& mesh_spec) {
-  std::vector<dist::MeshAxis> axes = dist::parse_mesh_spec(mesh_spec);
-  if (axis_index_of(axes, "tp") < 0) axes.push_back({"tp", 1});
-  if (axis_index_of(axes, "dp") < 0) axes.push_back({"dp", 1});
-  return dist::canonical_mesh_order(std::move(axes));
 }
 
 Batch make_synthetic_batch(const ModelConfig& config, int dp_size, int dp_rank, std::uint64_t seed) {
@@ -111,19 +108,20 @@ std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveReco
   std::vector<ExplainRow> rows;
   rows.reserve(records.size());
   for (const auto& r : records) {
-    rows.push_back(make_row(r.label, dist::phase_name(r.phase), r.op, r.axis, r.bytes, axis_size_of(axes, r.axis), link,
-                            ExplainSource::Graph));
+    const bool sync = r.label.rfind(kGradSyncPrefix, 0) == 0;
+    rows.push_back(make_row(sync ? r.label.substr(kGradSyncPrefix.size()) : r.label, dist::phase_name(r.phase), r.op,
+                            r.axis, r.bytes, group_size_of(axes, r.axis), link,
+                            sync ? ExplainSource::GradSync : ExplainSource::Graph));
   }
   return rows;
 }
 
 std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
-                                      const std::string& mesh_spec, const dist::Link& link) {
-  const std::vector<dist::MeshAxis> axes = explain_mesh_axes(mesh_spec);
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link) {
   int world = 1;
   for (const auto& axis : axes) world *= axis.size;
-  const int dp_size = axis_size_of(axes, "dp");
-  const int tp_index = axis_index_of(axes, "tp");
+  const auto dp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "dp"; });
+  const int dp_size = dp == axes.end() ? 1 : dp->size;
   const std::int64_t global_tokens = static_cast<std::int64_t>(config.batch) * config.seq;
   // Fail before starting ranks when the batch does not split (the same check every rank would make).
   MG_CHECK(config.batch % dp_size == 0,
@@ -131,12 +129,13 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
            config.batch, dp_size);
 
   std::vector<dist::CollectiveRecord> records;   // written by rank 0 only
-  std::vector<ParamSync> params;                 // written by rank 0 only
   comm::run_ranks(world, [&](const comm::CommunicatorPtr& comm) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
-    std::unique_ptr<Model> model = make_model(config, parallel, mesh, kModelSeed);
+    std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);
     model->set_training(true);
-    const Batch batch = make_synthetic_batch(config, dp_size, mesh->coordinate("dp"), kBatchSeed);
+    GradientSynchronizer sync(model->parameters(), mesh);
+    const int dp_rank = mesh->has_axis("dp") ? mesh->coordinate("dp") : 0;
+    const Batch batch = make_synthetic_batch(config, dp_size, dp_rank, kBatchSeed);
 
     dist::CommCounter counter;
     {
@@ -145,29 +144,11 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
       if (comm->rank() == 0) counting = std::make_unique<dist::CountingScope>(counter);
       Tensor loss = model->loss(batch, global_tokens);
       backward(loss);
+      sync.finish();
     }
-    if (comm->rank() != 0) return;
-    records = counter.records();
-    for (Parameter* p : model->parameters()) {
-      const Tensor grad = p->value.grad();
-      const bool partial_tp =
-          grad.defined() && tp_index >= 0 && (dist::partial_axes(grad) & (dist::AxisMask{1} << tp_index)) != 0;
-      params.push_back({p->name, p->value.numel() * static_cast<std::int64_t>(dtype_size(p->value.dtype())),
-                        partial_tp});
-    }
+    if (comm->rank() == 0) records = counter.records();
   });
-
-  std::vector<ExplainRow> rows = rows_from_records(records, axes, link);
-  const int tp_size = axis_size_of(axes, "tp");
-  for (const ParamSync& p : params) {
-    if (p.partial_over_tp && tp_size > 1) {
-      rows.push_back(make_row(p.name, "backward", "all_reduce", "tp", p.bytes, tp_size, link, ExplainSource::GradSync));
-    }
-    if (dp_size > 1) {
-      rows.push_back(make_row(p.name, "backward", "all_reduce", "dp", p.bytes, dp_size, link, ExplainSource::GradSync));
-    }
-  }
-  return rows;
+  return rows_from_records(records, axes, link);
 }
 
 void PhaseTotals::add(const ExplainRow& row) {
@@ -325,4 +306,4 @@ std::string format_explain_json(const std::vector<ExplainRow>& rows) {
   return list.dump(2) + "\n";
 }
 
-}  // namespace meshgrad::nn
+}  // namespace meshgrad::train

@@ -1,4 +1,4 @@
-// `meshgrad explain` (nn/explain.hpp) against the code and against the DESIGN table.
+// `meshgrad explain` (train/explain.hpp) against the code and against the DESIGN table.
 //
 // 1. explain's graph rows equal, row for row, what a CommCounter records on rank 0 when the same
 //    model runs the same step outside explain: explain reports the code, not a description of it.
@@ -20,11 +20,23 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
-#include "meshgrad/nn/explain.hpp"
+#include "meshgrad/train/explain.hpp"
 #include "meshgrad/nn/model.hpp"
 
-namespace meshgrad::nn {
+namespace meshgrad::train {
 namespace {
+
+using nn::make_model;
+
+// The mesh of a spec as the CLI builds it: a size-1 "tp" and "dp" axis added when missing, dp
+// outermost (tools/launch.cpp does the same for --mesh, with stricter checks).
+std::vector<dist::MeshAxis> explain_mesh_axes(const std::string& spec) {
+  std::vector<dist::MeshAxis> axes = dist::parse_mesh_spec(spec);
+  auto has = [&](const char* n) { return std::any_of(axes.begin(), axes.end(), [&](const auto& a) { return a.name == n; }); };
+  if (!has("tp") && !has("tp_row")) axes.push_back({"tp", 1});
+  if (!has("dp")) axes.push_back({"dp", 1});
+  return dist::canonical_mesh_order(std::move(axes));
+}
 
 // One collective as both sides describe it.
 using Entry = std::tuple<std::string, std::string, std::string, std::string, std::int64_t>;   // layer phase op axis bytes
@@ -183,7 +195,7 @@ TEST_P(ExplainMatchesCode, CounterAndDesignTable) {
   const ModelConfig config = small_config(k.kind);
   ParallelConfig parallel;
   parallel.sequence_parallel = k.sp;
-  const std::vector<ExplainRow> rows = explain_model(config, parallel, k.mesh, kLink);
+  const std::vector<ExplainRow> rows = explain_model(config, parallel, explain_mesh_axes(k.mesh), kLink);
   const std::vector<Entry> got = graph_entries(rows);
 
   // 1. Row for row what a counter records when the model runs outside explain.
@@ -237,7 +249,7 @@ std::vector<const ExplainRow*> sync_rows(const std::vector<ExplainRow>& rows, co
 }
 
 TEST(ExplainGradSync, NoneWithoutDpOrSequenceParallelism) {
-  const auto rows = explain_model(small_config("gpt"), {}, "tp=2", kLink);
+  const auto rows = explain_model(small_config("gpt"), {}, explain_mesh_axes("tp=2"), kLink);
   EXPECT_TRUE(sync_rows(rows, "tp").empty());
   EXPECT_TRUE(sync_rows(rows, "dp").empty());
 }
@@ -249,7 +261,7 @@ TEST(ExplainGradSync, SequenceParallelReducesReplicatedParametersOverTp) {
   const ModelConfig c = small_config("gpt");
   ParallelConfig sp;
   sp.sequence_parallel = true;
-  const auto rows = explain_model(c, sp, "tp=2", kLink);
+  const auto rows = explain_model(c, sp, explain_mesh_axes("tp=2"), kLink);
   std::set<std::string> got;
   for (const ExplainRow* r : sync_rows(rows, "tp")) {
     got.insert(r->layer);
@@ -272,29 +284,27 @@ TEST(ExplainGradSync, SequenceParallelReducesReplicatedParametersOverTp) {
   EXPECT_TRUE(sync_rows(rows, "dp").empty());
 }
 
-// With dp = 2 every parameter's local gradient is all-reduced over dp once.
-TEST(ExplainGradSync, DataParallelReducesEveryParameterShard) {
+// With dp = 2 the synchroniser's buckets carry every parameter's local gradient once: one in-place
+// all-reduce over dp per bucket (a small model fits one bucket), whose bytes are the sum of the
+// local gradients' bytes.
+TEST(ExplainGradSync, DataParallelReducesEveryParameterShardInBuckets) {
   const ModelConfig c = small_config("gpt");
-  const auto rows = explain_model(c, {}, "dp=2,tp=2", kLink);
-  std::map<std::string, std::int64_t> bytes;
-  for (const ExplainRow* r : sync_rows(rows, "dp")) {
-    EXPECT_TRUE(bytes.emplace(r->layer, r->bytes).second) << r->layer << " reduced twice";
-    EXPECT_EQ(r->ranks, 2);
-  }
-  // wte, wpe, per block 12 (ln_1 x2, c_attn x2, attn.c_proj x2, ln_2 x2, c_fc x2, mlp.c_proj x2), ln_f x2.
-  EXPECT_EQ(bytes.size(), static_cast<std::size_t>(2 + 12 * c.layers + 2));
+  const auto rows = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), kLink);
+  const auto dp_rows = sync_rows(rows, "dp");
+  ASSERT_EQ(dp_rows.size(), 1u);
+  EXPECT_EQ(dp_rows[0]->layer, "bucket0");
+  EXPECT_EQ(dp_rows[0]->ranks, 2);
+  EXPECT_EQ(dp_rows[0]->phase, "backward");
   const std::int64_t C = c.hidden, F = c.ffn_size(), V = c.vocab, T = c.seq;
-  EXPECT_EQ(bytes["wte.weight"], V / 2 * C * 4);              // vocab-parallel: half the rows
-  EXPECT_EQ(bytes["wpe.weight"], T * C * 4);                  // replicated
-  EXPECT_EQ(bytes["h.0.attn.c_attn.weight"], C * 3 * C / 2 * 4);
-  EXPECT_EQ(bytes["h.1.mlp.c_fc.weight"], C * F / 2 * 4);
-  EXPECT_EQ(bytes["h.1.mlp.c_proj.weight"], F / 2 * C * 4);
-  EXPECT_EQ(bytes["h.1.mlp.c_proj.bias"], C * 4);             // replicated
+  // rank 0's pieces: wte half the rows, wpe whole; per block ln x4, c_attn (w, b) half, c_proj w half
+  // + bias whole, c_fc (w, b) half, mlp.c_proj w half + bias whole; ln_f x2.
+  const std::int64_t block = 4 * C + (C * 3 * C / 2 + 3 * C / 2) + (C / 2 * C + C) + (C * F / 2 + F / 2) + (F / 2 * C + C);
+  EXPECT_EQ(dp_rows[0]->bytes, 4 * (V / 2 * C + T * C + c.layers * block + 2 * C));
   EXPECT_TRUE(sync_rows(rows, "tp").empty());
 }
 
 TEST(ExplainAggregates, LayersAndPhasesAddUp) {
-  const auto rows = explain_model(small_config("gpt"), {}, "tp=2", kLink);
+  const auto rows = explain_model(small_config("gpt"), {}, explain_mesh_axes("tp=2"), kLink);
   double total_us = 0;
   int total = 0;
   for (const auto& r : rows) {
@@ -320,7 +330,7 @@ TEST(ExplainAggregates, LayersAndPhasesAddUp) {
 TEST(ExplainFormat, JsonHasExactlyTheDocumentedKeys) {
   ParallelConfig sp;
   sp.sequence_parallel = true;
-  const auto rows = explain_model(small_config("gpt"), sp, "dp=2,tp=2", kLink);
+  const auto rows = explain_model(small_config("gpt"), sp, explain_mesh_axes("dp=2,tp=2"), kLink);
   const nlohmann::json j = nlohmann::json::parse(format_explain_json(rows));
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), rows.size());
@@ -340,27 +350,39 @@ TEST(ExplainFormat, JsonHasExactlyTheDocumentedKeys) {
 TEST(ExplainFormat, TableNamesLayersLinkAndTotals) {
   const ModelConfig c = small_config("gpt");
   const dist::Link link = dist::link_preset("nvlink4");
-  const auto rows = explain_model(c, {}, "dp=2,tp=2", link);
+  const auto rows = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), link);
   const std::string table = format_explain_table(rows, {c, {}, explain_mesh_axes("dp=2,tp=2"), link});
   for (const char* needle : {"h.0.attn.c_proj", "h.1.mlp.c_fc", "lm_head", "wte", "loss", "nvlink4", "dp=2,tp=2",
-                             "gradient synchronizer", "h.0.ln_1.weight", "graph forward", "graph backward",
+                             "gradient synchronizer", "bucket0", "graph forward", "graph backward",
                              "grad-sync backward"}) {
     EXPECT_NE(table.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << table;
   }
 }
 
-TEST(ExplainMesh, AddsMissingAxesInCanonicalOrder) {
-  EXPECT_EQ(dist::mesh_spec_str(explain_mesh_axes("tp=4")), "dp=1,tp=4");
-  EXPECT_EQ(dist::mesh_spec_str(explain_mesh_axes("tp=2,dp=2")), "dp=2,tp=2");
-  EXPECT_EQ(dist::mesh_spec_str(explain_mesh_axes("dp=3")), "dp=3,tp=1");
-  EXPECT_THROW(explain_mesh_axes("tp=0"), InvalidArgument);
+// explain counts per axis on a 2-D grid: the grid layers' collectives over tp_row and tp_col, the
+// vocabulary-parallel ones over the whole grid (tp_row+tp_col, n = 4).
+TEST(ExplainMesh, TwoDimensionalGridCountsPerAxis) {
+  const ModelConfig c = small_config("gpt");
+  const auto rows = explain_model(c, {}, {{"dp", 1}, {"tp_row", 2}, {"tp_col", 2}}, kLink);
+  std::map<std::string, int> per_axis;
+  for (const auto& r : rows) {
+    ++per_axis[r.axis];
+    if (r.axis == "tp_row+tp_col") EXPECT_EQ(r.ranks, 4);
+    if (r.axis == "tp_row" || r.axis == "tp_col") EXPECT_EQ(r.ranks, 2);
+  }
+  // Per block: forward 2 all-reduces + 2 all-gathers over tp_row and 2 all-reduces over tp_col;
+  // backward 2 all-reduces + 2 all-gathers over tp_row (c_proj inputs, the input slices' duals)
+  // and 2 all-reduces over tp_col (c_attn / c_fc inputs).
+  EXPECT_EQ(per_axis["tp_row"], 8 * c.layers);
+  EXPECT_EQ(per_axis["tp_col"], 4 * c.layers);
+  EXPECT_EQ(per_axis["tp_row+tp_col"], 1 + 3 + 1);   // wte, loss (3), lm_head dX
 }
 
 TEST(ExplainErrors, BatchThatDoesNotSplitOverDp) {
   ModelConfig c = small_config("gpt");
   c.batch = 3;
   try {
-    explain_model(c, {}, "dp=2,tp=1", kLink);
+    explain_model(c, {}, explain_mesh_axes("dp=2,tp=1"), kLink);
     FAIL() << "batch 3 over dp 2 accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("batch 3"), std::string::npos) << e.what();
@@ -383,4 +405,4 @@ TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
 }
 
 }  // namespace
-}  // namespace meshgrad::nn
+}  // namespace meshgrad::train

