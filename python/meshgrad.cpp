@@ -163,6 +163,7 @@ py::list train_job(const py::kwargs& kwargs) {
   std::string mesh = "tp=2", backend = "threads";
   // Small defaults: a few seconds. The rest as the CLI's defaults (TrainOptions).
   o.model = small_gpt();
+  o.model.vocab = 0;   // as the CLI: from the data (256 for bytes, a prepared directory's meta.json)
   o.steps = 5;
   o.progress = false;
   std::string dtype = "float32";

@@ -34,6 +34,13 @@ def test_train_is_the_same_on_any_mesh():
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)
 
 
+def test_train_takes_a_text_file(tmp_path):
+    data = tmp_path / "text.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    steps = meshgrad.train(steps=2, data=str(data))
+    assert len(steps) == 2 and abs(steps[0]["loss"] - math.log(256)) < 0.2
+
+
 def test_train_writes_the_metrics_file_and_saves(tmp_path):
     metrics, saved = tmp_path / "m.jsonl", tmp_path / "w.safetensors"
     steps = meshgrad.train(steps=2, metrics=str(metrics), save=str(saved))
