@@ -4,13 +4,14 @@
 #   make test       build and run the whole test suite with ctest
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan  the threads-backend communication tests under ThreadSanitizer
+#   make fuzz       the libFuzzer targets (clang), 20000 runs each from fuzz/corpus
 JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
 # -march=native for this machine's speed; NATIVE=OFF builds what runs on any x86-64 (e.g. to install).
 NATIVE ?= ON
 
-.PHONY: deps build train gradcheck test test-asan test-tsan clean
+.PHONY: deps build train gradcheck test test-asan test-tsan fuzz clean
 
 deps:
 	@scripts/install-deps.sh
@@ -40,5 +41,8 @@ test-tsan: deps
 	cmake --build build-tsan -j $(JOBS) --target test_comm
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L comm
 
+fuzz: deps
+	JOBS=$(JOBS) scripts/fuzz.sh
+
 clean:
-	rm -rf build build-asan build-tsan
+	rm -rf build build-asan build-tsan build-fuzz

@@ -4,15 +4,15 @@
 //   mpirun -np 4 meshgrad bench collectives --backend mpi          (rank 0 prints)
 #include <fmt/core.h>
 
+#include <atomic>
 #include <memory>
 #include <mutex>
 #include <sstream>
 
 #include "command.hpp"
+#include "options.hpp"
+#include "launch.hpp"
 #include "meshgrad/comm/collective_bench.hpp"
-#include "meshgrad/comm/errors.hpp"
-#include "meshgrad/comm/mpi.hpp"
-#include "meshgrad/comm/threads.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -44,43 +44,31 @@ int run(const BenchCollectivesArgs& a) {
   o.warmup = a.warmup;
   o.step_factor = a.step;
   MG_CHECK(!o.ops.empty(), "bench collectives: --ops is empty");
-  if (a.backend == "threads") {
-    const int P = a.ranks > 0 ? a.ranks : 2;
-    const double memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
-    std::vector<comm::CollectiveBenchRow> rows;
-    comm::run_ranks(P, [&](const comm::CommunicatorPtr& c) {
-      auto mine = comm::run_collective_bench(*c, o);
-      if (c->rank() == 0) rows = std::move(mine);
-    });
-    fmt::print("{}", comm::format_collective_table(rows, "threads", P, memcpy_gbps));
-    for (const auto& row : rows) {
-      if (row.wrong != 0) return 1;
-    }
-    return 0;
-  }
-  if (a.backend == "mpi") {
-    int argc = 0;
-    char** argv = nullptr;
-    comm::MpiSession session(&argc, &argv);  // throws, naming the backend, in a build without MPI
-    try {
-      auto world = session.world();
-      MG_CHECK(a.ranks == 0 || a.ranks == world->size(), "bench collectives: --ranks {} but the MPI world has {} "
-               "processes (start with mpirun -np {}, or omit --ranks)", a.ranks, world->size(), a.ranks);
-      double memcpy_gbps = 0;
+  // threads: --ranks rank threads (default 2); mpi: the world mpirun started (--ranks, if given,
+  // must match it). run_on_backend refuses unknown backends and sets the BLAS policy.
+  const bool threads = a.backend == "threads";
+  const int world_size = a.ranks > 0 ? a.ranks : threads ? 2 : 0;
+  // threads: measured before the ranks start, so they do not compete with it.
+  double memcpy_gbps = threads ? comm::measure_memcpy_gbps(std::size_t(64) << 20) : 0;
+  std::vector<comm::CollectiveBenchRow> rows;   // rank 0's, written by the rank 0 of this process
+  int printed_world = 0;
+  std::atomic<bool> wrong{false};
+  run_on_backend(a.backend, world_size, [&](const comm::CommunicatorPtr& world) {
+    if (!threads) {
       if (world->rank() == 0) memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
       world->barrier();
-      auto rows = comm::run_collective_bench(*world, o);
-      if (world->rank() == 0) fmt::print("{}", comm::format_collective_table(rows, "mpi", world->size(), memcpy_gbps));
-      for (const auto& row : rows) {
-        if (row.wrong != 0) return 1;
-      }
-      return 0;
-    } catch (const comm::CommError& e) {
-      // A communication failure leaves MPI unable to finalise (collectives cannot be cancelled).
-      comm::mpi_abort(1, fmt::format("meshgrad: error: {}", e.what()));
     }
-  }
-  throw InvalidArgument(fmt::format("bench collectives: unknown backend '{}' (threads or mpi)", a.backend));
+    auto mine = comm::run_collective_bench(*world, o);
+    for (const auto& row : mine) {
+      if (row.wrong != 0) wrong = true;
+    }
+    if (world->rank() == 0) {
+      rows = std::move(mine);
+      printed_world = world->size();
+    }
+  });
+  if (printed_world > 0) fmt::print("{}", comm::format_collective_table(rows, a.backend, printed_world, memcpy_gbps));
+  return wrong ? 1 : 0;
 }
 
 MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
@@ -88,14 +76,14 @@ MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
     [](CLI::App& app) -> std::function<int()> {
       auto a = std::make_shared<BenchCollectivesArgs>();
       app.add_option("--backend", a->backend, "threads or mpi (mpi: start under mpirun)")->capture_default_str();
-      app.add_option("--ranks", a->ranks, "ranks (threads: default 2; mpi: must equal the world size)");
+      app.add_option("--ranks", a->ranks, "ranks (threads: default 2; mpi: must equal the world size)")->check(at_least(1));
       app.add_option("--ops", a->ops, "comma-separated ops")->capture_default_str();
       app.add_option("--min-bytes", a->min_bytes, "smallest size, e.g. 1K")->capture_default_str();
       app.add_option("--max-bytes", a->max_bytes, "largest size, e.g. 64M")->capture_default_str();
       app.add_option("--step-factor", a->step, "size multiplier between rows (2 or 4)")->capture_default_str();
       app.add_option("--dtype", a->dtype, "float32 or float64")->capture_default_str();
-      app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)");
-      app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)");
+      app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)")->check(at_least(0));
+      app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)")->check(at_least(0));
       return [a] { return run(*a); };
     }});
 

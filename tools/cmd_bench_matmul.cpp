@@ -25,6 +25,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/ops/ops.hpp"
@@ -198,14 +199,14 @@ MESHGRAD_REGISTER_COMMAND(
            ->delimiter(',')
            ->capture_default_str();
        app.add_option("--repeats", args->repeats, "Timed repeats; the best is reported")
-           ->check(CLI::PositiveNumber)
+           ->check(at_least(1))
            ->capture_default_str();
        app.add_option("--dtype", args->dtype, "float32 or float64")
            ->check(CLI::IsMember({"float32", "float64"}))
            ->capture_default_str();
-       app.add_option("--threads", args->threads, "BLAS threads (default: all available cores)");
+       app.add_option("--threads", args->threads, "BLAS threads (default: all available cores)")->check(at_least(0));
        app.add_option("--chain", args->chain, "Overhead benchmark: steps of y = y * w + x (2 ops each)")
-           ->check(CLI::PositiveNumber)
+           ->check(at_least(1))
            ->capture_default_str();
        app.add_option("--min-time", args->min_seconds, "Minimum seconds per timed repeat")->capture_default_str();
        return [args] { return run_bench_matmul(*args); };

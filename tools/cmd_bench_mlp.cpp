@@ -11,8 +11,9 @@
 #include <mutex>
 
 #include "command.hpp"
+#include "options.hpp"
+#include "launch.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
 
@@ -46,7 +47,7 @@ StepFigures time_steps(const BenchMlpOptions& o, int tp, bool overlap) {
   parallel.overlap = overlap;
   StepFigures result;
   std::mutex mu;
-  comm::run_ranks(tp, [&](const comm::CommunicatorPtr& world) {
+  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", tp}});
     auto model = nn::make_model(cfg, parallel, mesh, 1);
     const nn::Batch batch{Tensor::zeros({1, o.tokens}, DType::Int64), Tensor::zeros({1, o.tokens}, DType::Int64)};
@@ -107,11 +108,11 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--mesh", o->mesh, "tensor-parallel mesh, tp=N")->capture_default_str();
   app.add_flag("--sequence-parallel", o->sequence_parallel, "sequence-parallel (reduce-scatter) mode");
   app.add_flag("--overlap", o->overlap, "also run with backward communication overlapped and report what it hid");
-  app.add_option("--tokens", o->tokens, "tokens per step")->capture_default_str();
-  app.add_option("--hidden", o->hidden, "hidden size")->capture_default_str();
-  app.add_option("--ffn", o->ffn, "feed-forward size")->capture_default_str();
-  app.add_option("--steps", o->steps, "timed steps")->capture_default_str();
-  app.add_option("--warmup", o->warmup, "untimed steps first")->capture_default_str();
+  app.add_option("--tokens", o->tokens, "tokens per step")->check(at_least(1))->capture_default_str();
+  app.add_option("--hidden", o->hidden, "hidden size")->check(at_least(1))->capture_default_str();
+  app.add_option("--ffn", o->ffn, "feed-forward size")->check(at_least(1))->capture_default_str();
+  app.add_option("--steps", o->steps, "timed steps")->check(at_least(1))->capture_default_str();
+  app.add_option("--warmup", o->warmup, "untimed steps first")->check(at_least(0))->capture_default_str();
   app.add_option("--dtype", o->dtype, "float32 or float64")->capture_default_str();
   return [o] { return run_bench_mlp(*o); };
 };

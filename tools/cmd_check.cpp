@@ -7,6 +7,7 @@
 #include <memory>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "launch.hpp"
 #include "meshgrad/train/equivalence.hpp"
 
@@ -25,15 +26,12 @@ int run_check(CheckArgs& a) {
   o.parallel.recompute_allgather = a.recompute;
   MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
            "check: --regather re-gathers the sequence-parallel input in backward; it needs --sequence-parallel");
-  int my_rank = 0;
   const train::EquivalenceReport report = train::check_equivalence(o, [&](const auto& fn) {
     run_on_backend(o.backend, o.backend == "mpi" ? 0 : mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
-      auto mesh = make_mesh(world, o.mesh);
-      if (o.backend == "mpi") my_rank = world->rank();
-      fn(mesh);
+      fn(make_mesh(world, o.mesh));
     });
   });
-  if (my_rank != 0) return report.passed ? 0 : 1;
+  if (!report.compared) return 0;   // an mpi rank other than 0: rank 0 prints the verdict and sets the exit status
   fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
              "{} steps, {}\n",
              o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
@@ -76,17 +74,17 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.batch = 4;
   app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
   app.add_option("--mesh", o.mesh, "mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
-  app.add_option("--backend", o.backend, "threads or mpi")->capture_default_str();
-  app.add_option("--layers", o.model.layers, "blocks / MLP layers")->capture_default_str();
-  app.add_option("--hidden", o.model.hidden, "width")->capture_default_str();
-  app.add_option("--ffn", o.model.ffn, "feed-forward width (0 = 4 x hidden)")->capture_default_str();
-  app.add_option("--heads", o.model.heads, "attention heads")->capture_default_str();
-  app.add_option("--vocab", o.model.vocab, "vocabulary size")->capture_default_str();
-  app.add_option("--seq", o.model.seq, "sequence length")->capture_default_str();
-  app.add_option("--batch", o.model.batch, "global batch rows")->capture_default_str();
-  app.add_option("--steps", o.steps, "optimizer steps")->capture_default_str();
+  app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
+  app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
+  app.add_option("--hidden", o.model.hidden, "width")->check(at_least(1))->capture_default_str();
+  app.add_option("--ffn", o.model.ffn, "feed-forward width (0 = 4 x hidden)")->check(at_least(0))->capture_default_str();
+  app.add_option("--heads", o.model.heads, "attention heads")->check(at_least(1))->capture_default_str();
+  app.add_option("--vocab", o.model.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
+  app.add_option("--seq", o.model.seq, "sequence length")->check(at_least(1))->capture_default_str();
+  app.add_option("--batch", o.model.batch, "global batch rows")->check(at_least(1))->capture_default_str();
+  app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1))->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
-  app.add_option("--seed", o.seed, "initialisation and data seed")->capture_default_str();
+  app.add_option("--seed", o.seed, "initialisation and data seed")->check(at_least(0, UINT64_MAX))->capture_default_str();
   app.add_flag("--sequence-parallel", o.parallel.sequence_parallel, "sequence-parallel (reduce-scatter) mode");
   app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
   app.add_flag("--regather", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");

@@ -11,6 +11,7 @@
 #include <string>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
 #include "launch.hpp"
 #include "meshgrad/distributed/rule.hpp"
@@ -56,14 +57,14 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
       auto a = std::make_shared<ExplainArgs>();
       nn::ModelConfig& c = a->config;
       app.add_option("--model", c.kind, "mlp or gpt")->check(CLI::IsMember({"mlp", "gpt"}))->capture_default_str();
-      app.add_option("--layers", c.layers, "blocks (n_layer)")->check(CLI::PositiveNumber)->capture_default_str();
-      app.add_option("--hidden", c.hidden, "hidden size (n_embd)")->check(CLI::PositiveNumber)->capture_default_str();
-      app.add_option("--ffn", c.ffn, "feed-forward size (0 = 4 x hidden)")->check(CLI::NonNegativeNumber)
+      app.add_option("--layers", c.layers, "blocks (n_layer)")->check(at_least(1))->capture_default_str();
+      app.add_option("--hidden", c.hidden, "hidden size (n_embd)")->check(at_least(1))->capture_default_str();
+      app.add_option("--ffn", c.ffn, "feed-forward size (0 = 4 x hidden)")->check(at_least(0))
           ->capture_default_str();
-      app.add_option("--heads", c.heads, "attention heads (gpt)")->check(CLI::PositiveNumber)->capture_default_str();
-      app.add_option("--vocab", c.vocab, "vocabulary size")->check(CLI::PositiveNumber)->capture_default_str();
-      app.add_option("--seq", c.seq, "sequence length T")->check(CLI::PositiveNumber)->capture_default_str();
-      app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(CLI::PositiveNumber)
+      app.add_option("--heads", c.heads, "attention heads (gpt)")->check(at_least(1))->capture_default_str();
+      app.add_option("--vocab", c.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
+      app.add_option("--seq", c.seq, "sequence length T")->check(at_least(1))->capture_default_str();
+      app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(at_least(1))
           ->capture_default_str();
       app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4, dp=2,tp=2 or tp=2x2 (missing axes have size 1)")
           ->capture_default_str();

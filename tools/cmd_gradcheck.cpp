@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "options.hpp"
 #include "meshgrad/ops/gradcheck.hpp"
 #include "meshgrad/tensor/error.hpp"
 
@@ -99,13 +100,14 @@ int run_gradcheck(const GradcheckArgs& args) {
 
 CLI::App* add_options(CLI::App& app, const std::shared_ptr<GradcheckArgs>& args) {
   app.add_option("--seed", args->seed, "Seed of the random shapes and values (repeat r uses seed + r)")
+      ->check(at_least(0, UINT64_MAX))
       ->capture_default_str();
   app.add_option("--ops", args->ops, "Comma-separated ops or case names to check (default: all)")->delimiter(',');
   app.add_option("--mode", args->mode, "full (whole Jacobian), projection (random v^T J u) or both")
       ->check(CLI::IsMember({"full", "projection", "both"}))
       ->capture_default_str();
   app.add_option("--repeats", args->repeats, "Number of seeds to run (seed, seed+1, ...)")
-      ->check(CLI::PositiveNumber)
+      ->check(at_least(1))
       ->capture_default_str();
   return &app;
 }

@@ -4,7 +4,7 @@
 //                  --mesh dp=2,tp=2 --sequence-parallel --out grads.safetensors
 // CONFIG: Hugging Face GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions,
 // layer_norm_epsilon). BATCH: int64 "inputs" and "targets" [B, T]. Loss: mean cross-entropy over
-// all B * T positions, no dropout. OUT: every parameter's full gradient under its name, in the
+// the positions whose target is not -100 (PyTorch's ignore_index), no dropout. OUT: every parameter's full gradient under its name, in the
 // weights' dtype, and "loss" as a scalar.
 #include <fmt/core.h>
 
@@ -16,6 +16,7 @@
 #include "command.hpp"
 #include "mesh_runner.hpp"
 #include "meshgrad/train/jobs.hpp"
+#include "meshgrad/train/output_path.hpp"
 #include "meshgrad/train/safetensors.hpp"
 
 namespace meshgrad::tools {
@@ -32,6 +33,8 @@ struct GradsArgs {
 // Reading and checking the files and computing the gradients is the library's job
 // (train::run_grads_job, shared with the Python module); this writes rank 0's result.
 int run(const GradsArgs& a) {
+  // Before any work: --out must be writable and must not be one of the inputs.
+  train::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
   train::GradsJob job;
   job.config = a.config;
   job.weights = a.weights;

@@ -12,6 +12,7 @@
 #include "command.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "mesh_runner.hpp"
+#include "options.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -54,26 +55,35 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
-              app.add_option("--steps", o.steps, "Optimizer steps")->check(CLI::PositiveNumber)->capture_default_str();
+              app.add_option("--steps", o.steps, "Optimizer steps")->check(at_least(1))->capture_default_str();
               app.add_option("--data", o.data_path, "A directory from `meshgrad prepare`, an llm.c .bin token file, or a "
-                             "text file (bytes are tokens); default: built-in corpus");
+                             "text file (bytes are tokens); default: built-in corpus")
+                  ->check(CLI::Validator(
+                      [](const std::string& v) {
+                        // An unset $DATA must not silently train on the built-in corpus.
+                        return v.empty() ? std::string("the path is empty (omit --data for the built-in corpus)")
+                                         : std::string();
+                      },
+                      "PATH"));
               app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
-                  ->check(CLI::PositiveNumber)
+                  ->check(at_least(1))
                   ->capture_default_str();
               app.add_option("--hidden", o.model.hidden, "Model width (n_embd)")
-                  ->check(CLI::PositiveNumber)
+                  ->check(at_least(1))
                   ->capture_default_str();
               app.add_option("--heads", o.model.heads, "Attention heads (n_head)")
-                  ->check(CLI::PositiveNumber)
+                  ->check(at_least(1))
                   ->capture_default_str();
-              app.add_option("--seq", o.model.seq, "Sequence length T")->check(CLI::PositiveNumber)->capture_default_str();
+              app.add_option("--seq", o.model.seq, "Sequence length T")->check(at_least(1))->capture_default_str();
               app.add_option("--batch", o.model.batch, "Global batch B (rows split over dp)")
-                  ->check(CLI::PositiveNumber)
+                  ->check(at_least(1))
                   ->capture_default_str();
               app.add_option("--lr", o.lr, "Peak learning rate (warmup, then cosine decay to 10%)")
                   ->capture_default_str();
-              app.add_option("--warmup", o.warmup_steps, "Warmup steps")->capture_default_str();
-              app.add_option("--seed", o.seed, "Seed of initialisation, data order and dropout")->capture_default_str();
+              app.add_option("--warmup", o.warmup_steps, "Warmup steps")->check(at_least(0))->capture_default_str();
+              app.add_option("--seed", o.seed, "Seed of initialisation, data order and dropout")
+                  ->check(at_least(0, UINT64_MAX))
+                  ->capture_default_str();
               app.add_option("--metrics", o.metrics_path, "JSON-lines metrics file (one object per step)")
                   ->capture_default_str();
               app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,

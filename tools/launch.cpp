@@ -2,38 +2,228 @@
 
 #include <fmt/core.h>
 
+#include <nlohmann/json.hpp>
+
+#include <algorithm>
+#include <cctype>
+#include <charconv>
+#include <cstdint>
+#include <cstdlib>
+#include <cstring>
 #include <exception>
 #include <memory>
+#include <string_view>
 
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/comm/mpi.hpp"
 #include "meshgrad/comm/threads.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::tools {
 
+namespace {
+
+constexpr const char* kMeshExamples = "e.g. tp=2, dp=2,tp=2 or dp=2,tp=2x2";
+
+// One size of a --mesh item: a positive integer, at most kMaxMeshRanks (so products of a few stay
+// far from overflow; the product is checked separately).
+std::int64_t parse_mesh_size(std::string_view text, const std::string& item, const std::string& spec) {
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  MG_CHECK(digits && (ec == std::errc::result_out_of_range || value >= 1),
+           "--mesh '{}': the size in '{}' must be a positive integer, got '{}' ({})", spec, item, text, kMeshExamples);
+  MG_CHECK(ec == std::errc() && value <= kMaxMeshRanks, "--mesh '{}': the size in '{}' is {}; meshgrad runs at most {} "
+           "ranks", spec, item, text, kMaxMeshRanks);
+  return value;
+}
+
+}  // namespace
+
 std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec) {
-  std::vector<dist::MeshAxis> axes = dist::parse_mesh_spec(spec);   // throws naming the text
-  bool has_dp = false, has_tp = false;
-  for (const auto& a : axes) {
-    has_dp = has_dp || a.name == "dp";
-    has_tp = has_tp || a.name == "tp";
+  MG_CHECK(!spec.empty(), "--mesh is empty ({})", kMeshExamples);
+  std::int64_t dp = 0, tp_row = 0, tp_col = 0;   // 0 = not given
+  bool two_d = false;
+  std::size_t pos = 0;
+  while (pos <= spec.size()) {
+    const std::size_t comma = std::min(spec.find(',', pos), spec.size());
+    const std::string item = spec.substr(pos, comma - pos);
+    pos = comma + 1;
+    const std::size_t eq = item.find('=');
+    MG_CHECK(eq != std::string::npos && eq > 0,
+             "--mesh '{}': '{}' is not axis=size; the axes are dp and tp ({})", spec, item, kMeshExamples);
+    const std::string name = item.substr(0, eq);
+    const std::string_view value = std::string_view(item).substr(eq + 1);
+    if (name != "dp" && name != "tp") {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool miscased = lower == "dp" || lower == "tp";
+      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are dp and tp (names are "
+                                        "case-sensitive; {})", spec, name,
+                                        miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshExamples));
+    }
+    std::int64_t& first = name == "dp" ? dp : tp_row;
+    MG_CHECK(first == 0, "--mesh '{}': axis '{}' appears twice", spec, name);
+    const std::size_t x = value.find('x');
+    if (name == "tp" && x != std::string_view::npos) {   // tp=RxC: a 2-D tensor-parallel grid
+      tp_row = parse_mesh_size(value.substr(0, x), item, spec);
+      tp_col = parse_mesh_size(value.substr(x + 1), item, spec);
+      two_d = true;
+    } else {
+      first = parse_mesh_size(value, item, spec);
+    }
   }
-  if (!has_tp) axes.push_back({"tp", 1});
-  if (!has_dp) axes.push_back({"dp", 1});
-  return dist::canonical_mesh_order(std::move(axes));
+  if (dp == 0) dp = 1;
+  if (tp_row == 0) tp_row = 1;
+  if (tp_col == 0) tp_col = 1;
+  // Each size is <= kMaxMeshRanks (checked above), so this product of three fits in int64.
+  const std::int64_t ranks = dp * tp_row * tp_col;
+  MG_CHECK(ranks <= kMaxMeshRanks, "--mesh '{}' needs {} ranks; meshgrad runs at most {}", spec, ranks, kMaxMeshRanks);
+  std::vector<dist::MeshAxis> axes{{"dp", static_cast<int>(dp)}};
+  if (two_d) {
+    axes.push_back({"tp_row", static_cast<int>(tp_row)});
+    axes.push_back({"tp_col", static_cast<int>(tp_col)});
+  } else {
+    axes.push_back({"tp", static_cast<int>(tp_row)});
+  }
+  return axes;
 }
 
 int mesh_world_size(const std::string& spec) {
   int n = 1;
-  for (const auto& a : mesh_axes_from_spec(spec)) n *= a.size;
+  for (const auto& a : mesh_axes_from_spec(spec)) n *= a.size;   // <= kMaxMeshRanks, checked
   return n;
+}
+
+namespace {
+
+// A positive integer from the environment, or 0 when the variable is unset or not one.
+int env_count(const char* name) {
+  const char* text = std::getenv(name);
+  if (text == nullptr) return 0;
+  int value = 0;
+  const char* last = text + std::strlen(text);
+  const auto [end, ec] = std::from_chars(text, last, value);
+  return ec == std::errc() && end == last && value > 0 ? value : 0;
+}
+
+}  // namespace
+
+namespace {
+
+std::vector<OptionValue>& recorded_options() {
+  static std::vector<OptionValue> options;
+  return options;
+}
+
+std::string serialize(const std::vector<OptionValue>& options) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const auto& o : options) j.push_back({o.name, o.value});
+  return j.dump();
+}
+
+std::vector<OptionValue> deserialize(const std::string& text) {
+  std::vector<OptionValue> out;
+  for (const auto& item : nlohmann::json::parse(text)) out.push_back({item.at(0).get<std::string>(), item.at(1).get<std::string>()});
+  return out;
+}
+
+// FNV-1a, 64 bits: the same on every rank and build (std::hash is neither), reinterpreted as int64
+// for the collective.
+std::int64_t fnv1a(const std::string& text) {
+  std::uint64_t h = 1469598103934665603ull;
+  for (unsigned char c : text) h = (h ^ c) * 1099511628211ull;
+  return static_cast<std::int64_t>(h);
+}
+
+// "" when a and b agree, else "--hidden is '32' on rank 0 but '64' on rank 1".
+std::string first_difference(const std::vector<OptionValue>& a, int rank_a, const std::vector<OptionValue>& b,
+                             int rank_b) {
+  auto value_in = [](const std::vector<OptionValue>& options, const std::string& name) -> std::string {
+    for (const auto& o : options) {
+      if (o.name == name) return "'" + o.value + "'";
+    }
+    return "absent";
+  };
+  for (const auto& o : a) {
+    const std::string va = "'" + o.value + "'", vb = value_in(b, o.name);
+    if (va != vb) return fmt::format("{} is {} on rank {} but {} on rank {}", o.name, va, rank_a, vb, rank_b);
+  }
+  for (const auto& o : b) {
+    if (value_in(a, o.name) == "absent") {
+      return fmt::format("{} is absent on rank {} but '{}' on rank {}", o.name, rank_a, o.value, rank_b);
+    }
+  }
+  return "";
+}
+
+}  // namespace
+
+void set_launch_options(std::vector<OptionValue> options) { recorded_options() = std::move(options); }
+const std::vector<OptionValue>& launch_options() { return recorded_options(); }
+
+void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options) {
+  const int P = world.size();
+  const std::string mine = serialize(options);
+  const std::int64_t my_hash = fnv1a(mine);
+  std::vector<std::int64_t> hashes(static_cast<std::size_t>(P));
+  world.all_gather(comm::ConstBuffer{&my_hash, 1, DType::Int64}, comm::MutableBuffer{hashes.data(), hashes.size(), DType::Int64});
+  if (std::all_of(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h == hashes[0]; })) return;
+
+  // Some rank differs: gather every rank's options (as int64 words) to name the option and values.
+  const std::int64_t my_len = static_cast<std::int64_t>(mine.size());
+  std::vector<std::int64_t> lengths(static_cast<std::size_t>(P));
+  world.all_gather(comm::ConstBuffer{&my_len, 1, DType::Int64}, comm::MutableBuffer{lengths.data(), lengths.size(), DType::Int64});
+  std::vector<std::size_t> words(static_cast<std::size_t>(P));
+  std::size_t total = 0;
+  for (int r = 0; r < P; ++r) total += words[static_cast<std::size_t>(r)] = (static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]) + 7) / 8;
+  std::vector<std::int64_t> my_words(words[static_cast<std::size_t>(world.rank())], 0);
+  std::memcpy(my_words.data(), mine.data(), mine.size());
+  std::vector<std::int64_t> all(total);
+  world.all_gather(comm::ConstBuffer{my_words.data(), my_words.size(), DType::Int64},
+               comm::MutableBuffer{all.data(), all.size(), DType::Int64}, words);
+  std::vector<std::vector<OptionValue>> per_rank;
+  std::size_t offset = 0;
+  for (int r = 0; r < P; ++r) {
+    const auto* bytes = reinterpret_cast<const char*>(all.data() + offset);
+    per_rank.push_back(deserialize(std::string(bytes, static_cast<std::size_t>(lengths[static_cast<std::size_t>(r)]))));
+    offset += words[static_cast<std::size_t>(r)];
+  }
+  // This rank's own difference from rank 0 when it has one, else the first rank that differs.
+  int other = world.rank();
+  if (hashes[static_cast<std::size_t>(other)] == hashes[0]) {
+    other = static_cast<int>(std::find_if(hashes.begin(), hashes.end(), [&](std::int64_t h) { return h != hashes[0]; }) -
+                             hashes.begin());
+  }
+  int differing = 0;
+  for (std::int64_t h : hashes) differing += h != hashes[0];
+  throw InvalidArgument(fmt::format("the {} ranks were started with different options: {} ({} of {} ranks differ from "
+                                    "rank 0); start every rank with the same command line", world.backend(),
+                                    first_difference(per_rank[0], 0, per_rank[static_cast<std::size_t>(other)], other),
+                                    differing, P));
+}
+
+int mpi_launcher_world_size() {
+  // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI launchers (MPICH's hydra, srun) set PMI_SIZE.
+  return std::max(env_count("OMPI_COMM_WORLD_SIZE"), env_count("PMI_SIZE"));
+}
+
+int mpi_ranks_on_this_node(int world_size) {
+  const int local = std::max(env_count("OMPI_COMM_WORLD_LOCAL_SIZE"), env_count("MPI_LOCALNRANKS"));
+  // Unknown: assume every rank shares this node, which never oversubscribes the cores.
+  return local > 0 ? local : world_size;
 }
 
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn) {
   if (backend == "threads") {
+    const int launched = mpi_launcher_world_size();
+    MG_CHECK(launched <= 1, "--backend threads under mpirun: this is one of {} processes an MPI launcher started, "
+             "and each would run the whole job on its own; add `--backend mpi` (or run without mpirun)", launched);
     MG_CHECK(world_size >= 1, "--backend threads: need at least one rank, got {}", world_size);
+    // All ranks are threads of this process: they share the cores.
+    blas::ThreadsPerRank blas_policy(world_size);
     comm::run_ranks(world_size, fn);   // rethrows the first rank's error after every rank joined
     return 0;
   }
@@ -43,11 +233,14 @@ int run_on_backend(const std::string& backend, int world_size,
     // Throws CommError naming the mpi backend (and how to build it) in a build without MPI.
     comm::MpiSession session(&argc, &argv);
     comm::CommunicatorPtr world = session.world();
+    // One rank per process: the processes on this node share its cores.
+    blas::ThreadsPerRank blas_policy(mpi_ranks_on_this_node(world->size()));
     MG_CHECK(world_size == 0 || world_size == world->size(),
              "--backend mpi: the mesh needs {} ranks but the MPI world has {} processes (start with "
              "`mpirun -np {} meshgrad ...`)",
              world_size, world->size(), world_size);
     try {
+      if (world->size() > 1) agree_on_options(*world, launch_options());   // before any model is built
       fn(world);
     } catch (const std::exception& e) {
       if (world->size() == 1) throw;
@@ -63,8 +256,7 @@ int run_on_backend(const std::string& backend, int world_size,
 dist::DeviceMeshPtr make_mesh(const comm::CommunicatorPtr& world, const std::string& spec) {
   MG_CHECK(world != nullptr, "make_mesh: no communicator");
   auto axes = mesh_axes_from_spec(spec);
-  int size = 1;
-  for (const auto& a : axes) size *= a.size;
+  const int size = mesh_world_size(spec);
   MG_CHECK(size == world->size(), "--mesh {} ({}) needs {} ranks but the {} world has {}", spec,
            dist::mesh_spec_str(axes), size, world->backend(), world->size());
   return std::make_shared<const dist::DeviceMesh>(world, std::move(axes));

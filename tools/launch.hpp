@@ -8,6 +8,10 @@
 //   --mesh "tp=2", "dp=2,tp=2", "tp=2,dp=2" (same mesh): axes laid out dp outermost, tp innermost
 //                       (tp groups are adjacent ranks); a missing tp or dp axis is added with size 1,
 //                       so models always find both.
+//          "tp=RxC", "dp=2,tp=2x3": 2-D tensor parallelism; the mesh axes are [dp, tp_row=R, tp_col=C]
+//                       in that order (dp=1 when absent; there is no plain "tp" axis then).
+//                       The only axis names are dp and tp (case-sensitive): anything else is refused
+//                       before anything starts, since an unknown axis would be silently ignored.
 #pragma once
 
 #include <functional>
@@ -19,18 +23,52 @@
 
 namespace meshgrad::tools {
 
-// The axes of a --mesh spec in canonical order (dp, others, tp), with dp=1 / tp=1 added when absent.
-// Throws InvalidArgument naming the text on a malformed spec.
+// The most ranks a --mesh may ask for. Checked before anything is allocated (the threads backend
+// allocates P x P mailboxes), with every product computed in int64 with overflow checks.
+inline constexpr int kMaxMeshRanks = 4096;
+
+// The axes of a --mesh spec: [dp, tp] for "tp=N" (either missing one has size 1), [dp, tp_row,
+// tp_col] for "tp=RxC". Throws InvalidArgument naming the text and the valid axes on a malformed
+// spec, an unknown or miscased axis, a size < 1, or more than kMaxMeshRanks ranks.
 std::vector<dist::MeshAxis> mesh_axes_from_spec(const std::string& spec);
-// The number of ranks a --mesh spec needs (product of its axis sizes).
+// The number of ranks a --mesh spec needs (product of its axis sizes, at most kMaxMeshRanks).
 int mesh_world_size(const std::string& spec);
+
+// One option of the parsed command line, as the ranks must agree on it: its name ("--hidden",
+// "command", "env MESHGRAD_COMM_DEBUG") and its effective value (given, else the default).
+struct OptionValue {
+  std::string name;
+  std::string value;
+};
+// The configuration of this process, recorded by main.cpp after parsing; run_on_backend's mpi ranks
+// check at start-up that they all have the same (agree_on_options) before fn runs.
+void set_launch_options(std::vector<OptionValue> options);
+const std::vector<OptionValue>& launch_options();
+
+// Collective over world (every rank calls it; in the same order as its other collectives): the ranks
+// all-gather a hash of their options; when any differs they gather the options themselves and every
+// rank throws InvalidArgument naming the first option that differs with rank 0's value and the
+// differing rank's (this rank's when it differs). MPMD runs (`mpirun -np 1 meshgrad ... --hidden 32
+// : -np 1 meshgrad ... --hidden 64`) used to corrupt the heap or train each rank on its own config.
+void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options);
+
+// The number of processes an MPI launcher (mpirun, srun) started this job with, from the
+// environment it sets; 0 when not started by one.
+int mpi_launcher_world_size();
+// How many MPI ranks share this node (OMPI_COMM_WORLD_LOCAL_SIZE); world_size when unknown.
+int mpi_ranks_on_this_node(int world_size);
 
 // Runs fn(world) on every rank of the chosen backend and returns 0 when all ranks finished (errors
 // propagate as exceptions: threads rethrows the first rank's error after all joined; under mpi a
 // rank that fails aborts the job with its message, since MPI cannot cancel the peers' collectives).
 //   backend "threads": world_size rank threads (world_size >= 1).
 //   backend "mpi":     this process is one rank; world_size must be the MPI world size or 0 (any).
-// Any other backend name is an error naming it and the choices.
+// Any other backend name is an error naming it and the choices. The threads backend refuses to run
+// under an MPI launcher (every process would run the whole job). While the ranks run, each uses
+// max(1, cores / ranks on this node) BLAS threads (blas::ThreadsPerRank), so ranks x BLAS threads
+// never exceeds the cores: threads -> all world_size ranks share this process; mpi -> the processes
+// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it. Under mpi the ranks first agree on their
+// options (agree_on_options over launch_options()).
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn);
 

@@ -1,13 +1,23 @@
 // meshgrad: the command-line tool. Commands live in tools/cmd_*.cpp and register themselves.
 #include <fmt/core.h>
 
+#include <cstdlib>
 #include <exception>
 #include <map>
 #include <memory>
 #include <vector>
 
 #include "command.hpp"
+#include "launch.hpp"
 #include "meshgrad/tensor/error.hpp"
+
+// Set by CMake for this file at configure time (the commit goes stale until cmake runs again).
+#ifndef MESHGRAD_VERSION
+#define MESHGRAD_VERSION "unknown"
+#endif
+#ifndef MESHGRAD_GIT_COMMIT
+#define MESHGRAD_GIT_COMMIT "unknown"
+#endif
 
 namespace meshgrad::tools {
 namespace {
@@ -22,6 +32,42 @@ bool register_command(Command command) {
   return true;
 }
 
+namespace {
+
+// A value as the ranks compare it: numbers by value ("3e-3" and "0.003" agree), the rest as text.
+std::string normalized(const std::string& text) {
+  if (text.empty()) return text;
+  char* end = nullptr;
+  const double v = std::strtod(text.c_str(), &end);
+  return end == text.c_str() + text.size() ? fmt::format("{:.17g}", v) : text;
+}
+
+// The parsed configuration of command `sub` (e.g. `bench collectives`), for the start-up agreement
+// of MPI ranks: the command, the binary's version, every option's effective value (given, else its
+// default), and the environment variables that change the communication protocol.
+std::vector<OptionValue> parsed_options(const CLI::App& sub, const std::string& version) {
+  std::string command = sub.get_name();
+  for (const CLI::App* p = sub.get_parent(); p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
+    command = p->get_name() + " " + command;
+  }
+  std::vector<OptionValue> out{{"command", command}, {"meshgrad version", version}};
+  for (const CLI::Option* opt : sub.get_options()) {
+    if (opt->get_name() == "--help" || opt->get_name() == "--help-all") continue;
+    std::string value;
+    if (opt->count() > 0) {
+      for (const std::string& r : opt->results()) value += (value.empty() ? "" : " ") + normalized(r);
+    } else {
+      value = normalized(opt->get_default_str());
+    }
+    out.push_back({opt->get_name(), value});
+  }
+  const char* debug = std::getenv("MESHGRAD_COMM_DEBUG");
+  out.push_back({"environment variable MESHGRAD_COMM_DEBUG", debug != nullptr ? debug : ""});
+  return out;
+}
+
+}  // namespace
+
 }  // namespace meshgrad::tools
 
 int main(int argc, char** argv) {
@@ -29,6 +75,8 @@ int main(int argc, char** argv) {
   CLI::App app{"meshgrad: tensor-parallel training with exact gradients"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
+  const std::string version = fmt::format("meshgrad {} (git {})", MESHGRAD_VERSION, MESHGRAD_GIT_COMMIT);
+  app.set_version_flag("--version", version);
 
   std::map<std::string, CLI::App*> groups;  // parent name -> its CLI11 subcommand
   std::vector<std::pair<CLI::App*, std::function<int()>>> runners;
@@ -54,7 +102,9 @@ int main(int argc, char** argv) {
   }
   try {
     for (auto& [sub, run] : runners) {
-      if (sub->parsed()) return run();
+      if (!sub->parsed()) continue;
+      set_launch_options(parsed_options(*sub, version));
+      return run();
     }
   } catch (const std::exception& e) {
     fmt::print(stderr, "meshgrad: error: {}\n", e.what());

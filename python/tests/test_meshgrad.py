@@ -183,8 +183,10 @@ def test_wrong_type_is_a_type_error_naming_the_keyword():
 
 
 def test_meshgrad_errors_keep_their_message():
-    with pytest.raises(meshgrad.InvalidArgument, match="'tp2' in 'tp2' is not name=size"):
+    with pytest.raises(meshgrad.InvalidArgument, match="--mesh 'tp2': 'tp2' is not axis=size"):
         meshgrad.train(mesh="tp2")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .pp.; the valid axes are dp and tp"):
+        meshgrad.grads(mesh="tp=2,pp=2")
     with pytest.raises(ValueError, match="--layers must be >= 1, got 0"):
         meshgrad.train(layers=0)
     with pytest.raises(meshgrad.Error, match="unknown --backend 'thread'"):

@@ -29,7 +29,10 @@ std::size_t parse_byte_size(std::string_view text) {
   else MG_CHECK(suffix.empty(), "byte size '{}': unknown suffix (expected K, M or G)", text);
   MG_CHECK(!digits.empty() && digits.size() < 12, "byte size '{}': expected a number with an optional K/M/G suffix",
            text);
-  return std::stoull(digits) * mult;
+  std::size_t bytes = 0;
+  MG_CHECK(!__builtin_mul_overflow(std::stoull(digits), mult, &bytes),
+           "byte size '{}' is too large (more than 2^64 bytes)", text);
+  return bytes;
 }
 
 double busbw_factor(std::string_view op, int n) {

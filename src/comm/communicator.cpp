@@ -498,9 +498,9 @@ class WorkHandle final : public Work {
     // grace covers the final copy of a collective whose peers all arrived).
     if (op_->status.load(std::memory_order_acquire) == 2) return;
     if (op_->withdraw) {  // passive op: nothing enforces its deadline but us
-      if (!op_->wait_done(op_->deadline)) op_->withdraw("its deadline (Work destroyed)");
+      if (!op_->wait_done(op_->deadline)) op_->withdraw("at its deadline (Work destroyed)");
     }
-    op_->wait_done(op_->deadline + kGrace);
+    op_->wait_done(add_saturated(op_->deadline, kGrace));
   }
 
   bool is_completed() override { return op_->status.load(std::memory_order_acquire) == 2; }
@@ -511,23 +511,23 @@ class WorkHandle final : public Work {
     // (missing ranks); the grace lets that error arrive first.
     const bool own = timeout.count() == 0;
     if (op_->withdraw) {  // passive (point to point): completes when matched; we enforce the deadline
-      const auto until = own ? op_->deadline : Clock::now() + timeout;
+      const auto until = own ? op_->deadline : add_saturated(Clock::now(), timeout);
       if (!op_->wait_done(until)) {
-        op_->withdraw(own ? "its deadline" : fmt::format("{} ms", timeout.count()));
-        op_->wait_done(Clock::now() + kGrace);  // if it was matched just now, the copy is under way
+        op_->withdraw(own ? "at its deadline" : fmt::format("after {} ms", timeout.count()));
+        op_->wait_done(add_saturated(Clock::now(), kGrace));  // if it was matched just now, the copy is under way
       }
       if (op_->error) rethrow_fresh(op_->error);
       return;
     }
-    const auto until = own ? op_->deadline + kGrace : Clock::now() + timeout;
+    const auto until = own ? add_saturated(op_->deadline, kGrace) : add_saturated(Clock::now(), timeout);
     if (!op_->wait_done(until)) {
       // Give up: make the op stop at its next wait, wait for it to stop touching our buffers, and
       // leave the communicator broken (this rank's sequence no longer matches its peers').
       op_->cancel.store(true);
-      const bool stopped = op_->wait_done(std::max(op_->deadline, Clock::now()) + kGrace);
+      const bool stopped = op_->wait_done(add_saturated(std::max(op_->deadline, Clock::now()), kGrace));
       const std::string msg = fmt::format(
-          "{}: timed out after {} ms in Work::wait{}; the communicator is unusable now", where_,
-          own ? std::string("its deadline") : std::to_string(timeout.count()),
+          "{}: {} in Work::wait{}; the communicator is unusable now", where_,
+          own ? std::string("the operation's deadline passed") : fmt::format("timed out after {} ms", timeout.count()),
           stopped ? "" : " (the operation did not stop within the grace period)");
       health_->mark_broken(msg);
       if (stopped && op_->error) {
@@ -571,7 +571,7 @@ std::shared_ptr<OpState> CommBase::new_op(OpKind kind, std::uint64_t seq, const 
   auto op = std::make_shared<OpState>();
   op->kind = kind;
   op->seq = seq;
-  op->deadline = Clock::now() + resolve_timeout(opt.timeout, default_timeout_);
+  op->deadline = add_saturated(Clock::now(), resolve_timeout(opt.timeout, default_timeout_));
   return op;
 }
 

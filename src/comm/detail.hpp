@@ -106,6 +106,14 @@ void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const*
 
 // ---- deadlines --------------------------------------------------------------------------------------
 Milliseconds resolve_timeout(Milliseconds per_call, Milliseconds communicator_default);
+// t + d (d >= 0), saturated at time_point::max(): a huge timeout (MESHGRAD_COMM_TIMEOUT_MS=10^13 is
+// 10^19 ns, past int64) means "wait very long", never a deadline that wrapped into the past.
+template <class Rep, class Period>
+Clock::time_point add_saturated(Clock::time_point t, std::chrono::duration<Rep, Period> d) {
+  const auto headroom = std::chrono::floor<std::chrono::duration<Rep, Period>>(Clock::time_point::max() - t);
+  if (d >= headroom) return Clock::time_point::max();
+  return t + std::chrono::duration_cast<Clock::duration>(d);
+}
 std::string missing_text(const std::vector<int>& ranks);
 
 // ---- one operation in flight ------------------------------------------------------------------------

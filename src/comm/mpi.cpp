@@ -475,7 +475,7 @@ class MpiComm final : public detail::CommBase {
     void wait(Milliseconds timeout) override {
       MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
       if (done_) return;
-      const auto until = timeout.count() == 0 ? op_->deadline : Clock::now() + timeout;
+      const auto until = timeout.count() == 0 ? op_->deadline : detail::add_saturated(Clock::now(), timeout);
       auto sleep = std::chrono::microseconds(20);
       const auto start = Clock::now();
       while (!is_completed()) {

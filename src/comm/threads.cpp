@@ -32,11 +32,11 @@
 #include <list>
 #include <mutex>
 #include <numeric>
+#include <system_error>
 #include <thread>
 
 #include "comm/detail.hpp"
 #include "meshgrad/comm/errors.hpp"
-#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/shard.hpp"
 
 namespace meshgrad::comm {
@@ -60,6 +60,14 @@ inline void cpu_relax() {
 #if defined(__x86_64__)
   __builtin_ia32_pause();
 #endif
+}
+
+// Cores this process may run on: ranks spin briefly in waits only when each can have a core.
+int available_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
+  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
 }
 
 struct Group;
@@ -110,7 +118,7 @@ struct Group {
   Group(int n, std::shared_ptr<Universe> u, std::vector<int> world)
       : size(n), slots(static_cast<std::size_t>(n)), universe(std::move(u)), world_ranks(std::move(world)),
         sends(static_cast<std::size_t>(n) * n), recvs(static_cast<std::size_t>(n) * n),
-        spin(n <= blas::available_cores()) {}
+        spin(n <= available_cores()) {}
 
   const int size;
   std::vector<Slot> slots;
@@ -602,7 +610,7 @@ class ThreadsComm final : public detail::CommBase {
       if (it == mine.end()) return;  // matched (or failed) already
       mine.erase(it);
       r->op->finish(std::make_exception_ptr(CommTimeout(
-          fmt::format("{}: deadline passed after {} without the matching call; missing rank: {}", w, waited, peer),
+          fmt::format("{}: gave up {} without the matching call; missing rank: {}", w, waited, peer),
           "threads", std::string(detail::op_name(r->op->kind)), r->op->seq, this_rank, {peer})));
     };
     return make_work(std::move(op));
@@ -629,12 +637,11 @@ class ThreadsComm final : public detail::CommBase {
 
 void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>& fn, const ThreadsOptions& options) {
   MG_CHECK(world_size >= 1, "run_ranks: world_size must be >= 1, got {}", world_size);
+  // Checked before the group's P x P mailboxes are allocated.
+  MG_CHECK(world_size <= kMaxThreadRanks, "run_ranks: {} rank threads asked for; the threads backend runs at most {}",
+           world_size, kMaxThreadRanks);
   MG_CHECK(options.timeout.count() >= 0, "run_ranks: timeout must be >= 0 ms, got {}", options.timeout.count());
   const Milliseconds timeout = options.timeout.count() > 0 ? options.timeout : default_timeout_from_env();
-  const int blas_threads = options.blas_threads_per_rank > 0 ? options.blas_threads_per_rank
-                                                             : std::max(1, blas::available_cores() / world_size);
-  const int previous_blas_threads = blas::num_threads();
-  blas::set_num_threads(blas_threads);
 
   std::vector<int> world(static_cast<std::size_t>(world_size));
   std::iota(world.begin(), world.end(), 0);
@@ -644,33 +651,45 @@ void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>
 
   std::mutex first_m;
   std::exception_ptr first_error;  // the first rank to fail, by time
+  auto record_failure = [&](int r, std::exception_ptr error, const std::string& what) {
+    {
+      std::lock_guard lock(first_m);
+      if (!first_error) first_error = std::move(error);
+    }
+    universe->fail(r, what);   // wakes every rank waiting in any group of this run
+  };
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
   for (int r = 0; r < world_size; ++r) {
-    threads.emplace_back([&, r] {
-      try {
-        {
-          CommunicatorPtr comm = std::make_shared<ThreadsComm>(group, r, timeout, options.debug_checks);
-          fn(comm);
-        }  // the communicator (and its progress thread) ends with the rank
-      } catch (...) {
-        std::string what = "unknown exception";
+    try {
+      threads.emplace_back([&, r] {
         try {
-          throw;
-        } catch (const std::exception& e) {
-          what = e.what();
+          {
+            CommunicatorPtr comm = std::make_shared<ThreadsComm>(group, r, timeout, options.debug_checks);
+            fn(comm);
+          }  // the communicator (and its progress thread) ends with the rank
         } catch (...) {
+          std::string what = "unknown exception";
+          try {
+            throw;
+          } catch (const std::exception& e) {
+            what = e.what();
+          } catch (...) {
+          }
+          record_failure(r, std::current_exception(), what);
         }
-        {
-          std::lock_guard lock(first_m);
-          if (!first_error) first_error = std::current_exception();
-        }
-        universe->fail(r, what);
-      }
-    });
+      });
+    } catch (const std::system_error& e) {
+      // The ranks already started may wait for this one in a collective: fail the run so they stop
+      // (PeerFailed), join them, and report which rank could not start (a joinable std::thread
+      // destroyed unjoined would call std::terminate).
+      const std::string what = fmt::format("run_ranks: cannot start the thread of rank {} of {}: {} (the system's "
+                                           "thread or memory limit; use fewer ranks)", r, world_size, e.what());
+      record_failure(r, std::make_exception_ptr(CommError(what, "threads", "run_ranks", 0, r)), what);
+      break;
+    }
   }
   for (auto& t : threads) t.join();
-  blas::set_num_threads(previous_blas_threads);
   if (first_error) std::rethrow_exception(first_error);
 }
 

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <charconv>
+#include <cstdint>
 
 namespace meshgrad::dist {
 
@@ -45,10 +46,12 @@ DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)
     : world_(std::move(world)), axes_(std::move(axes)) {
   MG_CHECK(world_ != nullptr, "DeviceMesh: no communicator given");
   MG_CHECK(!axes_.empty(), "DeviceMesh: a mesh needs at least one axis");
-  int product = 1;
+  // In int64 with an overflow check: an int product could wrap to the communicator's size.
+  std::int64_t product = 1;
   for (const auto& a : axes_) {
     MG_CHECK(a.size >= 1, "DeviceMesh: axis '{}' has size {}", a.name, a.size);
-    product *= a.size;
+    MG_CHECK(!__builtin_mul_overflow(product, std::int64_t{a.size}, &product) && product <= world_->size(),
+             "DeviceMesh: mesh {} has more ranks than the communicator's {}", mesh_spec_str(axes_), world_->size());
   }
   MG_CHECK(product == world_->size(), "DeviceMesh: mesh {} has {} ranks but the communicator has {}",
            mesh_spec_str(axes_), product, world_->size());

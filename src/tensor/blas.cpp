@@ -3,8 +3,13 @@
 #include <cblas.h>
 #include <sched.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
+#include <mutex>
 #include <thread>
+
+#include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::blas {
 
@@ -16,6 +21,38 @@ int available_cores() {
   CPU_ZERO(&set);
   if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
   return std::max(1u, std::thread::hardware_concurrency());
+}
+
+namespace {
+std::mutex policy_m;
+std::string policy_text;   // set by the live ThreadsPerRank; empty outside one
+}  // namespace
+
+ThreadsPerRank::ThreadsPerRank(int ranks_on_node) {
+  if (ranks_on_node < 1) throw InvalidArgument(fmt::format("blas::ThreadsPerRank: ranks_on_node must be >= 1, got {}",
+                                                           ranks_on_node));
+  const int cores = available_cores();
+  threads_ = std::max(1, cores / ranks_on_node);
+  previous_threads_ = num_threads();
+  set_num_threads(threads_);
+  std::lock_guard lock(policy_m);
+  previous_policy_ = policy_text;
+  policy_text = fmt::format("{} BLAS thread{} per rank ({} core{} / {} rank{} on this node)", threads_,
+                            threads_ == 1 ? "" : "s", cores, cores == 1 ? "" : "s", ranks_on_node,
+                            ranks_on_node == 1 ? "" : "s");
+}
+
+ThreadsPerRank::~ThreadsPerRank() {
+  set_num_threads(previous_threads_);
+  std::lock_guard lock(policy_m);
+  policy_text = previous_policy_;
+}
+
+std::string thread_policy() {
+  std::lock_guard lock(policy_m);
+  if (!policy_text.empty()) return policy_text;
+  const int n = num_threads();
+  return fmt::format("{} BLAS thread{} (no launch policy in effect)", n, n == 1 ? "" : "s");
 }
 
 namespace {

@@ -94,6 +94,7 @@ void binary_(Binary op, Tensor& a, const Tensor& b) {
   check_same_dtype(a, b, name);
   MG_CHECK(broadcast_shapes(a.shape(), b.shape(), name) == a.shape(),
            "{} (in place): shape {} does not broadcast to {}", name, shape_str(b.shape()), shape_str(a.shape()));
+  a.bump_version();
   const Strides sb = broadcast_strides(b.shape(), b.strides(), a.shape());
   dispatch_floating(a.dtype(), name, [&]<class T>() {
     binary_dispatch<T>(op, base_ptr<T>(a), base_ptr<T>(a), base_ptr<T>(b), a.shape(), a.strides(), a.strides(), sb);
@@ -105,6 +106,7 @@ void axpy_(Tensor& a, double alpha, const Tensor& b) {
   check_same_dtype(a, b, "axpy");
   MG_CHECK(broadcast_shapes(a.shape(), b.shape(), "axpy") == a.shape(), "axpy: shape {} does not broadcast to {}",
            shape_str(b.shape()), shape_str(a.shape()));
+  a.bump_version();
   const Strides sb = broadcast_strides(b.shape(), b.strides(), a.shape());
   dispatch_floating(a.dtype(), "axpy", [&]<class T>() {
     T* pa = base_ptr<T>(a);
@@ -233,6 +235,7 @@ void matmul_into(Tensor& c, const Tensor& a_in, const Tensor& b_in, bool accumul
   MG_CHECK(b_in.size(0) == k && c.size(0) == m && c.size(1) == n, "matmul: shapes {} @ {} -> {} do not match",
            shape_str(a_in.shape()), shape_str(b_in.shape()), shape_str(c.shape()));
   MG_CHECK(c.is_contiguous(), "matmul_into: output {} must be contiguous", c.str());
+  c.bump_version();
   if (m == 0 || n == 0) return;
   if (k == 0) {
     if (!accumulate) c.zero_();

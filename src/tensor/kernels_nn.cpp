@@ -386,6 +386,7 @@ void embedding_backward_(Tensor& grad_weight, const Tensor& grad, const Tensor& 
            shape_str(grad.shape()), shape_str(indices.shape()), cols);
   const Tensor idx = checked_indices(indices, vocab, "embedding_backward");
   const Tensor g = grad.contiguous();
+  grad_weight.bump_version();
   const std::int64_t s0 = grad_weight.strides()[0], s1 = grad_weight.strides()[1];
   dispatch_floating(grad_weight.dtype(), "embedding_backward", [&]<class T>() {
     T* w = base<T>(grad_weight);

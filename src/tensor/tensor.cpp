@@ -216,6 +216,7 @@ double Tensor::at_flat(std::int64_t logical_index) const {
 
 void Tensor::set(std::initializer_list<std::int64_t> index, double value) {
   const std::int64_t off = element_offset(impl(), index, "Tensor::set");
+  bump_version();
   dispatch_all(dtype(), [&]<class T>() { reinterpret_cast<T*>(storage()->data())[off] = static_cast<T>(value); });
 }
 
@@ -442,10 +443,12 @@ void Tensor::copy_from(const Tensor& src) {
   MG_CHECK(broadcast_shapes(src.shape(), shape(), "copy_from") == shape(),
            "copy_from: source shape {} does not broadcast to destination shape {}", shape_str(src.shape()),
            shape_str(shape()));
+  bump_version();
   copy_any(*this, src);
 }
 
 void Tensor::fill_(double value) {
+  bump_version();
   dispatch_all(dtype(), [&]<class T>() {
     T* base = reinterpret_cast<T*>(storage()->data()) + offset();
     const T v = static_cast<T>(value);

@@ -76,7 +76,9 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   }
 
   // Pass 2: read, convert (see above), keep this rank's shard and copy it into the leaf's storage.
-  // detach() shares the storage without the autograd state, so nothing is recorded.
+  // detach() shares the storage without the autograd state, so nothing is recorded; it also
+  // shares the version counter, which copy_from bumps, so a graph that saved the old values
+  // refuses to backpropagate through the loaded ones.
   autograd::NoGradGuard no_grad;
   for (nn::Parameter* p : params) {
     Tensor full = file.get(p->name).to(p->value.dtype());

@@ -11,6 +11,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/train/grad_sync.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
@@ -129,6 +130,7 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
            config.batch, dp_size);
 
   std::vector<dist::CollectiveRecord> records;   // written by rank 0 only
+  blas::ThreadsPerRank blas_policy(world);   // the rank threads share this process's cores
   comm::run_ranks(world, [&](const comm::CommunicatorPtr& comm) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
     std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);

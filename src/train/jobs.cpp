@@ -3,6 +3,7 @@
 #include <optional>
 
 #include "meshgrad/train/explain.hpp"
+#include "meshgrad/train/gpt2_config.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/safetensors.hpp"
@@ -75,6 +76,8 @@ GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
     weights_file.emplace(job.weights);
     out_dtype = weights_file->entry("wte.weight").dtype;
     MG_CHECK(out_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", job.weights);
+    // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+    check_gpt2_config_against_weights(config, job.config, *weights_file);
   } else {
     MG_CHECK(config.kind == "gpt", "grads: the model must be \"gpt\", got \"{}\"", config.kind);
     check_positive("grads", "layers", config.layers);

@@ -97,6 +97,12 @@ void AdamW::step() {
     }
     const Tensor gc = g.contiguous();
     const double decay_factor = decays(p) ? 1.0 - options_.lr * options_.weight_decay : 1.0;
+    // adamw_update writes through raw pointers, which the version counter cannot see: bump it by
+    // hand, so that a graph that saved this parameter (a forward not yet backpropagated) refuses
+    // to compute gradients from the updated values. The moments are bumped as the writes they are.
+    p.value.bump_version();
+    m_[i].bump_version();
+    v_[i].bump_version();
     dispatch_floating(p.value.dtype(), "AdamW::step", [&]<class T>() {
       adamw_update<T>(p.value.data<T>(), gc.data<T>(), m_[i].data<T>(), v_[i].data<T>(), p.value.numel(), options_,
                       decay_factor, bias1, bias2);

@@ -5,19 +5,19 @@
 // the tensor and the byte offset, never a crash, a hang or a huge allocation.
 #include "meshgrad/train/safetensors.hpp"
 
+#include "meshgrad/train/json_input.hpp"
+#include "meshgrad/train/output_path.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
-#include <atomic>
 #include <bit>
 #include <cerrno>
 #include <cstring>
-#include <filesystem>
 #include <limits>
 #include <nlohmann/json.hpp>
-#include <random>
 #include <set>
 #include <tuple>
 #include <string_view>
@@ -120,63 +120,40 @@ bool as_u64(const json& j, std::uint64_t* out) {
   return false;
 }
 
-// nlohmann's parser keeps the last of repeated object keys; the format forbids them (a tensor name
-// given twice would silently drop one), so a parser callback reports them. Thrown out of the parse.
-struct DuplicateKey {
-  std::string key;
-  std::string owner;   // the key of the object holding it ("" for the top-level object)
-};
+// The deepest a valid header nests: the top-level object (1) > an entry object (2) > its shape or
+// data_offsets array (3). Anything deeper is refused while parsing, before it is built.
+constexpr int kMaxHeaderDepth = 3;
 
 json parse_header(const std::string& path, const std::string& text) {
-  // One frame per open object: its keys so far and the key it sits under.
-  struct Frame {
-    std::set<std::string> keys;
-    std::string owner;
-  };
-  std::vector<Frame> frames;
-  std::string last_key;
-  const json::parser_callback_t callback = [&](int /*depth*/, json::parse_event_t event, json& parsed) {
-    switch (event) {
-      case json::parse_event_t::object_start: frames.push_back({{}, frames.empty() ? std::string() : last_key}); break;
-      case json::parse_event_t::object_end:
-        if (!frames.empty()) frames.pop_back();
-        break;
-      case json::parse_event_t::key: {
-        last_key = parsed.get<std::string>();
-        if (!frames.empty() && !frames.back().keys.insert(last_key).second)
-          throw DuplicateKey{last_key, frames.back().owner};
-        break;
-      }
-      default: break;
-    }
-    return true;
-  };
   try {
-    return json::parse(text, callback);
-  } catch (const DuplicateKey& d) {
-    if (d.owner.empty()) fail(path, fmt::format("header: tensor name '{}' appears more than once", d.key));
-    fail(path, fmt::format("header: key '{}' appears more than once in the entry of '{}'", d.key, d.owner));
-  } catch (const json::parse_error& e) {
-    // e.byte counts from 1 within the header text; the header starts at file byte 8.
-    std::string message = e.what();
-    if (const auto pos = message.find("] "); message.starts_with("[json.exception") && pos != std::string::npos)
-      message = message.substr(pos + 2);
-    const std::uint64_t at = 8 + (e.byte > 0 ? e.byte - 1 : 0);
-    fail(path, fmt::format("header is not valid JSON (at byte {}): {}", at, message));
-  } catch (const json::exception& e) {
-    fail(path, fmt::format("header is not valid JSON: {}", e.what()));
+    return parse_untrusted_json(text, kMaxHeaderDepth);
+  } catch (const JsonInputError& e) {
+    switch (e.kind()) {
+      case JsonInputError::Kind::DuplicateKey:
+        if (e.path().empty()) fail(path, fmt::format("header: tensor name '{}' appears more than once", e.key()));
+        fail(path, fmt::format("header: key '{}' appears more than once in the entry of {}", e.key(),
+                               json_path_text(e.path())));
+      case JsonInputError::Kind::TooDeep:
+        fail(path, fmt::format("header: JSON {}; a header is an object of entries whose shape and data_offsets are "
+                               "arrays of integers",
+                               e.what()));
+      case JsonInputError::Kind::Syntax:
+        // The header starts at file byte 8.
+        fail(path, fmt::format("header is not valid JSON (at byte {}): {}", 8 + e.byte().value_or(0), e.what()));
+    }
+    fail(path, fmt::format("header: {}", e.what()));
   }
 }
 
 // Checks one header entry and returns it; data_size bounds the offsets.
 SafetensorsEntry parse_entry(const std::string& path, const std::string& name, const json& value,
                              std::uint64_t data_start, std::uint64_t data_size) {
-  const auto bad = [&](const std::string& what) { fail(path, fmt::format("tensor '{}': {}", name, what)); };
+  const auto bad = [&](const std::string& what) { fail(path, fmt::format("tensor '{}': {}", json_quote(name), what)); };
   if (!value.is_object())
     bad(fmt::format("entry is a JSON {}, expected an object with dtype, shape and data_offsets", json_type(value)));
   for (const auto& [key, _] : value.items())
     if (key != "dtype" && key != "shape" && key != "data_offsets")
-      bad(fmt::format("unexpected key '{}' (an entry has dtype, shape and data_offsets)", key));
+      bad(fmt::format("unexpected key '{}' (an entry has dtype, shape and data_offsets)", json_quote(key)));
   for (const char* key : {"dtype", "shape", "data_offsets"})
     if (!value.contains(key)) bad(fmt::format("entry has no '{}'", key));
 
@@ -189,32 +166,39 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   const DTypeName* found = nullptr;
   for (const auto& d : kDTypes)
     if (dtype_text == d.name) found = &d;
-  if (found == nullptr) bad(fmt::format("dtype \"{}\" is not supported (meshgrad reads F32, F64 and I64)", dtype_text));
+  if (found == nullptr) bad(fmt::format("dtype \"{}\" is not supported (meshgrad reads F32, F64 and I64)", json_quote(dtype_text)));
   entry.dtype = found->dtype;
 
+  // Messages quote the untrusted JSON through json_excerpt only (bounded length).
   const json& shape = value["shape"];
   if (!shape.is_array()) bad(fmt::format("shape is a JSON {}, expected an array of integers", json_type(shape)));
   for (std::size_t i = 0; i < shape.size(); ++i) {
     const json& dim = shape[i];
     if (dim.is_number_integer() && !dim.is_number_unsigned() && dim.get<std::int64_t>() < 0)
-      bad(fmt::format("shape {} has a negative dim {} (at index {})", shape.dump(), dim.get<std::int64_t>(), i));
+      bad(fmt::format("shape {} has a negative dim {} (at index {})", json_excerpt(shape), dim.get<std::int64_t>(), i));
     std::uint64_t d = 0;
-    if (!as_u64(dim, &d)) bad(fmt::format("shape {}: dim {} is a JSON {}, expected an integer", shape.dump(), i, json_type(dim)));
+    if (!as_u64(dim, &d))
+      bad(fmt::format("shape {}: dim {} is a JSON {}, expected an integer", json_excerpt(shape), i, json_type(dim)));
     if (d > static_cast<std::uint64_t>(std::numeric_limits<std::int64_t>::max()))
-      bad(fmt::format("shape {}: dim {} is too large", shape.dump(), i));
+      bad(fmt::format("shape {}: dim {} is too large", json_excerpt(shape), i));
     entry.shape.push_back(static_cast<std::int64_t>(d));
   }
 
   const json& offsets = value["data_offsets"];
   if (!offsets.is_array() || offsets.size() != 2)
-    bad(fmt::format("data_offsets is {}, expected an array [begin, end] of two integers", offsets.dump()));
+    bad(fmt::format("data_offsets is {}, expected an array [begin, end] of two integers", json_excerpt(offsets)));
   if (!as_u64(offsets[0], &entry.begin) || !as_u64(offsets[1], &entry.end))
-    bad(fmt::format("data_offsets {} must be two non-negative integers", offsets.dump()));
+    bad(fmt::format("data_offsets {} must be two non-negative integers", json_excerpt(offsets)));
   if (entry.begin > entry.end) bad(fmt::format("data_offsets [{}, {}]: begin is after end", entry.begin, entry.end));
-  if (entry.end > data_size)
-    bad(fmt::format("data_offsets [{}, {}] end at byte {}, past the end of the data section (bytes {}..{} of the "
-                    "file)",
-                    entry.begin, entry.end, data_start + entry.end, data_start, data_start + data_size));
+  if (entry.end > data_size) {
+    // data_start + end can pass 2^64 (end is any u64): say so instead of printing a wrapped byte.
+    std::uint64_t end_byte = 0;
+    const std::string where = __builtin_add_overflow(data_start, entry.end, &end_byte)
+                                  ? std::string("beyond byte 2^64")
+                                  : fmt::format("at byte {}", end_byte);
+    bad(fmt::format("data_offsets [{}, {}] end {}, past the end of the data section (bytes {}..{} of the file)",
+                    entry.begin, entry.end, where, data_start, data_start + data_size));
+  }
 
   // prod(shape) * dtype size must equal the byte range. Overflow-checked: a dim can be up to 2^63.
   std::uint64_t nbytes = dtype_size(entry.dtype);
@@ -229,6 +213,12 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
     bad(fmt::format("shape {} of {} needs {} bytes but data_offsets [{}, {}] hold {} bytes (at byte {})",
                     shape_str(entry.shape), found->name, overflow ? std::string("more than 2^64") : std::to_string(nbytes),
                     entry.begin, entry.end, entry.end - entry.begin, data_start + entry.begin));
+  // The tensor code computes strides as products of the dims with 0 counted as 1: that product must
+  // fit in int64 even for a tensor with no elements (shape [0, 2^62, 4] holds 0 bytes).
+  std::int64_t stride_product = 1;
+  for (std::int64_t d : entry.shape)
+    if (__builtin_mul_overflow(stride_product, std::max<std::int64_t>(d, 1), &stride_product))
+      bad(fmt::format("shape {}: the product of its non-zero dims is more than 2^63", shape_str(entry.shape)));
   return entry;
 }
 
@@ -268,7 +258,8 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
         fail(path_, fmt::format("__metadata__ is a JSON {}, expected an object of strings", json_type(value)));
       for (const auto& [key, text_value] : value.items()) {
         if (!text_value.is_string())
-          fail(path_, fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", key, json_type(text_value)));
+          fail(path_, fmt::format("__metadata__ value of '{}' is a JSON {}, expected a string", json_quote(key),
+                                  json_type(text_value)));
         metadata_[key] = text_value.get<std::string>();
       }
       continue;
@@ -288,11 +279,12 @@ SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
     if (e.begin < covered)
       fail(path_, fmt::format("tensors '{}' and '{}' overlap: '{}' starts at data offset {} (byte {}) but '{}' ends "
                               "at data offset {}",
-                              previous->name, e.name, e.name, e.begin, data_start_ + e.begin, previous->name, covered));
+                              json_quote(previous->name), json_quote(e.name), json_quote(e.name), e.begin,
+                              data_start_ + e.begin, json_quote(previous->name), covered));
     if (e.begin > covered)
       fail(path_, fmt::format("gap in the data section: bytes {}..{} (data offsets {}..{}) belong to no tensor "
                               "(next tensor: '{}')",
-                              data_start_ + covered, data_start_ + e.begin, covered, e.begin, e.name));
+                              data_start_ + covered, data_start_ + e.begin, covered, e.begin, json_quote(e.name)));
     covered = e.end;
     previous = &e;
   }
@@ -340,20 +332,6 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 
 namespace {
 
-void write_all(int fd, const std::string& path, const void* data, std::uint64_t n, const std::string& what) {
-  const auto* src = static_cast<const std::byte*>(data);
-  std::uint64_t done = 0;
-  while (done < n) {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
-    const ssize_t put = ::write(fd, src + done, chunk);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      fail(path, fmt::format("write error while writing {}: {}", what, errno_text(errno)));
-    }
-    done += static_cast<std::uint64_t>(put);
-  }
-}
-
 // The header JSON for tensors already in data order: compact, "__metadata__" first, padded with
 // spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
 std::string make_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& ordered,
@@ -384,14 +362,6 @@ std::string make_header(const std::string& path, const std::vector<std::pair<std
   return text;
 }
 
-std::string temp_path_for(const std::filesystem::path& target) {
-  static std::atomic<std::uint64_t> counter{0};
-  static const std::uint32_t salt = std::random_device{}();
-  const std::string leaf = fmt::format(".{}.tmp-{}-{:08x}-{}", target.filename().string(), ::getpid(), salt,
-                                       counter.fetch_add(1));
-  return (target.parent_path() / leaf).string();
-}
-
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
@@ -415,43 +385,24 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
   });
   const std::string header = make_header(path, ordered, metadata);
 
-  // 3. Temporary file in the target's directory (so the rename cannot cross file systems), fsync,
-  //    rename over the target. Until the rename, the old file is untouched; after it, the new file
-  //    is complete. On any failure the temporary is removed.
-  std::filesystem::path target(path);
-  if (target.filename().empty()) fail(path, "path names a directory, not a file");
-  const std::string temp = temp_path_for(target);
-  Fd fd(::open(temp.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
-  if (fd.get() < 0) fail(path, fmt::format("cannot create temporary file '{}': {}", temp, errno_text(errno)));
-  bool renamed = false;
-  struct RemoveTemp {
-    const std::string& temp;
-    const bool& renamed;
-    ~RemoveTemp() {
-      if (!renamed) ::unlink(temp.c_str());
-    }
-  } remove_temp{temp, renamed};
-
-  unsigned char length_bytes[8];
-  const std::uint64_t n = header.size();
-  for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
-  write_all(fd.get(), path, length_bytes, 8, "the header length");
-  write_all(fd.get(), path, header.data(), header.size(), "the header");
-  for (const auto& [name, t] : ordered)
-    write_all(fd.get(), path, t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
-              fmt::format("tensor '{}'", name));
-  if (::fsync(fd.get()) != 0) fail(path, fmt::format("fsync of temporary file '{}' failed: {}", temp, errno_text(errno)));
-  if (::close(fd.release()) != 0)
-    fail(path, fmt::format("closing temporary file '{}' failed: {}", temp, errno_text(errno)));
-  if (::rename(temp.c_str(), path.c_str()) != 0)
-    fail(path, fmt::format("cannot rename temporary file '{}' over it: {}", temp, errno_text(errno)));
-  renamed = true;
-
-  // Make the rename itself durable. Best effort: the new file is already in place, and some file
-  // systems do not support fsync on a directory.
-  const std::string dir = target.parent_path().empty() ? std::string(".") : target.parent_path().string();
-  Fd dir_fd(::open(dir.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC));
-  if (dir_fd.get() >= 0) (void)::fsync(dir_fd.get());
+  // 3. Through a temporary in the target's directory, flushed and renamed over the target (see
+  //    AtomicFileWriter): until the rename the old file is untouched, after it the new one is
+  //    complete; on any failure (an exception included) the temporary is removed. Only a missing
+  //    target or a regular file is ever replaced.
+  try {
+    AtomicFileWriter out(path);
+    unsigned char length_bytes[8];
+    const std::uint64_t n = header.size();
+    for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
+    out.write(length_bytes, 8, "the header length");
+    out.write(header.data(), header.size(), "the header");
+    for (const auto& [name, t] : ordered)
+      out.write(t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
+                fmt::format("tensor '{}'", name));
+    out.commit();
+  } catch (const OutputFileError& e) {
+    fail(path, e.detail());
+  }
 }
 
 }  // namespace meshgrad::train

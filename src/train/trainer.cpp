@@ -1,6 +1,7 @@
 #include "meshgrad/train/trainer.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -11,17 +12,18 @@
 #include <cstdio>
 #include <cstring>
 #include <deque>
-#include <fstream>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/train/output_path.hpp"
 
 namespace meshgrad::train {
 
@@ -53,11 +55,24 @@ double global_loss(const Tensor& local_loss, const DpPlace& dp) {
 
 // Appends JSON lines to a file. Each line goes out in one write(2) on an O_APPEND descriptor, so a
 // reader (tail -f, a dashboard) never sees a partial line, and nothing is buffered in the process.
+// The file is written in place (not through a temporary) so that it can be followed during the run;
+// check_output_paths has made sure it is absent or a regular file that is not an input, and
+// O_NOFOLLOW + the type check below hold that even if it changed since.
 class MetricsWriter {
  public:
   explicit MetricsWriter(const std::string& path) : path_(path) {
-    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_APPEND | O_CLOEXEC, 0644);
+    fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     MG_CHECK(fd_ >= 0, "metrics file '{}' cannot be opened for writing: {}", path, std::strerror(errno));
+    struct stat st {};
+    std::string problem;
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+      problem = "is not a regular file";
+    else if (::ftruncate(fd_, 0) != 0)
+      problem = fmt::format("cannot be truncated: {}", std::strerror(errno));
+    if (!problem.empty()) {
+      ::close(fd_);
+      throw InvalidArgument(fmt::format("metrics file '{}' {}", path, problem));
+    }
   }
   ~MetricsWriter() {
     if (fd_ >= 0) ::close(fd_);
@@ -107,16 +122,6 @@ class Progress {
   int steps_;
   bool tty_;
 };
-
-template <class T>
-T json_key(const nlohmann::json& j, const std::string& path, const char* key, bool integer) {
-  MG_CHECK(j.contains(key), "config '{}': missing key \"{}\"", path, key);
-  const auto& v = j.at(key);
-  const bool ok = integer ? v.is_number_integer() : v.is_number();
-  MG_CHECK(ok, "config '{}': key \"{}\" must be {} but is {} ({})", path, key, integer ? "an integer" : "a number",
-           v.type_name(), v.dump());
-  return v.get<T>();
-}
 
 }  // namespace
 
@@ -171,10 +176,18 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   MG_CHECK(config.batch >= dp.size, "train: the global batch ({} rows) must have at least one row per dp replica "
            "(dp={})", config.batch, dp.size);
 
-  // Everything that can fail on a user's input fails before the first step.
+  // Everything that can fail on a user's input fails before the first step: the data (only read),
+  // then the outputs (a run must not train for hours and then find that --save cannot be written,
+  // or overwrite a file it reads: every file behind --data counts).
   const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
   if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
   data.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
+  std::vector<NamedPath> outputs;
+  if (!options.save_path.empty()) outputs.push_back({"--save", options.save_path});
+  if (!options.metrics_path.empty()) outputs.push_back({"--metrics", options.metrics_path});
+  std::vector<NamedPath> inputs;
+  for (const std::string& f : data.input_files()) inputs.push_back({"--data", f});
+  check_output_paths(outputs, inputs);
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);
 
@@ -201,6 +214,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
+    fmt::print(stderr, "compute: {}\n", blas::thread_policy());   // set by whoever launched the ranks
   }
   Progress progress(options.steps);
   std::deque<double> recent;   // step times of the last steps, for a steady rate on the display
@@ -209,8 +223,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const Clock::time_point t0 = Clock::now();
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
-    const nn::Batch batch = dp_shard(data.next_batch(step), dp.rank, dp.size);
-    const Tensor loss = model->loss(batch, tokens_per_step);
+    const nn::Batch global_batch = data.next_batch(step);
+    const nn::Batch batch = dp_shard(global_batch, dp.rank, dp.size);
+    // Byte tokens are never the ignore index, so this is B * T; counted all the same, so that the
+    // divisor follows the one rule (the mean over non-ignored targets) whatever the data.
+    const Tensor loss = model->loss(batch, count_loss_targets(global_batch.targets));
     backward(loss);
     sync.finish();
     opt.step();
@@ -261,29 +278,15 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   return result;
 }
 
-nn::ModelConfig read_gpt2_config(const std::string& path) {
-  std::ifstream in(path);
-  MG_CHECK(in.good(), "config '{}' cannot be opened for reading", path);
-  nlohmann::json j;
-  try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::exception& e) {
-    throw InvalidArgument(fmt::format("config '{}' is not valid JSON: {}", path, e.what()));
-  }
-  MG_CHECK(j.is_object(), "config '{}': expected a JSON object, got {}", path, j.type_name());
-  nn::ModelConfig c;
-  c.kind = "gpt";
-  c.layers = json_key<int>(j, path, "n_layer", true);
-  c.heads = json_key<int>(j, path, "n_head", true);
-  c.hidden = json_key<int>(j, path, "n_embd", true);
-  c.vocab = json_key<int>(j, path, "vocab_size", true);
-  c.positions = json_key<int>(j, path, "n_positions", true);
-  c.layer_norm_epsilon = json_key<double>(j, path, "layer_norm_epsilon", false);
-  MG_CHECK(c.layers >= 1 && c.heads >= 1 && c.hidden >= 1 && c.vocab >= 1 && c.positions >= 1,
-           "config '{}': n_layer, n_head, n_embd, vocab_size and n_positions must be positive", path);
-  MG_CHECK(c.layer_norm_epsilon > 0, "config '{}': layer_norm_epsilon must be > 0, got {}", path, c.layer_norm_epsilon);
-  c.dropout = 0.0;
-  return c;
+std::int64_t count_loss_targets(const Tensor& targets) {
+  MG_CHECK(targets.defined() && targets.dtype() == DType::Int64, "count_loss_targets: targets must be int64");
+  const Tensor packed = targets.contiguous();
+  const std::int64_t* t = packed.data<std::int64_t>();
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < packed.numel(); ++i) n += t[i] != kIgnoreIndex ? 1 : 0;
+  MG_CHECK(n > 0, "every one of the {} targets is {} (the ignore index): the mean loss over no tokens is undefined",
+           packed.numel(), kIgnoreIndex);
+  return n;
 }
 
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {
@@ -296,7 +299,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
   }
   GradientSynchronizer sync(params, mesh);
-  const std::int64_t global_tokens = global_batch.inputs.numel();
+  const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
   const nn::Batch local = dp_shard(global_batch, dp.rank, dp.size);
   const Tensor loss = model.loss(local, global_tokens);
   backward(loss);

@@ -301,3 +301,124 @@ TEST(Checkpoint, WithoutAnInputThatRequiresGradCapturedParametersStillGetGradien
   backward(sum(y));
   EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{5, 7}));
 }
+
+// ---- version counters: a saved tensor changed in place before backward -----------------------------
+
+namespace {
+
+// y = a @ b for 2-D a: [m, k], b: [k, n]; saves both, like the real matmul.
+struct MatMul final : Function {
+  std::string_view name() const override { return "test_matmul"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0], x[1]});
+    return {kernels::matmul(x[0], x[1])};
+  }
+  TensorList backward(const TensorList& g) override {
+    const auto& s = saved();
+    return {needs_input_grad(0) ? kernels::matmul(g[0], s[1].transpose(0, 1)) : Tensor(),
+            needs_input_grad(1) ? kernels::matmul(s[0].transpose(0, 1), g[0]) : Tensor()};
+  }
+};
+Tensor matmul(const Tensor& a, const Tensor& b) { return autograd::apply<MatMul>({a, b})[0]; }
+
+// y = a^T as a view of a's storage (the output shares the input's data and so its version).
+struct Transpose final : Function {
+  std::string_view name() const override { return "test_transpose"; }
+  TensorList forward(const TensorList& x) override { return {x[0].transpose(0, 1)}; }
+  TensorList backward(const TensorList& g) override { return {g[0].transpose(0, 1).contiguous()}; }
+};
+
+// x: [2, 3] = [[1, 2, 3], [4, 5, 6]]; w: [3, 2] = [[1, 0], [0, 1], [1, 1]], named like a GPT weight.
+// loss = sum(x @ w): dx rows = row sums of w = [1, 1, 2]; dw rows = column sums of x = 5, 7, 9.
+struct MatmulCase {
+  Tensor x = Tensor::from_values({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64);
+  Tensor w = Tensor::from_values({1, 0, 0, 1, 1, 1}, {3, 2}, DType::Float64);
+  MatmulCase() {
+    x.set_requires_grad();
+    w.set_requires_grad().set_name("h.0.attn.c_attn.weight");
+  }
+  Tensor loss() const { return sum(matmul(x, w)); }
+  void expect_gradients(double times) const {
+    EXPECT_EQ(x.grad().to_vector(), (std::vector<double>{times, times, 2 * times, times, times, 2 * times}));
+    EXPECT_EQ(w.grad().to_vector(), (std::vector<double>{5 * times, 5 * times, 7 * times, 7 * times, 9 * times,
+                                                         9 * times}));
+  }
+};
+
+// Runs backward(loss) expecting the version error; returns its message.
+std::string changed_in_place_error(const Tensor& loss) {
+  try {
+    backward(loss);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "backward through a tensor changed in place after forward must throw";
+  return {};
+}
+
+void expect_contains(const std::string& message, const std::string& part) {
+  EXPECT_NE(message.find(part), std::string::npos) << "missing \"" << part << "\" in: " << message;
+}
+
+}  // namespace
+
+TEST(VersionCounter, UnchangedSavedTensorsBackpropagate) {
+  MatmulCase c;
+  backward(c.loss());
+  c.expect_gradients(1);
+}
+
+TEST(VersionCounter, WeightCopiedIntoAfterForwardIsRefusedNamingOpTensorAndVersions) {
+  MatmulCase c;
+  ASSERT_EQ(c.w.version(), 0u);
+  Tensor loss = c.loss();
+  // What a checkpoint load does: copy new values into the leaf's storage through a detached handle.
+  c.w.detach().copy_from(Tensor::zeros({3, 2}, DType::Float64));
+  const std::string message = changed_in_place_error(loss);
+  expect_contains(message, "test_matmul: saved tensor 1 of 2 ('h.0.attn.c_attn.weight', float64[3, 2])");
+  expect_contains(message, "saved at version 0, now 1");
+  expect_contains(message, "changed in place after the forward that saved it");
+  expect_contains(message, "optimizer step between forward and backward");
+}
+
+TEST(VersionCounter, WriteThroughAViewOfASavedTensorIsRefused) {
+  MatmulCase c;
+  Tensor loss = c.loss();
+  c.w.narrow(0, 2, 1).fill_(0.5);   // one row of w, through a view
+  const std::string message = changed_in_place_error(loss);
+  expect_contains(message, "'h.0.attn.c_attn.weight'");
+  expect_contains(message, "saved at version 0, now 1");
+}
+
+TEST(VersionCounter, UnnamedInputIsDescribedByShape) {
+  MatmulCase c;
+  Tensor loss = c.loss();
+  kernels::axpy_(c.x, 1.0, c.x.detach().clone());   // x += x: x has no name
+  const std::string message = changed_in_place_error(loss);
+  expect_contains(message, "test_matmul: saved tensor 0 of 2 (float64[2, 3], unnamed)");
+}
+
+TEST(VersionCounter, SavedViewOfAParameterNamesTheParameter) {
+  // The op saves w^T, a view made by another op: the saved handle has no name of its own, so the
+  // message names the leaf whose storage it shares (as for a tied embedding used transposed).
+  Tensor x = Tensor::from_values({1, 2, 3, 4, 5, 6}, {2, 3}, DType::Float64);
+  Tensor wt = Tensor::from_values({1, 0, 1, 0, 1, 1}, {2, 3}, DType::Float64);
+  wt.set_requires_grad().set_name("wte.weight");
+  Tensor loss = sum(matmul(x, autograd::apply<Transpose>({wt})[0]));
+  wt.set({0, 0}, 2.0);
+  const std::string message = changed_in_place_error(loss);
+  expect_contains(message, "test_matmul: saved tensor 1 of 2 (float64[3, 2], a view of 'wte.weight')");
+}
+
+TEST(VersionCounter, AccumulatingIntoDotGradInPlaceTripsNothing) {
+  MatmulCase c;
+  Tensor loss = c.loss();
+  backward(loss, Tensor(), /*retain_graph=*/true);   // .grad takes the first gradient's buffer
+  const std::uint64_t grad_version = c.w.grad().version();
+  backward(loss, Tensor(), /*retain_graph=*/true);   // accumulates into .grad in place
+  EXPECT_GT(c.w.grad().version(), grad_version);     // it did write in place...
+  backward(loss);                                     // ...and the saved x and w are untouched
+  c.expect_gradients(3);
+  EXPECT_EQ(c.w.version(), 0u);
+  EXPECT_EQ(c.x.version(), 0u);
+}

@@ -17,6 +17,9 @@ TEST(CollectiveBench, ParsesByteSizes) {
   EXPECT_THROW(parse_byte_size("3X"), InvalidArgument);
   EXPECT_THROW(parse_byte_size("K"), InvalidArgument);
   EXPECT_THROW(parse_byte_size(""), InvalidArgument);
+  // 17179869185 x 2^30 = 2^64 + 2^30: used to wrap to 1 GiB without a word.
+  EXPECT_THROW(parse_byte_size("17179869185G"), InvalidArgument);
+  EXPECT_EQ(parse_byte_size("17179869183G"), std::size_t(17179869183) << 30);
 }
 
 TEST(CollectiveBench, BusBandwidthFactorsAreNcclTests) {

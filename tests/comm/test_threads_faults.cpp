@@ -4,9 +4,14 @@
 #include <gtest/gtest.h>
 
 #include <stdlib.h>
+#include <sys/resource.h>
+#include <unistd.h>
+
+#include <cstdio>
 
 #include <atomic>
 #include <chrono>
+#include <limits>
 #include <mutex>
 #include <stdexcept>
 #include <string>
@@ -284,19 +289,52 @@ TEST(ThreadsFaults, ArrivalRacingTheDeadlineIsAllOrNothing) {
   }
 }
 
-TEST(ThreadsRanks, SetsBlasThreadsPerRankAndRestores) {
+TEST(ThreadsRanks, LeavesComputeSettingsToTheLauncher) {
+  // The comm layer does not configure BLAS: the BLAS thread count inside the ranks is the caller's.
   const int before = blas::num_threads();
+  blas::set_num_threads(3);
   std::atomic<int> seen{-1};
   run_ranks(2, [&](const CommunicatorPtr& c) {
     if (c->rank() == 0) seen = blas::num_threads();
   });
-  EXPECT_EQ(seen.load(), std::max(1, blas::available_cores() / 2));
-  EXPECT_EQ(blas::num_threads(), before);
-  ThreadsOptions o;
-  o.blas_threads_per_rank = 1;
-  run_ranks(1, [&](const CommunicatorPtr&) { seen = blas::num_threads(); }, o);
-  EXPECT_EQ(seen.load(), 1);
+  EXPECT_EQ(seen.load(), 3);
+  EXPECT_EQ(blas::num_threads(), 3);
+  blas::set_num_threads(before);
   EXPECT_THROW(run_ranks(0, [](const CommunicatorPtr&) {}), InvalidArgument);
+  // Refused before the P x P mailboxes are allocated (this many would need terabytes).
+  EXPECT_THROW(run_ranks(kMaxThreadRanks + 1, [](const CommunicatorPtr&) {}), InvalidArgument);
+  EXPECT_THROW(run_ranks(2147483647, [](const CommunicatorPtr&) {}), InvalidArgument);
+}
+
+// In a child process: caps the address space a little above what is mapped now, so only a few 8 MB
+// thread stacks fit, and starts 256 ranks that wait in a barrier for the ones that cannot start.
+// Exits 3 after printing the CommError, 1 if every thread started, 2 if the limit could not be set.
+[[noreturn]] void start_ranks_under_address_limit() {
+  long pages = 0;
+  if (FILE* f = std::fopen("/proc/self/statm", "r")) {
+    if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
+    std::fclose(f);
+  }
+  const rlim_t limit = static_cast<rlim_t>(pages) * static_cast<rlim_t>(sysconf(_SC_PAGESIZE)) + (rlim_t{96} << 20);
+  rlimit rl{};
+  rl.rlim_cur = rl.rlim_max = limit;
+  if (pages == 0 || setrlimit(RLIMIT_AS, &rl) != 0) std::_Exit(2);
+  try {
+    ThreadsOptions o;
+    o.timeout = Milliseconds(20000);
+    run_ranks(256, [](const CommunicatorPtr& c) { c->barrier(); }, o);
+    std::fprintf(stderr, "all 256 rank threads started\n");
+    std::_Exit(1);
+  } catch (const CommError& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    std::_Exit(3);
+  }
+}
+
+TEST(ThreadsRanksDeathTest, ThreadThatCannotStartIsAnErrorNamingTheRank) {
+  GTEST_FLAG_SET(death_test_style, "threadsafe");
+  EXPECT_EXIT(start_ranks_under_address_limit(), ::testing::ExitedWithCode(3),
+              "cannot start the thread of rank [0-9]+ of 256");
 }
 
 // setenv in a test: these run in one process per test (gtest_discover_tests), and restore anyway.
@@ -333,6 +371,37 @@ TEST(CommEnvironment, TimeoutAndDebugFromEnvironment) {
     EXPECT_THROW(debug_checks_from_env(), InvalidArgument);
   }
   EXPECT_EQ(reduce_op_name(ReduceOp::Avg), "avg");
+}
+
+TEST(CommEnvironment, HugeTimeoutSaturatesInsteadOfOverflowing) {
+  // 10^13 ms is 10^19 ns, past int64 nanoseconds: now + timeout used to wrap into the past, so the
+  // first wait failed at once ("timed out after its deadline ms").
+  EnvGuard g("MESHGRAD_COMM_TIMEOUT_MS", "10000000000000");
+  std::atomic<int> done{0};
+  run_ranks(2, [&](const CommunicatorPtr& c) {
+    double x = 1;
+    c->all_reduce(MutableBuffer{&x, 1, DType::Float64}, ReduceOp::Sum);
+    auto work = c->barrier_async();
+    work->wait();
+    EXPECT_EQ(x, 2);
+    done += 1;
+  });
+  EXPECT_EQ(done.load(), 2);
+  ThreadsOptions o;
+  o.timeout = Milliseconds(std::numeric_limits<Milliseconds::rep>::max());
+  run_ranks(2, [&](const CommunicatorPtr& c) {
+    c->barrier();
+    if (c->rank() == 0) {
+      std::int64_t v = 7;
+      c->send(ConstBuffer{&v, 1, DType::Int64}, 1);
+    } else {
+      std::int64_t v = 0;
+      c->recv(MutableBuffer{&v, 1, DType::Int64}, 0);
+      EXPECT_EQ(v, 7);
+    }
+    done += 1;
+  }, o);
+  EXPECT_EQ(done.load(), 4);
 }
 
 TEST(CommEnvironment, EnvironmentTimeoutReachesRunRanks) {

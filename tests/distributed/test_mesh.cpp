@@ -53,3 +53,13 @@ TEST(DeviceMesh, CoordinatesAndAxisGroups) {
 TEST(DeviceMesh, SizeMismatchIsAnError) {
   EXPECT_THROW(run_on_mesh(4, [](const DeviceMeshPtr&) {}, {{"tp", 3}}), InvalidArgument);
 }
+
+TEST(DeviceMesh, AxisProductOverflowIsAnError) {
+  // 3 x 1431655766 = 2^32 + 2: an int product wraps to 2 and would match a 2-rank world.
+  try {
+    run_on_mesh(2, [](const DeviceMeshPtr&) {}, {{"a", 3}, {"b", 1431655766}});
+    FAIL() << "a mesh whose size overflows int was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("a=3,b=1431655766"), std::string::npos) << e.what();
+  }
+}

@@ -74,7 +74,9 @@ TEST(ParallelLinear, FusedBlocksKeepHeadsWhole) {
     const Tensor full = Tensor::arange(24, DType::Float64).view({1, 24});
     const dist::Placements pl{spec};   // mesh (tp=3)
     const Tensor shard = dist::take_piece(full, dist::piece_layout({1, 24}, *mesh, pl, mesh->coordinates()));
-    if (mesh->coordinate("tp") == 1) EXPECT_EQ(shard.to_vector(), (std::vector<double>{4, 5, 12, 13, 20, 21}));
+    if (mesh->coordinate("tp") == 1) {
+      EXPECT_EQ(shard.to_vector(), (std::vector<double>{4, 5, 12, 13, 20, 21}));
+    }
     // Gathering every rank's piece gives the full tensor back.
     EXPECT_TRUE(bitwise_equal(dist::gather_pieces(shard, {1, 24}, *mesh, pl), full));
   });
@@ -135,7 +137,9 @@ TEST(DTensorLinear, WeightShardedOverBothMeshAxesHasCorrectGradients) {
           // (and says so); summing over that axis gives the single-rank gradient.
           Tensor gx = x.grad();
           const dist::AxisMask partial = dist::partial_axes(gx);
-          if (cols > 1) EXPECT_EQ(partial, 1u << mesh->axis_index("cols"));
+          if (cols > 1) {
+            EXPECT_EQ(partial, 1u << mesh->axis_index("cols"));
+          }
           for (int axis = 0; axis < 2; ++axis) {
             if (partial & (1u << axis)) gx = dist::all_reduce(gx, mesh->group(axis));
           }

@@ -182,3 +182,25 @@ TEST(Blas, ThreadCountCanBeSet) {
   blas::set_num_threads(before);
   EXPECT_GE(blas::available_cores(), 1);
 }
+
+TEST(Blas, ThreadsPerRankSharesTheCoresAndRestores) {
+  const int cores = blas::available_cores();
+  blas::set_num_threads(3);
+  {
+    blas::ThreadsPerRank one(1);
+    EXPECT_EQ(blas::num_threads(), cores);
+    {
+      // More ranks than cores: still one thread each, never zero.
+      blas::ThreadsPerRank many(4 * cores);
+      EXPECT_EQ(blas::num_threads(), 1);
+      EXPECT_EQ(many.threads(), 1);
+      EXPECT_EQ(blas::thread_policy(), fmt::format("1 BLAS thread per rank ({} core{} / {} ranks on this node)",
+                                                   cores, cores == 1 ? "" : "s", 4 * cores));
+    }
+    EXPECT_EQ(blas::num_threads(), cores);
+    EXPECT_NE(blas::thread_policy().find("/ 1 rank on this node"), std::string::npos) << blas::thread_policy();
+  }
+  EXPECT_EQ(blas::num_threads(), 3);
+  EXPECT_EQ(blas::thread_policy(), "3 BLAS threads (no launch policy in effect)");
+  EXPECT_THROW(blas::ThreadsPerRank(0), InvalidArgument);
+}

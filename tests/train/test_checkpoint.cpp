@@ -11,8 +11,10 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/ops/ops.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 
 namespace meshgrad::train {
@@ -309,6 +311,35 @@ TEST_F(CheckpointFixed, SaveWithBadWriterRankFailsOnEveryRank) {
                       }),
                SafetensorsError);
   EXPECT_FALSE(fs::exists(p));
+}
+
+// Loading copies into the parameters' storage in place, which bumps their versions: a forward that
+// saved the old values can no longer be backpropagated (it would mix old activations with new
+// weights), and the error names the parameter.
+TEST_F(CheckpointFixed, LoadingBetweenForwardAndBackwardIsRefused) {
+  const std::string p = write_reference(DType::Float32);
+  run_tp(1, [&](const dist::ProcessGroup& tp) {
+    auto params = make_params(1, 0, DType::Float32, /*filled=*/false);
+    nn::Parameter& rep = params[0];   // rep.weight, [5, 3]
+    rep.value.set_name(rep.name);
+    // x requires grad, so matmul saves the weight (for dx) as well as x.
+    Tensor x = Tensor::ones({2, 5});
+    x.set_requires_grad();
+    Tensor loss = meshgrad::sum(meshgrad::matmul(x, rep.value));
+    load_parameters(p, pointers(params), tp);
+    try {
+      meshgrad::backward(loss);
+      ADD_FAILURE() << "backward through weights replaced by load_parameters must throw";
+    } catch (const InvalidArgument& e) {
+      const std::string message = e.what();
+      EXPECT_NE(message.find("'rep.weight'"), std::string::npos) << message;
+      EXPECT_NE(message.find("saved at version 0, now 1"), std::string::npos) << message;
+    }
+    // Without a load in between, the same graph backpropagates.
+    Tensor again = meshgrad::sum(meshgrad::matmul(x, rep.value));
+    meshgrad::backward(again);
+    EXPECT_TRUE(rep.value.grad().defined());
+  });
 }
 
 }  // namespace

@@ -367,8 +367,8 @@ TEST(ExplainMesh, TwoDimensionalGridCountsPerAxis) {
   std::map<std::string, int> per_axis;
   for (const auto& r : rows) {
     ++per_axis[r.axis];
-    if (r.axis == "tp_row+tp_col") EXPECT_EQ(r.ranks, 4);
-    if (r.axis == "tp_row" || r.axis == "tp_col") EXPECT_EQ(r.ranks, 2);
+    const int expected_ranks = r.axis == "tp_row+tp_col" ? 4 : r.axis == "dp" ? 1 : 2;
+    EXPECT_EQ(r.ranks, expected_ranks) << r.axis;
   }
   // Per block: forward 2 all-reduces + 2 all-gathers over tp_row and 2 all-reduces over tp_col;
   // backward 2 all-reduces + 2 all-gathers over tp_row (c_proj inputs, the input slices' duals)

@@ -9,6 +9,10 @@
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/tensor/random.hpp"
+#include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
 
 namespace meshgrad::train {
@@ -166,6 +170,51 @@ TEST(AdamW, ZeroGradAndSkipsParametersWithoutGradient) {
   EXPECT_NE(w.value.at_flat(0), 1.0);
   opt.zero_grad();
   EXPECT_FALSE(w.value.grad().defined());
+}
+
+// A step between a forward and its backward (the gradients of the previous step are still set, as
+// when zero_grad is forgotten) updates parameters that the forward saved: the backward must refuse
+// instead of computing gradients from values the forward never saw, and name the parameter.
+TEST(AdamW, StepBetweenForwardAndBackwardIsRefusedNamingTheParameter) {
+  comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
+    nn::ModelConfig config;
+    config.layers = 1;
+    config.hidden = 8;
+    config.heads = 2;
+    config.vocab = 11;
+    config.seq = 4;
+    config.batch = 2;
+    config.dtype = DType::Float64;
+    auto model = nn::make_model(config, nn::ParallelConfig{}, mesh, 3);
+    const std::vector<nn::Parameter*> params = model->parameters();
+    GradientSynchronizer sync(params, mesh);
+    AdamW opt(params, mesh);
+    const nn::Batch batch{random::randint({2, 4}, 1, 11), random::randint({2, 4}, 2, 11)};
+
+    // The right order works: forward, backward, step.
+    meshgrad::backward(model->loss(batch, 8));
+    sync.finish();
+    opt.step();
+
+    // Forward, step, backward: refused.
+    Tensor loss = model->loss(batch, 8);
+    opt.step();
+    std::string message;
+    try {
+      meshgrad::backward(loss);
+      ADD_FAILURE() << "backward after an optimizer step that changed saved parameters must throw";
+    } catch (const InvalidArgument& e) {
+      message = e.what();
+    }
+    EXPECT_NE(message.find("was saved at version"), std::string::npos) << message;
+    EXPECT_NE(message.find("changed in place after the forward that saved it"), std::string::npos) << message;
+    bool names_a_parameter = false;
+    for (const nn::Parameter* p : params) {
+      names_a_parameter = names_a_parameter || message.find("'" + p->name + "'") != std::string::npos;
+    }
+    EXPECT_TRUE(names_a_parameter) << message;
+  });
 }
 
 }  // namespace

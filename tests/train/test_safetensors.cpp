@@ -3,6 +3,8 @@
 #include <gtest/gtest.h>
 #include <signal.h>
 #include <sys/resource.h>
+#include <sys/stat.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cmath>
@@ -292,7 +294,7 @@ TEST_F(SafetensorsTest, EntryFieldsOfWrongJsonTypes) {
   expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[2.0],"data_offsets":[0,8]}})", d8),
                    {"tensor 'w'", "dim 0 is a JSON number, expected an integer"});
   expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0]}})", d8),
-                   {"tensor 'w'", "data_offsets is [0], expected an array [begin, end]"});
+                   {"tensor 'w'", "data_offsets is array [0], expected an array [begin, end]"});
   expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,"8"]}})", d8),
                    {"tensor 'w'", "two non-negative integers"});
   expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[8,0]}})", d8),
@@ -356,6 +358,88 @@ TEST_F(SafetensorsTest, DuplicateTensorNames) {
   expect_malformed(file_bytes(R"({"w":{"dtype":"F32","dtype":"F64","shape":[2],"data_offsets":[0,8]}})",
                               std::string(8, '\0')),
                    {"key 'dtype' appears more than once in the entry of 'w'"});
+}
+
+// ---- hostile headers: nesting, size, wrap-around ---------------------------------------------------
+
+std::string nested(std::size_t depth, const std::string& inner = "1") {
+  return std::string(depth, '[') + inner + std::string(depth, ']');
+}
+
+// Deep nesting anywhere in the header is refused while parsing (it used to overflow the stack
+// printing the value into the message, in 0.03 s, from a 200 KB file).
+TEST_F(SafetensorsTest, DeeplyNestedJsonAnywhereIsRefusedNotACrash) {
+  const std::string deep = nested(100'000);
+  expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":)" + deep + R"(,"data_offsets":[0,0]}})", ""),
+                   {"nested deeper than 3 levels", "'w' > 'shape' > [0]"});
+  expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[0],"data_offsets":)" + deep + "}}", ""),
+                   {"nested deeper than 3 levels", "'w' > 'data_offsets' > [0]"});
+  expect_malformed(file_bytes(R"({"__metadata__":{"k":)" + deep + "}}", ""), {"nested deeper than 3 levels"});
+  expect_malformed(file_bytes(deep, ""), {"nested deeper than 3 levels"});
+  expect_malformed(file_bytes(R"({"w":{"dtype":)" + nested(2) + "}}", ""), {"nested deeper than 3 levels"});
+  // One level too deep is enough: shape [[2]].
+  expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[[2]],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                   {"nested deeper than 3 levels"});
+}
+
+// Messages quote untrusted names and values cut to a bounded length.
+TEST_F(SafetensorsTest, HugeNamesAndValuesAreCutInMessages) {
+  const std::string name(1'000'000, 'n');
+  const std::string p = path("bad.safetensors");
+  const std::string long_shape = "[" + std::string(200'000, '1') + "0]";   // 1.0e200000: a float dim
+  for (const std::string& header :
+       {R"({")" + name + R"(":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})",
+        R"({"w":{"dtype":"F32","shape":)" + long_shape + R"(,"data_offsets":[0,8]}})",
+        R"({"w":{"dtype":")" + name + R"(","shape":[2],"data_offsets":[0,8]}})"}) {
+    write_bytes(p, file_bytes(header, std::string(8, '\0')));
+    try {
+      (void)read_safetensors(p);
+      ADD_FAILURE() << "no error";
+    } catch (const SafetensorsError& e) {
+      EXPECT_LT(std::string(e.what()).size(), 600u) << std::string(e.what()).substr(0, 300);
+    }
+  }
+}
+
+// Duplicate detection and parsing are linear: 100,000 zero-size tensors parse (this took hours at
+// the quadratic rate of the old parser callback; bench_safetensors_header prints the time).
+TEST_F(SafetensorsTest, HundredThousandTensorsParse) {
+  std::string header = "{";
+  for (int i = 0; i < 100'000; ++i)
+    header += fmt::format(R"({}"t{}":{{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})", i ? "," : "", i);
+  header += "}";
+  write_bytes(path("many.safetensors"), file_bytes(header, ""));
+  const SafetensorsFile file(path("many.safetensors"));
+  EXPECT_EQ(file.names().size(), 100'000u);
+  EXPECT_TRUE(file.contains("t99999"));
+  // A duplicate at the very end is still found.
+  header.back() = ',';
+  header += R"("t5":{"dtype":"F32","shape":[0],"data_offsets":[0,0]}})";
+  expect_malformed(file_bytes(header, ""), {"tensor name 't5' appears more than once"});
+}
+
+// data_start + end past 2^64 is reported as such, not as a wrapped-around small byte number.
+TEST_F(SafetensorsTest, OffsetsNearTwoToTheSixtyFourDoNotWrap) {
+  const std::string max = std::to_string(std::numeric_limits<std::uint64_t>::max());
+  const std::string header = R"({"w":{"dtype":"F32","shape":[0],"data_offsets":[)" + max + "," + max + "]}}";
+  expect_malformed(file_bytes(header, ""), {"tensor 'w'", "beyond byte 2^64", "past the end of the data section"});
+  try {
+    write_bytes(path("w.safetensors"), file_bytes(header, ""));
+    (void)read_safetensors(path("w.safetensors"));
+  } catch (const SafetensorsError& e) {
+    EXPECT_EQ(std::string(e.what()).find("end at byte"), std::string::npos) << e.what();
+  }
+}
+
+// A zero-element shape whose other dims multiply past 2^63 would overflow the stride computation.
+TEST_F(SafetensorsTest, EmptyShapeWithHugeDimsIsRefused) {
+  const std::string big = std::to_string(std::numeric_limits<std::int64_t>::max());
+  expect_malformed(file_bytes(R"({"w":{"dtype":"F32","shape":[0,)" + big + "," + big + R"(],"data_offsets":[0,0]}})", ""),
+                   {"tensor 'w'", "product of its non-zero dims is more than 2^63"});
+  // The largest that fits is fine.
+  write_bytes(path("ok.safetensors"),
+              file_bytes(R"({"w":{"dtype":"F32","shape":[0,)" + big + R"(],"data_offsets":[0,0]}})", ""));
+  EXPECT_EQ(read_safetensors(path("ok.safetensors")).at("w").numel(), 0);
 }
 
 TEST_F(SafetensorsTest, TrailingGarbage) {
@@ -426,16 +510,39 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheExistingFileByteIdentical) {
   expect_write_error({{"bad\xff", ok}}, "not valid UTF-8");
 }
 
-TEST_F(SafetensorsTest, FailedRenameRemovesTheTemporary) {
-  // The target is a non-empty directory: rename fails after the data was written.
+// Only a missing path or a regular file is replaced: a directory, a device or a symbolic link is
+// refused before anything is written (rename() used to replace /dev/full by a regular file, and a
+// link by a file, without a word).
+TEST_F(SafetensorsTest, DirectoryDeviceOrSymlinkIsNeverReplaced) {
   fs::create_directories(dir_ / "target" / "inner");
-  try {
-    write_safetensors(path("target"), {{"a", Tensor::ones({2})}});
-    ADD_FAILURE() << "writing over a directory did not throw";
-  } catch (const SafetensorsError& e) {
-    EXPECT_NE(std::string(e.what()).find("cannot rename"), std::string::npos) << e.what();
+  fs::create_directories(dir_ / "empty");
+  std::ofstream(dir_ / "real.bin") << "keep";
+  fs::create_symlink(dir_ / "real.bin", dir_ / "link.safetensors");
+  const auto expect_refused = [&](const std::string& p, const std::string& needle) {
+    try {
+      write_safetensors(p, {{"a", Tensor::ones({2})}});
+      ADD_FAILURE() << "writing over " << p << " did not throw";
+    } catch (const SafetensorsError& e) {
+      EXPECT_NE(std::string(e.what()).find(p), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(needle), std::string::npos) << e.what();
+    }
+  };
+  expect_refused(path("target"), "is a directory");
+  expect_refused(path("empty"), "is a directory");
+  expect_refused(path("link.safetensors"), "is a symbolic link");
+  ASSERT_EQ(::mkfifo(path("fifo").c_str(), 0600), 0);
+  expect_refused(path("fifo"), "is a FIFO");
+  std::vector<std::string> expected{"empty", "fifo", "link.safetensors", "real.bin", "target"};
+  if (::geteuid() == 0) {   // a device node like /dev/null (c 1 3), made here rather than risk /dev
+    ASSERT_EQ(::mknod(path("null").c_str(), S_IFCHR | 0666, ::makedev(1, 3)), 0);
+    expect_refused(path("null"), "is a character device");
+    expected.push_back("null");
+    EXPECT_TRUE(fs::is_character_file(dir_ / "null"));
   }
-  EXPECT_EQ(listing(), std::vector<std::string>{"target"});
+  std::sort(expected.begin(), expected.end());
+  EXPECT_EQ(listing(), expected);
+  EXPECT_TRUE(fs::is_symlink(dir_ / "link.safetensors"));
+  EXPECT_EQ(read_bytes(dir_ / "real.bin"), "keep");
   EXPECT_TRUE(fs::is_directory(dir_ / "target" / "inner"));
 }
 

@@ -14,14 +14,18 @@
 //   Tensor mul(const Tensor& a, const Tensor& b) { return autograd::apply<MulFn>({a, b})[0]; }
 //
 // forward runs with recording off and must not keep Tensor members that alias its outputs other
-// than through save_for_backward (which stores them detached: no reference cycles). Non-tensor
+// than through save_for_backward (which stores them detached: no reference cycles, and records
+// their versions: saved() refuses a tensor that was written in place after this forward, since
+// backward would then compute with values the forward never saw). Non-tensor
 // state (dims, flags, a communicator) goes in ordinary members set by the constructor. backward
 // returns one gradient per input, or an undefined Tensor for an input that gets none; the engine
 // checks count, shapes and dtypes and names this op when they are wrong.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <utility>
+#include <vector>
 
 #include "meshgrad/autograd/node.hpp"
 
@@ -40,13 +44,27 @@ class Function : public Node {
   void set_needs_input_grad(std::vector<bool> v) { needs_input_grad_ = std::move(v); }
 
  protected:
-  // Keeps tensors for backward (detached: the saved handle does not hold the graph).
+  // Keeps tensors for backward (detached: the saved handle does not hold the graph) with the
+  // version of each (Tensor::version).
   void save_for_backward(TensorList tensors);
-  // The saved tensors; throws if they were released (backward through a freed graph).
+  // The saved tensors. Throws InvalidArgument if they were released (backward through a freed
+  // graph), or if one was changed in place since save_for_backward (an optimizer step or a
+  // checkpoint load between forward and backward): the message names this op, the saved tensor
+  // (index, name of the tensor or of the parameter whose storage it shares) and both versions.
   const TensorList& saved() const;
 
  private:
+  // What saved() needs beyond the tensor: the version to compare and, for the error message
+  // only, the handle that was passed in (its name; weak, so a saved output does not keep
+  // itself alive through this node).
+  struct SavedInfo {
+    std::uint64_t version = 0;
+    std::weak_ptr<TensorImpl> original;
+  };
+  [[noreturn]] void throw_changed_in_place(std::size_t index) const;
+
   TensorList saved_;
+  std::vector<SavedInfo> saved_info_;
   bool released_ = false;
   std::vector<bool> needs_input_grad_;
 };

@@ -2,15 +2,41 @@
 #pragma once
 
 #include <cstdint>
+#include <string>
 
 namespace meshgrad::blas {
 
 // Sets the number of threads OpenBLAS uses for each call. Process-wide: rank threads of the threads
-// backend share it, so run_ranks sets it to cores / ranks.
+// backend share it, so whoever launches ranks sets it (see ThreadsPerRank).
 void set_num_threads(int n);
 int num_threads();
 // Number of cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
+
+// The launch policy: while alive, OpenBLAS uses max(1, available_cores() / ranks_on_node) threads,
+// so ranks x BLAS threads never exceeds the cores (rank threads of one process share the count;
+// separate processes on a node each get their share). The previous count comes back at the end of
+// the scope. Process-wide, like the count itself: two concurrent scopes with different rank counts
+// would race, so launch one set of ranks at a time.
+//   blas::ThreadsPerRank policy(world_size);            // threads backend: all ranks in this process
+//   blas::ThreadsPerRank policy(ranks_on_this_node);    // mpi: one rank per process
+class ThreadsPerRank {
+ public:
+  explicit ThreadsPerRank(int ranks_on_node);
+  ~ThreadsPerRank();
+  ThreadsPerRank(const ThreadsPerRank&) = delete;
+  ThreadsPerRank& operator=(const ThreadsPerRank&) = delete;
+  int threads() const { return threads_; }
+
+ private:
+  int threads_;
+  int previous_threads_;
+  std::string previous_policy_;
+};
+
+// The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 cores / 2 ranks on
+// this node)" inside a ThreadsPerRank, else "4 BLAS threads (no launch policy in effect)".
+std::string thread_policy();
 
 // C = alpha * op(A) op(B) + beta * C, row-major. op(X) = X^T when trans_x. lda/ldb/ldc are the
 // row strides (in elements) of A, B, C as stored.

@@ -1,5 +1,6 @@
 // Non-differentiable compute kernels on Tensors (CPU). Results are new contiguous tensors unless the
-// name ends in '_' (in place). The differentiable ops in ops/ call these in forward and backward.
+// name ends in '_' (in place; these and matmul_into bump the written tensor's version, see
+// Tensor::version). The differentiable ops in ops/ call these in forward and backward.
 // Floating kernels take float32 or float64 (operands of one op share a dtype) and throw
 // InvalidArgument naming the op, dtypes and shapes otherwise.
 #pragma once

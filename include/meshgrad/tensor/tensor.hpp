@@ -8,6 +8,7 @@
 // The methods here are not differentiable; differentiable versions of every op are in ops/ops.hpp.
 #pragma once
 
+#include <atomic>
 #include <cstddef>
 #include <cstdint>
 #include <functional>
@@ -30,7 +31,7 @@ class Node;
 class Tensor;
 using TensorList = std::vector<Tensor>;
 
-// Raw storage: 64-byte aligned bytes.
+// Raw storage: 64-byte aligned bytes, plus the version counter of the data (Tensor::version).
 class Storage {
  public:
   explicit Storage(std::size_t nbytes);
@@ -40,9 +41,17 @@ class Storage {
   std::byte* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
 
+  // How many in-place writes these bytes have seen. Atomic (relaxed): rank threads of the threads
+  // backend may hold handles to one storage, and a counter must never tear or lose a bump even
+  // where the data writes themselves are ordered by the caller. Relaxed is enough: the counter
+  // orders nothing, it only has to differ after a write.
+  std::uint64_t version() const { return version_.load(std::memory_order_relaxed); }
+  void bump_version() { version_.fetch_add(1, std::memory_order_relaxed); }
+
  private:
   std::byte* data_;
   std::size_t nbytes_;
+  std::atomic<std::uint64_t> version_{0};
 };
 
 // A gradient hook: sees the gradient flowing into a tensor; may return a replacement (or an
@@ -147,6 +156,18 @@ class Tensor {
   void copy_from(const Tensor& src);
   void fill_(double value);
   void zero_() { fill_(0.0); }
+
+  // ---- version counter (what autograd checks saved tensors against) ----------------------------
+  // The number of in-place writes to this tensor's storage. Shared by every handle on the same
+  // storage (views, detach()), like PyTorch's version counter: a write through any view changes
+  // the version all of them see. copy_from, fill_, zero_, set and the in-place kernels (names
+  // ending in '_', matmul_into) bump it; a fresh tensor starts at 0; reading never bumps.
+  std::uint64_t version() const { return impl().storage->version(); }
+  // For code that writes through data<T>() / raw_data() into a tensor it did not just create
+  // (optimizer steps, loaders, in-place collectives): call once per write, so that a backward
+  // that saved this tensor refuses to use the changed values. const like data(): the handle is
+  // not changed, the data is.
+  void bump_version() const { impl().storage->bump_version(); }
 
   // ---- autograd state (the engine is in autograd/; ops in ops/) --------------------------------
   bool requires_grad() const;

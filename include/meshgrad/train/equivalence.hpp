@@ -42,6 +42,10 @@ struct EquivalenceReport {
   double grad_tolerance = 0, weight_tolerance = 0, loss_tolerance = 0;
   std::string first_divergence;   // the first parameter (forward order) above tolerance, "" if none
   bool passed = false;
+  // False in a process that did not host mesh rank 0 (under mpi: every rank but 0). Such a process
+  // takes part in the mesh run but compares nothing: its report is otherwise empty and passed, and
+  // rank 0's report is the verdict.
+  bool compared = true;
 };
 
 // The tolerances, relative to each parameter's largest magnitude (max |a - b| / max |b|):
@@ -53,7 +57,8 @@ struct EquivalenceReport {
 //           gradient elements into their updates, so 1e-4 still catches any wrong formula (those
 //           show as 1e-2 and above) without flagging rounding.
 // run_on_mesh(fn) must call fn(mesh) on every rank of the mesh `options.mesh` (the CLI passes its
-// backend launcher; tests pass run_ranks). The reference runs on one rank in this process.
+// backend launcher; tests pass run_ranks). The reference runs afterwards on one rank in this
+// process, only in the process that hosted mesh rank 0 (which holds the mesh's results).
 using RunOnMesh = std::function<void(const std::function<void(const dist::DeviceMeshPtr&)>&)>;
 EquivalenceReport check_equivalence(const EquivalenceOptions& options, const RunOnMesh& run_on_mesh);
 

@@ -100,10 +100,12 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path);
 // the tensors in data order, as compact JSON padded with spaces to a multiple of 8 bytes. So the
 // output is deterministic and every tensor starts aligned to its element size.
 //
-// Atomic: the file is written to a temporary file in the same directory, flushed to disk (fsync)
-// and renamed over path; on any error (invalid input, I/O) the temporary is removed and an existing
-// file at path is left untouched. Throws SafetensorsError on an undefined tensor, an empty,
-// duplicate or reserved ("__metadata__") name, or an I/O failure.
+// Atomic (train/output_path.hpp, AtomicFileWriter): the file is written to a temporary
+// ".NAME.tmp-*" in the same directory, flushed to disk (fsync) and renamed over path; on any error
+// (invalid input, I/O, an exception) the temporary is removed and an existing file at path is left
+// untouched. Only a missing path or a regular file is replaced: a directory, a device or a
+// symbolic link at path is refused. Throws SafetensorsError on an undefined tensor, an empty,
+// duplicate or reserved ("__metadata__") name, such a path, or an I/O failure.
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
                        const std::map<std::string, std::string>& metadata = {});
 

@@ -16,6 +16,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/train/gpt2_config.hpp"   // read_gpt2_config (used with compute_gradients)
 
 namespace meshgrad::train {
 
@@ -85,10 +86,15 @@ double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_param
 // Each line is written by one write() call and flushed, so a reader never sees half a line.
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh);
 
-// The model configuration of a Hugging Face GPT-2 config.json (n_layer, n_head, n_embd, vocab_size,
-// n_positions, layer_norm_epsilon). Throws InvalidArgument naming the file and the key when a key
-// is missing or has the wrong type, or when the file is not readable JSON.
-nn::ModelConfig read_gpt2_config(const std::string& path);
+// Targets equal to kIgnoreIndex add no loss (PyTorch's and Hugging Face's ignore_index; the default
+// of nn::vocab_parallel_cross_entropy), and the mean is over the others: the loss divisor is
+// count_loss_targets(global targets), not B * T.
+inline constexpr std::int64_t kIgnoreIndex = -100;
+
+// The number of targets (int64, any shape) that are not kIgnoreIndex: the divisor of the mean
+// cross-entropy of a global batch. Throws InvalidArgument when it is 0 (every target ignored: the
+// mean over no tokens is undefined; PyTorch returns NaN).
+std::int64_t count_loss_targets(const Tensor& targets);
 
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
@@ -96,7 +102,8 @@ struct GradientDump {
 };
 
 // loss + backward + gradient synchronisation of model on the global batch (inputs/targets int64
-// [B, T], split over dp by the shard rule; loss = mean over all B * T positions), then every
+// [B, T], split over dp by the shard rule; loss = mean over the positions whose target is not
+// kIgnoreIndex), then every
 // parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
 // full result). The model's parameters must not have gradients yet.
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);

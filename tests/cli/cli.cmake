@@ -1,0 +1,77 @@
+# Tests of the meshgrad command-line tool: unit tests of tools/launch.cpp (test_launch) and runs of
+# the built `meshgrad` binary that must fail before anything starts, with a message naming what was
+# wrong. Included by tests/CMakeLists.txt.
+add_executable(test_launch ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_launch.cpp ${PROJECT_SOURCE_DIR}/tools/launch.cpp)
+target_include_directories(test_launch PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+target_link_libraries(test_launch PRIVATE meshgrad GTest::gtest GTest::gtest_main)
+gtest_discover_tests(test_launch DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60 PROPERTIES LABELS cli TIMEOUT 120)
+
+# meshgrad_cli_test(NAME RC REGEX ARGS...): runs ARGS (the first one the program), expects exit
+# status RC (a number or NONZERO) and output matching REGEX.
+function(meshgrad_cli_test name rc regex)
+  string(REPLACE ";" "|" args "${ARGN}")
+  add_test(NAME cli_${name}
+           COMMAND ${CMAKE_COMMAND} "-DARGS=${args}" -DRC=${rc} "-DREGEX=${regex}"
+                   -P ${CMAKE_CURRENT_SOURCE_DIR}/cli/expect.cmake)
+  set_tests_properties(cli_${name} PROPERTIES LABELS cli TIMEOUT 150)
+endfunction()
+
+set(mg $<TARGET_FILE:meshgrad_cli>)
+set(tiny_no_steps --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+set(tiny --steps 1 ${tiny_no_steps})
+set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+
+# --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
+meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'pp'.*valid axes are dp and tp" ${mg} train --mesh pp=2 ${tiny})
+meshgrad_cli_test(mesh_miscased_axis 1 "unknown axis 'TP' \\(did you mean 'tp'\\?\\)" ${mg} train --mesh TP=2 ${tiny})
+meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgrad runs at most 4096"
+                  ${mg} train --mesh dp=4,tp=1073741825 ${tiny})
+meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
+                  ${mg} train --mesh dp=100,tp=100 ${tiny})
+meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'pp'" ${mg} explain --mesh pp=2)
+# tp=RxC reaches the models as the axes dp, tp_row, tp_col (float64, against one rank).
+meshgrad_cli_test(check_tp_2x2 0 "on mesh dp=1,tp_row=2,tp_col=2.*PASS: the mesh model matches"
+                  ${mg} check --mesh tp=2x2 --layers 1)
+meshgrad_cli_test(check_dp2_tp_2x2 0 "on mesh dp=2,tp_row=2,tp_col=2.*PASS: the mesh model matches"
+                  ${mg} check --mesh dp=2,tp=2x2 --layers 1)
+
+# Started by mpirun without --backend mpi: every process would run the whole job on its own.
+meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})
+set_tests_properties(cli_threads_under_mpi_launcher PROPERTIES ENVIRONMENT "OMPI_COMM_WORLD_SIZE=2")
+if(MESHGRAD_WITH_MPI)
+  set(mpirun ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  meshgrad_cli_test(mpirun_without_backend_mpi NONZERO "add `--backend mpi`"
+                    ${mpirun} -np 2 ${mg} train --mesh tp=2 ${tiny})
+  # Every rank but 0 used to compare an empty mesh result: "parameter wte.weight missing on the mesh".
+  meshgrad_cli_test(check_mpi_np2 0 "PASS: the mesh model matches"
+                    ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --layers 1)
+  meshgrad_cli_test(check_mpi_np4_tp_2x2 0 "PASS: the mesh model matches"
+                    ${mpirun} -np 4 ${mg} check --backend mpi --mesh tp=2x2 --layers 1)
+  # MPMD ranks with different model sizes used to corrupt the heap in the first all-reduce.
+  meshgrad_cli_test(mpmd_options_differ NONZERO "--hidden is '32' on rank 0 but '64' on rank 1"
+                    ${mpirun} -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 32
+                    : -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 64)
+endif()
+
+# Integer ranges: a message naming the option and the bound, never "Value 0 not in range 0 to 1.8e308"
+# and never a negative value silently wrapped or replaced by a default.
+meshgrad_cli_test(version 0 "meshgrad [0-9]+\\.[0-9]+\\.[0-9]+ \\(git [0-9a-f]+" ${mg} --version)
+# (Each run is small: a test that wrongly succeeds must not train the default model for minutes.)
+meshgrad_cli_test(train_steps_zero 105 "--steps: must be >= 1, got 0" ${mg} train --steps 0 ${tiny_no_steps})
+meshgrad_cli_test(train_warmup_negative 105 "--warmup: must be an integer >= 0, got '-5'"
+                  ${mg} train --warmup -5 ${tiny})
+meshgrad_cli_test(train_seed_negative 105 "--seed: must be an integer >= 0, got '-1'" ${mg} train --seed -1 ${tiny})
+meshgrad_cli_test(train_seed_too_large 105 "--seed: must be <= 18446744073709551615, got 99999999999999999999"
+                  ${mg} train --seed 99999999999999999999 ${tiny})
+meshgrad_cli_test(train_hidden_too_large 105 "--hidden: must be <= 2147483647, got 2147483648"
+                  ${mg} train --hidden 2147483648 ${tiny_no_hidden})
+meshgrad_cli_test(check_ffn_negative 105 "--ffn: must be an integer >= 0, got '-5'" ${mg} check --model mlp --ffn -5)
+meshgrad_cli_test(check_seq_zero 105 "--seq: must be >= 1, got 0" ${mg} check --seq 0 --layers 1)
+meshgrad_cli_test(gradcheck_repeats_zero 105 "--repeats: must be >= 1, got 0" ${mg} gradcheck --repeats 0 --ops add)
+set(tiny_bench --min-bytes 1K --max-bytes 1K --ops all_reduce)
+meshgrad_cli_test(bench_ranks_negative 105 "--ranks: must be an integer >= 1, got '-3'"
+                  ${mg} bench collectives --ranks -3 ${tiny_bench})
+meshgrad_cli_test(bench_iters_negative 105 "--iters: must be an integer >= 0, got '-1'"
+                  ${mg} bench collectives --iters -1 ${tiny_bench})
+meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too large"
+                  ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)

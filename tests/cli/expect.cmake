@@ -1,0 +1,20 @@
+# Runs one command and checks its exit status and output (stdout + stderr), for CLI tests that must
+# fail with a given message: a crash or a hang with the right words still fails the test.
+#   cmake -DARGS="exe|arg|..." -DRC=1|0|NONZERO -DREGEX=... [-DNOT_REGEX=...] -P expect.cmake
+string(REPLACE "|" ";" command "${ARGS}")
+execute_process(COMMAND ${command} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err TIMEOUT 120)
+set(all "${out}${err}")
+if(RC STREQUAL "NONZERO")
+  if(rc STREQUAL "0" OR NOT rc MATCHES "^[0-9]+$")
+    message(FATAL_ERROR "expected a non-zero exit status, got '${rc}'\n${all}")
+  endif()
+elseif(NOT rc STREQUAL "${RC}")
+  message(FATAL_ERROR "expected exit status ${RC}, got '${rc}'\n${all}")
+endif()
+if(NOT all MATCHES "${REGEX}")
+  message(FATAL_ERROR "output does not match '${REGEX}':\n${all}")
+endif()
+if(DEFINED NOT_REGEX AND all MATCHES "${NOT_REGEX}")
+  message(FATAL_ERROR "output matches '${NOT_REGEX}', which it must not:\n${all}")
+endif()
+message(STATUS "ok (exit ${rc})\n${all}")

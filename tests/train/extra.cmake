@@ -1,0 +1,6 @@
+# The command line's file handling, end to end (tests/train/cli_files.sh). Included by
+# tests/CMakeLists.txt.
+add_test(NAME train_cli_files
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_files.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_files)
+set_tests_properties(train_cli_files PROPERTIES LABELS train TIMEOUT 120)

@@ -1,0 +1,35 @@
+// Range checks for integer options, with messages that say what is wrong: CLI11's PositiveNumber
+// says "Value 0 not in range 0.000000 to 1.8e308" and lets a negative seed wrap into an unsigned one.
+//   app.add_option("--steps", steps, "...")->check(at_least(1));   // "--steps: must be >= 1, got 0"
+#pragma once
+
+#include <CLI/CLI.hpp>
+#include <fmt/core.h>
+
+#include <charconv>
+#include <climits>
+#include <cstdint>
+#include <string>
+
+namespace meshgrad::tools {
+
+// Accepts an integer in [min, max] written in decimal digits (no sign: negative values are refused
+// before CLI11 converts them, so "-1" never wraps into an unsigned option). max is the option's
+// type's largest value: INT_MAX for int options (the default), UINT64_MAX for seeds.
+inline CLI::Validator at_least(unsigned long long min, unsigned long long max = INT_MAX) {
+  return CLI::Validator(
+      [min, max](std::string& text) -> std::string {
+        unsigned long long value = 0;
+        const char* last = text.data() + text.size();
+        const auto [end, ec] = std::from_chars(text.data(), last, value);
+        if (text.empty() || text[0] == '-' || text[0] == '+' || end != last || ec == std::errc::invalid_argument) {
+          return fmt::format("must be an integer >= {}, got '{}'", min, text);
+        }
+        if (ec == std::errc() && value < min) return fmt::format("must be >= {}, got {}", min, text);
+        if (ec == std::errc::result_out_of_range || value > max) return fmt::format("must be <= {}, got {}", max, text);
+        return "";
+      },
+      fmt::format("INT>={}", min));
+}
+
+}  // namespace meshgrad::tools
