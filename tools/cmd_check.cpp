@@ -73,7 +73,7 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.seq = 16;
   o.model.batch = 4;
   app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
-  app.add_option("--mesh", o.mesh, "mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+  app.add_option("--mesh", o.mesh, "mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
   app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
   app.add_option("--hidden", o.model.hidden, "width")->check(at_least(1))->capture_default_str();

@@ -51,7 +51,8 @@ MESHGRAD_REGISTER_COMMAND(
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<TrainArgs>();
               auto& o = a->options;
-              app.add_option("--mesh", a->mesh, "Mesh axes, e.g. tp=2 or dp=2,tp=2")->capture_default_str();
+              app.add_option("--mesh", a->mesh, "Mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")
+                  ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();

@@ -12,6 +12,7 @@
 #include <cstring>
 #include <exception>
 #include <memory>
+#include <new>
 #include <string_view>
 
 #include "meshgrad/comm/errors.hpp"
@@ -204,6 +205,15 @@ void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>&
                                     differing, P));
 }
 
+std::string error_message(const std::exception& e) {
+  if (dynamic_cast<const std::bad_alloc*>(&e) != nullptr) {
+    return fmt::format("out of memory ({}): the model, batch or data does not fit in this machine's memory (or the "
+                       "process's limit); use a smaller --hidden, --layers, --seq or --batch, or fewer ranks per "
+                       "machine", e.what());
+  }
+  return e.what();
+}
+
 int mpi_launcher_world_size() {
   // Open MPI's mpirun sets OMPI_COMM_WORLD_SIZE; PMI launchers (MPICH's hydra, srun) set PMI_SIZE.
   return std::max(env_count("OMPI_COMM_WORLD_SIZE"), env_count("PMI_SIZE"));
@@ -246,7 +256,8 @@ int run_on_backend(const std::string& backend, int world_size,
       if (world->size() == 1) throw;
       // The other ranks may be blocked in a collective this rank will never join; MPI cannot cancel
       // it and MPI_Finalize would wait for them, so the job is aborted with this rank's message.
-      comm::mpi_abort(1, fmt::format("meshgrad: error on rank {} of {}: {}", world->rank(), world->size(), e.what()));
+      comm::mpi_abort(1, fmt::format("meshgrad: error on rank {} of {}: {}", world->rank(), world->size(),
+                                      error_message(e)));
     }
     return 0;
   }

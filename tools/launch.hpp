@@ -14,6 +14,7 @@
 //                       before anything starts, since an unknown axis would be silently ignored.
 #pragma once
 
+#include <exception>
 #include <functional>
 #include <string>
 #include <vector>
@@ -51,6 +52,10 @@ const std::vector<OptionValue>& launch_options();
 // differing rank's (this rank's when it differs). MPMD runs (`mpirun -np 1 meshgrad ... --hidden 32
 // : -np 1 meshgrad ... --hidden 64`) used to corrupt the heap or train each rank on its own config.
 void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options);
+
+// The message meshgrad prints for an error that ends a command: e.what(), except that an allocation
+// failure (std::bad_alloc, whose what() says nothing) says what ran out and what to change.
+std::string error_message(const std::exception& e);
 
 // The number of processes an MPI launcher (mpirun, srun) started this job with, from the
 // environment it sets; 0 when not started by one.

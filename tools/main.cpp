@@ -107,7 +107,7 @@ int main(int argc, char** argv) {
       return run();
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "meshgrad: error: {}\n", e.what());
+    fmt::print(stderr, "meshgrad: error: {}\n", error_message(e));
     return 1;
   }
   fmt::print(stderr, "meshgrad: no command given (see --help)\n");

@@ -68,18 +68,13 @@ std::shared_ptr<Node> grad_accumulator(const Tensor& leaf) {
   return acc;
 }
 
-}  // namespace meshgrad::autograd
-
-namespace meshgrad {
-
-// Declared in tensor.hpp; defined here because it needs the graph node of a non-leaf.
-void Tensor::register_hook(GradHook hook) {
-  MG_CHECK(requires_grad(), "register_hook: tensor {} does not require grad", str());
-  if (is_leaf()) {
-    autograd_meta().hooks.push_back(std::move(hook));
+void register_hook(const Tensor& t, GradHook hook) {
+  MG_CHECK(t.requires_grad(), "register_hook: tensor {} does not require grad", t.str());
+  if (t.is_leaf()) {
+    t.autograd_meta().hooks.push_back(std::move(hook));
   } else {
-    grad_fn()->pre_hooks.emplace_back(output_nr(), std::move(hook));
+    t.grad_fn()->pre_hooks.emplace_back(t.output_nr(), std::move(hook));
   }
 }
 
-}  // namespace meshgrad
+}  // namespace meshgrad::autograd

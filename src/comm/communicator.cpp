@@ -564,7 +564,8 @@ void CommBase::check_usable(OpKind op, std::uint64_t seq) const {
 }
 
 std::string CommBase::where(OpKind op, std::uint64_t seq) const {
-  return fmt::format("{}: {} seq {} on rank {} of {}", backend(), op_name(op), seq, rank_, size_);
+  return fmt::format("{}: {} seq {} on rank {} of {}{}", backend(), op_name(op), seq, rank_, size_,
+                     label_.empty() ? std::string() : " of group " + label_);
 }
 
 std::shared_ptr<OpState> CommBase::new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const {

@@ -181,10 +181,12 @@ class CommBase : public Communicator {
   int size() const override { return size_; }
   Milliseconds default_timeout() const override { return default_timeout_; }
   bool debug_checks() const { return debug_checks_; }
+  void set_label(std::string label) override { label_ = std::move(label); }
 
   // Throws CommError if the communicator is broken.
   void check_usable(OpKind op, std::uint64_t seq) const;
-  // Builds the CommTimeout / PeerFailed / CommError messages: "<backend>: <op> seq <s> on rank <r>: ..."
+  // Builds the CommTimeout / PeerFailed / CommError messages: "<backend>: <op> seq <s> on rank <r> of
+  // <n>[ of group <label>]: ..."
   std::string where(OpKind op, std::uint64_t seq) const;
 
  protected:
@@ -200,6 +202,7 @@ class CommBase : public Communicator {
 
   int rank_, size_;
   Milliseconds default_timeout_;
+  std::string label_;   // set_label's; "" = none
   bool debug_checks_;
   std::uint64_t next_seq_ = 0;  // issued by the (one) thread that calls this communicator
 

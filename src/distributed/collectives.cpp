@@ -109,6 +109,7 @@ PendingTensor launch_all_reduce(const Tensor& x, const ProcessGroup& group, comm
   record_collective("all_reduce", group.axis, nbytes(x));
   Tensor in = x.contiguous();
   Tensor out = in_place ? x : Tensor::empty(x.shape(), x.dtype());
+  if (in_place) x.bump_version();   // written through raw_data() by the communicator
   auto work = group.comm->all_reduce_async(buffer_of(in), buffer_of(out), op, options_for(blocking));
   // `in` is captured so it outlives the operation.
   return PendingTensor(std::move(work), [in, out] { return out; });

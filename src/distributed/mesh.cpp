@@ -62,6 +62,7 @@ DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)
     std::vector<int> base = coords_;
     base[static_cast<std::size_t>(axis)] = 0;
     auto sub = world_->split(rank_of(base), coords_[static_cast<std::size_t>(axis)]);
+    sub->set_label(axes_[static_cast<std::size_t>(axis)].name);   // errors name the axis, not just "rank 1 of 2"
     groups_.push_back({std::move(sub), axes_[static_cast<std::size_t>(axis)].name, axis_bit(axis)});
   }
 }
@@ -86,7 +87,9 @@ ProcessGroup DeviceMesh::make_group(const std::vector<int>& axes) const {
     key = key * axes_[static_cast<std::size_t>(a)].size + coords_[static_cast<std::size_t>(a)];
     name += (name.empty() ? "" : "+") + axes_[static_cast<std::size_t>(a)].name;
   }
-  return {world_->split(rank_of(base), key), name, mask};
+  comm::CommunicatorPtr sub = world_->split(rank_of(base), key);
+  sub->set_label(name);
+  return {std::move(sub), name, mask};
 }
 
 const ProcessGroup& DeviceMesh::flattened_group(const std::vector<int>& axes) const {

@@ -37,7 +37,7 @@ ThreadsPerRank::ThreadsPerRank(int ranks_on_node) {
   set_num_threads(threads_);
   std::lock_guard lock(policy_m);
   previous_policy_ = policy_text;
-  policy_text = fmt::format("{} BLAS thread{} per rank ({} core{} / {} rank{} on this node)", threads_,
+  policy_text = fmt::format("{} BLAS thread{} per rank ({} usable core{} / {} rank{} on this node)", threads_,
                             threads_ == 1 ? "" : "s", cores, cores == 1 ? "" : "s", ranks_on_node,
                             ranks_on_node == 1 ? "" : "s");
 }

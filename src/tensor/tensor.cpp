@@ -527,8 +527,6 @@ void Tensor::register_post_accumulate_hook(PostAccumulateHook hook) {
   autograd_meta().post_accumulate_hooks.push_back(std::move(hook));
 }
 
-// register_hook needs the graph node of a non-leaf; defined in autograd/ (node.cpp) to keep the
-// dependency pointing downwards.
 
 // ---- checks ---------------------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@
 #include <unordered_map>
 #include <utility>
 
+#include "meshgrad/autograd/node.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
@@ -197,7 +198,7 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   for (std::size_t index = 0; index < state_->entries.size(); ++index) {
     nn::Parameter* p = state_->entries[index].param;
     std::weak_ptr<State> weak = state_;
-    p->value.register_hook([weak, index](const Tensor&) {
+    autograd::register_hook(p->value, [weak, index](const Tensor&) {
       if (auto state = weak.lock()) state->before_accumulate(index);
       return Tensor();   // the gradient itself is unchanged
     });

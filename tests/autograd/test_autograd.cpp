@@ -173,7 +173,7 @@ TEST(Autograd, HooksOnLeavesAndNonLeaves) {
   Tensor a = leaf({1, 2});
   Tensor y = mul(a, a);
   std::vector<double> seen_y;
-  y.register_hook([&](const Tensor& g) {
+  autograd::register_hook(y, [&](const Tensor& g) {
     seen_y = g.to_vector();
     return kernels::scale(g, 10.0);   // replaces the gradient flowing on
   });
@@ -209,8 +209,8 @@ TEST(Autograd, ReadyOrderIsReverseCreation) {
   std::vector<char> order;
   Tensor ya = mul(a, a);
   Tensor yb = mul(b, b);
-  ya.register_hook([&](const Tensor&) { order.push_back('a'); return Tensor(); });
-  yb.register_hook([&](const Tensor&) { order.push_back('b'); return Tensor(); });
+  autograd::register_hook(ya, [&](const Tensor&) { order.push_back('a'); return Tensor(); });
+  autograd::register_hook(yb, [&](const Tensor&) { order.push_back('b'); return Tensor(); });
   backward(add(sum(ya), sum(yb)));
   EXPECT_EQ(order, (std::vector<char>{'b', 'a'}));
 }

@@ -75,3 +75,8 @@ meshgrad_cli_test(bench_iters_negative 105 "--iters: must be an integer >= 0, go
                   ${mg} bench collectives --iters -1 ${tiny_bench})
 meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too large"
                   ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)
+
+# An allocation that fails says what ran out and what to change, not just "std::bad_alloc". The
+# address-space limit makes the failure the same on every machine.
+meshgrad_cli_test(out_of_memory_says_so 1 "out of memory \\(std::bad_alloc\\).*smaller --hidden"
+                  /bin/sh -c "ulimit -v 600000 && exec ${mg} train --hidden 20000 --heads 4 --layers 1 --seq 16 --batch 4 --steps 1 --mesh tp=1 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-oom.jsonl")

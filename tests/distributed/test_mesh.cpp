@@ -1,6 +1,7 @@
 #include <gtest/gtest.h>
 
 #include "dist_test_util.hpp"
+#include "meshgrad/comm/errors.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 
 using namespace meshgrad;
@@ -62,4 +63,23 @@ TEST(DeviceMesh, AxisProductOverflowIsAnError) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("a=3,b=1431655766"), std::string::npos) << e.what();
   }
+}
+
+TEST(DeviceMesh, AxisGroupErrorsNameTheAxis) {
+  // A rank that never joins a tp all-reduce: the waiting rank's error says which group it waited in
+  // (its "rank 1 of 2" is a group rank, which alone is ambiguous in a larger world).
+  comm::ThreadsOptions o;
+  o.timeout = std::chrono::milliseconds(300);
+  std::string message;
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const DeviceMesh>(world, std::vector<MeshAxis>{{"dp", 1}, {"tp", 2}});
+    if (mesh->rank() == 0) return;
+    double x = 1;
+    try {
+      mesh->group("tp").comm->all_reduce(comm::MutableBuffer{&x, 1, DType::Float64}, comm::ReduceOp::Sum);
+    } catch (const comm::CommTimeout& e) {
+      message = e.what();
+    }
+  }, o);
+  EXPECT_NE(message.find("on rank 1 of 2 of group tp"), std::string::npos) << message;
 }

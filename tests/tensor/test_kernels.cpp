@@ -194,7 +194,7 @@ TEST(Blas, ThreadsPerRankSharesTheCoresAndRestores) {
       blas::ThreadsPerRank many(4 * cores);
       EXPECT_EQ(blas::num_threads(), 1);
       EXPECT_EQ(many.threads(), 1);
-      EXPECT_EQ(blas::thread_policy(), fmt::format("1 BLAS thread per rank ({} core{} / {} ranks on this node)",
+      EXPECT_EQ(blas::thread_policy(), fmt::format("1 BLAS thread per rank ({} usable core{} / {} ranks on this node)",
                                                    cores, cores == 1 ? "" : "s", 4 * cores));
     }
     EXPECT_EQ(blas::num_threads(), cores);

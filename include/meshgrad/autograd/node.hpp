@@ -64,6 +64,10 @@ Edge gradient_edge(const Tensor& t);
 // Makes `output` (a fresh handle) the output_nr-th output of node.
 void set_history(Tensor& output, const std::shared_ptr<Node>& node, std::uint32_t output_nr);
 
+// Runs hook on the gradient of t when backward computes it (a leaf: before accumulation; a
+// non-leaf: when its grad_fn receives it). The hook may return a replacement gradient.
+void register_hook(const Tensor& t, GradHook hook);
+
 // The node that accumulates into a leaf's .grad; one per leaf (held weakly by the leaf).
 std::shared_ptr<Node> grad_accumulator(const Tensor& leaf);
 

@@ -94,6 +94,10 @@ class Communicator {
   virtual std::string_view backend() const = 0;   // "threads", "mpi", ...
   // The default deadline of this communicator's waits.
   virtual Milliseconds default_timeout() const = 0;
+  // Names this communicator in error messages ("... on rank 1 of 2 of group tp"), e.g. the mesh axis a
+  // split made it for; "" (the default) names none. Call it before the communicator's first
+  // operation (the messages are built on its progress thread too).
+  virtual void set_label(std::string label) {}
 
   // ---- async forms ------------------------------------------------------------------------------
   // out[i] = reduce over ranks of in[i]. in.count == out.count, same on every rank. in may == out.

@@ -16,8 +16,10 @@ int available_cores();
 // The launch policy: while alive, OpenBLAS uses max(1, available_cores() / ranks_on_node) threads,
 // so ranks x BLAS threads never exceeds the cores (rank threads of one process share the count;
 // separate processes on a node each get their share). The previous count comes back at the end of
-// the scope. Process-wide, like the count itself: two concurrent scopes with different rank counts
-// would race, so launch one set of ranks at a time.
+// the scope. The cores are this process's affinity (available_cores()): under mpirun's default
+// binding a rank may see only its own core, so dividing by the node's ranks errs on the safe side
+// (never more threads than cores). Process-wide, like the count itself: two concurrent scopes with
+// different rank counts would race, so launch one set of ranks at a time.
 //   blas::ThreadsPerRank policy(world_size);            // threads backend: all ranks in this process
 //   blas::ThreadsPerRank policy(ranks_on_this_node);    // mpi: one rank per process
 class ThreadsPerRank {
@@ -34,7 +36,7 @@ class ThreadsPerRank {
   std::string previous_policy_;
 };
 
-// The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 cores / 2 ranks on
+// The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 usable cores / 2 ranks on
 // this node)" inside a ThreadsPerRank, else "4 BLAS threads (no launch policy in effect)".
 std::string thread_policy();
 

@@ -179,8 +179,7 @@ class Tensor {
   void zero_grad() { set_grad(Tensor()); }
   const std::shared_ptr<autograd::Node>& grad_fn() const;
   std::uint32_t output_nr() const;
-  // Runs hook on the gradient of this tensor when backward computes it.
-  void register_hook(GradHook hook);
+  // (A hook on the gradient of any tensor is autograd::register_hook: it needs the graph node.)
   // Leaves only: runs hook after this leaf's .grad was accumulated.
   void register_post_accumulate_hook(PostAccumulateHook hook);
   const std::string& name() const;
