@@ -36,6 +36,13 @@ void GatherBuffers::keep(const Tensor& t) {
   buffers_.push_back(t);
 }
 
+const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh) {
+  if (mesh.has_axis("tp_row") && mesh.has_axis("tp_col")) {
+    return mesh.flattened_group({mesh.axis_index("tp_row"), mesh.axis_index("tp_col")});
+  }
+  return mesh.group("tp");
+}
+
 std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
   MG_CHECK(mesh != nullptr, "model: no mesh given");
   auto ctx = std::make_shared<ParallelContext>();
@@ -47,7 +54,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->two_d = true;
     ctx->row_axis = mesh->axis_index("tp_row");
     ctx->col_axis = mesh->axis_index("tp_col");
-    ctx->tp = mesh->make_group({ctx->row_axis, ctx->col_axis});
+    ctx->tp = tensor_parallel_group(*mesh);
     const bool grid = mesh->axis_size(ctx->row_axis) > 1 || mesh->axis_size(ctx->col_axis) > 1;
     MG_CHECK(!(grid && config.sequence_parallel),
              "model: sequence parallelism is not supported on a 2-D tensor-parallel mesh ({}); use tp=N", mesh->str());

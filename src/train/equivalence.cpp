@@ -43,14 +43,9 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   for (int step = 0; step < o.steps; ++step) {
     dist::CommCounter step_counter;
     dist::CountingScope counting(step == 0 ? counter : step_counter);
-    optimizer.zero_grad();
     const nn::Batch global_batch =
         make_synthetic_batch(o.model, 1, 0, o.seed * 1000003 + static_cast<std::uint64_t>(step));
-    const nn::Batch batch = dp_shard(global_batch, dp.rank(), dp.size());
-    Tensor loss = model->loss(batch, count_loss_targets(global_batch.targets));
-    backward(loss);
-    sync.finish();
-    optimizer.step();
+    const Tensor loss = train_step(*model, global_batch, dp.rank(), dp.size(), sync, optimizer);
     // The global loss: each dp rank's share summed (outside the counted phases).
     dist::CommCounter ignored;
     dist::CountingScope not_counted(ignored);

@@ -4,6 +4,7 @@
 
 #include "meshgrad/train/explain.hpp"
 #include "meshgrad/train/gpt2_config.hpp"
+#include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/safetensors.hpp"
@@ -100,7 +101,7 @@ GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
     auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
     model->set_training(false);
-    if (from_files) load_parameters(job.weights, model->parameters(), mesh->group("tp"));
+    if (from_files) load_parameters(job.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
     GradientDump dump = compute_gradients(*model, batch, mesh);
     if (mesh->rank() != 0) return;
     result.loss = dump.loss;

@@ -1,5 +1,7 @@
 #include "meshgrad/train/trainer.hpp"
 
+#include "meshgrad/nn/layers.hpp"
+
 #include <fcntl.h>
 #include <sys/stat.h>
 #include <fmt/format.h>
@@ -166,6 +168,18 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
          12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
 }
 
+Tensor train_step(nn::Model& model, const nn::Batch& global_batch, int dp_rank, int dp_size,
+                  GradientSynchronizer& sync, AdamW& optimizer) {
+  optimizer.zero_grad();
+  const nn::Batch batch = dp_shard(global_batch, dp_rank, dp_size);
+  // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
+  const Tensor loss = model.loss(batch, count_loss_targets(global_batch.targets));
+  backward(loss);
+  sync.finish();
+  optimizer.step();
+  return loss;
+}
+
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) {
   MG_CHECK(mesh != nullptr, "train: no mesh");
   MG_CHECK(options.steps >= 1, "train: --steps must be >= 1, got {}", options.steps);
@@ -224,14 +238,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
     const nn::Batch global_batch = data.next_batch(step);
-    const nn::Batch batch = dp_shard(global_batch, dp.rank, dp.size);
-    // Byte tokens are never the ignore index, so this is B * T; counted all the same, so that the
-    // divisor follows the one rule (the mean over non-ignored targets) whatever the data.
-    const Tensor loss = model->loss(batch, count_loss_targets(global_batch.targets));
-    backward(loss);
-    sync.finish();
-    opt.step();
-    opt.zero_grad();
+    const Tensor loss = train_step(*model, global_batch, dp.rank, dp.size, sync, opt);
     const double global = global_loss(loss, dp);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
@@ -263,7 +270,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
 
   if (!options.save_path.empty() && dp.rank == 0) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
-    save_parameters(options.save_path, params, mesh->group("tp"), 0,
+    save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0,
                     {{"format", "pt"}, {"producer", "meshgrad train"}});
   }
   if (leader && options.progress) {
@@ -306,7 +313,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   sync.finish();
   GradientDump dump;
   dump.loss = global_loss(loss, dp);
-  dump.gradients = gather_gradients(params, mesh->group("tp"));
+  dump.gradients = gather_gradients(params, nn::tensor_parallel_group(*mesh));
   return dump;
 }
 

@@ -1,5 +1,9 @@
 #include <gtest/gtest.h>
 
+#include <atomic>
+#include <chrono>
+#include <thread>
+
 #include "dist_test_util.hpp"
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/distributed/collectives.hpp"
@@ -82,4 +86,24 @@ TEST(DeviceMesh, AxisGroupErrorsNameTheAxis) {
     }
   }, o);
   EXPECT_NE(message.find("on rank 1 of 2 of group tp"), std::string::npos) << message;
+}
+
+// A PendingTensor dropped while its collective is still in flight (an error path that never waits)
+// must wait for the operation before the buffers it holds are freed: the destructor returns only
+// after the slow peer joined. Without that the progress thread writes into freed memory (ASan).
+TEST(PendingTensor, DroppedInFlightWaitsBeforeFreeingItsBuffers) {
+  std::atomic<bool> peer_joined{false};
+  meshgrad::testing::run_on_mesh(2, [&](const dist::DeviceMeshPtr& mesh) {
+    const dist::ProcessGroup& g = mesh->group("tp");
+    if (g.rank() == 1) {
+      std::this_thread::sleep_for(std::chrono::milliseconds(200));
+      peer_joined = true;
+      dist::all_reduce(Tensor::full({1024}, 1.0, DType::Float64), g);
+      return;
+    }
+    {
+      dist::PendingTensor p = dist::all_reduce_async(Tensor::full({1024}, 2.0, DType::Float64), g);
+    }   // dropped without wait()
+    EXPECT_TRUE(peer_joined.load()) << "the PendingTensor went before its operation finished";
+  });
 }

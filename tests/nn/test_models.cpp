@@ -251,3 +251,49 @@ TEST(ModelErrors, BadInputsNameWhatIsWrong) {
 }
 
 }  // namespace
+
+namespace {
+
+// Sizes the split cannot take are refused before any layer is built, saying what to change.
+TEST(ModelConfigChecks, HeadsAndHiddenMessagesSayWhatIsWrong) {
+  nn::ModelConfig c = small_gpt();   // 4 heads
+  auto message_of = [&](const nn::ModelConfig& cfg, int tp, const std::vector<dist::MeshAxis>& axes = {}) {
+    try {
+      run_model(cfg, {}, tp, 7, 99, axes);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  EXPECT_NE(message_of(c, 8).find("only 4 heads"), std::string::npos) << message_of(c, 8);
+  EXPECT_NE(message_of(c, 8, {{"tp_row", 1}, {"tp_col", 8}}).find("tp_col"), std::string::npos);
+  nn::ModelConfig odd = c;
+  odd.hidden = 30;
+  EXPECT_NE(message_of(odd, 1).find("--hidden 30 is not divisible by --heads 4"), std::string::npos)
+      << message_of(odd, 1);
+}
+
+// Graph nodes hold what they need (shared context, buffers, blocks), not pointers into the model:
+// backward after the model is gone gives the same gradients (regather, checkpointed blocks).
+TEST(ModelLifetime, BackwardAfterTheModelIsDestroyed) {
+  nn::ModelConfig cfg = small_gpt();
+  nn::ParallelConfig parallel;
+  parallel.sequence_parallel = true;
+  parallel.recompute_allgather = true;
+  parallel.checkpoint_blocks = true;
+  cfg.dropout = 0.1;
+  const nn::Batch batch = make_batch(cfg, 99);
+  run_on_mesh(2, [&](const dist::DeviceMeshPtr& mesh) {
+    auto reference = nn::make_model(cfg, parallel, mesh, 7);
+    backward(reference->loss(batch, cfg.batch * cfg.seq));
+    const Tensor expected = reference->parameters()[2]->value.grad();   // h.0.ln_1.weight
+    auto model = nn::make_model(cfg, parallel, mesh, 7);
+    Tensor leaf = model->parameters()[2]->value;   // keep the parameter, drop the model
+    Tensor loss = model->loss(batch, cfg.batch * cfg.seq);
+    model.reset();
+    backward(loss);
+    EXPECT_TRUE(bitwise_equal(leaf.grad(), expected));
+  });
+}
+
+}  // namespace

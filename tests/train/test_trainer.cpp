@@ -19,15 +19,16 @@
 namespace meshgrad::train {
 namespace {
 
-// Runs fn(mesh) on the ranks of a dp x tp mesh (rank threads, short deadline).
-void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+// Runs fn(mesh) on the ranks of a dp x tp mesh, or dp x (rows x cols) when rows > 0 (rank
+// threads, short deadline).
+void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr&)>& fn, int rows = 0, int cols = 0) {
   comm::ThreadsOptions options;
   options.timeout = std::chrono::milliseconds(60000);
+  const std::vector<dist::MeshAxis> axes = rows > 0 ? std::vector<dist::MeshAxis>{{"dp", dp}, {"tp_row", rows}, {"tp_col", cols}}
+                                                    : std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}};
   comm::run_ranks(
-      dp * tp,
-      [&](const comm::CommunicatorPtr& world) {
-        fn(std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}}));
-      },
+      rows > 0 ? dp * rows * cols : dp * tp,
+      [&](const comm::CommunicatorPtr& world) { fn(std::make_shared<const dist::DeviceMesh>(world, axes)); },
       options);
 }
 
@@ -47,6 +48,7 @@ nn::ModelConfig tiny_gpt(DType dtype) {
 struct MeshCase {
   int dp, tp;
   bool sequence_parallel;
+  int rows = 0, cols = 0;   // > 0: a 2-D tp grid instead of tp
 };
 
 // The full gradients (and loss) of the tiny GPT from seed 5 on a mesh.
@@ -59,7 +61,7 @@ GradientDump dump_on(const MeshCase& m, const nn::Batch& batch) {
     model->set_training(false);
     GradientDump d = compute_gradients(*model, batch, mesh);
     if (mesh->rank() == 0) result = std::move(d);
-  });
+  }, m.rows, m.cols);
   return result;
 }
 
@@ -69,8 +71,8 @@ TEST(Trainer, GradientsAreTheSameWhateverTheMesh) {
   ASSERT_FALSE(ref.gradients.empty());
   EXPECT_GT(ref.loss, 3.0);   // ~ln(37) at initialisation
   for (const MeshCase& m : {MeshCase{1, 2, false}, MeshCase{2, 2, false}, MeshCase{2, 2, true}, MeshCase{2, 1, false},
-                            MeshCase{1, 3, true}}) {
-    SCOPED_TRACE(fmt::format("dp={} tp={} sp={}", m.dp, m.tp, m.sequence_parallel));
+                            MeshCase{1, 3, true}, MeshCase{1, 0, false, 2, 2}, MeshCase{2, 0, false, 1, 3}}) {
+    SCOPED_TRACE(fmt::format("dp={} tp={} sp={} grid={}x{}", m.dp, m.tp, m.sequence_parallel, m.rows, m.cols));
     const GradientDump got = dump_on(m, batch);
     EXPECT_NEAR(got.loss, ref.loss, 1e-12 * std::abs(ref.loss));
     ASSERT_EQ(got.gradients.size(), ref.gradients.size());

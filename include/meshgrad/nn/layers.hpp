@@ -74,6 +74,10 @@ struct ParallelContext {
 };
 using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
 
+// The whole tensor-parallel group of a mesh: the "tp" axis, or both axes of a 2-D grid (tp_row and
+// tp_col). Collective over the mesh on first use for a grid (every rank calls it in the same order).
+const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
+
 // A parameter of a layer, created from its full shape with deterministic init (std > 0: normal;
 // else the constant).
 Parameter make_parameter(const std::string& name, const Shape& full_shape, dist::Placements placements,

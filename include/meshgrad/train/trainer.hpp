@@ -96,6 +96,16 @@ inline constexpr std::int64_t kIgnoreIndex = -100;
 // mean over no tokens is undefined; PyTorch returns NaN).
 std::int64_t count_loss_targets(const Tensor& targets);
 
+class GradientSynchronizer;
+class AdamW;
+
+// One optimizer step, the loop body every training loop shares (train, the equivalence checker):
+// zero the gradients, this rank's loss on its dp share of global_batch (divided by the global count
+// of non-ignored targets), backward, gradient synchronisation, AdamW step. Returns this rank's loss
+// (its share of the global one; sum it over dp for the global loss).
+Tensor train_step(nn::Model& model, const nn::Batch& global_batch, int dp_rank, int dp_size,
+                  GradientSynchronizer& sync, AdamW& optimizer);
+
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
   std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name
