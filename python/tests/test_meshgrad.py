@@ -56,7 +56,7 @@ def test_grads_from_a_seed_do_not_depend_on_the_mesh():
     ref = meshgrad.grads(mesh="tp=1", **sizes)
     assert "wte.weight" in ref and ref["wte.weight"].shape == (256, 32)
     assert all(g.dtype == np.float64 for g in ref.values())
-    for mesh in ("tp=2", "dp=2,tp=2", "tp=4"):
+    for mesh in ("tp=2", "dp=2,tp=2", "tp=4", "tp=2x2"):   # tp=2x2: 2-D tensor parallelism
         got = meshgrad.grads(mesh=mesh, **sizes)
         assert got.keys() == ref.keys()
         for name, g in ref.items():
