@@ -8,6 +8,8 @@
 JOBS ?= $(shell nproc)
 BUILD ?= build
 CMAKE_FLAGS ?=
+# -march=native for this machine's speed; NATIVE=OFF builds what runs on any x86-64 (e.g. to install).
+NATIVE ?= ON
 
 .PHONY: deps build train gradcheck test test-asan test-tsan fuzz clean
 
@@ -15,7 +17,7 @@ deps:
 	@scripts/install-deps.sh
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 train: build

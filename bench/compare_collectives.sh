@@ -1,12 +1,12 @@
 #!/bin/sh
 # Runs meshgrad's collective benchmark (threads and mpi backends) and the peer probes
-# (../shared/peers: OpenMPI, PyTorch gloo) back to back, at 2 and 4 ranks, so the figures in
+# (bench/peers: OpenMPI, PyTorch gloo) back to back, at 2 and 4 ranks, so the figures in
 # docs/BENCHMARKS.md come from one run on one machine. Usage: bench/compare_collectives.sh BUILD_DIR [OUT_DIR]
 # (MESHGRAD=/path/to/meshgrad overrides BUILD_DIR/meshgrad.)
 set -eu
 build=${1:-build-comm}
 out=${2:-/tmp/meshgrad-collectives}
-peers=$(dirname "$0")/../../shared/peers
+peers=$(dirname "$0")/peers
 mkdir -p "$out"
 meshgrad=${MESHGRAD:-$build/meshgrad}
 mpirun="mpirun --allow-run-as-root --oversubscribe"

@@ -1,5 +1,5 @@
 #!/bin/sh
-# Runs `meshgrad bench mlp` and the PyTorch + gloo peer (../shared/peers/torch_tp_mlp.py) back to
+# Runs `meshgrad bench mlp` and the PyTorch + gloo peer (bench/peers/torch_tp_mlp.py) back to
 # back at tp = 1, 2 and 4 on the same shapes (tokens 1024, hidden 512, ffn 2048), REPEATS times, so
 # the ratio in docs/BENCHMARKS.md comes from one run on one machine (these machines are noisy:
 # compare the pairs, not single figures). Needs python3-torch for the peer.
@@ -7,7 +7,7 @@
 set -eu
 build=${1:-build}
 repeats=${2:-3}
-peers=$(dirname "$0")/../../shared/peers
+peers=$(dirname "$0")/peers
 for r in $(seq "$repeats"); do
   for tp in 1 2 4; do
     echo "== repeat $r, tp=$tp"

@@ -15,6 +15,7 @@ packages=(
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json)
   clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
+  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
 )
 # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
 # nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).

@@ -14,12 +14,10 @@
 #include <vector>
 
 #include "command.hpp"
-#include "launch.hpp"
-#include "meshgrad/nn/layers.hpp"
-#include "meshgrad/train/checkpoint.hpp"
+#include "mesh_runner.hpp"
+#include "meshgrad/train/jobs.hpp"
 #include "meshgrad/train/output_path.hpp"
 #include "meshgrad/train/safetensors.hpp"
-#include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -32,57 +30,25 @@ struct GradsArgs {
   bool sequence_parallel = false;
 };
 
-// The batch file's int64 [B, T] tensor `name`.
-Tensor read_batch_tensor(const train::SafetensorsFile& file, const std::string& name) {
-  MG_CHECK(file.contains(name), "batch '{}': no tensor \"{}\" (expected int64 \"inputs\" and \"targets\" [B, T])",
-           file.path(), name);
-  Tensor t = file.get(name);
-  MG_CHECK(t.dtype() == DType::Int64 && t.dim() == 2, "batch '{}': \"{}\" must be int64 [B, T], got {}", file.path(),
-           name, t.str());
-  return t;
-}
-
+// Reading and checking the files and computing the gradients is the library's job
+// (train::run_grads_job, shared with the Python module); this writes rank 0's result.
 int run(const GradsArgs& a) {
   // Before any work: --out must be writable and must not be one of the inputs.
   train::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
-  nn::ModelConfig config = train::read_gpt2_config(a.config);
-  const train::SafetensorsFile batch_file(a.batch);
-  nn::Batch batch{read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
-  MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
-           a.batch, batch.inputs.str(), batch.targets.str());
-  config.batch = static_cast<int>(batch.inputs.size(0));
-  config.seq = static_cast<int>(batch.inputs.size(1));
-  MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'", a.batch,
-           config.seq, config.n_positions(), a.config);
-
-  // Output dtype per parameter: the weights file's; the model computes in --dtype (default: wte's).
-  const train::SafetensorsFile weights_file(a.weights);
-  const DType weights_dtype = weights_file.entry("wte.weight").dtype;
-  MG_CHECK(weights_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", a.weights);
-  // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
-  train::check_gpt2_config_against_weights(config, a.config, weights_file);
-  config.dtype = a.dtype.empty() ? weights_dtype : parse_dtype(a.dtype);
-  nn::ParallelConfig parallel;
-  parallel.sequence_parallel = a.sequence_parallel;
-
-  return run_on_backend(a.backend, mesh_world_size(a.mesh), [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = make_mesh(world, a.mesh);
-    auto model = nn::make_model(config, parallel, mesh, 0);
-    model->set_training(false);
-    train::load_parameters(a.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
-    train::GradientDump dump = train::compute_gradients(*model, batch, mesh);
-    if (mesh->rank() != 0) return;
-    std::vector<std::pair<std::string, Tensor>> tensors;
-    for (auto& [name, grad] : dump.gradients) {
-      const DType out = weights_file.contains(name) ? weights_file.entry(name).dtype : weights_dtype;
-      tensors.emplace_back(name, grad.to(out));
-    }
-    tensors.emplace_back("loss", Tensor::scalar(dump.loss, weights_dtype));
-    train::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
-    fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", dump.loss,
-               dump.gradients.size(), dtype_name(weights_dtype), a.out, mesh->str(), world->backend(),
-               a.sequence_parallel ? ", sequence-parallel" : "");
-  });
+  train::GradsJob job;
+  job.config = a.config;
+  job.weights = a.weights;
+  job.batch = a.batch;
+  job.dtype = a.dtype;
+  job.sequence_parallel = a.sequence_parallel;
+  const train::GradsResult r = train::run_grads_job(job, mesh_runner(a.backend, a.mesh));
+  if (!r.has_result) return 0;   // an MPI process without mesh rank 0
+  std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
+  tensors.emplace_back("loss", Tensor::scalar(r.loss, r.dtype));
+  train::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
+  fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", r.loss, r.gradients.size(),
+             dtype_name(r.dtype), a.out, r.mesh, r.backend, a.sequence_parallel ? ", sequence-parallel" : "");
+  return 0;
 }
 
 }  // namespace

@@ -3,16 +3,16 @@
 //   meshgrad train                                   tp=2 rank threads, about a minute on 2 cores
 //   meshgrad train --mesh dp=2,tp=2 --steps 100 --data book.txt --metrics run.jsonl
 //   mpirun -np 2 meshgrad train --backend mpi --mesh tp=2
-// The loop lives in the library (train/trainer.hpp); this file parses options and starts the ranks.
+// The job lives in the library (train/jobs.hpp, train/trainer.hpp); this file parses options.
 #include <fmt/core.h>
 
 #include <memory>
 #include <string>
 
 #include "command.hpp"
+#include "meshgrad/train/jobs.hpp"
+#include "mesh_runner.hpp"
 #include "options.hpp"
-#include "launch.hpp"
-#include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -37,17 +37,11 @@ struct TrainArgs {
   }
 };
 
+// The checks and the loop are the library's (train::run_train_job), shared with the Python module.
 int run(TrainArgs& a) {
   a.options.model.dtype = parse_dtype(a.dtype);
-  MG_CHECK(a.options.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
-  MG_CHECK(a.options.model.dropout >= 0 && a.options.model.dropout < 1, "train: --dropout must be in [0, 1), got {}",
-           a.options.model.dropout);
-  const int world_size = mesh_world_size(a.mesh);
-  return run_on_backend(a.backend, world_size,
-                        [&](const comm::CommunicatorPtr& world) {
-                          const auto mesh = make_mesh(world, a.mesh);
-                          train::train(a.options, mesh);
-                        });
+  train::run_train_job(a.options, mesh_runner(a.backend, a.mesh));
+  return 0;
 }
 
 }  // namespace

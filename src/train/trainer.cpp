@@ -252,14 +252,16 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     for (double d : recent) window += d;
     const double shown_tps = static_cast<double>(tokens_per_step) * static_cast<double>(recent.size()) / window;
     const double tps = static_cast<double>(tokens_per_step) / dt;
+    const StepMetrics m{step + 1, global, tps, tps * flops_per_token * 1e-9, elapsed, lr};
     if (metrics) {
-      metrics->write_line({{"step", step + 1},
-                           {"loss", global},
-                           {"tokens_per_s", tps},
-                           {"gflops", tps * flops_per_token * 1e-9},
-                           {"elapsed_s", elapsed},
-                           {"lr", lr}});
+      metrics->write_line({{"step", m.step},
+                           {"loss", m.loss},
+                           {"tokens_per_s", m.tokens_per_s},
+                           {"gflops", m.gflops},
+                           {"elapsed_s", m.elapsed_s},
+                           {"lr", m.lr}});
     }
+    if (options.on_step) options.on_step(m);
     if (options.progress) progress.update(step, global, shown_tps, shown_tps * flops_per_token * 1e-9, lr, elapsed);
   }
   result.seconds = seconds_since(start);

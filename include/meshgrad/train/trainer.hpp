@@ -20,6 +20,16 @@
 
 namespace meshgrad::train {
 
+// The figures of one optimizer step: one line of the metrics file, and what TrainOptions::on_step sees.
+struct StepMetrics {
+  int step = 0;              // 1-based
+  double loss = 0;           // global loss of the step's batch (before the update)
+  double tokens_per_s = 0;   // global tokens of the step / its wall time
+  double gflops = 0;         // tokens_per_s * model_flops_per_token
+  double elapsed_s = 0;      // since the first step started
+  double lr = 0;             // learning rate of the step
+};
+
 struct TrainOptions {
   // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
   // (TokenDataset::vocab(): 256 for bytes); a data token >= vocab is an error naming its position.
@@ -35,6 +45,9 @@ struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
   bool progress = true;      // rank 0 shows progress on stderr
+  // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
+  // fails the run like any other rank error.
+  std::function<void(const StepMetrics&)> on_step;
 };
 
 struct TrainResult {

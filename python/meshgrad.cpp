@@ -1,0 +1,340 @@
+// The Python module `meshgrad`: the CLI's jobs as functions (train, grads, explain) and a Tensor
+// that converts to and from numpy.
+//
+//   import meshgrad
+//   steps = meshgrad.train(mesh="tp=2", steps=5)           # [{"step": 1, "loss": 5.5, ...}, ...]
+//   g = meshgrad.grads(mesh="tp=2", seed=3)                # {"wte.weight": ndarray, ...}
+//   rows = meshgrad.explain(model="gpt", mesh="tp=4")      # [{"layer": ..., "op": ..., ...}, ...]
+//
+// Every function takes keyword arguments only, named as the CLI's options with '_' for '-'; an
+// unknown keyword or a value of the wrong type is a TypeError naming it. The jobs are the library's
+// (train/jobs.hpp, train/explain.hpp) started by the CLI's launcher (tools/launch.cpp, compiled into
+// the module: the bindings are a front-end like the CLI), so the CLI's checks apply and meshgrad's errors arrive as
+// meshgrad.Error (RuntimeError) or meshgrad.InvalidArgument (also a ValueError) with the same
+// message. The GIL is released while the ranks run.
+#include <fmt/core.h>
+#include <pybind11/numpy.h>
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <cstring>
+#include <memory>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "meshgrad/comm/mpi.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+#include "meshgrad/train/explain.hpp"
+#include "meshgrad/train/jobs.hpp"
+#include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
+
+namespace py = pybind11;
+
+namespace meshgrad::python {
+namespace {
+
+// Keyword arguments of one call: get() reads the known ones, finish() rejects the rest. Call
+// finish() before doing any work, so a typo costs nothing.
+class Keywords {
+ public:
+  Keywords(const char* function, const py::kwargs& kwargs) : function_(function), kwargs_(kwargs) {}
+
+  template <class T>
+  void get(const char* key, T& out) {
+    known_.insert(key);
+    if (!kwargs_.contains(key)) return;
+    py::handle value = kwargs_[key];
+    try {
+      out = value.cast<T>();
+    } catch (const py::cast_error&) {
+      throw py::type_error(fmt::format("{}(): {} must be {}, got {} ({})", function_, key, py::type_id<T>(),
+                                       std::string(py::repr(value)), std::string(py::str(value.get_type().attr("__name__")))));
+    }
+  }
+
+  void finish() const {
+    for (auto item : kwargs_) {
+      const auto key = item.first.cast<std::string>();
+      if (!known_.count(key)) {
+        std::string choices;
+        for (const auto& k : known_) choices += (choices.empty() ? "" : ", ") + k;
+        throw py::type_error(
+            fmt::format("{}() got an unexpected keyword argument '{}' (it takes: {})", function_, key, choices));
+      }
+    }
+  }
+
+ private:
+  const char* function_;
+  const py::kwargs& kwargs_;
+  std::set<std::string> known_;
+};
+
+// ---- tensors <-> numpy -------------------------------------------------------------------------
+
+std::string numpy_format(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return py::format_descriptor<float>::format();
+    case DType::Float64: return py::format_descriptor<double>::format();
+    case DType::Int64: return py::format_descriptor<std::int64_t>::format();
+  }
+  throw InvalidArgument("meshgrad.Tensor: unknown dtype");
+}
+
+// The tensor's memory as a buffer: shape and byte strides of its view, no copy.
+py::buffer_info tensor_buffer(const Tensor& t) {
+  const auto item = static_cast<py::ssize_t>(dtype_size(t.dtype()));
+  std::vector<py::ssize_t> shape(t.shape().begin(), t.shape().end());
+  std::vector<py::ssize_t> strides;
+  for (std::int64_t s : t.strides()) strides.push_back(static_cast<py::ssize_t>(s) * item);
+  void* data = t.storage()->data() + t.offset() * item;
+  return py::buffer_info(data, item, numpy_format(t.dtype()), t.dim(), shape, strides);
+}
+
+// A numpy array viewing t's memory; the array keeps the storage alive.
+py::array to_numpy(const Tensor& t) {
+  const py::buffer_info info = tensor_buffer(t);
+  auto* keep = new Tensor(t);
+  py::capsule owner(keep, [](void* p) { delete static_cast<Tensor*>(p); });
+  return py::array(py::dtype(info), info.shape, info.strides, info.ptr, owner);
+}
+
+// A Tensor with a copy of the array's values (meshgrad's storage owns 64-byte aligned memory, so a
+// numpy buffer cannot be adopted). float32, float64 and int64 only; anything else is named.
+template <class T>
+Tensor copy_array(const py::array& a, DType dtype) {
+  auto c = py::array_t<T, py::array::c_style>::ensure(a);   // a itself when already C-contiguous
+  Shape shape(c.shape(), c.shape() + c.ndim());
+  Tensor t = Tensor::empty(shape, dtype);
+  if (t.numel() > 0) std::memcpy(t.data<T>(), c.data(), static_cast<std::size_t>(t.numel()) * sizeof(T));
+  return t;
+}
+
+Tensor from_numpy(const py::array& a) {
+  const py::dtype dt = a.dtype();
+  if (dt.is(py::dtype::of<float>())) return copy_array<float>(a, DType::Float32);
+  if (dt.is(py::dtype::of<double>())) return copy_array<double>(a, DType::Float64);
+  if (dt.is(py::dtype::of<std::int64_t>())) return copy_array<std::int64_t>(a, DType::Int64);
+  throw py::type_error(fmt::format("meshgrad.Tensor: numpy dtype {} is not supported (float32, float64 or int64)",
+                                   std::string(py::str(py::handle(dt)))));
+}
+
+// ---- jobs ----------------------------------------------------------------------------------------
+
+// MPI can be initialised once per process, and a job's own session would finalise it when the job
+// ends. So the first backend="mpi" call opens a session the module keeps until the interpreter
+// exits, and every later call runs on the same MPI world. (A build without MPI throws here,
+// naming the backend, as the CLI does.)
+void keep_mpi_initialised(const std::string& backend) {
+  static std::unique_ptr<comm::MpiSession> session;
+  if (backend != "mpi" || session) return;
+  int argc = 0;
+  char** argv = nullptr;
+  session = std::make_unique<comm::MpiSession>(&argc, &argv);
+  py::module_::import("atexit").attr("register")(py::cpp_function([] { session.reset(); }));
+}
+
+// The Python functions' default GPT: small enough for a few seconds of training on 2 cores.
+nn::ModelConfig small_gpt() {
+  nn::ModelConfig c;
+  c.kind = "gpt";
+  c.vocab = 256;   // byte tokens
+  c.layers = 1;
+  c.hidden = 32;
+  c.heads = 4;
+  c.seq = 16;
+  c.batch = 4;
+  return c;
+}
+
+void model_keywords(Keywords& k, nn::ModelConfig& c) {
+  k.get("layers", c.layers);
+  k.get("hidden", c.hidden);
+  k.get("heads", c.heads);
+  k.get("seq", c.seq);
+  k.get("batch", c.batch);
+}
+
+py::list train_job(const py::kwargs& kwargs) {
+  train::TrainOptions o;
+  std::string mesh = "tp=2", backend = "threads";
+  // Small defaults: a few seconds. The rest as the CLI's defaults (TrainOptions).
+  o.model = small_gpt();
+  o.model.vocab = 0;   // as the CLI: from the data (256 for bytes, a prepared directory's meta.json)
+  o.steps = 5;
+  o.progress = false;
+  std::string dtype = "float32";
+  Keywords k("train", kwargs);
+  k.get("mesh", mesh);
+  k.get("backend", backend);
+  k.get("steps", o.steps);
+  k.get("data", o.data_path);
+  model_keywords(k, o.model);
+  k.get("lr", o.lr);
+  k.get("warmup", o.warmup_steps);
+  k.get("seed", o.seed);
+  k.get("metrics", o.metrics_path);
+  k.get("sequence_parallel", o.parallel.sequence_parallel);
+  k.get("overlap", o.parallel.overlap);
+  k.get("checkpoint_blocks", o.parallel.checkpoint_blocks);
+  k.get("dtype", dtype);
+  k.get("dropout", o.model.dropout);
+  k.get("save", o.save_path);
+  k.get("progress", o.progress);
+  k.finish();
+  o.model.dtype = parse_dtype(dtype);
+
+  keep_mpi_initialised(backend);
+  std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
+  o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
+  {
+    py::gil_scoped_release release;
+    train::run_train_job(o, tools::mesh_runner(backend, mesh));
+  }
+  py::list out;
+  for (const auto& m : steps) {
+    py::dict d;
+    d["step"] = m.step;
+    d["loss"] = m.loss;
+    d["tokens_per_s"] = m.tokens_per_s;
+    d["gflops"] = m.gflops;
+    d["elapsed_s"] = m.elapsed_s;
+    d["lr"] = m.lr;
+    out.append(d);
+  }
+  return out;
+}
+
+py::dict grads_job(const py::kwargs& kwargs) {
+  train::GradsJob job;
+  std::string mesh = "tp=2", backend = "threads";
+  job.model = small_gpt();
+  Keywords k("grads", kwargs);
+  k.get("mesh", mesh);
+  k.get("backend", backend);
+  model_keywords(k, job.model);
+  k.get("vocab", job.model.vocab);
+  k.get("seed", job.seed);
+  k.get("config", job.config);
+  k.get("weights", job.weights);
+  k.get("batch_file", job.batch);
+  k.get("dtype", job.dtype);
+  k.get("sequence_parallel", job.sequence_parallel);
+  k.finish();
+
+  keep_mpi_initialised(backend);
+  train::GradsResult r;
+  {
+    py::gil_scoped_release release;
+    r = train::run_grads_job(job, tools::mesh_runner(backend, mesh));
+  }
+  py::dict out;
+  for (const auto& [name, grad] : r.gradients) out[py::str(name)] = to_numpy(grad);
+  return out;
+}
+
+py::list explain_job(const py::kwargs& kwargs) {
+  nn::ModelConfig c;   // nn::ModelConfig's small defaults, as `meshgrad explain`
+  nn::ParallelConfig parallel;
+  std::string mesh = "tp=2", link_name = "nvlink4";
+  double alpha_us = -1, beta_gbs = -1;
+  Keywords k("explain", kwargs);
+  k.get("model", c.kind);
+  model_keywords(k, c);
+  k.get("ffn", c.ffn);
+  k.get("vocab", c.vocab);
+  k.get("mesh", mesh);
+  k.get("sequence_parallel", parallel.sequence_parallel);
+  k.get("overlap", parallel.overlap);
+  k.get("recompute", parallel.recompute_allgather);
+  k.get("checkpoint_blocks", parallel.checkpoint_blocks);
+  k.get("link", link_name);
+  k.get("alpha_us", alpha_us);
+  k.get("beta_gbs", beta_gbs);
+  k.finish();
+  // As the CLI: alpha_us and beta_gbs go together and exclude link.
+  const bool custom = kwargs.contains("alpha_us") || kwargs.contains("beta_gbs");
+  MG_CHECK(!custom || (kwargs.contains("alpha_us") && kwargs.contains("beta_gbs")),
+           "explain: alpha_us and beta_gbs go together (a custom link needs both)");
+  MG_CHECK(!custom || !kwargs.contains("link"), "explain: give either link or alpha_us and beta_gbs, not both");
+  MG_CHECK(c.kind == "gpt" || c.kind == "mlp", "explain: model must be \"gpt\" or \"mlp\", got \"{}\"", c.kind);
+  MG_CHECK(c.ffn >= 0, "explain: ffn must be >= 0 (0 = 4 x hidden), got {}", c.ffn);
+  const dist::Link link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
+
+  std::vector<train::ExplainRow> rows;
+  {
+    py::gil_scoped_release release;
+    rows = train::explain_model(c, parallel, tools::mesh_axes_from_spec(mesh), link);
+  }
+  py::list out;
+  for (const auto& r : rows) {
+    py::dict d;
+    d["layer"] = r.layer;
+    d["phase"] = r.phase;
+    d["op"] = r.op;
+    d["axis"] = r.axis;
+    d["bytes"] = r.bytes;
+    d["predicted_us"] = r.predicted_us;
+    d["ranks"] = r.ranks;
+    d["algorithm"] = r.algorithm;
+    d["source"] = train::explain_source_name(r.source);
+    out.append(d);
+  }
+  return out;
+}
+
+}  // namespace
+}  // namespace meshgrad::python
+
+PYBIND11_MODULE(meshgrad, m) {
+  using namespace meshgrad;
+  using namespace meshgrad::python;
+  m.doc() = "meshgrad: tensor-parallel training with exact gradients (CPU, rank threads or MPI)";
+
+  // meshgrad.Error (a RuntimeError) for every meshgrad error; meshgrad.InvalidArgument, also a
+  // ValueError, for bad input. The message is meshgrad's.
+  static py::exception<Error> error(m, "Error", PyExc_RuntimeError);
+  static py::handle invalid = PyErr_NewException("meshgrad.InvalidArgument",
+                                                 py::make_tuple(error, py::handle(PyExc_ValueError)).release().ptr(),
+                                                 nullptr);
+  m.attr("InvalidArgument") = invalid;
+  py::register_exception_translator([](std::exception_ptr p) {
+    try {
+      if (p) std::rethrow_exception(p);
+    } catch (const InvalidArgument& e) {
+      PyErr_SetString(invalid.ptr(), e.what());
+    } catch (const Error& e) {
+      PyErr_SetString(error.ptr(), e.what());
+    }
+  });
+
+  py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
+                     "A meshgrad tensor. numpy.asarray(t) / t.numpy() view its memory without a copy; "
+                     "meshgrad.Tensor(array) copies a float32, float64 or int64 array.")
+      .def(py::init(&from_numpy), py::arg("array"))
+      .def_buffer(&tensor_buffer)
+      .def("numpy", &to_numpy, "A numpy array viewing this tensor's memory (no copy)")
+      .def_property_readonly("shape", [](const Tensor& t) { return t.shape(); })
+      .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
+      .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
+
+  m.def("train", &train_job,
+        "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
+        "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
+        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', progress=False) -> list of per-step "
+        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
+        "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
+  m.def("grads", &grads_job,
+        "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "
+        "sequence_parallel=False, backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
+        "-> {parameter name: numpy array of its full gradient}. With a seed, the weights and batch depend only on "
+        "the seed, not the mesh. Under backend='mpi' the process of rank 0 gets the dict, the others {}.");
+  m.def("explain", &explain_job,
+        "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "
+        "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, link='nvlink4' | "
+        "alpha_us=..., beta_gbs=...) -> list of row dicts (layer, phase, op, axis, bytes, predicted_us, ranks, "
+        "algorithm, source), as `meshgrad explain`");
+}

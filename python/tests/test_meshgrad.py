@@ -1,0 +1,203 @@
+"""The Python module against the library's own guarantees: training lowers the loss, gradients do
+not depend on the mesh, explain counts the collectives of the DESIGN table, tensors share memory
+with numpy, the GIL is free while ranks run, and bad input is an exception naming it.
+
+ctest runs this against the built module (PYTHONPATH=build/python)."""
+import json
+import math
+import struct
+import threading
+import time
+
+import numpy as np
+import pytest
+
+import meshgrad
+
+
+# ---- train -----------------------------------------------------------------------------------
+
+def test_train_returns_one_dict_per_step_and_the_loss_falls():
+    steps = meshgrad.train(mesh="tp=2", steps=30, layers=1, hidden=32, heads=4, seq=16, batch=8)
+    assert [s["step"] for s in steps] == list(range(1, 31))
+    assert set(steps[0]) == {"step", "loss", "tokens_per_s", "gflops", "elapsed_s", "lr"}
+    assert all(math.isfinite(s["loss"]) for s in steps)
+    # Byte tokens start near ln(256) = 5.55 and fall on the built-in corpus.
+    assert abs(steps[0]["loss"] - math.log(256)) < 0.2
+    assert np.mean([s["loss"] for s in steps[-5:]]) < steps[0]["loss"] - 0.5
+
+
+def test_train_is_the_same_on_any_mesh():
+    one = meshgrad.train(mesh="tp=1", steps=3, dtype="float64")
+    two = meshgrad.train(mesh="dp=2,tp=2", steps=3, dtype="float64")
+    for a, b in zip(one, two):
+        assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)
+
+
+def test_train_takes_a_text_file(tmp_path):
+    data = tmp_path / "text.txt"
+    data.write_text("the quick brown fox jumps over the lazy dog. " * 20)
+    steps = meshgrad.train(steps=2, data=str(data))
+    assert len(steps) == 2 and abs(steps[0]["loss"] - math.log(256)) < 0.2
+
+
+def test_train_writes_the_metrics_file_and_saves(tmp_path):
+    metrics, saved = tmp_path / "m.jsonl", tmp_path / "w.safetensors"
+    steps = meshgrad.train(steps=2, metrics=str(metrics), save=str(saved))
+    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert [line["loss"] for line in lines] == [s["loss"] for s in steps]
+    assert saved.stat().st_size > 0
+
+
+# ---- grads -----------------------------------------------------------------------------------
+
+def test_grads_from_a_seed_do_not_depend_on_the_mesh():
+    sizes = dict(layers=2, hidden=32, heads=4, seq=8, batch=4, dtype="float64", seed=5)
+    ref = meshgrad.grads(mesh="tp=1", **sizes)
+    assert "wte.weight" in ref and ref["wte.weight"].shape == (256, 32)
+    assert all(g.dtype == np.float64 for g in ref.values())
+    for mesh in ("tp=2", "dp=2,tp=2", "tp=4", "tp=2x2"):   # tp=2x2: 2-D tensor parallelism
+        got = meshgrad.grads(mesh=mesh, **sizes)
+        assert got.keys() == ref.keys()
+        for name, g in ref.items():
+            scale = max(np.abs(g).max(), 1e-30)
+            assert np.abs(got[name] - g).max() / scale < 1e-10, (mesh, name)
+    other = meshgrad.grads(mesh="tp=1", **{**sizes, "seed": 6})
+    assert np.abs(other["wte.weight"] - ref["wte.weight"]).max() > 1e-6
+
+
+def write_safetensors(path, tensors):
+    """A minimal safetensors writer (header JSON + raw little-endian data)."""
+    header, blobs, offset = {}, [], 0
+    for name, array in tensors.items():
+        array = np.ascontiguousarray(array)
+        dtype = {np.dtype(np.int64): "I64", np.dtype(np.float32): "F32"}[array.dtype]
+        header[name] = {"dtype": dtype, "shape": list(array.shape), "data_offsets": [offset, offset + array.nbytes]}
+        blobs.append(array.tobytes())
+        offset += array.nbytes
+    text = json.dumps(header).encode()
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def test_grads_from_files_match_across_meshes(tmp_path):
+    weights = tmp_path / "w.safetensors"
+    meshgrad.train(mesh="tp=1", steps=1, layers=1, hidden=32, heads=4, seq=16, batch=4, save=str(weights))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"n_layer": 1, "n_head": 4, "n_embd": 32, "vocab_size": 256, "n_positions": 16,
+                                  "layer_norm_epsilon": 1e-5}))
+    tokens = np.random.default_rng(0).integers(0, 256, size=(4, 9), dtype=np.int64)
+    batch = tmp_path / "batch.safetensors"
+    write_safetensors(batch, {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+    files = dict(config=str(config), weights=str(weights), batch_file=str(batch))
+    ref = meshgrad.grads(mesh="tp=1", **files)
+    got = meshgrad.grads(mesh="tp=2", **files)
+    assert ref["wte.weight"].dtype == np.float32   # the weights' dtype
+    for name, g in ref.items():
+        assert np.abs(got[name] - g).max() <= 1e-4 * max(np.abs(g).max(), 1e-30), name
+
+
+# ---- explain ---------------------------------------------------------------------------------
+
+def test_explain_counts_the_mlp_all_reduces():
+    # All-reduce mode, one MLP block on tp=2: the row layer all-reduces Y in forward, the column
+    # layer all-reduces dX in backward; each buffer is [T, B, C] float32.
+    rows = meshgrad.explain(model="mlp", mesh="tp=2", layers=1, hidden=64, seq=32, batch=4)
+    graph = [(r["phase"], r["op"], r["axis"], r["bytes"]) for r in rows if r["source"] == "graph"]
+    assert graph == [("forward", "all_reduce", "tp", 32 * 4 * 64 * 4), ("backward", "all_reduce", "tp", 32 * 4 * 64 * 4)]
+    assert all(r["predicted_us"] > 0 and r["ranks"] == 2 for r in rows)
+    custom = meshgrad.explain(model="mlp", mesh="tp=2", layers=1, alpha_us=1.0, beta_gbs=1.0)
+    assert len(custom) == 2
+
+
+# ---- tensors and numpy -----------------------------------------------------------------------
+
+def test_tensor_numpy_round_trip_shares_memory():
+    a = np.arange(12, dtype=np.float32).reshape(3, 4)
+    t = meshgrad.Tensor(a)
+    assert t.shape == [3, 4] and t.dtype == "float32"
+    v1, v2 = np.asarray(t), t.numpy()
+    assert np.shares_memory(v1, v2) and not np.shares_memory(v1, a)   # meshgrad owns its storage
+    np.testing.assert_array_equal(v1, a)
+    v1[0, 0] = 42
+    assert t.numpy()[0, 0] == 42
+
+
+def test_tensor_from_a_non_contiguous_array_copies_its_values():
+    a = np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2]
+    np.testing.assert_array_equal(meshgrad.Tensor(a).numpy(), a)
+    np.testing.assert_array_equal(meshgrad.Tensor(np.array([3, -1], dtype=np.int64)).numpy(), [3, -1])
+
+
+def test_gradient_arrays_outlive_the_call():
+    g = meshgrad.grads(seed=1)
+    arrays = list(g.values())
+    del g
+    assert all(np.isfinite(a).all() for a in arrays)
+
+
+def test_unsupported_numpy_dtype_is_named():
+    with pytest.raises(TypeError, match="int32"):
+        meshgrad.Tensor(np.zeros(3, dtype=np.int32))
+
+
+# ---- the GIL -----------------------------------------------------------------------------------
+
+def test_the_gil_is_released_while_ranks_run():
+    # Python code in this thread keeps running while another thread trains: the longest pause
+    # between two iterations here stays far below the training time.
+    done = threading.Event()
+    elapsed = []
+
+    def work():
+        t0 = time.monotonic()
+        meshgrad.train(steps=15, layers=2, hidden=128, seq=64, batch=8)
+        elapsed.append(time.monotonic() - t0)
+        done.set()
+
+    thread = threading.Thread(target=work)
+    last, longest = time.monotonic(), 0.0
+    thread.start()
+    while not done.is_set():
+        now = time.monotonic()
+        longest, last = max(longest, now - last), now
+    thread.join()
+    assert elapsed[0] > 0.2, "training too short to tell"
+    assert longest < elapsed[0] / 2, (longest, elapsed[0])
+
+
+# ---- errors ----------------------------------------------------------------------------------
+
+def test_unknown_keyword_is_a_type_error_naming_it():
+    with pytest.raises(TypeError, match="unexpected keyword argument 'stepz'"):
+        meshgrad.train(stepz=3)
+    with pytest.raises(TypeError, match="'batch_size'"):
+        meshgrad.grads(batch_size=3)
+    with pytest.raises(TypeError, match="'linkk'"):
+        meshgrad.explain(linkk="shm")
+
+
+def test_wrong_type_is_a_type_error_naming_the_keyword():
+    with pytest.raises(TypeError, match="steps must be int"):
+        meshgrad.train(steps=2.5)
+
+
+def test_meshgrad_errors_keep_their_message():
+    with pytest.raises(meshgrad.InvalidArgument, match="--mesh 'tp2': 'tp2' is not axis=size"):
+        meshgrad.train(mesh="tp2")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .pp.; the valid axes are dp and tp"):
+        meshgrad.grads(mesh="tp=2,pp=2")
+    with pytest.raises(ValueError, match="--layers must be >= 1, got 0"):
+        meshgrad.train(layers=0)
+    with pytest.raises(meshgrad.Error, match="unknown --backend 'thread'"):
+        meshgrad.train(backend="thread")
+    with pytest.raises(meshgrad.Error, match="no-such-file.txt"):
+        meshgrad.train(data="no-such-file.txt")
+    with pytest.raises(meshgrad.InvalidArgument, match="go together"):
+        meshgrad.grads(config="config.json")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown link"):
+        meshgrad.explain(link="nvlink")
+    with pytest.raises(meshgrad.InvalidArgument, match="ffn must be >= 0"):
+        meshgrad.explain(ffn=-1)
+    with pytest.raises(meshgrad.InvalidArgument, match="layers, hidden, heads and vocab must be positive"):
+        meshgrad.explain(layers=0)

@@ -1,0 +1,120 @@
+#include "meshgrad/train/jobs.hpp"
+
+#include <optional>
+
+#include "meshgrad/train/explain.hpp"
+#include "meshgrad/train/gpt2_config.hpp"
+#include "meshgrad/nn/layers.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/safetensors.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+void check_positive(const char* job, const char* option, int value) {
+  MG_CHECK(value >= 1, "{}: --{} must be >= 1, got {}", job, option, value);
+}
+
+// The batch file's int64 [B, T] tensor `name`.
+Tensor read_batch_tensor(const SafetensorsFile& file, const std::string& name) {
+  MG_CHECK(file.contains(name), "batch '{}': no tensor \"{}\" (expected int64 \"inputs\" and \"targets\" [B, T])",
+           file.path(), name);
+  Tensor t = file.get(name);
+  MG_CHECK(t.dtype() == DType::Int64 && t.dim() == 2, "batch '{}': \"{}\" must be int64 [B, T], got {}", file.path(),
+           name, t.str());
+  return t;
+}
+
+}  // namespace
+
+void check_train_options(const TrainOptions& o) {
+  MG_CHECK(o.model.kind == "gpt", "train: the model must be \"gpt\", got \"{}\"", o.model.kind);
+  check_positive("train", "steps", o.steps);
+  check_positive("train", "layers", o.model.layers);
+  check_positive("train", "hidden", o.model.hidden);
+  check_positive("train", "heads", o.model.heads);
+  check_positive("train", "seq", o.model.seq);
+  check_positive("train", "batch", o.model.batch);
+  MG_CHECK(o.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
+  MG_CHECK(o.model.dropout >= 0 && o.model.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.model.dropout);
+  MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
+}
+
+TrainResult run_train_job(const TrainOptions& options, const RunOnMesh& run_on_mesh) {
+  check_train_options(options);
+  std::optional<TrainResult> result;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    TrainResult r = train(options, mesh);
+    // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
+    // (the same losses on every rank; its own clock).
+    if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
+  });
+  MG_CHECK(result.has_value(), "train: no rank returned a result");
+  return *std::move(result);
+}
+
+GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
+  const bool from_files = !job.config.empty() || !job.weights.empty() || !job.batch.empty();
+  MG_CHECK(!from_files || (!job.config.empty() && !job.weights.empty() && !job.batch.empty()),
+           "grads: --config, --weights and --batch go together (got config '{}', weights '{}', batch '{}')",
+           job.config, job.weights, job.batch);
+  nn::ModelConfig config = job.model;
+  nn::Batch batch;
+  std::optional<SafetensorsFile> weights_file;
+  DType out_dtype = config.dtype;
+  if (from_files) {
+    config = read_gpt2_config(job.config);
+    const SafetensorsFile batch_file(job.batch);
+    batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
+    MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
+             job.batch, batch.inputs.str(), batch.targets.str());
+    config.batch = static_cast<int>(batch.inputs.size(0));
+    config.seq = static_cast<int>(batch.inputs.size(1));
+    MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'",
+             job.batch, config.seq, config.n_positions(), job.config);
+    // Output dtype per parameter: the weights file's; the model computes in dtype (default: wte's).
+    weights_file.emplace(job.weights);
+    out_dtype = weights_file->entry("wte.weight").dtype;
+    MG_CHECK(out_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", job.weights);
+    // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+    check_gpt2_config_against_weights(config, job.config, *weights_file);
+  } else {
+    MG_CHECK(config.kind == "gpt", "grads: the model must be \"gpt\", got \"{}\"", config.kind);
+    check_positive("grads", "layers", config.layers);
+    check_positive("grads", "hidden", config.hidden);
+    check_positive("grads", "heads", config.heads);
+    check_positive("grads", "vocab", config.vocab);
+    check_positive("grads", "seq", config.seq);
+    check_positive("grads", "batch", config.batch);
+    config.dropout = 0.0;
+    batch = make_synthetic_batch(config, 1, 0, job.seed);
+  }
+  if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
+  else if (from_files) config.dtype = out_dtype;
+  MG_CHECK(config.dtype != DType::Int64, "grads: --dtype must be float32 or float64");
+  if (!from_files) out_dtype = config.dtype;
+  nn::ParallelConfig parallel;
+  parallel.sequence_parallel = job.sequence_parallel;
+
+  GradsResult result;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
+    model->set_training(false);
+    if (from_files) load_parameters(job.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
+    GradientDump dump = compute_gradients(*model, batch, mesh);
+    if (mesh->rank() != 0) return;
+    result.loss = dump.loss;
+    for (auto& [name, grad] : dump.gradients) {
+      const DType out = weights_file && weights_file->contains(name) ? weights_file->entry(name).dtype : out_dtype;
+      result.gradients.emplace_back(name, grad.to(out));
+    }
+    result.dtype = out_dtype;
+    result.mesh = mesh->str();
+    result.backend = mesh->world()->backend();
+    result.has_result = true;
+  });
+  return result;
+}
+
+}  // namespace meshgrad::train
