@@ -66,6 +66,14 @@ MESHGRAD_REGISTER_COMMAND(
                                          : std::string();
                       },
                       "PATH"));
+              app.add_option("--eval-every", o.eval_every,
+                             "Evaluate the validation loss every N steps and after the last (0 = never; needs a "
+                             "prepared --data directory)")
+                  ->check(at_least(0))
+                  ->capture_default_str();
+              app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
+                  ->check(at_least(1))
+                  ->capture_default_str();
               app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
                   ->check(at_least(1))
                   ->capture_default_str();

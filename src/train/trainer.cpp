@@ -1,5 +1,6 @@
 #include "meshgrad/train/trainer.hpp"
 
+#include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/nn/layers.hpp"
 
 #include <fcntl.h>
@@ -100,11 +101,14 @@ class Progress {
  public:
   explicit Progress(int steps) : steps_(steps), tty_(::isatty(::fileno(stderr)) != 0) {}
 
-  void update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed) {
+  // val_loss < 0: no evaluation yet. The ETA is the mean step time so far times the steps left.
+  void update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed, double val_loss) {
     const int done = step + 1;
-    const std::string stats = fmt::format("step {:>{}}/{} | loss {:.4f} | {:>7.0f} tok/s | {:6.2f} GFLOP/s | lr {:.2e} | {:.1f}s",
-                                          done, std::to_string(steps_).size(), steps_, loss, tokens_per_s, gflops, lr,
-                                          elapsed);
+    const double eta = elapsed / done * (steps_ - done);
+    const std::string val = val_loss >= 0 ? fmt::format(" | val {:.4f}", val_loss) : std::string();
+    const std::string stats =
+        fmt::format("step {:>{}}/{} | loss {:.4f}{} | {:>7.0f} tok/s | {:6.2f} GFLOP/s | lr {:.2e} | {:.1f}s | eta {:.0f}s",
+                    done, std::to_string(steps_).size(), steps_, loss, val, tokens_per_s, gflops, lr, elapsed, eta);
     if (tty_) {
       constexpr int width = 24;
       const int filled = static_cast<int>(static_cast<double>(width) * done / steps_);
@@ -168,6 +172,24 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
          12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
 }
 
+// The mean global loss over the first `batches` validation batches: no dropout, nothing recorded,
+// the same batches at every evaluation and on every rank (TokenDataset::validation_batch).
+double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_rank, int dp_size,
+                const dist::ProcessGroup* dp_group) {
+  autograd::NoGradGuard no_grad;
+  model.set_training(false);
+  const std::int64_t n = std::min<std::int64_t>(batches, data.validation_batches());
+  double total = 0;
+  for (std::int64_t k = 0; k < n; ++k) {
+    const nn::Batch global_batch = data.validation_batch(k);
+    const Tensor local = model.loss(dp_shard(global_batch, dp_rank, dp_size), count_loss_targets(global_batch.targets));
+    dist::PhaseScope phase(dist::Phase::Optimizer);   // not the model's training communication
+    total += dp_size == 1 ? local.item() : dist::all_reduce(local, *dp_group, comm::ReduceOp::Sum).item();
+  }
+  model.set_training(true);
+  return total / static_cast<double>(n);
+}
+
 Tensor train_step(nn::Model& model, const nn::Batch& global_batch, int dp_rank, int dp_size,
                   GradientSynchronizer& sync, AdamW& optimizer) {
   optimizer.zero_grad();
@@ -195,6 +217,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   // or overwrite a file it reads: every file behind --data counts).
   const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
   if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
+  MG_CHECK(options.eval_every >= 0 && options.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "
+           "got {} and {}", options.eval_every, options.eval_steps);
+  MG_CHECK(options.eval_every == 0 || data.has_validation(),
+           "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
+           "`meshgrad prepare` (its val.bin)", data.source());
   data.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
   std::vector<NamedPath> outputs;
   if (!options.save_path.empty()) outputs.push_back({"--save", options.save_path});
@@ -242,6 +269,9 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const double global = global_loss(loss, dp);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
+    if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || step + 1 == options.steps)) {
+      result.val_losses.emplace_back(step + 1, evaluate(*model, data, options.eval_steps, dp.rank, dp.size, dp.group));
+    }
 
     if (!leader) continue;
     const double dt = seconds_since(t0);
@@ -252,17 +282,22 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     for (double d : recent) window += d;
     const double shown_tps = static_cast<double>(tokens_per_step) * static_cast<double>(recent.size()) / window;
     const double tps = static_cast<double>(tokens_per_step) / dt;
-    const StepMetrics m{step + 1, global, tps, tps * flops_per_token * 1e-9, elapsed, lr};
+    StepMetrics m{step + 1, global, tps, tps * flops_per_token * 1e-9, elapsed, lr};
+    if (!result.val_losses.empty() && result.val_losses.back().first == step + 1) {
+      m.evaluated = true;
+      m.val_loss = result.val_losses.back().second;
+    }
     if (metrics) {
-      metrics->write_line({{"step", m.step},
-                           {"loss", m.loss},
-                           {"tokens_per_s", m.tokens_per_s},
-                           {"gflops", m.gflops},
-                           {"elapsed_s", m.elapsed_s},
-                           {"lr", m.lr}});
+      nlohmann::json line{{"step", m.step},           {"loss", m.loss},           {"tokens_per_s", m.tokens_per_s},
+                          {"gflops", m.gflops},       {"elapsed_s", m.elapsed_s}, {"lr", m.lr}};
+      if (m.evaluated) line["val_loss"] = m.val_loss;
+      metrics->write_line(line);
     }
     if (options.on_step) options.on_step(m);
-    if (options.progress) progress.update(step, global, shown_tps, shown_tps * flops_per_token * 1e-9, lr, elapsed);
+    if (options.progress) {
+      progress.update(step, global, shown_tps, shown_tps * flops_per_token * 1e-9, lr, elapsed,
+                      result.val_losses.empty() ? -1.0 : result.val_losses.back().second);
+    }
   }
   result.seconds = seconds_since(start);
   result.tokens_per_s = static_cast<double>(tokens_per_step) * options.steps / result.seconds;

@@ -225,5 +225,87 @@ TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
   fs::remove_all(d);
 }
 
+// Validation (--eval-every / --eval-steps): every eval_every steps and after the last, the mean
+// global loss over the first eval_steps validation batches, in the metrics as val_loss. It does not
+// depend on the mesh (up to float32 rounding) and it does not disturb training: the train losses
+// are bitwise those of a run without evaluation. Data without a validation split is refused.
+TEST(Prepare, ValidationLossIsEvaluatedOnTheValSplitAtAnyMesh) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = fresh_dir("eval");
+  { std::ofstream(d / "a.txt") << slurp(fs::path(MESHGRAD_SOURCE_DIR) / "README.md"); }
+  PrepareOptions p;
+  p.vocab = gpt2_vocab();
+  p.merges = gpt2_merges();
+  p.out_dir = (d / "out").string();
+  p.inputs = {(d / "a.txt").string()};
+  p.val_fraction = 0.2;
+  prepare_dataset(p);
+
+  TrainOptions o;
+  o.model.vocab = 0;
+  o.model.layers = 1;
+  o.model.hidden = 16;
+  o.model.heads = 2;
+  o.model.seq = 16;
+  o.model.batch = 4;
+  o.model.dropout = 0.1;   // evaluation runs without dropout and must not advance its stream
+  o.steps = 5;
+  o.data_path = p.out_dir;
+  o.progress = false;
+  auto run = [&](const TrainOptions& opts, int dp, int tp, const std::string& metrics) {
+    TrainResult result;
+    TrainOptions with = opts;
+    with.metrics_path = metrics;
+    comm::run_ranks(dp * tp, [&](const comm::CommunicatorPtr& world) {
+      auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}});
+      TrainResult r = train(with, mesh);
+      if (world->rank() == 0) result = r;
+    });
+    return result;
+  };
+  const TrainResult plain = run(o, 1, 1, "");
+  o.eval_every = 2;
+  o.eval_steps = 3;
+  const std::string metrics = (d / "m.jsonl").string();
+  const TrainResult one = run(o, 1, 1, metrics);
+  const TrainResult grid = run(o, 2, 2, "");
+  ASSERT_EQ(one.val_losses.size(), 3u);   // steps 2, 4 and the last (5)
+  EXPECT_EQ(one.val_losses[0].first, 2);
+  EXPECT_EQ(one.val_losses[2].first, 5);
+  EXPECT_EQ(one.losses, plain.losses) << "evaluation changed the training run";
+  ASSERT_EQ(grid.val_losses.size(), 3u);
+  for (std::size_t i = 0; i < 3; ++i) {
+    EXPECT_TRUE(std::isfinite(one.val_losses[i].second));
+    EXPECT_NEAR(grid.val_losses[i].second, one.val_losses[i].second, 1e-4 * one.val_losses[i].second) << i;
+  }
+  // In the metrics: val_loss on the evaluation steps only.
+  std::ifstream in(metrics);
+  std::string line;
+  int with_val = 0, lines = 0;
+  while (std::getline(in, line)) {
+    const auto j = nlohmann::json::parse(line);
+    ++lines;
+    if (j.contains("val_loss")) {
+      ++with_val;
+      EXPECT_TRUE(j["step"] == 2 || j["step"] == 4 || j["step"] == 5) << line;
+      EXPECT_DOUBLE_EQ(j["val_loss"].get<double>(), one.val_losses[static_cast<std::size_t>(with_val - 1)].second);
+    }
+  }
+  EXPECT_EQ(lines, 5);
+  EXPECT_EQ(with_val, 3);
+
+  // Bytes of a text file have no validation split: refused before step 1, saying what to do.
+  const fs::path text = d / "a.txt";
+  TrainOptions bad = o;
+  bad.data_path = text.string();
+  try {
+    run(bad, 1, 1, "");
+    ADD_FAILURE() << "--eval-every without a validation split was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("needs a validation split"), std::string::npos) << e.what();
+  }
+  fs::remove_all(d);
+}
+
 }  // namespace
 }  // namespace meshgrad::train

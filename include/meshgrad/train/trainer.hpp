@@ -28,6 +28,8 @@ struct StepMetrics {
   double gflops = 0;         // tokens_per_s * model_flops_per_token
   double elapsed_s = 0;      // since the first step started
   double lr = 0;             // learning rate of the step
+  bool evaluated = false;    // this step ran an evaluation (TrainOptions::eval_every)
+  double val_loss = 0;       // then: the mean global loss over the validation batches
 };
 
 struct TrainOptions {
@@ -44,6 +46,11 @@ struct TrainOptions {
   std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
+  // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
+  // the model over the first eval_steps validation batches (all of them if fewer), without dropout
+  // and without recording a graph. Needs data with a validation split (a prepared directory).
+  int eval_every = 0;
+  int eval_steps = 20;
   bool progress = true;      // rank 0 shows progress on stderr
   // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
   // fails the run like any other rank error.
@@ -52,6 +59,7 @@ struct TrainOptions {
 
 struct TrainResult {
   std::vector<double> losses;   // global loss of every step (before its update), on every rank
+  std::vector<std::pair<int, double>> val_losses;   // (1-based step, validation loss) of each evaluation
   double seconds = 0;           // wall time of the steps (rank 0's clock on rank 0)
   double tokens_per_s = 0;      // global tokens / seconds
   double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
