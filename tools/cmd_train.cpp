@@ -71,6 +71,10 @@ MESHGRAD_REGISTER_COMMAND(
                              "prepared --data directory)")
                   ->check(at_least(0))
                   ->capture_default_str();
+              app.add_option("--grad-clip", o.grad_clip,
+                             "Clip the global L2 norm of the gradient to this (0 = off); grad_norm is in the metrics "
+                             "either way")
+                  ->capture_default_str();
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();

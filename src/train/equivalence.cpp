@@ -45,7 +45,7 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     dist::CountingScope counting(step == 0 ? counter : step_counter);
     const nn::Batch global_batch =
         make_synthetic_batch(o.model, 1, 0, o.seed * 1000003 + static_cast<std::uint64_t>(step));
-    const Tensor loss = train_step(*model, global_batch, dp.rank(), dp.size(), sync, optimizer);
+    const Tensor loss = train_step(*model, global_batch, *mesh, sync, optimizer).loss;
     // The global loss: each dp rank's share summed (outside the counted phases).
     dist::CommCounter ignored;
     dist::CountingScope not_counted(ignored);

@@ -2,6 +2,7 @@
 
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/train/grad_norm.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -190,16 +191,21 @@ double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_
   return total / static_cast<double>(n);
 }
 
-Tensor train_step(nn::Model& model, const nn::Batch& global_batch, int dp_rank, int dp_size,
-                  GradientSynchronizer& sync, AdamW& optimizer) {
+StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip) {
+  const int dp_rank = mesh.has_axis("dp") ? mesh.coordinate("dp") : 0;
+  const int dp_size = mesh.has_axis("dp") ? mesh.axis_size("dp") : 1;
   optimizer.zero_grad();
   const nn::Batch batch = dp_shard(global_batch, dp_rank, dp_size);
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
-  const Tensor loss = model.loss(batch, count_loss_targets(global_batch.targets));
-  backward(loss);
+  StepOutcome out;
+  out.loss = model.loss(batch, count_loss_targets(global_batch.targets));
+  backward(out.loss);
   sync.finish();
+  const std::vector<nn::Parameter*> params = model.parameters();
+  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip) : global_grad_norm(params, mesh);
   optimizer.step();
-  return loss;
+  return out;
 }
 
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) {
@@ -217,6 +223,8 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   // or overwrite a file it reads: every file behind --data counts).
   const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
   if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
+  MG_CHECK(options.grad_clip >= 0 && std::isfinite(options.grad_clip),
+           "train: --grad-clip must be >= 0 (0 = off), got {}", options.grad_clip);
   MG_CHECK(options.eval_every >= 0 && options.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "
            "got {} and {}", options.eval_every, options.eval_steps);
   MG_CHECK(options.eval_every == 0 || data.has_validation(),
@@ -265,8 +273,8 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
     const nn::Batch global_batch = data.next_batch(step);
-    const Tensor loss = train_step(*model, global_batch, dp.rank, dp.size, sync, opt);
-    const double global = global_loss(loss, dp);
+    const StepOutcome outcome = train_step(*model, global_batch, *mesh, sync, opt, options.grad_clip);
+    const double global = global_loss(outcome.loss, dp);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
     if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || step + 1 == options.steps)) {
@@ -282,14 +290,15 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     for (double d : recent) window += d;
     const double shown_tps = static_cast<double>(tokens_per_step) * static_cast<double>(recent.size()) / window;
     const double tps = static_cast<double>(tokens_per_step) / dt;
-    StepMetrics m{step + 1, global, tps, tps * flops_per_token * 1e-9, elapsed, lr};
+    StepMetrics m{step + 1, global, tps, tps * flops_per_token * 1e-9, elapsed, lr, outcome.grad_norm};
     if (!result.val_losses.empty() && result.val_losses.back().first == step + 1) {
       m.evaluated = true;
       m.val_loss = result.val_losses.back().second;
     }
     if (metrics) {
       nlohmann::json line{{"step", m.step},           {"loss", m.loss},           {"tokens_per_s", m.tokens_per_s},
-                          {"gflops", m.gflops},       {"elapsed_s", m.elapsed_s}, {"lr", m.lr}};
+                          {"gflops", m.gflops},       {"elapsed_s", m.elapsed_s}, {"lr", m.lr},
+                          {"grad_norm", m.grad_norm}};
       if (m.evaluated) line["val_loss"] = m.val_loss;
       metrics->write_line(line);
     }

@@ -12,9 +12,13 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/trainer.hpp"
+#include "meshgrad/train/grad_norm.hpp"
+#include "meshgrad/train/grad_sync.hpp"
+#include "meshgrad/train/data.hpp"
 
 namespace meshgrad::train {
 namespace {
@@ -91,6 +95,42 @@ TEST(Trainer, GradientsAreTheSameWhateverTheMesh) {
       EXPECT_LE(err, 1e-12 * scale) << name << ": max abs error " << err << " vs max |grad| " << scale;
     }
   }
+}
+
+// The global gradient norm counts every parameter's complete gradient once, whatever the mesh:
+// equal to the single-rank norm at tp=2, dp=2 x tp=2 (SP), a 2x2 grid and dp=2 x a 1x3 grid; and
+// clipping scales the gradients to the requested norm.
+TEST(GradNorm, IsTheSingleRankNormOnEveryMeshAndClipsToTheLimit) {
+  const nn::Batch batch{random::randint({4, 8}, 11, 37), random::randint({4, 8}, 12, 37)};
+  auto norm_on = [&](const MeshCase& m, double clip, double* after) {
+    double norm = 0;
+    run_mesh(m.dp, m.tp, [&](const dist::DeviceMeshPtr& mesh) {
+      nn::ParallelConfig parallel;
+      parallel.sequence_parallel = m.sequence_parallel;
+      auto model = nn::make_model(tiny_gpt(DType::Float64), parallel, mesh, 5);
+      auto params = model->parameters();
+      GradientSynchronizer sync(params, mesh);
+      const int dp_rank = mesh->coordinate("dp"), dp_size = mesh->axis_size("dp");
+      backward(model->loss(dp_shard(batch, dp_rank, dp_size), count_loss_targets(batch.targets)));
+      sync.finish();
+      const double n = clip > 0 ? clip_grad_norm(params, *mesh, clip) : global_grad_norm(params, *mesh);
+      const double again = global_grad_norm(params, *mesh);
+      if (mesh->rank() == 0) {
+        norm = n;
+        if (after) *after = again;
+      }
+    }, m.rows, m.cols);
+    return norm;
+  };
+  const double ref = norm_on({1, 1, false}, 0, nullptr);
+  EXPECT_GT(ref, 0.0);
+  for (const MeshCase& m : {MeshCase{1, 2, false}, MeshCase{2, 2, true}, MeshCase{1, 0, false, 2, 2},
+                            MeshCase{2, 0, false, 1, 3}}) {
+    EXPECT_NEAR(norm_on(m, 0, nullptr), ref, 1e-12 * ref) << m.dp << " " << m.tp << " " << m.rows << "x" << m.cols;
+  }
+  double after = 0;
+  EXPECT_NEAR(norm_on({2, 2, true}, ref / 4, &after), ref, 1e-12 * ref);   // reports the norm before clipping
+  EXPECT_NEAR(after, ref / 4, 1e-6 * ref);
 }
 
 TrainOptions tiny_training(int steps) {

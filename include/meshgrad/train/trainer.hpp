@@ -28,6 +28,7 @@ struct StepMetrics {
   double gflops = 0;         // tokens_per_s * model_flops_per_token
   double elapsed_s = 0;      // since the first step started
   double lr = 0;             // learning rate of the step
+  double grad_norm = 0;      // global L2 norm of the gradient, before clipping
   bool evaluated = false;    // this step ran an evaluation (TrainOptions::eval_every)
   double val_loss = 0;       // then: the mean global loss over the validation batches
 };
@@ -50,6 +51,8 @@ struct TrainOptions {
   // the model over the first eval_steps validation batches (all of them if fewer), without dropout
   // and without recording a graph. Needs data with a validation split (a prepared directory).
   int eval_every = 0;
+  // Clip the global gradient norm to this (0 = off); the norm is reported every step either way.
+  double grad_clip = 0;
   int eval_steps = 20;
   bool progress = true;      // rank 0 shows progress on stderr
   // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
@@ -109,10 +112,15 @@ class AdamW;
 
 // One optimizer step, the loop body every training loop shares (train, the equivalence checker):
 // zero the gradients, this rank's loss on its dp share of global_batch (divided by the global count
-// of non-ignored targets), backward, gradient synchronisation, AdamW step. Returns this rank's loss
-// (its share of the global one; sum it over dp for the global loss).
-Tensor train_step(nn::Model& model, const nn::Batch& global_batch, int dp_rank, int dp_size,
-                  GradientSynchronizer& sync, AdamW& optimizer);
+// of non-ignored targets), backward, gradient synchronisation, the global gradient norm (clipped to
+// grad_clip when > 0, grad_norm.hpp), AdamW step. loss: this rank's share of the global loss (sum
+// it over dp); grad_norm: the norm before clipping, the same on every rank.
+struct StepOutcome {
+  Tensor loss;
+  double grad_norm = 0;
+};
+StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0);
 
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
