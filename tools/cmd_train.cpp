@@ -75,6 +75,10 @@ MESHGRAD_REGISTER_COMMAND(
                              "Clip the global L2 norm of the gradient to this (0 = off); grad_norm is in the metrics "
                              "either way")
                   ->capture_default_str();
+              app.add_option("--grad-accum", o.grad_accum,
+                             "Micro-batches per step: each replica's rows of --batch in K parts, one reduction per step")
+                  ->check(at_least(1))
+                  ->capture_default_str();
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();

@@ -47,6 +47,7 @@ struct GradientSynchronizer::State {
   std::unordered_map<const TensorImpl*, std::size_t> index_of;
   std::vector<std::size_t> deferred;   // entries whose non-dp reduction is in flight, in launch order
   int launched = 0;
+  bool accumulating = false;   // set_accumulating: hooks do nothing
 
   bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
 
@@ -103,6 +104,7 @@ struct GradientSynchronizer::State {
   // backward (a parameter used inside two checkpointed regions): let those reductions finish, so
   // they never read .grad while it is being written. Their results are superseded by on_ready.
   void before_accumulate(std::size_t i) {
+    if (accumulating) return;
     Entry& e = entries[i];
     if (!e.ready) return;
     if (e.axis_reduce.valid()) {
@@ -124,6 +126,7 @@ struct GradientSynchronizer::State {
 
   // The hook body: the accumulated local gradient of entries[i] is ready.
   void on_ready(std::size_t i, const Tensor& leaf) {
+    if (accumulating) return;
     drain_deferred();
     Entry& e = entries[i];
     e.ready = true;
@@ -211,6 +214,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
 GradientSynchronizer::~GradientSynchronizer() = default;
 
 int GradientSynchronizer::launched() const { return state_->launched; }
+
+void GradientSynchronizer::set_accumulating(bool on) { state_->accumulating = on; }
 
 std::vector<std::vector<std::string>> GradientSynchronizer::buckets() const {
   std::vector<std::vector<std::string>> out;

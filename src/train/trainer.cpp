@@ -2,6 +2,7 @@
 
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/ops/ops.hpp"
 #include "meshgrad/train/grad_norm.hpp"
 
 #include <fcntl.h>
@@ -192,15 +193,24 @@ double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_
 }
 
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip) {
+                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip, int grad_accum) {
   const int dp_rank = mesh.has_axis("dp") ? mesh.coordinate("dp") : 0;
   const int dp_size = mesh.has_axis("dp") ? mesh.axis_size("dp") : 1;
   optimizer.zero_grad();
   const nn::Batch batch = dp_shard(global_batch, dp_rank, dp_size);
+  MG_CHECK(grad_accum >= 1 && grad_accum <= batch.inputs.size(0),
+           "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
+           "over dp={})", grad_accum, batch.inputs.size(0), global_batch.inputs.size(0), dp_size);
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
+  const std::int64_t targets = count_loss_targets(global_batch.targets);
   StepOutcome out;
-  out.loss = model.loss(batch, count_loss_targets(global_batch.targets));
-  backward(out.loss);
+  for (int k = 0; k < grad_accum; ++k) {
+    const nn::Batch micro = grad_accum == 1 ? batch : dp_shard(batch, k, grad_accum);
+    sync.set_accumulating(k + 1 < grad_accum);   // reduce once, after the last micro-batch
+    const Tensor loss = model.loss(micro, targets);
+    backward(loss);
+    out.loss = k == 0 ? loss.detach() : add(out.loss, loss.detach());
+  }
   sync.finish();
   const std::vector<nn::Parameter*> params = model.parameters();
   out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip) : global_grad_norm(params, mesh);
@@ -273,7 +283,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
     const nn::Batch global_batch = data.next_batch(step);
-    const StepOutcome outcome = train_step(*model, global_batch, *mesh, sync, opt, options.grad_clip);
+    const StepOutcome outcome = train_step(*model, global_batch, *mesh, sync, opt, options.grad_clip, options.grad_accum);
     const double global = global_loss(outcome.loss, dp);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);

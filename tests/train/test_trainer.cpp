@@ -14,6 +14,7 @@
 
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "meshgrad/train/grad_norm.hpp"
@@ -131,6 +132,42 @@ TEST(GradNorm, IsTheSingleRankNormOnEveryMeshAndClipsToTheLimit) {
   double after = 0;
   EXPECT_NEAR(norm_on({2, 2, true}, ref / 4, &after), ref, 1e-12 * ref);   // reports the norm before clipping
   EXPECT_NEAR(after, ref / 4, 1e-6 * ref);
+}
+
+TrainOptions tiny_training(int steps);
+
+// --grad-accum K: the same losses as K = 1 up to rounding (float64), on one rank and on dp=2 x tp=2
+// with SP, and the same number of dp reductions per step (one bucket, after the last micro-batch).
+TEST(Trainer, GradientAccumulationMatchesOneBatchWithOneReductionPerStep) {
+  for (auto [dp, tp] : {std::pair{1, 1}, std::pair{2, 2}}) {
+    std::map<int, std::vector<double>> losses;
+    std::map<int, int> dp_reductions;
+    for (int k : {1, 2, 4}) {
+      TrainOptions o = tiny_training(3);
+      o.model.batch = 8;
+      o.parallel.sequence_parallel = tp > 1;
+      o.grad_accum = k;
+      run_mesh(dp, tp, [&](const dist::DeviceMeshPtr& mesh) {
+        dist::CommCounter counter;
+        dist::CountingScope counting(counter);
+        const TrainResult r = train(o, mesh);
+        if (mesh->rank() == 0) {
+          losses[k] = r.losses;
+          dp_reductions[k] = counter.count(dist::Phase::Backward, "all_reduce", "dp");
+        }
+      });
+    }
+    for (int k : {2, 4}) {
+      ASSERT_EQ(losses[k].size(), losses[1].size());
+      for (std::size_t s = 0; s < losses[1].size(); ++s) {
+        EXPECT_NEAR(losses[k][s], losses[1][s], 1e-12 * losses[1][s]) << "K=" << k << " step " << s;
+      }
+      EXPECT_EQ(dp_reductions[k], dp_reductions[1]) << "K=" << k;
+    }
+    if (dp > 1) {
+      EXPECT_EQ(dp_reductions[1], 3);   // one bucket per step
+    }
+  }
 }
 
 TrainOptions tiny_training(int steps) {

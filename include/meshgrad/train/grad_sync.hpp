@@ -60,6 +60,11 @@ class GradientSynchronizer {
   // Re-arms for the next step.
   void finish();
 
+  // Gradient accumulation: while on, backward passes only accumulate into .grad (no reduction is
+  // launched, nothing counts as ready); the backward after turning it off reduces the sum once.
+  // Every rank must switch at the same micro-batch.
+  void set_accumulating(bool on);
+
   // Reductions launched since the last finish() (tp and dp), for tests and reports.
   int launched() const;
   // The dp buckets: how many, and which parameters each holds (names, in slot order).

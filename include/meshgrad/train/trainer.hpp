@@ -53,6 +53,8 @@ struct TrainOptions {
   int eval_every = 0;
   // Clip the global gradient norm to this (0 = off); the norm is reported every step either way.
   double grad_clip = 0;
+  // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
+  int grad_accum = 1;
   int eval_steps = 20;
   bool progress = true;      // rank 0 shows progress on stderr
   // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
@@ -119,8 +121,12 @@ struct StepOutcome {
   Tensor loss;
   double grad_norm = 0;
 };
+// grad_accum K > 1: this rank's rows are split into K micro-batches (shard rule) whose losses (each
+// over the global target count) are backpropagated one after the other, gradients accumulating, and
+// reduced once after the last: the same loss and gradients as K = 1 up to rounding, with one dp
+// reduction per step and the activations of one micro-batch at a time.
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0);
+                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
 
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
