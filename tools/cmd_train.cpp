@@ -14,6 +14,13 @@
 #include "mesh_runner.hpp"
 #include "options.hpp"
 
+#ifndef MESHGRAD_VERSION   // set by CMake for this file (the metrics header records them)
+#define MESHGRAD_VERSION "unknown"
+#endif
+#ifndef MESHGRAD_GIT_COMMIT
+#define MESHGRAD_GIT_COMMIT "unknown"
+#endif
+
 namespace meshgrad::tools {
 namespace {
 
@@ -40,6 +47,8 @@ struct TrainArgs {
 // The checks and the loop are the library's (train::run_train_job), shared with the Python module.
 int run(TrainArgs& a) {
   a.options.model.dtype = parse_dtype(a.dtype);
+  a.options.provenance = {{"meshgrad_version", MESHGRAD_VERSION}, {"git_commit", MESHGRAD_GIT_COMMIT},
+                          {"backend", a.backend}};
   train::run_train_job(a.options, mesh_runner(a.backend, a.mesh));
   return 0;
 }

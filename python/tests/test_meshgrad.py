@@ -44,7 +44,8 @@ def test_train_takes_a_text_file(tmp_path):
 def test_train_writes_the_metrics_file_and_saves(tmp_path):
     metrics, saved = tmp_path / "m.jsonl", tmp_path / "w.safetensors"
     steps = meshgrad.train(steps=2, metrics=str(metrics), save=str(saved))
-    lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    header, *lines = [json.loads(line) for line in metrics.read_text().splitlines()]
+    assert header["type"] == "header"
     assert [line["loss"] for line in lines] == [s["loss"] for s in steps]
     assert saved.stat().st_size > 0
 

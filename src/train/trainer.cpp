@@ -49,6 +49,25 @@ DpPlace dp_place(const dist::DeviceMesh& mesh) {
   return {mesh.coordinate("dp"), mesh.axis_size("dp"), &mesh.group("dp")};
 }
 
+// The metrics file's first line: {"type": "header", the provenance, "mesh", "data", "config": every
+// option that shapes the run}. Step lines follow, one object each.
+nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, const dist::DeviceMesh& mesh,
+                              const TokenDataset& data) {
+  nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", data.source()}};
+  for (const auto& [key, value] : o.provenance) h[key] = value;
+  h["config"] = {{"model",
+                  {{"layers", m.layers}, {"hidden", m.hidden}, {"ffn", m.ffn_size()}, {"heads", m.heads},
+                   {"vocab", m.vocab}, {"positions", m.n_positions()}, {"seq", m.seq}, {"batch", m.batch},
+                   {"dropout", m.dropout}, {"dtype", dtype_name(m.dtype)}}},
+                 {"parallel",
+                  {{"sequence_parallel", o.parallel.sequence_parallel}, {"overlap", o.parallel.overlap},
+                   {"regather", o.parallel.recompute_allgather}, {"checkpoint_blocks", o.parallel.checkpoint_blocks}}},
+                 {"steps", o.steps}, {"lr", o.lr}, {"warmup_steps", o.warmup_steps}, {"min_lr_ratio", o.min_lr_ratio},
+                 {"weight_decay", o.weight_decay}, {"seed", o.seed}, {"grad_clip", o.grad_clip},
+                 {"grad_accum", o.grad_accum}, {"eval_every", o.eval_every}, {"eval_steps", o.eval_steps}};
+  return h;
+}
+
 // The global loss: the sum over dp of each replica's share (each rank's loss is replicated over tp).
 // Declared as Phase::Optimizer so communication counts of forward/backward stay those of the model.
 double global_loss(const Tensor& local_loss, const DpPlace& dp) {
@@ -248,7 +267,10 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   for (const std::string& f : data.input_files()) inputs.push_back({"--data", f});
   check_output_paths(outputs, inputs);
   std::unique_ptr<MetricsWriter> metrics;
-  if (leader && !options.metrics_path.empty()) metrics = std::make_unique<MetricsWriter>(options.metrics_path);
+  if (leader && !options.metrics_path.empty()) {
+    metrics = std::make_unique<MetricsWriter>(options.metrics_path);
+    metrics->write_line(metrics_header(options, config, *mesh, data));
+  }
 
   std::unique_ptr<nn::Model> model = nn::make_model(config, options.parallel, mesh, options.seed);
   model->set_training(true);

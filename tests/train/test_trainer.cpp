@@ -197,16 +197,24 @@ TEST(Trainer, LossFallsOnTheBuiltInCorpus) {
   EXPECT_NEAR(result.losses.front(), std::log(256.0), 0.3);
   EXPECT_LT(result.end_loss(), result.start_loss() - 1.0)
       << "loss " << result.start_loss() << " -> " << result.end_loss();
-  // One JSON object per step with the documented keys, in step order.
+  // A header object, then one JSON object per step with the documented keys, in step order.
   std::ifstream in(metrics);
   std::string line;
+  ASSERT_TRUE(std::getline(in, line));
+  const auto header = nlohmann::json::parse(line);
+  EXPECT_EQ(header.at("type"), "header");
+  EXPECT_EQ(header.at("mesh"), "mesh(dp=1, tp=2)");
+  EXPECT_EQ(header.at("config").at("model").at("layers"), o.model.layers);
+  EXPECT_EQ(header.at("config").at("steps"), 40);
   int n = 0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     ++n;
     EXPECT_EQ(j.at("step").get<int>(), n);
     EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), result.losses[static_cast<std::size_t>(n - 1)]);
-    for (const char* key : {"tokens_per_s", "gflops", "elapsed_s", "lr"}) EXPECT_GT(j.at(key).get<double>(), 0) << key;
+    for (const char* key : {"tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm"}) {
+      EXPECT_GT(j.at(key).get<double>(), 0) << key;
+    }
   }
   EXPECT_EQ(n, 40);
   std::filesystem::remove(metrics);

@@ -57,6 +57,9 @@ struct TrainOptions {
   int grad_accum = 1;
   int eval_steps = 20;
   bool progress = true;      // rank 0 shows progress on stderr
+  // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
+  // meshgrad version, the git commit it was built from, the command line).
+  std::vector<std::pair<std::string, std::string>> provenance;
   // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
   // fails the run like any other rank error.
   std::function<void(const StepMetrics&)> on_step;
