@@ -10,6 +10,7 @@
 #include <string>
 
 #include "command.hpp"
+#include "json_config.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "mesh_runner.hpp"
 #include "options.hpp"
@@ -28,6 +29,7 @@ struct TrainArgs {
   std::string mesh = "tp=2";
   std::string backend = "threads";
   std::string dtype = "float32";
+  std::string config;   // --config: expanded by main before parsing; never set here
   train::TrainOptions options;
   TrainArgs() {
     // Defaults sized to finish in about a minute on a 2-core machine with the loss clearly falling.
@@ -60,6 +62,10 @@ MESHGRAD_REGISTER_COMMAND(
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<TrainArgs>();
               auto& o = a->options;
+              // Expanded before parsing (json_config.hpp); declared here for --help and the check.
+              app.add_option("--config", a->config, "JSON file of options, e.g. {\"steps\": 100, \"mesh\": "
+                             "\"tp=2\", \"sequence-parallel\": true}; the command line overrides it")
+                  ->group(kJsonConfigGroup);
               app.add_option("--mesh", a->mesh, "Mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")

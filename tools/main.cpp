@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "command.hpp"
+#include "json_config.hpp"
 #include "launch.hpp"
 #include "meshgrad/tensor/error.hpp"
 
@@ -95,8 +96,18 @@ int main(int argc, char** argv) {
     runners.emplace_back(sub, command.setup(*sub));
   }
 
+  // `--config FILE.json` is expanded into the command's own options first (json_config.hpp).
+  std::vector<std::string> args(argv, argv + argc);
   try {
-    app.parse(argc, argv);
+    args = expand_json_config(std::move(args), app);
+  } catch (const std::exception& e) {
+    fmt::print(stderr, "meshgrad: error: {}\n", e.what());
+    return 1;
+  }
+  std::vector<char*> expanded;
+  for (std::string& a : args) expanded.push_back(a.data());
+  try {
+    app.parse(static_cast<int>(expanded.size()), expanded.data());
   } catch (const CLI::ParseError& e) {
     return app.exit(e);
   }

@@ -87,3 +87,13 @@ if(NOT MESHGRAD_SANITIZER)
   meshgrad_cli_test(out_of_memory_says_so 1 "out of memory \\(std::bad_alloc\\).*smaller --hidden"
                     /bin/sh -c "ulimit -v 600000 && exec ${mg} train --hidden 20000 --heads 4 --layers 1 --seq 16 --batch 4 --steps 1 --mesh tp=1 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-oom.jsonl")
 endif()
+
+# --config FILE.json: the file's options apply, the command line overrides them, and a key that is
+# not an option of the command is refused naming it and the file.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/cli-config.json
+     "{\"steps\": 2, \"layers\": 1, \"hidden\": 32, \"heads\": 4, \"seq\": 16, \"batch\": 4, \"sequence-parallel\": true, \"metrics\": \"${CMAKE_CURRENT_BINARY_DIR}/cli-config.jsonl\"}")
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/cli-config-bad.json "{\"stepz\": 2}")
+meshgrad_cli_test(config_file_applies_and_command_line_wins 0 "layers=1 hidden=32 .*sequence-parallel.*, 3 steps"
+                  ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config.json --steps 3)
+meshgrad_cli_test(config_file_unknown_key 1 "stepz is not an option of `meshgrad train`"
+                  ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config-bad.json)
