@@ -133,16 +133,13 @@ Tensor change_placement(const Tensor& x, const ProcessGroup& group, Placement fr
            "mesh axes), so gradient placements cannot be read on it", group.axis);
   from = normalized(from, x, "change_placement");
   to = normalized(to, x, "change_placement");
-  if (group.size() == 1 || from == to) return x;   // nothing moves; bit-identical, nothing recorded
+  // Nothing moves; bit-identical, nothing recorded. R -> R is a step of its own (identity forward,
+  // all-reduce of a partial gradient backward), never folded away.
+  if (group.size() == 1 || (from == to && !from.is_replicate())) return x;
   return autograd::apply<ChangePlacementFn>({x}, group, from, to, full_size)[0];
 }
 
-Tensor copy_to_region(const Tensor& x, const ProcessGroup& group) {
-  // R -> R is a step of its own (identity forward): not folded away by from == to.
-  check_floating(x, "copy_to_region");
-  if (group.size() == 1) return x;
-  return autograd::apply<ChangePlacementFn>({x}, group, kR, kR, -1)[0];
-}
+Tensor copy_to_region(const Tensor& x, const ProcessGroup& group) { return change_placement(x, group, kR, kR); }
 Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group) { return change_placement(x, group, kP, kR); }
 Tensor scatter_to_region(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
   return change_placement(x, group, kR, Placement::shard(static_cast<int>(dim)));

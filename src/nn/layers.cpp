@@ -159,7 +159,7 @@ class ColumnLinearFn final : public Function {
     MG_CHECK(x.dim() == 3 && w.dim() == 2 && x.size(2) == w.size(0),
              "{}: input {} and weight {} do not match ([T, B, in] and [in, out_local])", c_.label,
              shape_str(x.shape()), shape_str(w.shape()));
-    Tensor x_full = gather_input(x).wait();
+    Tensor x_full = keep_gathered(gather_input(x).wait());
     Tensor y = meshgrad::linear(x_full, w, b);   // recording is off inside forward
     const bool keep_local = c_.sequence_parallel && c_.regather;
     save_for_backward({keep_local ? x : x_full, w});
@@ -195,7 +195,7 @@ class ColumnLinearFn final : public Function {
     }
     Tensor dw, db;
     if (need_w_grad) {
-      const Tensor x_full = regather ? x_full_pending.wait() : s[0];
+      const Tensor x_full = regather ? keep_gathered(x_full_pending.wait()) : s[0];
       dw = kernels::matmul(x_full.reshape({-1, in}).transpose(0, 1), dy_rows);
     }
     if (needs_input_grad(2)) db = kernels::sum(dy_rows, {0}, false);
@@ -229,11 +229,13 @@ class ColumnLinearFn final : public Function {
     Shape full_shape = x.shape();
     full_shape[0] = c_.seq_len;
     if (c_.regather) reuse = ctx_->gather_buffers.reusable(full_shape, x.dtype());
-    dist::PendingTensor p = dist::all_gather_async(x, c_.tp, 0, seq_sizes(), reuse);
-    if (!c_.regather) return p;
-    Tensor full = p.wait();
-    ctx_->gather_buffers.keep(full);
-    return dist::PendingTensor::ready(full);
+    return dist::all_gather_async(x, c_.tp, 0, seq_sizes(), reuse);
+  }
+
+  // Regather mode: a buffer the gather had to allocate is kept for the model's next gathers.
+  Tensor keep_gathered(const Tensor& full) const {
+    if (c_.regather && c_.sequence_parallel && c_.tp.size() > 1) ctx_->gather_buffers.keep(full);
+    return full;
   }
 
   ColumnConfig c_;

@@ -24,7 +24,6 @@ constexpr const char* kLabel = "grad-sync";
 struct Bucket {
   Tensor flat;                          // [sum of members' numel], the members' dtype
   std::vector<std::size_t> members;     // entry indices, in slot order
-  std::vector<std::int64_t> offsets;    // each member's offset into flat
   int ready = 0;                        // members whose gradient is in this step
   dist::PendingTensor reduce;           // the in-place dp all-reduce in flight
 };
@@ -33,6 +32,7 @@ struct Bucket {
 struct Entry {
   nn::Parameter* param = nullptr;
   int bucket = -1;                    // its dp bucket (-1: no dp reduction)
+  std::int64_t offset = 0;            // its slot's offset in the bucket's flat buffer
   bool ready = false;                 // its hook fired in this step
   std::vector<int> pending_axes;      // non-dp axes still to reduce (first one in flight)
   dist::PendingTensor axis_reduce;    // the in-flight reduction over pending_axes.front()
@@ -59,6 +59,12 @@ struct GradientSynchronizer::State {
            dist::Primitive::AllReduce;
   }
 
+  // Entry e's slot in its bucket, shaped like the parameter.
+  Tensor slot_of(const Entry& e) const {
+    const Tensor& v = e.param->value;
+    return buckets[static_cast<std::size_t>(e.bucket)].flat.narrow(0, e.offset, v.numel()).view(v.shape());
+  }
+
   // Puts a gradient that is complete over every non-dp axis into its bucket; launches the bucket's
   // in-place dp all-reduce when it is full.
   void deposit(std::size_t i, const Tensor& grad) {
@@ -70,8 +76,7 @@ struct GradientSynchronizer::State {
              "rows: mark the loss (ParallelContext::loss_partial_over_dp / dist::mark_partial_grad) before backward",
              e.param->name);
     Bucket& b = buckets[static_cast<std::size_t>(e.bucket)];
-    const auto slot = static_cast<std::size_t>(std::find(b.members.begin(), b.members.end(), i) - b.members.begin());
-    Tensor dst = b.flat.narrow(0, b.offsets[slot], grad.numel()).view(grad.shape());
+    Tensor dst = slot_of(e);
     if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
     if (++b.ready == static_cast<int>(b.members.size())) {
       dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
@@ -152,26 +157,25 @@ struct GradientSynchronizer::State {
   // dtype per bucket, up to bucket_bytes each.
   void make_buckets(std::int64_t bucket_bytes) {
     if (!dp_active()) return;
+    std::vector<std::int64_t> sizes;   // elements per bucket
+    std::vector<DType> dtypes;
     for (std::size_t k = entries.size(); k-- > 0;) {
       Entry& e = entries[k];
       const Tensor& v = e.param->value;
-      const std::int64_t bytes = v.numel() * static_cast<std::int64_t>(dtype_size(v.dtype()));
-      const bool fits = !buckets.empty() && buckets.back().flat.dtype() == v.dtype() &&
-                        (buckets.back().flat.numel() * static_cast<std::int64_t>(dtype_size(v.dtype())) + bytes <=
-                             bucket_bytes ||
-                         buckets.back().members.empty());
-      if (!fits) {
-        Bucket b;
-        b.flat = Tensor::empty({0}, v.dtype());
-        buckets.push_back(std::move(b));
+      const auto elem = static_cast<std::int64_t>(dtype_size(v.dtype()));
+      const bool fits = !sizes.empty() && dtypes.back() == v.dtype() &&
+                        (sizes.back() + v.numel()) * elem <= bucket_bytes;
+      if (!fits) {   // a new bucket (a parameter larger than a bucket gets its own)
+        buckets.emplace_back();
+        sizes.push_back(0);
+        dtypes.push_back(v.dtype());
       }
-      Bucket& b = buckets.back();
-      b.offsets.push_back(b.flat.numel());
-      b.members.push_back(k);
-      b.flat = Tensor::empty({b.flat.numel() + v.numel()}, v.dtype());   // sized for real below
       e.bucket = static_cast<int>(buckets.size()) - 1;
+      e.offset = sizes.back();
+      buckets.back().members.push_back(k);
+      sizes.back() += v.numel();
     }
-    for (Bucket& b : buckets) b.flat = Tensor::zeros({b.flat.numel()}, b.flat.dtype());
+    for (std::size_t b = 0; b < buckets.size(); ++b) buckets[b].flat = Tensor::zeros({sizes[b]}, dtypes[b]);
   }
 };
 
@@ -241,14 +245,7 @@ void GradientSynchronizer::finish() {
   }
   for (Entry& e : s.entries) {
     if (e.ready && missing.empty()) {
-      Tensor grad = e.complete;
-      if (e.bucket >= 0) {
-        const Bucket& b = s.buckets[static_cast<std::size_t>(e.bucket)];
-        const auto slot = static_cast<std::size_t>(std::find(b.members.begin(), b.members.end(),
-                                                             static_cast<std::size_t>(&e - s.entries.data())) -
-                                                   b.members.begin());
-        grad = b.flat.narrow(0, b.offsets[slot], e.param->value.numel()).view(e.param->value.shape());
-      }
+      Tensor grad = e.bucket >= 0 ? s.slot_of(e) : e.complete;
       dist::set_partial_axes(grad, 0);
       e.param->value.set_grad(grad);
     }
