@@ -11,6 +11,7 @@
 
 #include "command.hpp"
 #include "json_config.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "mesh_runner.hpp"
 #include "options.hpp"
@@ -47,11 +48,25 @@ struct TrainArgs {
 };
 
 // The checks and the loop are the library's (train::run_train_job), shared with the Python module.
-int run(TrainArgs& a) {
+int run(TrainArgs& a, const CLI::App& app) {
   a.options.model.dtype = parse_dtype(a.dtype);
   a.options.provenance = {{"meshgrad_version", MESHGRAD_VERSION}, {"git_commit", MESHGRAD_GIT_COMMIT},
                           {"backend", a.backend}};
-  train::run_train_job(a.options, mesh_runner(a.backend, a.mesh));
+  // Options the user gave (on the command line or in --config): on --resume they override the
+  // checkpoint's configuration, the others come from it.
+  for (const CLI::Option* opt : app.get_options()) {
+    if (opt->count() > 0) {
+      for (const std::string& name : opt->get_lnames()) a.options.given_options.insert(name);
+    }
+  }
+  a.options.handle_signals = true;   // SIGTERM / Ctrl-C: checkpoint and exit 0 (with --checkpoint-dir)
+  std::string mesh = a.mesh;
+  if (!a.options.resume.empty() && a.options.given_options.count("mesh") == 0) {
+    // The checkpoint's mesh, unless another one is asked for (any mesh loads it).
+    const train::Manifest manifest = train::read_manifest(train::resolve_checkpoint(a.options.resume));
+    mesh = manifest.state.value("mesh", a.mesh);
+  }
+  train::run_train_job(a.options, mesh_runner(a.backend, mesh));
   return 0;
 }
 
@@ -132,7 +147,25 @@ MESHGRAD_REGISTER_COMMAND(
                   ->capture_default_str();
               app.add_option("--dropout", o.model.dropout, "Dropout probability")->capture_default_str();
               app.add_option("--save", o.save_path, "Write the trained parameters (full tensors) to this safetensors file");
-              return [a] { return run(*a); };
+              app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                             "Write sharded checkpoints (parameters, optimizer, data position, RNG) into DIR/step_XXXXXXXX "
+                             "every --save-every steps and at the end; SIGTERM / Ctrl-C then checkpoint and stop")
+                  ->group("Checkpoints");
+              app.add_option("--save-every", o.save_every, "Steps between checkpoints (0: only at the end)")
+                  ->check(at_least(0))
+                  ->group("Checkpoints");
+              app.add_option("--keep", o.keep, "Keep only the newest K checkpoints (0: all)")
+                  ->check(at_least(0))
+                  ->group("Checkpoints");
+              app.add_flag("--sync-checkpoints", o.checkpoint_sync,
+                           "Write checkpoints before training goes on (default: in the background after an in-memory "
+                           "snapshot)")
+                  ->group("Checkpoints");
+              app.add_option("--resume", o.resume,
+                             "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
+                             "come from it unless given again (the model's shape cannot change)")
+                  ->group("Checkpoints");
+              return [a, &app] { return run(*a, app); };
             }});
 
 }  // namespace meshgrad::tools

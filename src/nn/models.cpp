@@ -226,9 +226,16 @@ class Gpt final : public Model {
 
     // Holds the shared state, not the model: a checkpointed block calls it again during backward.
     const std::shared_ptr<DropoutState> state = dropout_;
-    const std::function<Tensor(const Tensor&)> dropout = [state, seq, b, c](const Tensor& x) {
+    // Masks by global index: the row offset and row count of the global batch (dp replicas and
+    // micro-batches hold slices of it), the sequence offset under SP.
+    const std::int64_t rows = batch.global_rows > 0 ? batch.global_rows : b;
+    const std::int64_t row0 = batch.global_rows > 0 ? batch.row_offset : 0;
+    MG_CHECK(row0 >= 0 && row0 + b <= rows, "gpt: batch rows [{}, {}) lie outside its global batch of {} rows", row0, row0 + b, rows);
+    const std::function<Tensor(const Tensor&)> dropout = [state, seq, rows, row0, c](const Tensor& x) {
       if (!state->training || state->p == 0) return x;
-      return dropout_global(x, state->p, state->gen.next_seed(), {seq, b, c}, activation_offsets(*state->ctx, seq));
+      std::vector<std::int64_t> offsets = activation_offsets(*state->ctx, seq);
+      offsets[1] = row0;
+      return dropout_global(x, state->p, state->gen.next_seed(), {seq, rows, c}, offsets);
     };
     h = dropout(h);
     for (const auto& b_ptr : blocks_) {
@@ -261,6 +268,8 @@ class Gpt final : public Model {
   }
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool training) override { dropout_->training = training; }
+  std::uint64_t random_state() const override { return dropout_->gen.counter(); }
+  void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
 
  private:
   ModelConfig cfg_;

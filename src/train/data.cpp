@@ -319,8 +319,11 @@ nn::Batch dp_shard(const nn::Batch& batch, int dp_rank, int dp_size) {
   MG_CHECK(dp_size >= 1 && dp_size <= B, "dp_shard: a batch of {} rows cannot be split over dp={} (each rank "
            "needs at least one row; use --batch >= dp)", B, dp_size);
   const ShardRange rows = shard_range(B, dp_size, dp_rank);
-  return {batch.inputs.narrow(0, rows.offset, rows.size).clone(),
-          batch.targets.narrow(0, rows.offset, rows.size).clone()};
+  // Slices compose: a micro-batch of a replica's rows knows its rows' place in the global batch.
+  const std::int64_t global_rows = batch.global_rows > 0 ? batch.global_rows : B;
+  const std::int64_t base = batch.global_rows > 0 ? batch.row_offset : 0;
+  return {batch.inputs.narrow(0, rows.offset, rows.size).clone(), batch.targets.narrow(0, rows.offset, rows.size).clone(),
+          base + rows.offset, global_rows};
 }
 
 }  // namespace meshgrad::train

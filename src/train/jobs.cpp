@@ -1,5 +1,7 @@
 #include "meshgrad/train/jobs.hpp"
 
+#include <fmt/core.h>
+
 #include <optional>
 
 #include "meshgrad/train/explain.hpp"
@@ -7,6 +9,8 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/safetensors.hpp"
 
 namespace meshgrad::train {
@@ -41,7 +45,22 @@ void check_train_options(const TrainOptions& o) {
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
 }
 
-TrainResult run_train_job(const TrainOptions& options, const RunOnMesh& run_on_mesh) {
+TrainOptions resolve_resume(const TrainOptions& given) {
+  if (given.resume.empty()) return given;
+  const std::string dir = resolve_checkpoint(given.resume);
+  const Manifest manifest = read_manifest(dir);
+  const auto config = manifest.state.find("config");
+  if (config == manifest.state.end())
+    throw CheckpointError(fmt::format("checkpoint '{}': its state has no \"config\"", dir));
+  std::string changed;
+  TrainOptions options = resume_options(given, *config, dir, &changed);
+  options.resume_dir = dir;
+  if (options.progress && !changed.empty()) fmt::print(stderr, "meshgrad train: resuming {} with {}\n", dir, changed);
+  return options;
+}
+
+TrainResult run_train_job(const TrainOptions& given, const RunOnMesh& run_on_mesh) {
+  const TrainOptions options = resolve_resume(given);
   check_train_options(options);
   std::optional<TrainResult> result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {

@@ -110,6 +110,25 @@ void AdamW::step() {
   }
 }
 
+void AdamW::load_state(std::int64_t steps, std::vector<Tensor> exp_avg, std::vector<Tensor> exp_avg_sq) {
+  MG_CHECK(steps >= 0, "AdamW::load_state: step count {} is negative", steps);
+  MG_CHECK(exp_avg.size() == params_.size() && exp_avg_sq.size() == params_.size(),
+           "AdamW::load_state: {} and {} moments for {} parameters", exp_avg.size(), exp_avg_sq.size(), params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const nn::Parameter& p = *params_[i];
+    MG_CHECK(exp_avg[i].defined() == exp_avg_sq[i].defined(), "AdamW::load_state: '{}' has only one of its moments", p.name);
+    for (const Tensor* t : {&exp_avg[i], &exp_avg_sq[i]}) {
+      MG_CHECK(!t->defined() || (t->shape() == p.value.shape() && t->dtype() == p.value.dtype()),
+               "AdamW::load_state: a moment of '{}' is {} but the parameter is {}", p.name, t->str(), p.value.str());
+    }
+  }
+  t_ = steps;
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    m_[i] = exp_avg[i].defined() ? exp_avg[i].contiguous().clone() : Tensor();
+    v_[i] = exp_avg_sq[i].defined() ? exp_avg_sq[i].contiguous().clone() : Tensor();
+  }
+}
+
 void AdamW::zero_grad() {
   for (nn::Parameter* p : params_) p->value.zero_grad();
 }

@@ -88,6 +88,34 @@ std::optional<FileId> id_of(const std::string& path) {
 
 }  // namespace
 
+void check_output_directory(const NamedPath& out, const std::vector<NamedPath>& inputs) {
+  const auto bad = [&](const std::string& what) { throw InvalidArgument(fmt::format("{} '{}': {}", out.option, out.path, what)); };
+  if (out.path.empty()) throw InvalidArgument(fmt::format("{}: the path is empty", out.option));
+  struct stat st {};
+  if (::lstat(out.path.c_str(), &st) == 0) {
+    if (S_ISLNK(st.st_mode)) bad("is a symbolic link; meshgrad does not write through links (give the directory it points to)");
+    if (!S_ISDIR(st.st_mode)) bad(fmt::format("is {}, not a directory", type_of(st.st_mode)));
+    if (::access(out.path.c_str(), W_OK | X_OK) != 0) bad(fmt::format("is not writable: {}", errno_text(errno)));
+  } else if (errno == ENOENT) {
+    const std::string parent = directory_of(fs::path(out.path).lexically_normal().string());
+    struct stat pst {};
+    if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode))
+      bad(fmt::format("does not exist and its parent '{}' is not a directory", parent));
+    if (::access(parent.c_str(), W_OK | X_OK) != 0)
+      bad(fmt::format("cannot be created: its parent '{}' is not writable: {}", parent, errno_text(errno)));
+    return;   // a new directory holds no input
+  } else {
+    bad(fmt::format("cannot be checked: {}", errno_text(errno)));
+  }
+  const std::optional<FileId> dir = id_of(out.path);
+  for (const NamedPath& in : inputs) {
+    if (in.path.empty()) continue;
+    if (id_of(in.path) == dir)
+      throw InvalidArgument(fmt::format("{} '{}' is the same directory as {} '{}': give the checkpoints their own directory",
+                                        out.option, out.path, in.option, in.path));
+  }
+}
+
 void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs) {
   struct Checked {
     const NamedPath* named;

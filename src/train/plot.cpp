@@ -27,7 +27,23 @@ MetricsSeries read_metrics(const std::string& path) {
       throw InvalidArgument(fmt::format("plot: '{}' line {} is not JSON (at byte {} of the line)", path, number, e.byte));
     }
     MG_CHECK(j.is_object(), "plot: '{}' line {} is not a JSON object", path, number);
-    if (j.value("type", "") == "header") continue;
+    if (j.value("type", "") == "header") {
+      // A resumed run appends from its checkpoint's step on: the steps the killed run had taken
+      // after that checkpoint are superseded by the resumed run's.
+      if (j.contains("first_step") && j["first_step"].is_number()) {
+        const double first = j["first_step"].get<double>();
+        while (!s.step.empty() && s.step.back() >= first) {
+          s.step.pop_back();
+          s.loss.pop_back();
+          s.lr.pop_back();
+        }
+        while (!s.val_step.empty() && s.val_step.back() >= first) {
+          s.val_step.pop_back();
+          s.val_loss.pop_back();
+        }
+      }
+      continue;
+    }
     auto number_at = [&](const char* key) {
       MG_CHECK(j.contains(key) && j[key].is_number(), "plot: '{}' line {} has no number \"{}\" (is it a metrics file "
                "written by meshgrad train?)", path, number, key);

@@ -1,6 +1,5 @@
 #include "meshgrad/train/prepare.hpp"
 
-#include <openssl/evp.h>
 #include <unistd.h>
 
 #include <array>
@@ -12,30 +11,11 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/text/tokenizer.hpp"
 #include "meshgrad/train/data.hpp"
+#include "meshgrad/train/sha256.hpp"
 
 namespace meshgrad::train {
 
 namespace fs = std::filesystem;
-
-std::string sha256_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  MG_CHECK(in.good(), "sha256: '{}' cannot be opened for reading", path);
-  std::unique_ptr<EVP_MD_CTX, decltype(&EVP_MD_CTX_free)> ctx(EVP_MD_CTX_new(), EVP_MD_CTX_free);
-  MG_CHECK(ctx && EVP_DigestInit_ex(ctx.get(), EVP_sha256(), nullptr) == 1, "sha256: OpenSSL cannot start a digest");
-  std::array<char, 1 << 16> buf;
-  while (in) {
-    in.read(buf.data(), buf.size());
-    const std::streamsize n = in.gcount();
-    if (n > 0) MG_CHECK(EVP_DigestUpdate(ctx.get(), buf.data(), static_cast<std::size_t>(n)) == 1, "sha256: digest failed");
-  }
-  MG_CHECK(!in.bad(), "sha256: '{}' could not be read to the end", path);
-  std::array<unsigned char, EVP_MAX_MD_SIZE> md{};
-  unsigned int len = 0;
-  MG_CHECK(EVP_DigestFinal_ex(ctx.get(), md.data(), &len) == 1, "sha256: digest failed");
-  std::string hex;
-  for (unsigned int i = 0; i < len; ++i) hex += fmt::format("{:02x}", md[i]);
-  return hex;
-}
 
 namespace {
 

@@ -15,8 +15,10 @@
 #include <chrono>
 #include <cmath>
 #include <cstdio>
+#include <csignal>
 #include <cstring>
 #include <deque>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <numbers>
 
@@ -25,6 +27,9 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/train/checkpoint.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/resume.hpp"
+#include "meshgrad/train/stop_signal.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
@@ -84,14 +89,15 @@ double global_loss(const Tensor& local_loss, const DpPlace& dp) {
 // O_NOFOLLOW + the type check below hold that even if it changed since.
 class MetricsWriter {
  public:
-  explicit MetricsWriter(const std::string& path) : path_(path) {
+  // append: keep what the file holds (a resumed run continues its metrics); else start it empty.
+  MetricsWriter(const std::string& path, bool append) : path_(path) {
     fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
     MG_CHECK(fd_ >= 0, "metrics file '{}' cannot be opened for writing: {}", path, std::strerror(errno));
     struct stat st {};
     std::string problem;
     if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
       problem = "is not a regular file";
-    else if (::ftruncate(fd_, 0) != 0)
+    else if (!append && ::ftruncate(fd_, 0) != 0)
       problem = fmt::format("cannot be truncated: {}", std::strerror(errno));
     if (!problem.empty()) {
       ::close(fd_);
@@ -120,12 +126,13 @@ class MetricsWriter {
 // line every ~5% of the steps (plus the first and the last), so logs stay readable.
 class Progress {
  public:
-  explicit Progress(int steps) : steps_(steps), tty_(::isatty(::fileno(stderr)) != 0) {}
+  // first: the 0-based step the run starts at (a resumed run's checkpoint step).
+  Progress(int steps, int first) : steps_(steps), first_(first), tty_(::isatty(::fileno(stderr)) != 0) {}
 
   // val_loss < 0: no evaluation yet. The ETA is the mean step time so far times the steps left.
   void update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed, double val_loss) {
     const int done = step + 1;
-    const double eta = elapsed / done * (steps_ - done);
+    const double eta = elapsed / std::max(1, done - first_) * (steps_ - done);
     const std::string val = val_loss >= 0 ? fmt::format(" | val {:.4f}", val_loss) : std::string();
     const std::string stats =
         fmt::format("step {:>{}}/{} | loss {:.4f}{} | {:>7.0f} tok/s | {:6.2f} GFLOP/s | lr {:.2e} | {:.1f}s | eta {:.0f}s",
@@ -140,15 +147,68 @@ class Progress {
       if (done == steps_) fmt::print(stderr, "\n");
     } else {
       const int every = std::max(1, steps_ / 20);
-      if (step == 0 || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
+      if (step == first_ || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
     }
     std::fflush(stderr);
   }
 
  private:
   int steps_;
+  int first_;
   bool tty_;
 };
+
+// The training state a checkpoint holds as tensors: every parameter's piece and its AdamW moments
+// (zeros before the first update: the same as AdamW's lazily created ones), by name.
+std::vector<StateTensor> training_tensors(const std::vector<nn::Parameter*>& params, const AdamW& opt) {
+  std::vector<StateTensor> out;
+  for (const nn::Parameter* p : params) out.push_back({p->name, p->full_shape, p->placements, p->value});
+  for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      const nn::Parameter& p = *params[i];
+      Tensor m = std::string(kind) == "exp_avg" ? opt.exp_avg(i) : opt.exp_avg_sq(i);
+      if (!m.defined()) m = Tensor::zeros(p.value.shape(), p.value.dtype());
+      out.push_back({fmt::format("optimizer.{}.{}", kind, p.name), p.full_shape, p.placements, m});
+    }
+  }
+  return out;
+}
+
+// Loads parameters, AdamW state and the random stream from checkpoint dir (any mesh: each rank reads
+// the pieces of its own layout). Everything is read and checked before anything changes. Returns the
+// number of steps the checkpoint was taken after.
+int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& opt) {
+  const std::vector<nn::Parameter*> params = model.parameters();
+  std::vector<PieceRequest> requests;
+  for (const nn::Parameter* p : params) requests.push_back({p->name, p->full_shape, p->layout(), p->value.dtype()});
+  for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
+    for (const nn::Parameter* p : params)
+      requests.push_back({fmt::format("optimizer.{}.{}", kind, p->name), p->full_shape, p->layout(), p->value.dtype()});
+  }
+  const std::vector<Tensor> loaded = read_pieces(dir, manifest, requests);
+  const nlohmann::json& state = manifest.state;
+  std::int64_t optimizer_steps = 0, step = 0;
+  std::uint64_t random_state = 0;
+  try {
+    optimizer_steps = state.at("optimizer_steps").get<std::int64_t>();
+    step = state.at("step").get<std::int64_t>();
+    random_state = state.at("random_state").get<std::uint64_t>();
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("checkpoint '{}': its state lacks the optimizer step, the step or the random state: {}", dir, e.what()));
+  }
+  MG_CHECK(step == manifest.step && step >= 0 && step <= INT32_MAX, "checkpoint '{}': state step {} differs from the manifest's {}",
+           dir, step, manifest.step);
+  const std::size_t n = params.size();
+  std::vector<Tensor> m(loaded.begin() + static_cast<std::ptrdiff_t>(n), loaded.begin() + static_cast<std::ptrdiff_t>(2 * n));
+  std::vector<Tensor> v(loaded.begin() + static_cast<std::ptrdiff_t>(2 * n), loaded.end());
+  opt.load_state(optimizer_steps, m, v);   // checks before it changes anything
+  autograd::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < n; ++i) params[i]->value.detach().copy_from(loaded[i]);
+  model.set_random_state(random_state);
+  return static_cast<int>(step);
+}
+
+std::string signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : fmt::format("signal {}", sig); }
 
 }  // namespace
 
@@ -266,10 +326,37 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   std::vector<NamedPath> inputs;
   for (const std::string& f : data.input_files()) inputs.push_back({"--data", f});
   check_output_paths(outputs, inputs);
+  MG_CHECK(options.save_every >= 0 && options.keep >= 0, "train: --save-every and --keep must be >= 0, got {} and {}",
+           options.save_every, options.keep);
+  MG_CHECK(options.save_every == 0 || !options.checkpoint_dir.empty(), "train: --save-every needs --checkpoint-dir");
+  MG_CHECK(options.keep == 0 || !options.checkpoint_dir.empty(), "train: --keep needs --checkpoint-dir");
+  if (!options.checkpoint_dir.empty()) {
+    std::vector<NamedPath> dirs = inputs;
+    if (!options.data_path.empty()) dirs.push_back({"--data", options.data_path});
+    check_output_directory({"--checkpoint-dir", options.checkpoint_dir}, dirs);
+  }
+  // A resumed run: the checkpoint's manifest (its tensors load after the model is built).
+  std::optional<Manifest> resume;
+  if (!options.resume_dir.empty()) {
+    resume = read_manifest(options.resume_dir);
+    const nlohmann::json& saved_data = resume->state.value("data", nlohmann::json::object());
+    const std::int64_t saved_tokens = saved_data.value("tokens", std::int64_t{-1});
+    MG_CHECK(options.given_options.count("data") > 0 || saved_tokens == data.size(),
+             "train: the data {} holds {} training tokens but checkpoint '{}' was trained on {} tokens of {}: the file "
+             "changed; give --data explicitly to go on with other data", data.source(), data.size(), options.resume_dir,
+             saved_tokens, saved_data.value("source", std::string("?")));
+    MG_CHECK(resume->step < options.steps, "train: checkpoint '{}' was taken after step {}, and --steps is {}: nothing "
+             "left to train (give a larger --steps)", options.resume_dir, resume->step, options.steps);
+  }
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) {
-    metrics = std::make_unique<MetricsWriter>(options.metrics_path);
-    metrics->write_line(metrics_header(options, config, *mesh, data));
+    metrics = std::make_unique<MetricsWriter>(options.metrics_path, resume.has_value());
+    nlohmann::json header = metrics_header(options, config, *mesh, data);
+    if (resume) {
+      header["resumed_from"] = options.resume_dir;
+      header["first_step"] = resume->step + 1;
+    }
+    metrics->write_line(header);
   }
 
   std::unique_ptr<nn::Model> model = nn::make_model(config, options.parallel, mesh, options.seed);
@@ -279,6 +366,12 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
 
   TrainResult result;
+  if (resume) result.first_step = load_training_state(options.resume_dir, *resume, *model, opt);
+  const int first_step = result.first_step;
+  std::unique_ptr<CheckpointSaver> saver;
+  if (!options.checkpoint_dir.empty()) saver = std::make_unique<CheckpointSaver>(options.checkpoint_dir, mesh, options.keep);
+  std::optional<StopSignalScope> signals;
+  if (saver && options.handle_signals) signals.emplace();
   result.parameters = count_parameters(params);
   std::int64_t wpe = 0;
   for (const nn::Parameter* p : params) {
@@ -296,11 +389,30 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
     fmt::print(stderr, "compute: {}\n", blas::thread_policy());   // set by whoever launched the ranks
+    if (resume) fmt::print(stderr, "resumed from {} (after step {})\n", options.resume_dir, first_step);
   }
-  Progress progress(options.steps);
+  Progress progress(options.steps, first_step);
+  // Saves the state after `done` steps (every rank; collective).
+  const auto save_checkpoint = [&](int done, double lr, bool sync) {
+    nlohmann::json state{{"config", run_config_json(options, config.vocab)},
+                         {"step", done},
+                         {"optimizer_steps", opt.steps()},
+                         {"random_state", model->random_state()},
+                         {"lr", lr},
+                         {"mesh", cli_mesh_spec(*mesh)},
+                         {"data", {{"source", data.source()}, {"tokens", data.size()}, {"vocab", data.vocab()},
+                                   {"next_batch", done}}}};
+    for (const auto& [key, value] : options.provenance) state["provenance"][key] = value;
+    const Clock::time_point t0 = Clock::now();
+    const SaveTimes times = saver->save(done, training_tensors(params, opt), state, !sync && !options.checkpoint_sync);
+    result.checkpoint_stall_s += seconds_since(t0);
+    ++result.checkpoints;
+    return times;
+  };
   std::deque<double> recent;   // step times of the last steps, for a steady rate on the display
   const Clock::time_point start = Clock::now();
-  for (int step = 0; step < options.steps; ++step) {
+  int last_saved = resume ? first_step : -1;
+  for (int step = first_step; step < options.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
@@ -313,7 +425,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
       result.val_losses.emplace_back(step + 1, evaluate(*model, data, options.eval_steps, dp.rank, dp.size, dp.group));
     }
 
-    if (!leader) continue;
+    if (leader) {
     const double dt = seconds_since(t0);
     const double elapsed = seconds_since(start);
     recent.push_back(dt);
@@ -339,9 +451,41 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
       progress.update(step, global, shown_tps, shown_tps * flops_per_token * 1e-9, lr, elapsed,
                       result.val_losses.empty() ? -1.0 : result.val_losses.back().second);
     }
+    }
+
+    if (!saver) continue;
+    const int done = step + 1;
+    if (options.save_every > 0 && done % options.save_every == 0 && done < options.steps) {
+      save_checkpoint(done, lr, false);
+      last_saved = done;
+    }
+    // Preemption: the ranks agree on a stop request (a signal may land between two ranks' checks),
+    // then all of them save and leave together.
+    if (signals) {
+      // A signal number is small: exact in a float reduction.
+      double local = stop_requested(), reduced = 0;
+      {
+        dist::PhaseScope phase(dist::Phase::Optimizer);
+        mesh->world()->all_reduce(comm::ConstBuffer{&local, 1, DType::Float64},
+                                  comm::MutableBuffer{&reduced, 1, DType::Float64}, comm::ReduceOp::Max);
+      }
+      const int any = static_cast<int>(reduced);
+      if (any != 0 && done < options.steps) {
+        result.stopped_by = signal_name(any);
+        if (last_saved != done) save_checkpoint(done, lr, true);
+        last_saved = done;
+        break;
+      }
+    }
+  }
+  if (saver) {
+    if (last_saved != static_cast<int>(result.first_step + result.losses.size()))
+      save_checkpoint(result.first_step + static_cast<int>(result.losses.size()), learning_rate(options, options.steps - 1), true);
+    saver->wait();   // a save in flight completes before the run returns
+    result.last_checkpoint = saver->last_committed();
   }
   result.seconds = seconds_since(start);
-  result.tokens_per_s = static_cast<double>(tokens_per_step) * options.steps / result.seconds;
+  result.tokens_per_s = static_cast<double>(tokens_per_step) * static_cast<double>(result.losses.size()) / result.seconds;
   result.gflops = result.tokens_per_s * flops_per_token * 1e-9;
 
   if (!options.save_path.empty() && dp.rank == 0) {
@@ -351,10 +495,22 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   }
   if (leader && options.progress) {
     fmt::print(stderr,
-               "loss {:.4f} -> {:.4f} (mean of the first / last {} steps; step 1: {:.4f}, step {}: {:.4f}) in {:.1f} s, "
+               "loss {:.4f} -> {:.4f} (mean of the first / last {} steps; step {}: {:.4f}, step {}: {:.4f}) in {:.1f} s, "
                "{:.0f} tokens/s, {:.2f} GFLOP/s\n",
-               result.start_loss(), result.end_loss(), loss_window(result.losses.size()), result.losses.front(),
-               options.steps, result.losses.back(), result.seconds, result.tokens_per_s, result.gflops);
+               result.start_loss(), result.end_loss(), loss_window(result.losses.size()), result.first_step + 1,
+               result.losses.front(),
+               result.first_step + static_cast<int>(result.losses.size()), result.losses.back(), result.seconds,
+               result.tokens_per_s, result.gflops);
+    if (result.checkpoints > 0) {
+      fmt::print(stderr, "checkpoints: {} written ({}), training stalled {:.3f} s for them in all; newest: {}\n",
+                 result.checkpoints, options.checkpoint_sync ? "synchronous" : "in the background",
+                 result.checkpoint_stall_s, result.last_checkpoint);
+    }
+    if (!result.stopped_by.empty()) {
+      fmt::print(stderr, "meshgrad train: stopped by {} after step {} of {}; checkpoint {} (go on with: meshgrad train "
+                 "--resume {})\n", result.stopped_by, result.first_step + result.losses.size(), options.steps,
+                 result.last_checkpoint, options.checkpoint_dir);
+    }
     if (!options.save_path.empty()) fmt::print(stderr, "saved parameters to {}\n", options.save_path);
     if (!options.metrics_path.empty()) fmt::print(stderr, "metrics written to {}\n", options.metrics_path);
   }

@@ -4,3 +4,10 @@ add_test(NAME train_cli_files
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_files.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_files)
 set_tests_properties(train_cli_files PROPERTIES LABELS train TIMEOUT 120)
+
+# Checkpoints with real processes and signals: SIGKILL + bitwise resume, a kill during a save,
+# SIGTERM preemption, a second SIGINT, random kills (tests/train/checkpoint_cli.py).
+add_test(NAME train_checkpoint_cli
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/train/checkpoint_cli.py $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_checkpoint_cli)
+set_tests_properties(train_checkpoint_cli PROPERTIES LABELS train TIMEOUT 300)

@@ -60,6 +60,25 @@ TEST(Plot, DrawsTrainValidationAndLearningRate) {
   std::filesystem::remove(path);
 }
 
+TEST(Plot, AResumedRunSupersedesTheStepsAfterItsCheckpoint) {
+  // Killed after step 4 with a checkpoint at step 2: the resumed run appends steps 3.. again.
+  const std::string path = write_file("resumed.jsonl",
+                                      "{\"type\":\"header\"}\n"
+                                      "{\"step\":1,\"loss\":5,\"lr\":1}\n"
+                                      "{\"step\":2,\"loss\":4,\"lr\":1,\"val_loss\":4.5}\n"
+                                      "{\"step\":3,\"loss\":9,\"lr\":1}\n"
+                                      "{\"step\":4,\"loss\":9,\"lr\":1,\"val_loss\":9}\n"
+                                      "{\"type\":\"header\",\"resumed_from\":\"ck/step_00000002\",\"first_step\":3}\n"
+                                      "{\"step\":3,\"loss\":3,\"lr\":1}\n"
+                                      "{\"step\":4,\"loss\":2,\"lr\":1,\"val_loss\":2.5}\n");
+  const MetricsSeries s = read_metrics(path);
+  EXPECT_EQ(s.step, (std::vector<double>{1, 2, 3, 4}));
+  EXPECT_EQ(s.loss, (std::vector<double>{5, 4, 3, 2}));
+  EXPECT_EQ(s.val_step, (std::vector<double>{2, 4}));
+  EXPECT_EQ(s.val_loss, (std::vector<double>{4.5, 2.5}));
+  std::filesystem::remove(path);
+}
+
 TEST(Plot, BadFilesNameTheFileAndLine) {
   const std::string bad = write_file("bad.jsonl", "{\"step\":1,\"loss\":5.5,\"lr\":0.001}\nnot json\n");
   try {

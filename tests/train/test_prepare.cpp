@@ -13,6 +13,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/text/tokenizer.hpp"
 #include "meshgrad/train/data.hpp"
+#include "meshgrad/train/sha256.hpp"
 #include "meshgrad/train/prepare.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "text/gpt2_test_files.hpp"

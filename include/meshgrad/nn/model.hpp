@@ -39,10 +39,15 @@ struct ParallelConfig {
   bool checkpoint_blocks = false;    // activation checkpointing per transformer block
 };
 
-// One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch).
+// One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch). Its rows
+// are rows [row_offset, row_offset + B) of a global batch of global_rows rows (0: the batch is the
+// global batch): element-wise random numbers (dropout) are drawn by global index, so a row gets the
+// same mask whichever replica or micro-batch holds it.
 struct Batch {
   Tensor inputs;
   Tensor targets;
+  std::int64_t row_offset = 0;
+  std::int64_t global_rows = 0;
 };
 
 class Model {
@@ -58,6 +63,10 @@ class Model {
   virtual const ModelConfig& config() const = 0;
   // Enables/disables dropout (training mode).
   virtual void set_training(bool training) = 0;
+  // The position of the model's random stream (dropout draws one seed per use): a checkpoint keeps
+  // it so that a resumed run draws the masks of the run never stopped.
+  virtual std::uint64_t random_state() const { return 0; }
+  virtual void set_random_state(std::uint64_t /*state*/) {}
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives

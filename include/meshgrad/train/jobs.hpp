@@ -20,7 +20,12 @@ namespace meshgrad::train {
 // is not positive, the dtype is int64, dropout is outside [0, 1), steps < 1 or lr <= 0.
 void check_train_options(const TrainOptions& options);
 
-// Checks the options, then trains on every rank. Returns the result as mesh rank 0 sees it; when
+// options with options.resume (a checkpoint directory, or a --checkpoint-dir whose newest checkpoint is
+// taken) turned into resume_dir and the saved configuration (resume_options, train/resume.hpp);
+// options itself when it does not resume. Prints the options that differ from the checkpoint's.
+TrainOptions resolve_resume(const TrainOptions& options);
+
+// Resolves a resume, checks the options, then trains on every rank. Returns the result as mesh rank 0 sees it; when
 // run_on_mesh runs one rank per process (mpi), each process gets its own rank's (the losses are
 // the same on every rank). options.on_step runs on rank 0 only.
 TrainResult run_train_job(const TrainOptions& options, const RunOnMesh& run_on_mesh);

@@ -53,6 +53,10 @@ class AdamW {
   // The moments of parameter i (this rank's shard; undefined before the first step).
   const Tensor& exp_avg(std::size_t i) const { return m_.at(i); }
   const Tensor& exp_avg_sq(std::size_t i) const { return v_.at(i); }
+  // Replaces the state, for a resumed run: the step count and every parameter's moments (this rank's
+  // shard, one per parameter in order, each of the parameter's shape and dtype; an undefined pair
+  // means "no update yet", the same as zeros). Checks everything before changing anything.
+  void load_state(std::int64_t steps, std::vector<Tensor> exp_avg, std::vector<Tensor> exp_avg_sq);
 
  private:
   void check_gradients() const;

@@ -35,6 +35,10 @@ struct NamedPath {
 // Inputs that do not exist are skipped (their readers report them).
 void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
+// The same for an output directory (--checkpoint-dir): absent with a writable parent, or a writable
+// directory (not a symbolic link, a file or a device), and not the same directory as an input.
+void check_output_directory(const NamedPath& output, const std::vector<NamedPath>& inputs);
+
 // What went wrong writing an output file; the message names the file.
 class OutputFileError : public InvalidArgument {
  public:

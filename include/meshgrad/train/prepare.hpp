@@ -43,7 +43,5 @@ struct PrepareResult {
 // 2 training tokens.
 PrepareResult prepare_dataset(const PrepareOptions& options);
 
-// Lowercase hex SHA-256 of a file's bytes (OpenSSL). Throws InvalidArgument naming an unreadable file.
-std::string sha256_file(const std::string& path);
 
 }  // namespace meshgrad::train

@@ -10,6 +10,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <set>
 #include <string>
 #include <utility>
 #include <vector>
@@ -56,6 +57,23 @@ struct TrainOptions {
   // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
   int grad_accum = 1;
   int eval_steps = 20;
+  // Sharded checkpoints (train/checkpoint_store.hpp): every save_every steps and after the last step,
+  // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
+  // unless checkpoint_sync. "" = no checkpoints.
+  std::string checkpoint_dir;
+  int save_every = 0;
+  int keep = 0;
+  bool checkpoint_sync = false;
+  // Resume from a checkpoint directory, or the newest under a --checkpoint-dir (run_train_job turns
+  // it into resume_dir and the saved configuration; see train/resume.hpp).
+  std::string resume;
+  std::string resume_dir;
+  // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
+  // they override the checkpoint's configuration; the others come from it.
+  std::set<std::string> given_options;
+  // With checkpoint_dir: SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
+  // (TrainResult::stopped_by); a second SIGINT aborts. The CLI turns it on; library callers choose.
+  bool handle_signals = false;
   bool progress = true;      // rank 0 shows progress on stderr
   // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
   // meshgrad version, the git commit it was built from, the command line).
@@ -72,6 +90,11 @@ struct TrainResult {
   double tokens_per_s = 0;      // global tokens / seconds
   double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
   std::int64_t parameters = 0;  // of the full model
+  int first_step = 0;           // 0-based step the run started at (the checkpoint's step when resumed)
+  std::string stopped_by;       // "SIGTERM" / "SIGINT" when a signal ended the run early, else ""
+  std::string last_checkpoint;  // the newest checkpoint this run committed (rank 0), else ""
+  int checkpoints = 0;          // how many this run wrote
+  double checkpoint_stall_s = 0;   // training time spent in saves (snapshots; whole saves when sync)
   // Mean of the losses of the first / last quarter of the steps (1 to 10 steps): per-step losses
   // are noisy (every step draws a different batch).
   double start_loss() const;

@@ -1,0 +1,199 @@
+// Sharded training checkpoints: every rank writes its own pieces of the training state in parallel,
+// a manifest says which file holds which box of which tensor with SHA-256 hashes, directories are
+// committed atomically, and a checkpoint loads on any other mesh (resharding) reading only the
+// pieces a rank needs.
+//
+// On disk, ROOT/step_00000100/ holds
+//   manifest.json        {"format": "meshgrad-checkpoint", "version": 1, "step": 100, "mesh": "dp=2,tp=2",
+//                         "state": {...the trainer's: configuration, data position, RNG, ...},
+//                         "files": [{"name": "rank_00000.bin", "bytes": N, "sha256": "..."}, ...],
+//                         "tensors": [{"name": "h.0.attn.c_attn.weight", "dtype": "float32", "shape": [C, 3C],
+//                                      "pieces": [{"file": 0, "offset": 0, "box": [[0, C], [0, 64]],
+//                                                  "sha256": "..."}, ...]}, ...]}
+//   rank_RRRRR.bin       the raw bytes (row-major, the tensor's dtype, native little-endian) of the
+//                        pieces rank R wrote, back to back at the manifest's offsets
+// A box is one [offset, size) range per dim of the full tensor. Every element of every tensor lies in
+// exactly one piece (checked when a manifest is read). A piece replicated on several ranks (over dp,
+// or a parameter replicated over tp) is written once, by one of its holders chosen round-robin so the
+// bytes spread over the ranks.
+//
+// Commit protocol (a kill at any moment leaves the earlier checkpoints, and either the complete new
+// one or nothing, under step_XXXXXXXX):
+//   1. every rank writes and fsyncs its file in ROOT/.step_XXXXXXXX.tmp/, hashing as it writes;
+//   2. the ranks exchange sizes and hashes (a communicator of the saver's own, so a background save
+//      never interleaves with training's collectives);
+//   3. rank 0 writes manifest.json, fsyncs the directory, renames it to step_XXXXXXXX (atomically
+//      exchanging with a same-named older directory, which is then removed), fsyncs ROOT, and only
+//      then removes checkpoints beyond the newest `keep`.
+// Leftover .tmp directories of a killed save are removed when the next saver opens ROOT. One run at a
+// time per ROOT: the saver holds an exclusive lock (ROOT/.lock) for its lifetime.
+//
+// The file system must be shared by all ranks (one process with rank threads; under MPI on several
+// machines, a network file system): rank 0 commits the directory the others wrote into.
+#pragma once
+
+#include <cstdint>
+#include <exception>
+#include <memory>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <string_view>
+#include <thread>
+#include <vector>
+
+#include "meshgrad/distributed/layout.hpp"
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad::train {
+
+// What is wrong with a checkpoint (or with writing one); the message names the directory or file, and
+// the tensor or field.
+class CheckpointError : public InvalidArgument {
+ public:
+  explicit CheckpointError(const std::string& message) : InvalidArgument(message) {}
+};
+
+inline constexpr const char* kCheckpointFormat = "meshgrad-checkpoint";
+inline constexpr int kCheckpointVersion = 1;
+
+// "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
+std::string checkpoint_dir_name(std::int64_t step);
+
+// ---- Manifest --------------------------------------------------------------------------------------
+
+struct ManifestPiece {
+  std::size_t file = 0;         // index into Manifest::files
+  std::uint64_t offset = 0;     // byte offset in that file
+  std::vector<ShardRange> box;  // per dim of the full tensor
+  std::string sha256;           // of the piece's bytes
+  std::uint64_t bytes(DType dtype) const;
+};
+struct ManifestTensor {
+  std::string name;
+  DType dtype = DType::Float32;
+  Shape shape;
+  std::vector<ManifestPiece> pieces;
+};
+struct ManifestFile {
+  std::string name;     // a plain file name inside the checkpoint directory
+  std::uint64_t bytes = 0;
+  std::string sha256;
+};
+struct Manifest {
+  std::int64_t step = 0;
+  std::string mesh;              // the mesh it was written on, as --mesh spells it ("dp=2,tp=2")
+  nlohmann::json state;          // the trainer's state object (opaque here)
+  std::vector<ManifestFile> files;
+  std::vector<ManifestTensor> tensors;
+  // The tensor of that name, or nullptr.
+  const ManifestTensor* find(const std::string& name) const;
+};
+
+// Parses and validates a manifest (`path` names it in errors). Refuses, naming the field: bad JSON
+// (nesting is bounded), a wrong format or version, a file name that is not a plain name, a tensor
+// named twice, an unknown dtype, a negative or overflowing shape, a box outside the shape or with the
+// wrong number of dims, a piece outside its file, a file index out of range, a hash that is not 64
+// hex digits, and pieces that do not tile their tensor exactly (a gap or an overlap).
+Manifest parse_manifest(std::string_view text, const std::string& path);
+std::string manifest_to_json(const Manifest& manifest);
+
+// ---- Finding checkpoints ---------------------------------------------------------------------------
+
+// The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), oldest
+// first, as full paths. Temporaries and other entries are ignored.
+std::vector<std::string> list_checkpoints(const std::string& root);
+// True when path is a checkpoint directory (holds manifest.json) or a root holding at least one.
+bool is_checkpoint_path(const std::string& path);
+// `path` itself when it holds manifest.json, else the newest committed checkpoint under it. Throws
+// CheckpointError naming path when there is none.
+std::string resolve_checkpoint(const std::string& path);
+// Reads and parses dir/manifest.json (size-bounded).
+Manifest read_manifest(const std::string& dir);
+
+// ---- Writing ---------------------------------------------------------------------------------------
+
+// One tensor of the training state as this rank holds it: its piece of the full tensor, laid out by
+// dist::piece_layout at this rank's mesh coordinates (a parameter's value, an optimizer moment).
+struct StateTensor {
+  std::string name;
+  Shape full_shape;
+  dist::Placements placements;
+  Tensor local;
+};
+
+// What a save cost this rank, in seconds: the snapshot is the time training stood still (the copy of
+// the state into memory); write covers files, hashes and the exchange (in the background when async);
+// commit is rank 0's manifest, renames and fsyncs.
+struct SaveTimes {
+  double snapshot_s = 0;
+  double write_s = 0;
+  double commit_s = 0;
+  std::uint64_t bytes_written = 0;   // by this rank
+};
+
+class CheckpointSaver {
+ public:
+  // Collective over the mesh (every rank constructs it, in the same order relative to other
+  // collectives): creates root if needed, takes its lock (rank 0; refuses a root another run holds),
+  // removes leftover temporaries, and splits a communicator for the saves. keep >= 1 keeps the newest
+  // `keep` checkpoints after each commit; 0 keeps all.
+  CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep);
+  // Waits for a save in flight; its error, if any, is printed on stderr (call wait() to get it).
+  ~CheckpointSaver();
+  CheckpointSaver(const CheckpointSaver&) = delete;
+  CheckpointSaver& operator=(const CheckpointSaver&) = delete;
+
+  // Saves `tensors` and `state` as ROOT/step_XXXXXXXX (collective: every rank calls it with the same
+  // names, full shapes, placements and dtypes in the same order, and the same step; state matters on
+  // rank 0). Waits for the previous save first. Copies this rank's pieces into memory, then writes them
+  // on a background thread (async) or before returning. Throws CheckpointError for inconsistent
+  // tensors; errors of the writing itself surface from this call (sync) or from the next save()/wait().
+  SaveTimes save(std::int64_t step, const std::vector<StateTensor>& tensors, const nlohmann::json& state, bool async);
+  // Waits for the save in flight (if any) and rethrows its error. Returns its times.
+  SaveTimes wait();
+  // The path of the last checkpoint this saver committed (rank 0; "" elsewhere or before any).
+  const std::string& last_committed() const { return last_committed_; }
+  const std::string& root() const { return root_; }
+
+ private:
+  struct Job;
+  void run_job(Job& job) noexcept;
+
+  std::string root_;
+  dist::DeviceMeshPtr mesh_;
+  int keep_;
+  comm::CommunicatorPtr comm_;   // the saves' own communicator (a split of the mesh's world)
+  int lock_fd_ = -1;
+  std::unique_ptr<Job> job_;
+  std::thread worker_;
+  std::string last_committed_;
+};
+
+// ---- Reading ---------------------------------------------------------------------------------------
+
+// A piece one rank needs: the full tensor `name` of `full_shape`, laid out as `layout` (this rank's
+// coordinates on the mesh it runs), in `dtype`.
+struct PieceRequest {
+  std::string name;
+  Shape full_shape;
+  dist::PieceLayout layout;
+  DType dtype = DType::Float32;
+};
+
+// Reads the requested pieces from checkpoint dir (whose parsed manifest is given), on any mesh: for
+// each request, the saved pieces its boxes overlap are read (only their byte ranges), their SHA-256
+// checked against the manifest, and the overlaps copied into a new tensor of layout.local_shape.
+// Not collective. All-or-nothing: throws CheckpointError naming the file and the tensor (a missing
+// tensor, another full shape or dtype, a missing or truncated file, a hash mismatch) before returning
+// anything.
+std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest,
+                                const std::vector<PieceRequest>& requests);
+
+// Checks every file of the checkpoint against its size and SHA-256 and every piece against its hash.
+// Throws CheckpointError naming the first bad file or tensor. Returns the bytes checked.
+std::uint64_t verify_checkpoint(const std::string& dir);
+
+}  // namespace meshgrad::train

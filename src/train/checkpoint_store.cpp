@@ -1,0 +1,885 @@
+// Sharded checkpoints (contract and on-disk format in include/meshgrad/train/checkpoint_store.hpp).
+#include "meshgrad/train/checkpoint_store.hpp"
+
+#include <dirent.h>
+#include <fcntl.h>
+#include <fmt/format.h>
+#include <sys/file.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <map>
+#include <set>
+
+#include "meshgrad/comm/communicator.hpp"
+#include "meshgrad/train/json_input.hpp"
+#include "meshgrad/train/sha256.hpp"
+
+namespace meshgrad::train {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+constexpr const char* kManifestName = "manifest.json";
+constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;   // far above any real manifest; bounds a bad file
+constexpr int kMaxManifestDepth = 12;                       // the format needs 7; state objects a few more
+constexpr std::size_t kMaxPiecesPerTensor = 1 << 16;
+// The saves exchange hashes after writing: a slow disk may keep a peer busy for long, but never forever.
+constexpr comm::Milliseconds kSaveExchangeTimeout{30 * 60 * 1000};
+
+std::string errno_text(int e) { return std::strerror(e); }
+
+// ---- Boxes -------------------------------------------------------------------------------------------
+
+using Box = std::vector<ShardRange>;
+
+std::int64_t box_volume(const Box& box) {
+  std::int64_t n = 1;
+  for (const ShardRange& r : box) n *= r.size;
+  return n;
+}
+
+bool boxes_overlap(const Box& a, const Box& b) {
+  for (std::size_t d = 0; d < a.size(); ++d) {
+    if (a[d].offset + a[d].size <= b[d].offset || b[d].offset + b[d].size <= a[d].offset) return false;
+  }
+  return true;
+}
+
+std::string box_str(const Box& box) {
+  std::string s = "[";
+  for (std::size_t d = 0; d < box.size(); ++d) {
+    s += fmt::format("{}{}:{}", d ? ", " : "", box[d].offset, box[d].offset + box[d].size);
+  }
+  return s + "]";
+}
+
+// One box of a rank's piece: where it lies in the full tensor, and where in the local (packed) piece.
+// A piece is the product of one range per dim, except the dim split in blocks (at most one), which
+// holds several ranges side by side in the local tensor.
+struct LocalBox {
+  Box box;
+  int split_dim = -1;          // the blocked dim, -1 when the piece is one box
+  std::int64_t local_offset = 0;   // along split_dim in the local tensor
+};
+
+std::vector<LocalBox> local_boxes(const dist::PieceLayout& layout) {
+  const std::size_t nd = layout.ranges.size();
+  int split = -1;
+  for (std::size_t d = 0; d < nd; ++d) {
+    MG_CHECK(!layout.ranges[d].empty(), "checkpoint: a piece layout with no range in dim {}", d);
+    if (layout.ranges[d].size() > 1) split = static_cast<int>(d);
+  }
+  std::vector<LocalBox> out;
+  const std::size_t blocks = split < 0 ? 1 : layout.ranges[static_cast<std::size_t>(split)].size();
+  std::int64_t local = 0;
+  for (std::size_t k = 0; k < blocks; ++k) {
+    LocalBox lb;
+    lb.split_dim = split;
+    lb.local_offset = local;
+    for (std::size_t d = 0; d < nd; ++d) {
+      lb.box.push_back(static_cast<int>(d) == split ? layout.ranges[d][k] : layout.ranges[d][0]);
+    }
+    if (split >= 0) local += layout.ranges[static_cast<std::size_t>(split)][k].size;
+    out.push_back(std::move(lb));
+  }
+  return out;
+}
+
+// The part of `local` (the packed piece) that holds lb's box.
+Tensor local_view(const Tensor& local, const LocalBox& lb) {
+  if (lb.split_dim < 0) return local;
+  return local.narrow(lb.split_dim, lb.local_offset, lb.box[static_cast<std::size_t>(lb.split_dim)].size);
+}
+
+// ---- Files -------------------------------------------------------------------------------------------
+
+class Fd {
+ public:
+  Fd() = default;
+  explicit Fd(int fd) : fd_(fd) {}
+  ~Fd() { reset(); }
+  Fd(Fd&& o) noexcept : fd_(std::exchange(o.fd_, -1)) {}
+  Fd& operator=(Fd&& o) noexcept {
+    if (this != &o) {
+      reset();
+      fd_ = std::exchange(o.fd_, -1);
+    }
+    return *this;
+  }
+  int get() const { return fd_; }
+  void reset() {
+    if (fd_ >= 0) ::close(fd_);
+    fd_ = -1;
+  }
+
+ private:
+  int fd_ = -1;
+};
+
+void write_all(int fd, const std::byte* data, std::uint64_t n, const std::string& path) {
+  while (n > 0) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1ull << 30));
+    const ssize_t w = ::write(fd, data, chunk);
+    if (w < 0 && errno == EINTR) continue;
+    if (w <= 0) throw CheckpointError(fmt::format("checkpoint: writing '{}' failed: {}", path, w < 0 ? errno_text(errno) : "no progress"));
+    data += w;
+    n -= static_cast<std::uint64_t>(w);
+  }
+}
+
+void read_exact(int fd, std::byte* data, std::uint64_t n, std::uint64_t offset, const std::string& path) {
+  while (n > 0) {
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1ull << 30));
+    const ssize_t r = ::pread(fd, data, chunk, static_cast<off_t>(offset));
+    if (r < 0 && errno == EINTR) continue;
+    if (r < 0) throw CheckpointError(fmt::format("checkpoint: reading '{}' at offset {} failed: {}", path, offset, errno_text(errno)));
+    if (r == 0) throw CheckpointError(fmt::format("checkpoint: '{}' ends before offset {} (truncated)", path, offset));
+    data += r;
+    n -= static_cast<std::uint64_t>(r);
+    offset += static_cast<std::uint64_t>(r);
+  }
+}
+
+void fsync_path(const std::string& path, bool directory) {
+  Fd fd(::open(path.c_str(), (directory ? O_RDONLY | O_DIRECTORY : O_RDONLY) | O_CLOEXEC));
+  if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot open '{}' to flush it: {}", path, errno_text(errno)));
+  // Some file systems refuse fsync on a directory (EINVAL); the data files were flushed already.
+  if (::fsync(fd.get()) != 0 && !(directory && errno == EINVAL))
+    throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", path, errno_text(errno)));
+}
+
+std::string read_small_file(const std::string& path, std::uint64_t limit) {
+  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+  if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot open '{}': {}", path, errno_text(errno)));
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+    throw CheckpointError(fmt::format("checkpoint: '{}' is not a regular file", path));
+  if (static_cast<std::uint64_t>(st.st_size) > limit)
+    throw CheckpointError(fmt::format("checkpoint: '{}' has {} bytes, more than the {} a manifest may have", path, st.st_size, limit));
+  std::string text(static_cast<std::size_t>(st.st_size), '\0');
+  read_exact(fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 0, path);
+  return text;
+}
+
+bool is_step_name(const std::string& name, std::int64_t* step) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return false;
+  std::int64_t s = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    s = s * 10 + (name[i] - '0');
+  }
+  if (step) *step = s;
+  return true;
+}
+
+// Removes a directory tree; errors are ignored (a leftover is cleaned up next time).
+void remove_tree_quietly(const std::string& path) {
+  std::error_code ec;
+  fs::remove_all(path, ec);
+}
+
+// ---- Manifest JSON ---------------------------------------------------------------------------------
+
+[[noreturn]] void manifest_error(const std::string& path, const std::string& what) {
+  throw CheckpointError(fmt::format("checkpoint manifest '{}': {}", path, what));
+}
+
+const nlohmann::json& field(const nlohmann::json& obj, const char* key, const std::string& where, const std::string& path) {
+  if (!obj.is_object()) manifest_error(path, fmt::format("{} is not an object", where));
+  const auto it = obj.find(key);
+  if (it == obj.end()) manifest_error(path, fmt::format("{} has no \"{}\"", where, key));
+  return *it;
+}
+
+std::int64_t nonneg_int(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  if (v.is_number_unsigned()) {
+    const auto u = v.get<std::uint64_t>();
+    if (u > static_cast<std::uint64_t>(INT64_MAX)) manifest_error(path, fmt::format("{} = {} is too large", what, u));
+    return static_cast<std::int64_t>(u);
+  }
+  if (v.is_number_integer()) {
+    const auto i = v.get<std::int64_t>();
+    if (i < 0) manifest_error(path, fmt::format("{} = {} is negative", what, i));
+    return i;
+  }
+  manifest_error(path, fmt::format("{} is not an integer", what));
+}
+
+std::string string_field(const nlohmann::json& v, const std::string& what, const std::string& path) {
+  if (!v.is_string()) manifest_error(path, fmt::format("{} is not a string", what));
+  return v.get<std::string>();
+}
+
+bool is_sha256_hex(const std::string& s) {
+  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+}
+
+bool is_plain_file_name(const std::string& s) {
+  return !s.empty() && s.size() <= 255 && s != "." && s != ".." && s.find('/') == std::string::npos &&
+         s.find('\0') == std::string::npos;
+}
+
+std::string mesh_spec(const dist::DeviceMesh& mesh) {
+  std::string s;
+  for (const dist::MeshAxis& a : mesh.axes()) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
+  return s;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(std::int64_t step) {
+  MG_CHECK(step >= 0 && step <= 99999999, "checkpoint: step {} does not fit step_XXXXXXXX", step);
+  return fmt::format("step_{:08d}", step);
+}
+
+std::uint64_t ManifestPiece::bytes(DType dtype) const {
+  return static_cast<std::uint64_t>(box_volume(box)) * dtype_size(dtype);
+}
+
+const ManifestTensor* Manifest::find(const std::string& name) const {
+  for (const ManifestTensor& t : tensors) {
+    if (t.name == name) return &t;
+  }
+  return nullptr;
+}
+
+Manifest parse_manifest(std::string_view text, const std::string& path) {
+  nlohmann::json j;
+  try {
+    j = parse_untrusted_json(text, kMaxManifestDepth);
+  } catch (const JsonInputError& e) {
+    manifest_error(path, fmt::format("not valid JSON: {}", e.what()));
+  }
+  if (!j.is_object()) manifest_error(path, "the top level is not an object");
+  if (string_field(field(j, "format", "the manifest", path), "\"format\"", path) != kCheckpointFormat)
+    manifest_error(path, fmt::format("\"format\" is not \"{}\"", kCheckpointFormat));
+  const std::int64_t version = nonneg_int(field(j, "version", "the manifest", path), "\"version\"", path);
+  if (version != kCheckpointVersion)
+    manifest_error(path, fmt::format("version {} is not the {} this meshgrad reads", version, kCheckpointVersion));
+  Manifest m;
+  m.step = nonneg_int(field(j, "step", "the manifest", path), "\"step\"", path);
+  m.mesh = string_field(field(j, "mesh", "the manifest", path), "\"mesh\"", path);
+  m.state = field(j, "state", "the manifest", path);
+  if (!m.state.is_object()) manifest_error(path, "\"state\" is not an object");
+
+  const nlohmann::json& files = field(j, "files", "the manifest", path);
+  if (!files.is_array()) manifest_error(path, "\"files\" is not an array");
+  std::set<std::string> file_names;
+  for (std::size_t i = 0; i < files.size(); ++i) {
+    const std::string where = fmt::format("files[{}]", i);
+    ManifestFile f;
+    f.name = string_field(field(files[i], "name", where, path), where + ".name", path);
+    if (!is_plain_file_name(f.name) || f.name == kManifestName)
+      manifest_error(path, fmt::format("{}.name {} is not a plain file name in the checkpoint directory", where, json_quote(f.name)));
+    if (!file_names.insert(f.name).second) manifest_error(path, fmt::format("file {} is listed twice", json_quote(f.name)));
+    f.bytes = static_cast<std::uint64_t>(nonneg_int(field(files[i], "bytes", where, path), where + ".bytes", path));
+    f.sha256 = string_field(field(files[i], "sha256", where, path), where + ".sha256", path);
+    if (!is_sha256_hex(f.sha256)) manifest_error(path, fmt::format("{}.sha256 is not 64 lowercase hex digits", where));
+    m.files.push_back(std::move(f));
+  }
+
+  const nlohmann::json& tensors = field(j, "tensors", "the manifest", path);
+  if (!tensors.is_array()) manifest_error(path, "\"tensors\" is not an array");
+  std::set<std::string> names;
+  // Byte ranges per file, to refuse two pieces sharing bytes.
+  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> used(m.files.size());
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const nlohmann::json& tj = tensors[i];
+    ManifestTensor t;
+    t.name = string_field(field(tj, "name", fmt::format("tensors[{}]", i), path), fmt::format("tensors[{}].name", i), path);
+    const std::string where = fmt::format("tensor {}", json_quote(t.name));
+    if (t.name.empty() || !names.insert(t.name).second) manifest_error(path, fmt::format("{} is empty or named twice", where));
+    const std::string dtype = string_field(field(tj, "dtype", where, path), where + " dtype", path);
+    if (dtype == "float32") t.dtype = DType::Float32;
+    else if (dtype == "float64") t.dtype = DType::Float64;
+    else if (dtype == "int64") t.dtype = DType::Int64;
+    else manifest_error(path, fmt::format("{} has dtype {} (float32, float64 or int64 expected)", where, json_quote(dtype)));
+    const nlohmann::json& shape = field(tj, "shape", where, path);
+    if (!shape.is_array() || shape.size() > 8) manifest_error(path, fmt::format("{}: shape is not an array of at most 8 sizes", where));
+    std::int64_t numel = 1;
+    for (const nlohmann::json& s : shape) {
+      const std::int64_t n = nonneg_int(s, where + " shape", path);
+      if (n > 0 && numel > (std::int64_t{1} << 50) / n) manifest_error(path, fmt::format("{}: shape too large", where));
+      numel *= n;
+      t.shape.push_back(n);
+    }
+    const nlohmann::json& pieces = field(tj, "pieces", where, path);
+    if (!pieces.is_array() || pieces.size() > kMaxPiecesPerTensor)
+      manifest_error(path, fmt::format("{}: pieces is not an array of at most {}", where, kMaxPiecesPerTensor));
+    std::int64_t covered = 0;
+    for (std::size_t k = 0; k < pieces.size(); ++k) {
+      const std::string pw = fmt::format("{} piece {}", where, k);
+      ManifestPiece p;
+      const std::int64_t file = nonneg_int(field(pieces[k], "file", pw, path), pw + " file", path);
+      if (static_cast<std::size_t>(file) >= m.files.size())
+        manifest_error(path, fmt::format("{}: file index {} but there are {} files", pw, file, m.files.size()));
+      p.file = static_cast<std::size_t>(file);
+      p.offset = static_cast<std::uint64_t>(nonneg_int(field(pieces[k], "offset", pw, path), pw + " offset", path));
+      const nlohmann::json& box = field(pieces[k], "box", pw, path);
+      if (!box.is_array() || box.size() != t.shape.size())
+        manifest_error(path, fmt::format("{}: box must have one [offset, size] per dim ({})", pw, t.shape.size()));
+      for (std::size_t d = 0; d < box.size(); ++d) {
+        if (!box[d].is_array() || box[d].size() != 2) manifest_error(path, fmt::format("{}: box dim {} is not [offset, size]", pw, d));
+        const std::int64_t off = nonneg_int(box[d][0], pw + " box offset", path);
+        const std::int64_t size = nonneg_int(box[d][1], pw + " box size", path);
+        if (off > t.shape[d] || size > t.shape[d] - off)
+          manifest_error(path, fmt::format("{}: box dim {} [{}, +{}) lies outside the tensor's size {}", pw, d, off, size, t.shape[d]));
+        p.box.push_back({off, size});
+      }
+      p.sha256 = string_field(field(pieces[k], "sha256", pw, path), pw + " sha256", path);
+      if (!is_sha256_hex(p.sha256)) manifest_error(path, fmt::format("{}: sha256 is not 64 lowercase hex digits", pw));
+      const std::uint64_t bytes = p.bytes(t.dtype);
+      const ManifestFile& f = m.files[p.file];
+      if (p.offset > f.bytes || bytes > f.bytes - p.offset)
+        manifest_error(path, fmt::format("{}: bytes [{}, +{}) lie outside file '{}' of {} bytes", pw, p.offset, bytes, f.name, f.bytes));
+      if (bytes > 0) used[p.file].emplace_back(p.offset, bytes);
+      for (const ManifestPiece& q : t.pieces) {
+        if (box_volume(q.box) > 0 && box_volume(p.box) > 0 && boxes_overlap(p.box, q.box))
+          manifest_error(path, fmt::format("{}: box {} overlaps box {} of another piece", pw, box_str(p.box), box_str(q.box)));
+      }
+      covered += box_volume(p.box);
+      t.pieces.push_back(std::move(p));
+    }
+    if (covered != numel)
+      manifest_error(path, fmt::format("{}: its pieces cover {} of its {} elements", where, covered, numel));
+    m.tensors.push_back(std::move(t));
+  }
+  for (std::size_t f = 0; f < used.size(); ++f) {
+    std::sort(used[f].begin(), used[f].end());
+    for (std::size_t k = 1; k < used[f].size(); ++k) {
+      if (used[f][k].first < used[f][k - 1].first + used[f][k - 1].second)
+        manifest_error(path, fmt::format("two pieces share bytes at offset {} of file '{}'", used[f][k].first, m.files[f].name));
+    }
+  }
+  return m;
+}
+
+std::string manifest_to_json(const Manifest& m) {
+  nlohmann::json files = nlohmann::json::array();
+  for (const ManifestFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
+  nlohmann::json tensors = nlohmann::json::array();
+  for (const ManifestTensor& t : m.tensors) {
+    nlohmann::json pieces = nlohmann::json::array();
+    for (const ManifestPiece& p : t.pieces) {
+      nlohmann::json box = nlohmann::json::array();
+      for (const ShardRange& r : p.box) box.push_back({r.offset, r.size});
+      pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"box", box}, {"sha256", p.sha256}});
+    }
+    tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"pieces", pieces}});
+  }
+  const nlohmann::json j{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", m.step},
+                         {"mesh", m.mesh}, {"state", m.state}, {"files", files}, {"tensors", tensors}};
+  return j.dump(1) + "\n";
+}
+
+// ---- Finding ---------------------------------------------------------------------------------------
+
+std::vector<std::string> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::int64_t step = 0;
+    const std::string name = it->path().filename().string();
+    if (!is_step_name(name, &step)) continue;
+    std::error_code e2;
+    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestName, e2)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+bool is_checkpoint_path(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  return fs::is_regular_file(fs::path(path) / kManifestName, ec) || !list_checkpoints(path).empty();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw CheckpointError(fmt::format("checkpoint '{}' is not a directory (a checkpoint directory step_XXXXXXXX, or the "
+                                      "--checkpoint-dir holding them)", path));
+  if (fs::exists(fs::path(path) / kManifestName, ec)) return path;
+  const std::vector<std::string> all = list_checkpoints(path);
+  if (all.empty())
+    throw CheckpointError(fmt::format("checkpoint '{}' holds no complete checkpoint (no step_XXXXXXXX/manifest.json)", path));
+  return all.back();
+}
+
+Manifest read_manifest(const std::string& dir) {
+  const std::string path = (fs::path(dir) / kManifestName).string();
+  return parse_manifest(read_small_file(path, kMaxManifestBytes), path);
+}
+
+// ---- Writing ---------------------------------------------------------------------------------------
+
+namespace {
+
+// The write plan every rank computes identically: for each tensor, its distinct boxes over all
+// ranks, the rank that writes each, and where in that rank's file it goes.
+struct PlannedPiece {
+  std::size_t tensor = 0;
+  Box box;
+  int writer = 0;
+  std::uint64_t offset = 0;
+  std::uint64_t bytes = 0;
+};
+
+std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh) {
+  std::vector<PlannedPiece> plan;
+  std::vector<std::uint64_t> file_end(static_cast<std::size_t>(mesh.size()), 0);
+  std::size_t counter = 0;   // spreads replicated pieces over their holders
+  for (std::size_t i = 0; i < tensors.size(); ++i) {
+    const StateTensor& t = tensors[i];
+    std::map<std::vector<std::pair<std::int64_t, std::int64_t>>, std::size_t> index;
+    std::vector<std::pair<Box, std::vector<int>>> unique;
+    for (int r = 0; r < mesh.size(); ++r) {
+      const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates_of(r));
+      for (const LocalBox& lb : local_boxes(layout)) {
+        if (box_volume(lb.box) == 0) continue;
+        std::vector<std::pair<std::int64_t, std::int64_t>> key;
+        for (const ShardRange& s : lb.box) key.emplace_back(s.offset, s.size);
+        auto [it, fresh] = index.emplace(key, unique.size());
+        if (fresh) unique.emplace_back(lb.box, std::vector<int>{});
+        unique[it->second].second.push_back(r);
+      }
+    }
+    for (auto& [box, holders] : unique) {
+      PlannedPiece p;
+      p.tensor = i;
+      p.box = box;
+      p.writer = holders[counter++ % holders.size()];
+      p.bytes = static_cast<std::uint64_t>(box_volume(box)) * dtype_size(t.local.dtype());
+      p.offset = file_end[static_cast<std::size_t>(p.writer)];
+      file_end[static_cast<std::size_t>(p.writer)] += p.bytes;
+      plan.push_back(std::move(p));
+    }
+  }
+  return plan;
+}
+
+std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
+
+// A hex digest as 8 int64 words for the exchange, and back.
+constexpr std::size_t kHashWords = 8;
+void put_hash(const std::string& hex, std::int64_t* out) {
+  std::memset(out, 0, kHashWords * sizeof(std::int64_t));
+  std::memcpy(out, hex.data(), std::min<std::size_t>(hex.size(), kHashWords * sizeof(std::int64_t)));
+}
+std::string get_hash(const std::int64_t* in) { return std::string(reinterpret_cast<const char*>(in), 64); }
+
+}  // namespace
+
+struct CheckpointSaver::Job {
+  std::int64_t step = 0;
+  std::string tmp_dir, final_dir;
+  std::vector<PlannedPiece> plan;
+  std::vector<std::size_t> mine;             // indices into plan this rank writes, in file order
+  std::unique_ptr<std::byte[]> buffer;       // the snapshot of this rank's pieces, back to back
+  std::uint64_t bytes = 0;
+  std::vector<StateTensor> meta;             // names, shapes, dtypes (no data) for the manifest
+  nlohmann::json state;
+  SaveTimes times;
+  std::exception_ptr error;
+  bool done = false;
+};
+
+CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep)
+    : root_(std::move(root)), mesh_(std::move(mesh)), keep_(keep) {
+  MG_CHECK(mesh_ != nullptr, "checkpoint: no mesh");
+  MG_CHECK(keep_ >= 0, "checkpoint: --keep must be >= 0 (0 keeps every checkpoint), got {}", keep_);
+  // Rank 0 prepares the root; the outcome is broadcast so every rank fails together.
+  std::string problem;
+  if (mesh_->rank() == 0) {
+    try {
+      std::error_code ec;
+      const fs::file_status st = fs::symlink_status(root_, ec);
+      if (fs::is_symlink(st))
+        throw CheckpointError(fmt::format("--checkpoint-dir '{}' is a symbolic link: give the directory it points to", root_));
+      if (fs::exists(st) && !fs::is_directory(st))
+        throw CheckpointError(fmt::format("--checkpoint-dir '{}' exists and is not a directory", root_));
+      if (!fs::exists(st) && (::mkdir(root_.c_str(), 0755) != 0 && errno != EEXIST))
+        throw CheckpointError(fmt::format("--checkpoint-dir '{}' cannot be created: {}", root_, errno_text(errno)));
+      const std::string lock = (fs::path(root_) / ".lock").string();
+      lock_fd_ = ::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644);
+      if (lock_fd_ < 0) throw CheckpointError(fmt::format("--checkpoint-dir '{}': cannot open '{}': {}", root_, lock, errno_text(errno)));
+      if (::flock(lock_fd_, LOCK_EX | LOCK_NB) != 0)
+        throw CheckpointError(fmt::format("--checkpoint-dir '{}' is in use by another run (it holds '{}'); give each run its own "
+                                          "directory", root_, lock));
+      // Nobody else writes here now: temporaries of killed saves can go.
+      for (fs::directory_iterator it(root_, ec), end; !ec && it != end; it.increment(ec)) {
+        const std::string name = it->path().filename().string();
+        if (name.rfind(".step_", 0) == 0 && name.find(".tmp") != std::string::npos) remove_tree_quietly(it->path().string());
+      }
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  std::int64_t failed = problem.empty() ? 0 : 1;
+  mesh_->world()->broadcast(comm::MutableBuffer{&failed, 1, DType::Int64}, 0);
+  if (failed != 0) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    throw CheckpointError(problem.empty() ? fmt::format("--checkpoint-dir '{}' could not be prepared (see rank 0's error)", root_)
+                                          : problem);
+  }
+  comm_ = mesh_->world()->split(0, mesh_->rank());
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshgrad: a checkpoint save failed: %s\n", e.what());
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+SaveTimes CheckpointSaver::wait() {
+  if (worker_.joinable()) worker_.join();
+  if (!job_) return {};
+  const std::unique_ptr<Job> job = std::move(job_);
+  if (job->error) std::rethrow_exception(job->error);
+  return job->times;
+}
+
+SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor>& tensors, const nlohmann::json& state,
+                                bool async) {
+  wait();
+  const Clock::time_point t0 = Clock::now();
+  const dist::DeviceMesh& mesh = *mesh_;
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->final_dir = (fs::path(root_) / checkpoint_dir_name(step)).string();
+  job->tmp_dir = (fs::path(root_) / ("." + checkpoint_dir_name(step) + ".tmp")).string();
+  job->state = state;
+  // Every tensor's piece must be the one its placements give this rank: a wrong piece would be
+  // written under another box.
+  std::set<std::string> names;
+  for (const StateTensor& t : tensors) {
+    MG_CHECK(names.insert(t.name).second, "checkpoint: two state tensors are named '{}'", t.name);
+    MG_CHECK(t.local.defined(), "checkpoint: state tensor '{}' has no value", t.name);
+    const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates());
+    MG_CHECK(t.local.shape() == layout.local_shape, "checkpoint: state tensor '{}' has local shape {}, but full shape {} "
+             "placed {} gives {} on rank {}", t.name, shape_str(t.local.shape()), shape_str(t.full_shape),
+             dist::placements_str(t.placements), shape_str(layout.local_shape), mesh.rank());
+    job->meta.push_back({t.name, t.full_shape, t.placements, Tensor::empty({0}, t.local.dtype())});
+  }
+  job->plan = plan_pieces(tensors, mesh);
+
+  // The snapshot: this rank's pieces, copied into one buffer (training may change the tensors as
+  // soon as save() returns).
+  for (std::size_t k = 0; k < job->plan.size(); ++k) {
+    if (job->plan[k].writer == mesh.rank()) {
+      job->mine.push_back(k);
+      job->bytes += job->plan[k].bytes;
+    }
+  }
+  job->buffer = std::make_unique_for_overwrite<std::byte[]>(std::max<std::uint64_t>(job->bytes, 1));
+  for (std::size_t k : job->mine) {
+    const PlannedPiece& p = job->plan[k];
+    const StateTensor& t = tensors[p.tensor];
+    const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates());
+    bool found = false;
+    for (const LocalBox& lb : local_boxes(layout)) {
+      if (lb.box.size() != p.box.size() || !std::equal(lb.box.begin(), lb.box.end(), p.box.begin(), [](const ShardRange& a, const ShardRange& b) {
+            return a.offset == b.offset && a.size == b.size;
+          }))
+        continue;
+      const Tensor packed = local_view(t.local.detach(), lb).contiguous();
+      std::memcpy(job->buffer.get() + p.offset, packed.raw_data(), p.bytes);
+      found = true;
+      break;
+    }
+    MG_CHECK(found, "checkpoint: internal error: rank {} writes box {} of '{}' but does not hold it", mesh.rank(),
+             box_str(p.box), t.name);
+  }
+  job->times.snapshot_s = seconds_since(t0);
+  job->times.bytes_written = job->bytes;
+  const SaveTimes snapshot_times = job->times;
+  job_ = std::move(job);
+  if (async) {
+    worker_ = std::thread([this] { run_job(*job_); });
+    return snapshot_times;
+  }
+  run_job(*job_);
+  return wait();
+}
+
+void CheckpointSaver::run_job(Job& job) noexcept {
+  const int rank = mesh_->rank();
+  const int world = mesh_->size();
+  std::string my_error;
+  std::vector<std::string> piece_hash(job.mine.size());
+  std::string file_hash;
+  const Clock::time_point t0 = Clock::now();
+  // 1. This rank's file.
+  try {
+    if (::mkdir(job.tmp_dir.c_str(), 0755) != 0 && errno != EEXIST)
+      throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", job.tmp_dir, errno_text(errno)));
+    const std::string file = (fs::path(job.tmp_dir) / rank_file_name(rank)).string();
+    Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+    if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", file, errno_text(errno)));
+    Sha256 whole;
+    for (std::size_t i = 0; i < job.mine.size(); ++i) {
+      const PlannedPiece& p = job.plan[job.mine[i]];
+      const std::byte* data = job.buffer.get() + p.offset;
+      piece_hash[i] = sha256_hex(data, p.bytes);
+      whole.update(data, p.bytes);
+      write_all(fd.get(), data, p.bytes, file);
+    }
+    file_hash = whole.hex();
+    if (::fsync(fd.get()) != 0) throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", file, errno_text(errno)));
+  } catch (const std::exception& e) {
+    my_error = e.what();
+  }
+  job.buffer.reset();   // the snapshot's memory goes back before the exchange
+  job.times.write_s = seconds_since(t0);
+
+  // 2. Exchange sizes and hashes: [status, bytes, file hash, piece hashes...] from every rank.
+  std::vector<std::size_t> counts(static_cast<std::size_t>(world), 2 + kHashWords);
+  for (const PlannedPiece& p : job.plan) counts[static_cast<std::size_t>(p.writer)] += kHashWords;
+  std::vector<std::int64_t> mine(counts[static_cast<std::size_t>(rank)], 0);
+  mine[0] = my_error.empty() ? 0 : 1;
+  mine[1] = static_cast<std::int64_t>(job.bytes);
+  if (my_error.empty()) {
+    put_hash(file_hash, &mine[2]);
+    for (std::size_t i = 0; i < piece_hash.size(); ++i) put_hash(piece_hash[i], &mine[2 + kHashWords * (i + 1)]);
+  }
+  std::size_t total = 0;
+  for (std::size_t c : counts) total += c;
+  std::vector<std::int64_t> all(total, 0);
+  std::int64_t committed = 0;
+  std::string commit_error;
+  try {
+    comm::CollectiveOptions opt;
+    opt.timeout = kSaveExchangeTimeout;
+    comm_->all_gather(comm::ConstBuffer{mine.data(), mine.size(), DType::Int64},
+                      comm::MutableBuffer{all.data(), all.size(), DType::Int64}, counts, opt);
+    std::vector<std::size_t> start(static_cast<std::size_t>(world), 0);
+    for (int r = 1; r < world; ++r) start[static_cast<std::size_t>(r)] = start[static_cast<std::size_t>(r - 1)] + counts[static_cast<std::size_t>(r - 1)];
+    std::vector<int> failed;
+    for (int r = 0; r < world; ++r) {
+      if (all[start[static_cast<std::size_t>(r)]] != 0) failed.push_back(r);
+    }
+    // 3. Rank 0 commits.
+    if (rank == 0) {
+      const Clock::time_point tc = Clock::now();
+      try {
+        if (!failed.empty())
+          throw CheckpointError(fmt::format("checkpoint of step {}: rank {} could not write its file (its error is above)", job.step,
+                                            failed.front()));
+        Manifest m;
+        m.step = job.step;
+        m.mesh = mesh_spec(*mesh_);
+        m.state = job.state;
+        for (int r = 0; r < world; ++r) {
+          const std::int64_t* w = &all[start[static_cast<std::size_t>(r)]];
+          m.files.push_back({rank_file_name(r), static_cast<std::uint64_t>(w[1]), get_hash(w + 2)});
+        }
+        for (const StateTensor& t : job.meta) m.tensors.push_back({t.name, t.local.dtype(), t.full_shape, {}});
+        std::vector<std::size_t> next(static_cast<std::size_t>(world), 0);
+        for (const PlannedPiece& p : job.plan) {
+          const std::size_t r = static_cast<std::size_t>(p.writer);
+          const std::int64_t* h = &all[start[r] + 2 + kHashWords * (1 + next[r]++)];
+          m.tensors[p.tensor].pieces.push_back({r, p.offset, p.box, get_hash(h)});
+        }
+        const std::string manifest_path = (fs::path(job.tmp_dir) / kManifestName).string();
+        {
+          const std::string text = manifest_to_json(m);
+          Fd fd(::open(manifest_path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+          if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", manifest_path, errno_text(errno)));
+          write_all(fd.get(), reinterpret_cast<const std::byte*>(text.data()), text.size(), manifest_path);
+          if (::fsync(fd.get()) != 0) throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", manifest_path, errno_text(errno)));
+        }
+        fsync_path(job.tmp_dir, true);
+        if (const char* fault = std::getenv("MESHGRAD_CHECKPOINT_FAULT"); fault != nullptr && std::string(fault) == "before-rename") {
+          std::fprintf(stderr, "meshgrad: MESHGRAD_CHECKPOINT_FAULT=before-rename: exiting as if killed\n");
+          std::_Exit(137);
+        }
+        // Into place: a plain rename, or an atomic exchange with a same-named older checkpoint (a
+        // run resumed from an earlier step writes the step again), which is then removed.
+        if (::renameat2(AT_FDCWD, job.tmp_dir.c_str(), AT_FDCWD, job.final_dir.c_str(), RENAME_NOREPLACE) != 0) {
+          const int e = errno;
+          if (e != EEXIST && e != ENOTEMPTY)
+            throw CheckpointError(fmt::format("checkpoint: cannot rename '{}' to '{}': {}", job.tmp_dir, job.final_dir, errno_text(e)));
+          if (::renameat2(AT_FDCWD, job.tmp_dir.c_str(), AT_FDCWD, job.final_dir.c_str(), RENAME_EXCHANGE) != 0)
+            throw CheckpointError(fmt::format("checkpoint: cannot replace '{}': {}", job.final_dir, errno_text(errno)));
+          remove_tree_quietly(job.tmp_dir);
+        }
+        fsync_path(root_, true);
+        last_committed_ = job.final_dir;
+        // Only now that the new one is safe: the older ones beyond `keep`.
+        if (keep_ > 0) {
+          const std::vector<std::string> all_ck = list_checkpoints(root_);
+          for (std::size_t i = 0; i + static_cast<std::size_t>(keep_) < all_ck.size(); ++i) {
+            if (all_ck[i] == job.final_dir) continue;
+            // Out of the committed names first (atomic), then deleted: a kill in the middle of the
+            // deletion leaves a temporary the next start removes, never a half-deleted checkpoint.
+            const std::string doomed = (fs::path(root_) / ("." + fs::path(all_ck[i]).filename().string() + ".tmp-deleting")).string();
+            if (::rename(all_ck[i].c_str(), doomed.c_str()) == 0) remove_tree_quietly(doomed);
+          }
+        }
+        committed = 1;
+      } catch (const std::exception& e) {
+        commit_error = e.what();
+        remove_tree_quietly(job.tmp_dir);
+      }
+      job.times.commit_s = seconds_since(tc);
+    }
+    // 4. Every rank learns whether the checkpoint exists, so all of them fail (or go on) together.
+    comm_->broadcast(comm::MutableBuffer{&committed, 1, DType::Int64}, 0, opt);
+  } catch (const std::exception& e) {
+    if (my_error.empty()) my_error = e.what();
+  }
+  if (!my_error.empty()) {
+    job.error = std::make_exception_ptr(CheckpointError(my_error));
+  } else if (!commit_error.empty()) {
+    job.error = std::make_exception_ptr(CheckpointError(commit_error));
+  } else if (committed == 0) {
+    job.error = std::make_exception_ptr(CheckpointError(
+        fmt::format("checkpoint of step {} was not committed (see the error of rank 0 or of the rank that failed)", job.step)));
+  }
+  job.done = true;
+}
+
+// ---- Reading ---------------------------------------------------------------------------------------
+
+namespace {
+
+// The files of one checkpoint, opened on first use, their sizes checked against the manifest.
+class CheckpointFiles {
+ public:
+  CheckpointFiles(std::string dir, const Manifest& m) : dir_(std::move(dir)), m_(m), fds_(m.files.size()) {}
+
+  int fd(std::size_t file) {
+    Fd& fd = fds_.at(file);
+    if (fd.get() >= 0) return fd.get();
+    const ManifestFile& f = m_.files[file];
+    const std::string path = (fs::path(dir_) / f.name).string();
+    fd = Fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+    if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot open '{}': {}", path, errno_text(errno)));
+    struct stat st {};
+    if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
+      throw CheckpointError(fmt::format("checkpoint: '{}' is not a regular file", path));
+    if (static_cast<std::uint64_t>(st.st_size) != f.bytes)
+      throw CheckpointError(fmt::format("checkpoint: '{}' has {} bytes but the manifest says {} ({})", path, st.st_size, f.bytes,
+                                        static_cast<std::uint64_t>(st.st_size) < f.bytes ? "truncated" : "grown"));
+    return fd.get();
+  }
+  std::string path(std::size_t file) const { return (fs::path(dir_) / m_.files.at(file).name).string(); }
+
+ private:
+  std::string dir_;
+  const Manifest& m_;
+  std::vector<Fd> fds_;
+};
+
+// A saved piece read and checked: a tensor of its box's shape.
+Tensor read_piece(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p) {
+  Shape shape;
+  for (const ShardRange& r : p.box) shape.push_back(r.size);
+  Tensor out = Tensor::empty(shape, t.dtype);
+  const std::uint64_t bytes = p.bytes(t.dtype);
+  auto* data = static_cast<std::byte*>(out.raw_data());
+  read_exact(files.fd(p.file), data, bytes, p.offset, files.path(p.file));
+  if (sha256_hex(data, bytes) != p.sha256)
+    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
+                                      "corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
+  return out;
+}
+
+}  // namespace
+
+std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest, const std::vector<PieceRequest>& requests) {
+  CheckpointFiles files(dir, manifest);
+  std::vector<Tensor> out;
+  out.reserve(requests.size());
+  for (const PieceRequest& req : requests) {
+    const ManifestTensor* t = manifest.find(req.name);
+    if (t == nullptr) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, req.name));
+    if (t->shape != req.full_shape)
+      throw CheckpointError(fmt::format("checkpoint '{}': tensor '{}' has shape {} but the model needs {}", dir, req.name,
+                                        shape_str(t->shape), shape_str(req.full_shape)));
+    const bool saved_int = t->dtype == DType::Int64, wanted_int = req.dtype == DType::Int64;
+    if (saved_int != wanted_int)
+      throw CheckpointError(fmt::format("checkpoint '{}': tensor '{}' is {} but the model needs {}", dir, req.name,
+                                        dtype_name(t->dtype), dtype_name(req.dtype)));
+    Tensor local = Tensor::empty(req.layout.local_shape, t->dtype);
+    for (const LocalBox& lb : local_boxes(req.layout)) {
+      if (box_volume(lb.box) == 0) continue;
+      const Tensor dst_box = local_view(local, lb);
+      for (const ManifestPiece& p : t->pieces) {
+        if (box_volume(p.box) == 0 || !boxes_overlap(p.box, lb.box)) continue;
+        const Tensor src = read_piece(files, *t, p);
+        Tensor s = src, d = dst_box;
+        for (std::size_t k = 0; k < p.box.size(); ++k) {
+          const std::int64_t lo = std::max(p.box[k].offset, lb.box[k].offset);
+          const std::int64_t hi = std::min(p.box[k].offset + p.box[k].size, lb.box[k].offset + lb.box[k].size);
+          s = s.narrow(static_cast<std::int64_t>(k), lo - p.box[k].offset, hi - lo);
+          d = d.narrow(static_cast<std::int64_t>(k), lo - lb.box[k].offset, hi - lo);
+        }
+        d.copy_from(s);
+      }
+    }
+    out.push_back(t->dtype == req.dtype ? local : local.to(req.dtype));
+  }
+  return out;
+}
+
+std::uint64_t verify_checkpoint(const std::string& dir) {
+  const Manifest m = read_manifest(dir);
+  CheckpointFiles files(dir, m);
+  std::uint64_t checked = 0;
+  // Pieces by file in offset order: one sequential pass per file feeds both the file's hash and
+  // each piece's.
+  std::vector<std::vector<std::pair<const ManifestPiece*, const ManifestTensor*>>> by_file(m.files.size());
+  for (const ManifestTensor& t : m.tensors) {
+    for (const ManifestPiece& p : t.pieces) by_file[p.file].emplace_back(&p, &t);
+  }
+  std::vector<std::byte> buf(1 << 20);
+  for (std::size_t f = 0; f < m.files.size(); ++f) {
+    auto& pieces = by_file[f];
+    std::sort(pieces.begin(), pieces.end(), [](const auto& a, const auto& b) { return a.first->offset < b.first->offset; });
+    const int fd = files.fd(f);
+    Sha256 whole;
+    std::uint64_t pos = 0;
+    auto feed = [&](std::uint64_t n, Sha256* piece) {
+      while (n > 0) {
+        const std::uint64_t k = std::min<std::uint64_t>(n, buf.size());
+        read_exact(fd, buf.data(), k, pos, files.path(f));
+        whole.update(buf.data(), k);
+        if (piece) piece->update(buf.data(), k);
+        pos += k;
+        n -= k;
+      }
+    };
+    for (const auto& [p, t] : pieces) {
+      feed(p->offset - pos, nullptr);
+      Sha256 piece;
+      feed(p->bytes(t->dtype), &piece);
+      if (piece.hex() != p->sha256)
+        throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
+                                          "corrupt)", t->name, box_str(p->box), files.path(f), p->offset));
+    }
+    feed(m.files[f].bytes - pos, nullptr);
+    if (whole.hex() != m.files[f].sha256)
+      throw CheckpointError(fmt::format("checkpoint: '{}' fails its SHA-256 (the file is corrupt)", files.path(f)));
+    checked += m.files[f].bytes;
+  }
+  return checked;
+}
+
+}  // namespace meshgrad::train

@@ -1,0 +1,343 @@
+// Sharded checkpoints: the manifest reader refuses what is malformed, a resumed run on the same mesh
+// repeats the uninterrupted run's losses bit for bit (dropout included), a checkpoint resumes on any
+// other mesh (tp=1..4 with uneven tp=3, dp x tp, 2-D) with losses equal up to rounding, corruption and
+// truncation are refused naming the file and the tensor, --keep prunes only after a commit, and a
+// second run cannot write into the same directory.
+//
+// Tolerance across meshes: float64 models; the only difference between meshes is the order of the
+// sums split over ranks (about 1e-16 relative per operation), carried through 3 resumed steps of
+// AdamW: 1e-9 on losses of magnitude ~4 is far above that and far below any real error (a wrong shard
+// or moment changes the loss in the 3rd digit).
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <functional>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <vector>
+
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/jobs.hpp"
+#include "meshgrad/train/resume.hpp"
+#include "meshgrad/train/trainer.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+namespace fs = std::filesystem;
+
+struct MeshSpec {
+  int dp = 1, tp = 1, rows = 0, cols = 0;
+  std::string str() const {
+    return rows > 0 ? fmt::format("dp={},tp={}x{}", dp, rows, cols) : fmt::format("dp={},tp={}", dp, tp);
+  }
+};
+
+RunOnMesh on_threads(const MeshSpec& m) {
+  return [m](const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+    comm::ThreadsOptions options;
+    options.timeout = std::chrono::milliseconds(60000);
+    const std::vector<dist::MeshAxis> axes = m.rows > 0 ? std::vector<dist::MeshAxis>{{"dp", m.dp}, {"tp_row", m.rows}, {"tp_col", m.cols}}
+                                                        : std::vector<dist::MeshAxis>{{"dp", m.dp}, {"tp", m.tp}};
+    const int world = m.rows > 0 ? m.dp * m.rows * m.cols : m.dp * m.tp;
+    comm::run_ranks(world, [&](const comm::CommunicatorPtr& w) { fn(std::make_shared<const dist::DeviceMesh>(w, axes)); },
+                    options);
+  };
+}
+
+class CheckpointStoreTest : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    dir_ = fs::temp_directory_path() / fmt::format("mg_ckstore_{}_{}", ::getpid(),
+                                                   ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(dir_);
+    fs::create_directories(dir_);
+  }
+  void TearDown() override { fs::remove_all(dir_); }
+
+  // A small float64 GPT with dropout whose split is uneven at tp=3 and tp=4 (vocab 256, 6 heads).
+  TrainOptions options(int steps) const {
+    TrainOptions o;
+    o.model.kind = "gpt";
+    o.model.layers = 2;
+    o.model.hidden = 24;
+    o.model.heads = 6;
+    o.model.seq = 8;
+    o.model.batch = 4;
+    o.model.dropout = 0.1;
+    o.model.dtype = DType::Float64;
+    o.steps = steps;
+    o.warmup_steps = 2;
+    o.progress = false;
+    return o;
+  }
+  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
+
+  fs::path dir_;
+};
+
+// ---- manifest --------------------------------------------------------------------------------------
+
+std::string hex64(char c) { return std::string(64, c); }
+
+nlohmann::json good_manifest() {
+  return {{"format", "meshgrad-checkpoint"},
+          {"version", 1},
+          {"step", 3},
+          {"mesh", "dp=1,tp=2"},
+          {"state", nlohmann::json::object()},
+          {"files", {{{"name", "rank_00000.bin"}, {"bytes", 32}, {"sha256", hex64('a')}}}},
+          {"tensors",
+           {{{"name", "w"},
+             {"dtype", "float32"},
+             {"shape", {2, 4}},
+             {"pieces",
+              {{{"file", 0}, {"offset", 0}, {"box", {{0, 2}, {0, 2}}}, {"sha256", hex64('b')}},
+               {{"file", 0}, {"offset", 16}, {"box", {{0, 2}, {2, 2}}}, {"sha256", hex64('c')}}}}}}}};
+}
+
+TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
+  const Manifest m = parse_manifest(good_manifest().dump(), "m.json");
+  ASSERT_EQ(m.tensors.size(), 1u);
+  EXPECT_EQ(m.tensors[0].pieces.size(), 2u);
+  EXPECT_EQ(parse_manifest(manifest_to_json(m), "again").tensors[0].pieces[1].offset, 16u);
+
+  const auto refused = [](const std::function<void(nlohmann::json&)>& edit, const std::string& expected) {
+    nlohmann::json j = good_manifest();
+    edit(j);
+    try {
+      parse_manifest(j.dump(), "bad.json");
+      ADD_FAILURE() << "accepted a manifest that should fail with: " << expected;
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find("bad.json"), std::string::npos) << e.what();
+    }
+  };
+  refused([](auto& j) { j["format"] = "other"; }, "\"format\"");
+  refused([](auto& j) { j["version"] = 2; }, "version 2");
+  refused([](auto& j) { j["files"][0]["name"] = "../escape"; }, "not a plain file name");
+  refused([](auto& j) { j["files"][0]["sha256"] = "xyz"; }, "64 lowercase hex");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 2}, {1, 2}}; }, "overlaps");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 1}, {2, 2}}; }, "cover 6 of its 8 elements");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 2}, {3, 2}}; }, "outside the tensor");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["offset"] = 24; }, "outside file");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["offset"] = 8; }, "share bytes");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["file"] = 5; }, "file index 5");
+  refused([](auto& j) { j["tensors"][0]["dtype"] = "float16"; }, "dtype");
+  refused([](auto& j) { j["tensors"][0]["shape"] = {-2, 4}; }, "negative");
+  refused([](auto& j) { j["tensors"].push_back(j["tensors"][0]); }, "named twice");
+  // Deep nesting is refused by the bounded reader, not by a crash.
+  std::string deep = "{\"format\": ";
+  for (int i = 0; i < 100000; ++i) deep += "[";
+  EXPECT_THROW(parse_manifest(deep, "deep.json"), CheckpointError);
+}
+
+// ---- resume ----------------------------------------------------------------------------------------
+
+// The losses of a run of `steps` steps on mesh m that resumes from `resume` (or starts fresh).
+TrainResult run(TrainOptions o, const MeshSpec& m) { return run_train_job(o, on_threads(m)); }
+
+TEST_F(CheckpointStoreTest, ResumeOnTheSameMeshRepeatsTheLossesBitForBit) {
+  const TrainResult full = run(options(6), {1, 2});
+  TrainOptions first = options(6);
+  first.checkpoint_dir = path("ck");
+  first.save_every = 3;
+  const TrainResult whole = run(first, {1, 2});
+  ASSERT_EQ(list_checkpoints(path("ck")).size(), 2u);   // step 3 and the final step 6
+  // As if the run had been killed after step 3's checkpoint (the process-level kill is tested by
+  // tests/train/checkpoint_cli.py).
+  fs::remove_all(path("ck/step_00000006"));
+  TrainOptions again = options(6);
+  again.resume = path("ck");
+  const TrainResult resumed = run(again, {1, 2});
+  ASSERT_EQ(resumed.first_step, 3);
+  ASSERT_EQ(resumed.losses.size(), 3u);
+  for (int i = 0; i < 3; ++i) {
+    EXPECT_EQ(resumed.losses[i], full.losses[3 + i]) << "step " << 4 + i;   // bitwise: no tolerance
+    EXPECT_EQ(whole.losses[3 + i], full.losses[3 + i]);
+  }
+  // The resumed run wrote its final checkpoint into the same directory (the configuration's).
+  EXPECT_EQ(fs::path(list_checkpoints(path("ck")).back()).filename(), "step_00000006");
+}
+
+TEST_F(CheckpointStoreTest, ReshardsToAnyMesh) {
+  const std::vector<std::pair<MeshSpec, std::vector<MeshSpec>>> cases = {
+      {{1, 2}, {{1, 1}, {1, 3}, {1, 4}, {2, 2}, {2, 1}, {1, 1, 2, 2}}},
+      {{1, 1, 2, 2}, {{1, 3}, {2, 1}}},
+      {{2, 3}, {{1, 2}}},
+  };
+  for (const auto& [from, targets] : cases) {
+    SCOPED_TRACE("written on " + from.str());
+    const TrainResult full = run(options(5), from);
+    TrainOptions o = options(5);
+    o.checkpoint_dir = path("ck_" + from.str());
+    o.save_every = 2;
+    run(o, from);
+    const std::string ck = (fs::path(o.checkpoint_dir) / "step_00000002").string();
+    ASSERT_TRUE(fs::exists(fs::path(ck) / "manifest.json"));
+    for (const MeshSpec& to : targets) {
+      SCOPED_TRACE("resumed on " + to.str());
+      TrainOptions r = options(5);
+      r.resume = ck;
+      r.checkpoint_dir = path("ck_resumed");   // its own directory: the source stays as it is
+      r.given_options = {"checkpoint-dir"};
+      const TrainResult resumed = run(r, to);
+      ASSERT_EQ(resumed.losses.size(), 3u);
+      for (int i = 0; i < 3; ++i) EXPECT_NEAR(resumed.losses[i], full.losses[2 + i], 1e-9) << "step " << 3 + i;
+      fs::remove_all(path("ck_resumed"));
+    }
+  }
+}
+
+TEST_F(CheckpointStoreTest, ReadsOnlyThePiecesARankNeeds) {
+  // Written at tp=4 (4 files); one tp=2 rank's pieces of a vocabulary-sharded tensor lie in 2 files.
+  TrainOptions o = options(1);
+  o.model.dropout = 0;
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 4});
+  const std::string ck = list_checkpoints(path("ck")).back();
+  const Manifest m = read_manifest(ck);
+  // Destroy the files ranks 2 and 3 wrote: rank 0 of tp=2 (vocab rows [0, 128)) must not touch them.
+  for (const char* f : {"rank_00002.bin", "rank_00003.bin"}) fs::resize_file(fs::path(ck) / f, 0);
+  dist::PieceLayout first_half;
+  first_half.ranges = {{{0, 128}}, {{0, 24}}};
+  first_half.local_shape = {128, 24};
+  const ManifestTensor* wte = m.find("wte.weight");
+  ASSERT_NE(wte, nullptr);
+  bool only_low_files = true;
+  for (const ManifestPiece& p : wte->pieces) {
+    if (p.box[0].offset < 128) only_low_files = only_low_files && p.file < 2;
+  }
+  ASSERT_TRUE(only_low_files) << "the test assumes rows [0, 128) were written by ranks 0 and 1";
+  const std::vector<Tensor> got = read_pieces(ck, m, {{"wte.weight", {256, 24}, first_half, DType::Float64}});
+  EXPECT_EQ(got[0].shape(), (Shape{128, 24}));
+  // The other half needs the destroyed files: refused, naming the file as truncated.
+  dist::PieceLayout second_half = first_half;
+  second_half.ranges = {{{128, 128}}, {{0, 24}}};
+  try {
+    read_pieces(ck, m, {{"wte.weight", {256, 24}, second_half, DType::Float64}});
+    ADD_FAILURE() << "read a truncated file";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("truncated"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CheckpointStoreTest, CorruptionIsRefusedNamingTheFileAndTheTensor) {
+  TrainOptions o = options(2);
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 2});
+  const std::string ck = list_checkpoints(path("ck")).back();
+  EXPECT_GT(verify_checkpoint(ck), 0u);
+  const Manifest m = read_manifest(ck);
+  const ManifestTensor* t = m.find("h.1.mlp.c_fc.weight");
+  ASSERT_NE(t, nullptr);
+  const ManifestPiece& p = t->pieces.at(0);
+  const fs::path file = fs::path(ck) / m.files[p.file].name;
+  {
+    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+    f.seekg(static_cast<std::streamoff>(p.offset + 5));
+    char c = 0;
+    f.read(&c, 1);
+    c = static_cast<char>(c ^ 0x10);
+    f.seekp(static_cast<std::streamoff>(p.offset + 5));
+    f.write(&c, 1);
+  }
+  try {
+    verify_checkpoint(ck);
+    ADD_FAILURE() << "verified a corrupt checkpoint";
+  } catch (const CheckpointError& e) {
+    EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find(m.files[p.file].name), std::string::npos) << e.what();
+  }
+  TrainOptions r = options(4);
+  r.resume = ck;
+  r.given_options = {"steps"};
+  try {
+    run(r, {1, 2});
+    ADD_FAILURE() << "resumed from a corrupt checkpoint";
+  } catch (const std::exception& e) {
+    EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
+  }
+}
+
+TEST_F(CheckpointStoreTest, AnotherModelShapeIsRefusedNamingTheOptions) {
+  TrainOptions o = options(2);
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 1});
+  TrainOptions r = options(4);
+  r.resume = path("ck");
+  r.model.hidden = 48;
+  r.model.layers = 3;
+  r.given_options = {"steps", "hidden", "layers", "lr"};
+  r.lr = 1e-3;   // may change
+  try {
+    resolve_resume(r);
+    ADD_FAILURE() << "accepted another model shape";
+  } catch (const CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find("--hidden 48 (the checkpoint has 24)"), std::string::npos) << msg;
+    EXPECT_NE(msg.find("--layers 3 (the checkpoint has 2)"), std::string::npos) << msg;
+    EXPECT_EQ(msg.find("--lr"), std::string::npos) << msg;
+  }
+  r.model.hidden = 24;
+  r.model.layers = 2;
+  const TrainOptions merged = resolve_resume(r);
+  EXPECT_EQ(merged.lr, 1e-3);
+  EXPECT_EQ(merged.steps, 4);
+  EXPECT_EQ(merged.model.dropout, 0.1);   // from the checkpoint
+  EXPECT_EQ(merged.resume_dir, list_checkpoints(path("ck")).back());
+}
+
+TEST_F(CheckpointStoreTest, KeepPrunesOlderCheckpointsAndTheDirectoryIsLocked) {
+  TrainOptions o = options(5);
+  o.model.layers = 1;
+  o.checkpoint_dir = path("ck");
+  o.save_every = 1;
+  o.keep = 2;
+  run(o, {1, 2});
+  const std::vector<std::string> left = list_checkpoints(path("ck"));
+  ASSERT_EQ(left.size(), 2u);
+  EXPECT_EQ(fs::path(left[0]).filename(), "step_00000004");
+  EXPECT_EQ(fs::path(left[1]).filename(), "step_00000005");
+  // Leftovers of a killed save are removed when the next saver opens the directory.
+  fs::create_directories(path("ck/.step_00000009.tmp"));
+  std::ofstream(path("ck/.step_00000009.tmp/rank_00000.bin")) << "partial";
+  on_threads({1, 1})([&](const dist::DeviceMeshPtr& mesh) {
+    CheckpointSaver saver(path("ck"), mesh, 0);
+    EXPECT_FALSE(fs::exists(path("ck/.step_00000009.tmp")));
+    // A second saver (another run) on the same directory is refused while the first holds it.
+    try {
+      CheckpointSaver second(path("ck"), mesh, 0);
+      ADD_FAILURE() << "two savers on one directory";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("in use by another run"), std::string::npos) << e.what();
+    }
+  });
+}
+
+TEST_F(CheckpointStoreTest, CheckpointDirectoryThatCannotBeUsedIsRefusedBeforeStepOne) {
+  std::ofstream(path("file")) << "x";
+  fs::create_directories(path("real"));
+  fs::create_symlink(path("real"), path("link"));
+  for (const auto& [dir, expected] : std::vector<std::pair<std::string, std::string>>{
+           {path("file"), "not a directory"}, {path("link"), "symbolic link"}, {path("no/such/parent"), "parent"}}) {
+    TrainOptions o = options(1);
+    o.checkpoint_dir = dir;
+    o.metrics_path = path("metrics.jsonl");
+    try {
+      run(o, {1, 1});
+      ADD_FAILURE() << "accepted --checkpoint-dir " << dir;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(path("metrics.jsonl"))) << "the run started before refusing " << dir;
+  }
+}
+
+}  // namespace
+}  // namespace meshgrad::train

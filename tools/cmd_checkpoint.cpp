@@ -1,0 +1,62 @@
+// `meshgrad checkpoint list|info|verify`: what a checkpoint directory holds, and whether every byte
+// of it is what its manifest says (train/checkpoint_store.hpp).
+//   meshgrad checkpoint list ck                 the committed checkpoints under a --checkpoint-dir
+//   meshgrad checkpoint info ck/step_00000100   step, mesh, configuration, tensors and files
+//   meshgrad checkpoint verify ck               every file and piece against its SHA-256 (the newest)
+#include <fmt/core.h>
+
+#include <chrono>
+#include <memory>
+#include <string>
+
+#include "command.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+
+namespace meshgrad::tools {
+namespace {
+
+struct CheckpointArgs {
+  std::string action;
+  std::string path;
+};
+
+int run_checkpoint(const CheckpointArgs& a) {
+  if (a.action == "list") {
+    const std::vector<std::string> all = train::list_checkpoints(a.path);
+    if (all.empty()) throw train::CheckpointError(fmt::format("'{}' holds no committed checkpoint", a.path));
+    for (const std::string& dir : all) {
+      const train::Manifest m = train::read_manifest(dir);
+      std::uint64_t bytes = 0;
+      for (const auto& f : m.files) bytes += f.bytes;
+      fmt::print("{}  step {}  mesh {}  {:.1f} MB in {} files\n", dir, m.step, m.mesh, static_cast<double>(bytes) / 1e6,
+                 m.files.size());
+    }
+    return 0;
+  }
+  const std::string dir = train::resolve_checkpoint(a.path);
+  if (a.action == "verify") {
+    const auto t0 = std::chrono::steady_clock::now();
+    const std::uint64_t bytes = train::verify_checkpoint(dir);
+    const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    fmt::print("{}: OK, {} bytes match their SHA-256 ({:.0f} MB/s)\n", dir, bytes, static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9));
+    return 0;
+  }
+  const train::Manifest m = train::read_manifest(dir);
+  fmt::print("checkpoint {}\nstep {} written on {}\n", dir, m.step, m.mesh);
+  if (m.state.contains("config")) fmt::print("configuration: {}\n", m.state["config"].dump());
+  for (const auto& f : m.files) fmt::print("file {}  {} bytes  sha256 {}\n", f.name, f.bytes, f.sha256);
+  for (const auto& t : m.tensors) fmt::print("tensor {}  {} {}  {} pieces\n", t.name, dtype_name(t.dtype), shape_str(t.shape), t.pieces.size());
+  return 0;
+}
+
+}  // namespace
+
+MESHGRAD_REGISTER_COMMAND(checkpoint, {"", "checkpoint", "List, describe or verify sharded training checkpoints",
+    [](CLI::App& app) -> std::function<int()> {
+      auto a = std::make_shared<CheckpointArgs>();
+      app.add_option("ACTION", a->action, "list, info or verify")->required()->check(CLI::IsMember({"list", "info", "verify"}));
+      app.add_option("PATH", a->path, "a checkpoint directory step_XXXXXXXX, or a --checkpoint-dir (its newest)")->required();
+      return [a] { return run_checkpoint(*a); };
+    }});
+
+}  // namespace meshgrad::tools
