@@ -18,7 +18,6 @@
 #include <set>
 
 #include "meshgrad/comm/communicator.hpp"
-#include "meshgrad/train/json_input.hpp"
 #include "meshgrad/train/sha256.hpp"
 
 namespace meshgrad::train {
@@ -31,38 +30,12 @@ using Clock = std::chrono::steady_clock;
 double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
 
 constexpr const char* kManifestName = "manifest.json";
-constexpr std::uint64_t kMaxManifestBytes = 256ull << 20;   // far above any real manifest; bounds a bad file
-constexpr int kMaxManifestDepth = 12;                       // the format needs 7; state objects a few more
-constexpr std::size_t kMaxPiecesPerTensor = 1 << 16;
 // The saves exchange hashes after writing: a slow disk may keep a peer busy for long, but never forever.
 constexpr comm::Milliseconds kSaveExchangeTimeout{30 * 60 * 1000};
 
 std::string errno_text(int e) { return std::strerror(e); }
 
 // ---- Boxes -------------------------------------------------------------------------------------------
-
-using Box = std::vector<ShardRange>;
-
-std::int64_t box_volume(const Box& box) {
-  std::int64_t n = 1;
-  for (const ShardRange& r : box) n *= r.size;
-  return n;
-}
-
-bool boxes_overlap(const Box& a, const Box& b) {
-  for (std::size_t d = 0; d < a.size(); ++d) {
-    if (a[d].offset + a[d].size <= b[d].offset || b[d].offset + b[d].size <= a[d].offset) return false;
-  }
-  return true;
-}
-
-std::string box_str(const Box& box) {
-  std::string s = "[";
-  for (std::size_t d = 0; d < box.size(); ++d) {
-    s += fmt::format("{}{}:{}", d ? ", " : "", box[d].offset, box[d].offset + box[d].size);
-  }
-  return s + "]";
-}
 
 // One box of a rank's piece: where it lies in the full tensor, and where in the local (packed) piece.
 // A piece is the product of one range per dim, except the dim split in blocks (at most one), which
@@ -159,19 +132,6 @@ void fsync_path(const std::string& path, bool directory) {
     throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", path, errno_text(errno)));
 }
 
-std::string read_small_file(const std::string& path, std::uint64_t limit) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot open '{}': {}", path, errno_text(errno)));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0 || !S_ISREG(st.st_mode))
-    throw CheckpointError(fmt::format("checkpoint: '{}' is not a regular file", path));
-  if (static_cast<std::uint64_t>(st.st_size) > limit)
-    throw CheckpointError(fmt::format("checkpoint: '{}' has {} bytes, more than the {} a manifest may have", path, st.st_size, limit));
-  std::string text(static_cast<std::size_t>(st.st_size), '\0');
-  read_exact(fd.get(), reinterpret_cast<std::byte*>(text.data()), text.size(), 0, path);
-  return text;
-}
-
 bool is_step_name(const std::string& name, std::int64_t* step) {
   if (name.size() != 13 || name.rfind("step_", 0) != 0) return false;
   std::int64_t s = 0;
@@ -189,198 +149,18 @@ void remove_tree_quietly(const std::string& path) {
   fs::remove_all(path, ec);
 }
 
-// ---- Manifest JSON ---------------------------------------------------------------------------------
-
-[[noreturn]] void manifest_error(const std::string& path, const std::string& what) {
-  throw CheckpointError(fmt::format("checkpoint manifest '{}': {}", path, what));
-}
-
-const nlohmann::json& field(const nlohmann::json& obj, const char* key, const std::string& where, const std::string& path) {
-  if (!obj.is_object()) manifest_error(path, fmt::format("{} is not an object", where));
-  const auto it = obj.find(key);
-  if (it == obj.end()) manifest_error(path, fmt::format("{} has no \"{}\"", where, key));
-  return *it;
-}
-
-std::int64_t nonneg_int(const nlohmann::json& v, const std::string& what, const std::string& path) {
-  if (v.is_number_unsigned()) {
-    const auto u = v.get<std::uint64_t>();
-    if (u > static_cast<std::uint64_t>(INT64_MAX)) manifest_error(path, fmt::format("{} = {} is too large", what, u));
-    return static_cast<std::int64_t>(u);
-  }
-  if (v.is_number_integer()) {
-    const auto i = v.get<std::int64_t>();
-    if (i < 0) manifest_error(path, fmt::format("{} = {} is negative", what, i));
-    return i;
-  }
-  manifest_error(path, fmt::format("{} is not an integer", what));
-}
-
-std::string string_field(const nlohmann::json& v, const std::string& what, const std::string& path) {
-  if (!v.is_string()) manifest_error(path, fmt::format("{} is not a string", what));
-  return v.get<std::string>();
-}
-
-bool is_sha256_hex(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
-}
-
-bool is_plain_file_name(const std::string& s) {
-  return !s.empty() && s.size() <= 255 && s != "." && s != ".." && s.find('/') == std::string::npos &&
-         s.find('\0') == std::string::npos;
-}
-
 std::string mesh_spec(const dist::DeviceMesh& mesh) {
   std::string s;
   for (const dist::MeshAxis& a : mesh.axes()) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
   return s;
 }
 
+
 }  // namespace
 
 std::string checkpoint_dir_name(std::int64_t step) {
   MG_CHECK(step >= 0 && step <= 99999999, "checkpoint: step {} does not fit step_XXXXXXXX", step);
   return fmt::format("step_{:08d}", step);
-}
-
-std::uint64_t ManifestPiece::bytes(DType dtype) const {
-  return static_cast<std::uint64_t>(box_volume(box)) * dtype_size(dtype);
-}
-
-const ManifestTensor* Manifest::find(const std::string& name) const {
-  for (const ManifestTensor& t : tensors) {
-    if (t.name == name) return &t;
-  }
-  return nullptr;
-}
-
-Manifest parse_manifest(std::string_view text, const std::string& path) {
-  nlohmann::json j;
-  try {
-    j = parse_untrusted_json(text, kMaxManifestDepth);
-  } catch (const JsonInputError& e) {
-    manifest_error(path, fmt::format("not valid JSON: {}", e.what()));
-  }
-  if (!j.is_object()) manifest_error(path, "the top level is not an object");
-  if (string_field(field(j, "format", "the manifest", path), "\"format\"", path) != kCheckpointFormat)
-    manifest_error(path, fmt::format("\"format\" is not \"{}\"", kCheckpointFormat));
-  const std::int64_t version = nonneg_int(field(j, "version", "the manifest", path), "\"version\"", path);
-  if (version != kCheckpointVersion)
-    manifest_error(path, fmt::format("version {} is not the {} this meshgrad reads", version, kCheckpointVersion));
-  Manifest m;
-  m.step = nonneg_int(field(j, "step", "the manifest", path), "\"step\"", path);
-  m.mesh = string_field(field(j, "mesh", "the manifest", path), "\"mesh\"", path);
-  m.state = field(j, "state", "the manifest", path);
-  if (!m.state.is_object()) manifest_error(path, "\"state\" is not an object");
-
-  const nlohmann::json& files = field(j, "files", "the manifest", path);
-  if (!files.is_array()) manifest_error(path, "\"files\" is not an array");
-  std::set<std::string> file_names;
-  for (std::size_t i = 0; i < files.size(); ++i) {
-    const std::string where = fmt::format("files[{}]", i);
-    ManifestFile f;
-    f.name = string_field(field(files[i], "name", where, path), where + ".name", path);
-    if (!is_plain_file_name(f.name) || f.name == kManifestName)
-      manifest_error(path, fmt::format("{}.name {} is not a plain file name in the checkpoint directory", where, json_quote(f.name)));
-    if (!file_names.insert(f.name).second) manifest_error(path, fmt::format("file {} is listed twice", json_quote(f.name)));
-    f.bytes = static_cast<std::uint64_t>(nonneg_int(field(files[i], "bytes", where, path), where + ".bytes", path));
-    f.sha256 = string_field(field(files[i], "sha256", where, path), where + ".sha256", path);
-    if (!is_sha256_hex(f.sha256)) manifest_error(path, fmt::format("{}.sha256 is not 64 lowercase hex digits", where));
-    m.files.push_back(std::move(f));
-  }
-
-  const nlohmann::json& tensors = field(j, "tensors", "the manifest", path);
-  if (!tensors.is_array()) manifest_error(path, "\"tensors\" is not an array");
-  std::set<std::string> names;
-  // Byte ranges per file, to refuse two pieces sharing bytes.
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> used(m.files.size());
-  for (std::size_t i = 0; i < tensors.size(); ++i) {
-    const nlohmann::json& tj = tensors[i];
-    ManifestTensor t;
-    t.name = string_field(field(tj, "name", fmt::format("tensors[{}]", i), path), fmt::format("tensors[{}].name", i), path);
-    const std::string where = fmt::format("tensor {}", json_quote(t.name));
-    if (t.name.empty() || !names.insert(t.name).second) manifest_error(path, fmt::format("{} is empty or named twice", where));
-    const std::string dtype = string_field(field(tj, "dtype", where, path), where + " dtype", path);
-    if (dtype == "float32") t.dtype = DType::Float32;
-    else if (dtype == "float64") t.dtype = DType::Float64;
-    else if (dtype == "int64") t.dtype = DType::Int64;
-    else manifest_error(path, fmt::format("{} has dtype {} (float32, float64 or int64 expected)", where, json_quote(dtype)));
-    const nlohmann::json& shape = field(tj, "shape", where, path);
-    if (!shape.is_array() || shape.size() > 8) manifest_error(path, fmt::format("{}: shape is not an array of at most 8 sizes", where));
-    std::int64_t numel = 1;
-    for (const nlohmann::json& s : shape) {
-      const std::int64_t n = nonneg_int(s, where + " shape", path);
-      if (n > 0 && numel > (std::int64_t{1} << 50) / n) manifest_error(path, fmt::format("{}: shape too large", where));
-      numel *= n;
-      t.shape.push_back(n);
-    }
-    const nlohmann::json& pieces = field(tj, "pieces", where, path);
-    if (!pieces.is_array() || pieces.size() > kMaxPiecesPerTensor)
-      manifest_error(path, fmt::format("{}: pieces is not an array of at most {}", where, kMaxPiecesPerTensor));
-    std::int64_t covered = 0;
-    for (std::size_t k = 0; k < pieces.size(); ++k) {
-      const std::string pw = fmt::format("{} piece {}", where, k);
-      ManifestPiece p;
-      const std::int64_t file = nonneg_int(field(pieces[k], "file", pw, path), pw + " file", path);
-      if (static_cast<std::size_t>(file) >= m.files.size())
-        manifest_error(path, fmt::format("{}: file index {} but there are {} files", pw, file, m.files.size()));
-      p.file = static_cast<std::size_t>(file);
-      p.offset = static_cast<std::uint64_t>(nonneg_int(field(pieces[k], "offset", pw, path), pw + " offset", path));
-      const nlohmann::json& box = field(pieces[k], "box", pw, path);
-      if (!box.is_array() || box.size() != t.shape.size())
-        manifest_error(path, fmt::format("{}: box must have one [offset, size] per dim ({})", pw, t.shape.size()));
-      for (std::size_t d = 0; d < box.size(); ++d) {
-        if (!box[d].is_array() || box[d].size() != 2) manifest_error(path, fmt::format("{}: box dim {} is not [offset, size]", pw, d));
-        const std::int64_t off = nonneg_int(box[d][0], pw + " box offset", path);
-        const std::int64_t size = nonneg_int(box[d][1], pw + " box size", path);
-        if (off > t.shape[d] || size > t.shape[d] - off)
-          manifest_error(path, fmt::format("{}: box dim {} [{}, +{}) lies outside the tensor's size {}", pw, d, off, size, t.shape[d]));
-        p.box.push_back({off, size});
-      }
-      p.sha256 = string_field(field(pieces[k], "sha256", pw, path), pw + " sha256", path);
-      if (!is_sha256_hex(p.sha256)) manifest_error(path, fmt::format("{}: sha256 is not 64 lowercase hex digits", pw));
-      const std::uint64_t bytes = p.bytes(t.dtype);
-      const ManifestFile& f = m.files[p.file];
-      if (p.offset > f.bytes || bytes > f.bytes - p.offset)
-        manifest_error(path, fmt::format("{}: bytes [{}, +{}) lie outside file '{}' of {} bytes", pw, p.offset, bytes, f.name, f.bytes));
-      if (bytes > 0) used[p.file].emplace_back(p.offset, bytes);
-      for (const ManifestPiece& q : t.pieces) {
-        if (box_volume(q.box) > 0 && box_volume(p.box) > 0 && boxes_overlap(p.box, q.box))
-          manifest_error(path, fmt::format("{}: box {} overlaps box {} of another piece", pw, box_str(p.box), box_str(q.box)));
-      }
-      covered += box_volume(p.box);
-      t.pieces.push_back(std::move(p));
-    }
-    if (covered != numel)
-      manifest_error(path, fmt::format("{}: its pieces cover {} of its {} elements", where, covered, numel));
-    m.tensors.push_back(std::move(t));
-  }
-  for (std::size_t f = 0; f < used.size(); ++f) {
-    std::sort(used[f].begin(), used[f].end());
-    for (std::size_t k = 1; k < used[f].size(); ++k) {
-      if (used[f][k].first < used[f][k - 1].first + used[f][k - 1].second)
-        manifest_error(path, fmt::format("two pieces share bytes at offset {} of file '{}'", used[f][k].first, m.files[f].name));
-    }
-  }
-  return m;
-}
-
-std::string manifest_to_json(const Manifest& m) {
-  nlohmann::json files = nlohmann::json::array();
-  for (const ManifestFile& f : m.files) files.push_back({{"name", f.name}, {"bytes", f.bytes}, {"sha256", f.sha256}});
-  nlohmann::json tensors = nlohmann::json::array();
-  for (const ManifestTensor& t : m.tensors) {
-    nlohmann::json pieces = nlohmann::json::array();
-    for (const ManifestPiece& p : t.pieces) {
-      nlohmann::json box = nlohmann::json::array();
-      for (const ShardRange& r : p.box) box.push_back({r.offset, r.size});
-      pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"box", box}, {"sha256", p.sha256}});
-    }
-    tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"pieces", pieces}});
-  }
-  const nlohmann::json j{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", m.step},
-                         {"mesh", m.mesh}, {"state", m.state}, {"files", files}, {"tensors", tensors}};
-  return j.dump(1) + "\n";
 }
 
 // ---- Finding ---------------------------------------------------------------------------------------
@@ -420,8 +200,7 @@ std::string resolve_checkpoint(const std::string& path) {
 }
 
 Manifest read_manifest(const std::string& dir) {
-  const std::string path = (fs::path(dir) / kManifestName).string();
-  return parse_manifest(read_small_file(path, kMaxManifestBytes), path);
+  return read_manifest_file((fs::path(dir) / kManifestName).string());
 }
 
 // ---- Writing ---------------------------------------------------------------------------------------
@@ -488,7 +267,8 @@ struct CheckpointSaver::Job {
   std::string tmp_dir, final_dir;
   std::vector<PlannedPiece> plan;
   std::vector<std::size_t> mine;             // indices into plan this rank writes, in file order
-  std::unique_ptr<std::byte[]> buffer;       // the snapshot of this rank's pieces, back to back
+  std::vector<const std::byte*> piece_data; // the bytes of each of `mine`: in the snapshot or a tensor
+  std::vector<Tensor> keep_alive;            // sync saves: the packed views piece_data points into
   std::uint64_t bytes = 0;
   std::vector<StateTensor> meta;             // names, shapes, dtypes (no data) for the manifest
   nlohmann::json state;
@@ -579,15 +359,20 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
   }
   job->plan = plan_pieces(tensors, mesh);
 
-  // The snapshot: this rank's pieces, copied into one buffer (training may change the tensors as
-  // soon as save() returns).
+  // This rank's pieces. Async: copied into the saver's snapshot buffer (training may change the
+  // tensors as soon as save() returns; the buffer is kept for the next save, so only the first one
+  // pays for fresh pages). Sync: written straight from the tensors (packed views), no copy.
   for (std::size_t k = 0; k < job->plan.size(); ++k) {
     if (job->plan[k].writer == mesh.rank()) {
       job->mine.push_back(k);
       job->bytes += job->plan[k].bytes;
     }
   }
-  job->buffer = std::make_unique_for_overwrite<std::byte[]>(std::max<std::uint64_t>(job->bytes, 1));
+  if (async && snapshot_capacity_ < job->bytes) {
+    snapshot_.reset();
+    snapshot_ = std::make_unique_for_overwrite<std::byte[]>(job->bytes);
+    snapshot_capacity_ = job->bytes;
+  }
   for (std::size_t k : job->mine) {
     const PlannedPiece& p = job->plan[k];
     const StateTensor& t = tensors[p.tensor];
@@ -599,7 +384,13 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
           }))
         continue;
       const Tensor packed = local_view(t.local.detach(), lb).contiguous();
-      std::memcpy(job->buffer.get() + p.offset, packed.raw_data(), p.bytes);
+      if (async) {
+        std::memcpy(snapshot_.get() + p.offset, packed.raw_data(), p.bytes);
+        job->piece_data.push_back(snapshot_.get() + p.offset);
+      } else {
+        job->piece_data.push_back(static_cast<const std::byte*>(packed.raw_data()));
+        job->keep_alive.push_back(packed);
+      }
       found = true;
       break;
     }
@@ -635,7 +426,7 @@ void CheckpointSaver::run_job(Job& job) noexcept {
     Sha256 whole;
     for (std::size_t i = 0; i < job.mine.size(); ++i) {
       const PlannedPiece& p = job.plan[job.mine[i]];
-      const std::byte* data = job.buffer.get() + p.offset;
+      const std::byte* data = job.piece_data[i];
       piece_hash[i] = sha256_hex(data, p.bytes);
       whole.update(data, p.bytes);
       write_all(fd.get(), data, p.bytes, file);
@@ -645,7 +436,7 @@ void CheckpointSaver::run_job(Job& job) noexcept {
   } catch (const std::exception& e) {
     my_error = e.what();
   }
-  job.buffer.reset();   // the snapshot's memory goes back before the exchange
+  job.keep_alive.clear();
   job.times.write_s = seconds_since(t0);
 
   // 2. Exchange sizes and hashes: [status, bytes, file hash, piece hashes...] from every rank.
@@ -787,17 +578,28 @@ class CheckpointFiles {
   std::vector<Fd> fds_;
 };
 
+bool same_box(const Box& a, const Box& b) {
+  return a.size() == b.size() &&
+         std::equal(a.begin(), a.end(), b.begin(), [](const ShardRange& x, const ShardRange& y) {
+           return x.offset == y.offset && x.size == y.size;
+         });
+}
+
+// Reads a saved piece's bytes into data and checks them against the manifest's hash.
+void read_piece_into(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p, std::byte* data) {
+  const std::uint64_t bytes = p.bytes(t.dtype);
+  read_exact(files.fd(p.file), data, bytes, p.offset, files.path(p.file));
+  if (sha256_hex(data, bytes) != p.sha256)
+    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
+                                      "corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
+}
+
 // A saved piece read and checked: a tensor of its box's shape.
 Tensor read_piece(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p) {
   Shape shape;
   for (const ShardRange& r : p.box) shape.push_back(r.size);
   Tensor out = Tensor::empty(shape, t.dtype);
-  const std::uint64_t bytes = p.bytes(t.dtype);
-  auto* data = static_cast<std::byte*>(out.raw_data());
-  read_exact(files.fd(p.file), data, bytes, p.offset, files.path(p.file));
-  if (sha256_hex(data, bytes) != p.sha256)
-    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
-                                      "corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
+  read_piece_into(files, t, p, static_cast<std::byte*>(out.raw_data()));
   return out;
 }
 
@@ -823,6 +625,11 @@ std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest
       const Tensor dst_box = local_view(local, lb);
       for (const ManifestPiece& p : t->pieces) {
         if (box_volume(p.box) == 0 || !boxes_overlap(p.box, lb.box)) continue;
+        if (lb.split_dim < 0 && same_box(p.box, lb.box)) {
+          // The saved piece is exactly this rank's: read it in place (same mesh, or a replica).
+          read_piece_into(files, *t, p, static_cast<std::byte*>(local.raw_data()));
+          continue;
+        }
         const Tensor src = read_piece(files, *t, p);
         Tensor s = src, d = dst_box;
         for (std::size_t k = 0; k < p.box.size(); ++k) {

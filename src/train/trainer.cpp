@@ -158,9 +158,13 @@ class Progress {
   bool tty_;
 };
 
+std::string signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : fmt::format("signal {}", sig); }
+
+}  // namespace
+
 // The training state a checkpoint holds as tensors: every parameter's piece and its AdamW moments
 // (zeros before the first update: the same as AdamW's lazily created ones), by name.
-std::vector<StateTensor> training_tensors(const std::vector<nn::Parameter*>& params, const AdamW& opt) {
+std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const AdamW& opt) {
   std::vector<StateTensor> out;
   for (const nn::Parameter* p : params) out.push_back({p->name, p->full_shape, p->placements, p->value});
   for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
@@ -207,10 +211,6 @@ int load_training_state(const std::string& dir, const Manifest& manifest, nn::Mo
   model.set_random_state(random_state);
   return static_cast<int>(step);
 }
-
-std::string signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SIGINT ? "SIGINT" : fmt::format("signal {}", sig); }
-
-}  // namespace
 
 namespace {
 // Steps averaged for the start / end loss: a quarter of the run, 1 to 10 steps.
@@ -404,7 +404,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                                    {"next_batch", done}}}};
     for (const auto& [key, value] : options.provenance) state["provenance"][key] = value;
     const Clock::time_point t0 = Clock::now();
-    const SaveTimes times = saver->save(done, training_tensors(params, opt), state, !sync && !options.checkpoint_sync);
+    const SaveTimes times = saver->save(done, training_state_tensors(params, opt), state, !sync && !options.checkpoint_sync);
     result.checkpoint_stall_s += seconds_since(t0);
     ++result.checkpoints;
     return times;
@@ -502,9 +502,8 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                result.first_step + static_cast<int>(result.losses.size()), result.losses.back(), result.seconds,
                result.tokens_per_s, result.gflops);
     if (result.checkpoints > 0) {
-      fmt::print(stderr, "checkpoints: {} written ({}), training stalled {:.3f} s for them in all; newest: {}\n",
-                 result.checkpoints, options.checkpoint_sync ? "synchronous" : "in the background",
-                 result.checkpoint_stall_s, result.last_checkpoint);
+      fmt::print(stderr, "checkpoints: {} written, training stalled {:.3f} s for them in all; newest: {}\n",
+                 result.checkpoints, result.checkpoint_stall_s, result.last_checkpoint);
     }
     if (!result.stopped_by.empty()) {
       fmt::print(stderr, "meshgrad train: stopped by {} after step {} of {}; checkpoint {} (go on with: meshgrad train "

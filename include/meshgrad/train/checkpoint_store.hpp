@@ -44,61 +44,10 @@
 #include "meshgrad/distributed/layout.hpp"
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/distributed/placement.hpp"
-#include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
+#include "meshgrad/train/checkpoint_manifest.hpp"
 
 namespace meshgrad::train {
-
-// What is wrong with a checkpoint (or with writing one); the message names the directory or file, and
-// the tensor or field.
-class CheckpointError : public InvalidArgument {
- public:
-  explicit CheckpointError(const std::string& message) : InvalidArgument(message) {}
-};
-
-inline constexpr const char* kCheckpointFormat = "meshgrad-checkpoint";
-inline constexpr int kCheckpointVersion = 1;
-
-// "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
-std::string checkpoint_dir_name(std::int64_t step);
-
-// ---- Manifest --------------------------------------------------------------------------------------
-
-struct ManifestPiece {
-  std::size_t file = 0;         // index into Manifest::files
-  std::uint64_t offset = 0;     // byte offset in that file
-  std::vector<ShardRange> box;  // per dim of the full tensor
-  std::string sha256;           // of the piece's bytes
-  std::uint64_t bytes(DType dtype) const;
-};
-struct ManifestTensor {
-  std::string name;
-  DType dtype = DType::Float32;
-  Shape shape;
-  std::vector<ManifestPiece> pieces;
-};
-struct ManifestFile {
-  std::string name;     // a plain file name inside the checkpoint directory
-  std::uint64_t bytes = 0;
-  std::string sha256;
-};
-struct Manifest {
-  std::int64_t step = 0;
-  std::string mesh;              // the mesh it was written on, as --mesh spells it ("dp=2,tp=2")
-  nlohmann::json state;          // the trainer's state object (opaque here)
-  std::vector<ManifestFile> files;
-  std::vector<ManifestTensor> tensors;
-  // The tensor of that name, or nullptr.
-  const ManifestTensor* find(const std::string& name) const;
-};
-
-// Parses and validates a manifest (`path` names it in errors). Refuses, naming the field: bad JSON
-// (nesting is bounded), a wrong format or version, a file name that is not a plain name, a tensor
-// named twice, an unknown dtype, a negative or overflowing shape, a box outside the shape or with the
-// wrong number of dims, a piece outside its file, a file index out of range, a hash that is not 64
-// hex digits, and pieces that do not tile their tensor exactly (a gap or an overlap).
-Manifest parse_manifest(std::string_view text, const std::string& path);
-std::string manifest_to_json(const Manifest& manifest);
 
 // ---- Finding checkpoints ---------------------------------------------------------------------------
 
@@ -168,6 +117,8 @@ class CheckpointSaver {
   comm::CommunicatorPtr comm_;   // the saves' own communicator (a split of the mesh's world)
   int lock_fd_ = -1;
   std::unique_ptr<Job> job_;
+  std::unique_ptr<std::byte[]> snapshot_;   // async saves copy this rank's pieces here
+  std::uint64_t snapshot_capacity_ = 0;
   std::thread worker_;
   std::string last_committed_;
 };

@@ -17,6 +17,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/gpt2_config.hpp"   // read_gpt2_config (used with compute_gradients)
 
 namespace meshgrad::train {
@@ -153,6 +154,15 @@ struct StepOutcome {
 // reduction per step and the activations of one micro-batch at a time.
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                        GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
+
+// The training state a checkpoint holds as tensors: every parameter's piece, then its AdamW moments
+// ("optimizer.exp_avg.NAME", "optimizer.exp_avg_sq.NAME"; zeros before the first update, which is
+// what AdamW's lazily created moments start from).
+std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const AdamW& optimizer);
+// Loads parameters, AdamW state and the model's random stream from checkpoint dir (written on any
+// mesh: each rank reads the pieces of its own layout). Everything is read and checked before anything
+// changes. Returns the number of steps the checkpoint was taken after. Not collective.
+int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& optimizer);
 
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy

@@ -1,0 +1,199 @@
+// meshgrad bench checkpoint: save and load throughput of sharded checkpoints at several tp degrees for
+// a GPT of about 100M parameters (GPT-2 small's shape by default), next to the disk's own sequential
+// write and read speed measured in the same run, and the training stall of an asynchronous save
+// against a synchronous one. Prints one table.
+//
+// What each figure is (bytes = parameters + both AdamW moments, float32):
+//   disk write   one stream writing the same number of bytes, then fsync
+//   disk read    one stream reading them back after the page cache dropped them (posix_fadvise)
+//   save         a synchronous save: snapshot, every rank writing and hashing its file, fsync,
+//                manifest, rename (wall time of the slowest rank)
+//   stall        how long an asynchronous save held training up (the in-memory snapshot)
+//   load         every rank reading and checking its pieces after the cache dropped the files
+#include <fcntl.h>
+#include <fmt/core.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <chrono>
+#include <filesystem>
+#include <memory>
+#include <mutex>
+#include <vector>
+
+#include "command.hpp"
+#include "launch.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/train/trainer.hpp"
+#include "options.hpp"
+
+namespace meshgrad::tools {
+namespace {
+
+namespace fs = std::filesystem;
+using Clock = std::chrono::steady_clock;
+double since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+struct BenchCheckpointOptions {
+  std::string dir = "meshgrad-bench-checkpoint";
+  std::vector<int> tps{1, 2, 4};
+  int layers = 12, hidden = 768, heads = 12, vocab = 50257, positions = 1024;
+};
+
+// Drops a file's pages from the page cache (they are clean after fsync), so the next read hits the disk.
+void drop_cache(const std::string& path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  if (fd < 0) return;
+  (void)::fdatasync(fd);
+  (void)::posix_fadvise(fd, 0, 0, POSIX_FADV_DONTNEED);
+  ::close(fd);
+}
+
+// Sequential write (with fsync) and read of `bytes` through one stream: the disk's own speed.
+std::pair<double, double> disk_speed(const std::string& dir, std::uint64_t bytes) {
+  const std::string path = (fs::path(dir) / "disk_probe.bin").string();
+  std::vector<char> chunk(8 << 20);
+  for (std::size_t i = 0; i < chunk.size(); ++i) chunk[i] = static_cast<char>((i * 2654435761u) >> 13);
+  const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
+  MG_CHECK(fd >= 0, "bench checkpoint: cannot create '{}'", path);
+  const Clock::time_point t0 = Clock::now();
+  for (std::uint64_t done = 0; done < bytes;) {
+    const std::size_t n = static_cast<std::size_t>(std::min<std::uint64_t>(chunk.size(), bytes - done));
+    MG_CHECK(::write(fd, chunk.data(), n) == static_cast<ssize_t>(n), "bench checkpoint: writing '{}' failed", path);
+    done += n;
+  }
+  MG_CHECK(::fsync(fd) == 0, "bench checkpoint: fsync of '{}' failed", path);
+  const double write_s = since(t0);
+  ::close(fd);
+  drop_cache(path);
+  const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  const Clock::time_point t1 = Clock::now();
+  while (::read(rfd, chunk.data(), chunk.size()) > 0) {
+  }
+  const double read_s = since(t1);
+  ::close(rfd);
+  fs::remove(path);
+  return {static_cast<double>(bytes) / write_s, static_cast<double>(bytes) / read_s};
+}
+
+struct TpFigures {
+  double save_s = 0, stall_s = 0, async_total_s = 0, load_s = 0;
+  std::uint64_t bytes = 0;
+};
+
+TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& root) {
+  nn::ModelConfig cfg;
+  cfg.kind = "gpt";
+  cfg.layers = o.layers;
+  cfg.hidden = o.hidden;
+  cfg.heads = o.heads;
+  cfg.vocab = o.vocab;
+  cfg.positions = o.positions;
+  cfg.seq = 64;
+  TpFigures f;
+  std::mutex mu;
+  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", tp}});
+    auto model = nn::make_model(cfg, {}, mesh, 1);
+    const std::vector<nn::Parameter*> params = model->parameters();
+    train::AdamW opt(params, mesh);
+    std::vector<Tensor> m, v;
+    for (const nn::Parameter* p : params) {
+      m.push_back(p->value.detach().clone());
+      v.push_back(p->value.detach().clone());
+    }
+    opt.load_state(1, m, v);
+    const std::vector<train::StateTensor> state = train::training_state_tensors(params, opt);
+    train::CheckpointSaver saver(root, mesh, 0);
+    const nlohmann::json info{{"bench", true}};
+
+    world->barrier();
+    Clock::time_point t0 = Clock::now();
+    saver.save(1, state, info, /*async=*/false);
+    world->barrier();
+    const double save_s = since(t0);
+
+    world->barrier();
+    t0 = Clock::now();
+    const train::SaveTimes times = saver.save(2, state, info, /*async=*/true);
+    const double stall_s = since(t0);
+    saver.wait();
+    world->barrier();
+    const double async_total_s = since(t0);
+
+    const std::string ck = (fs::path(root) / train::checkpoint_dir_name(2)).string();
+    if (world->rank() == 0) {
+      for (const auto& e : fs::directory_iterator(ck)) drop_cache(e.path().string());
+    }
+    world->barrier();
+    t0 = Clock::now();
+    const train::Manifest manifest = train::read_manifest(ck);
+    std::vector<train::PieceRequest> requests;
+    for (const train::StateTensor& t : state) {
+      requests.push_back({t.name, t.full_shape, dist::piece_layout(t.full_shape, *mesh, t.placements, mesh->coordinates()),
+                          t.local.dtype()});
+    }
+    const std::vector<Tensor> loaded = train::read_pieces(ck, manifest, requests);
+    world->barrier();
+    const double load_s = since(t0);
+
+    const std::lock_guard<std::mutex> lock(mu);
+    f.save_s = std::max(f.save_s, save_s);
+    f.stall_s = std::max(f.stall_s, stall_s);
+    f.async_total_s = std::max(f.async_total_s, async_total_s);
+    f.load_s = std::max(f.load_s, load_s);
+    f.bytes += times.bytes_written;
+  });
+  return f;
+}
+
+int run(const BenchCheckpointOptions& o) {
+  MG_CHECK(!fs::exists(o.dir), "bench checkpoint: --dir '{}' exists; give a new directory (it is removed afterwards)", o.dir);
+  fs::create_directories(o.dir);
+  struct Cleanup {
+    std::string dir;
+    ~Cleanup() {
+      std::error_code ec;
+      fs::remove_all(dir, ec);
+    }
+  } cleanup{o.dir};
+  std::vector<std::pair<int, TpFigures>> rows;
+  for (int tp : o.tps) rows.emplace_back(tp, measure(o, tp, (fs::path(o.dir) / fmt::format("tp{}", tp)).string()));
+  const std::uint64_t bytes = rows.front().second.bytes;
+  const auto [disk_write, disk_read] = disk_speed(o.dir, bytes);
+  const double gb = 1e9;
+  fmt::print("checkpoint of a GPT layers={} hidden={} heads={} vocab={} ({:.1f} M parameters; {:.2f} GB with AdamW "
+             "moments, float32)\n", o.layers, o.hidden, o.heads, o.vocab, static_cast<double>(bytes) / 12 / 1e6,
+             static_cast<double>(bytes) / gb);
+  fmt::print("disk, one stream: write+fsync {:.2f} GB/s, read {:.2f} GB/s\n\n", disk_write / gb, disk_read / gb);
+  fmt::print("{:>3} | {:>8} | {:>9} | {:>10} | {:>8} | {:>9} | {:>8} | {:>9} | {:>9}\n", "tp", "save s", "save GB/s",
+             "% of disk", "stall s", "stall/save", "load s", "load GB/s", "% of disk");
+  for (const auto& [tp, f] : rows) {
+    const double save_bw = static_cast<double>(bytes) / f.save_s, load_bw = static_cast<double>(bytes) / f.load_s;
+    fmt::print("{:>3} | {:>8.2f} | {:>9.2f} | {:>9.0f}% | {:>8.3f} | {:>9.1f}% | {:>8.2f} | {:>9.2f} | {:>8.0f}%\n", tp,
+               f.save_s, save_bw / gb, 100 * save_bw / disk_write, f.stall_s, 100 * f.stall_s / f.save_s, f.load_s,
+               load_bw / gb, 100 * load_bw / disk_read);
+  }
+  return 0;
+}
+
+std::function<int()> setup(CLI::App& app) {
+  auto o = std::make_shared<BenchCheckpointOptions>();
+  app.add_option("--dir", o->dir, "Scratch directory (must not exist; removed afterwards)")->capture_default_str();
+  app.add_option("--tp", o->tps, "Tensor-parallel degrees")->capture_default_str();
+  app.add_option("--layers", o->layers, "Model layers")->check(at_least(1))->capture_default_str();
+  app.add_option("--hidden", o->hidden, "Model width")->check(at_least(1))->capture_default_str();
+  app.add_option("--heads", o->heads, "Attention heads")->check(at_least(1))->capture_default_str();
+  app.add_option("--vocab", o->vocab, "Vocabulary")->check(at_least(1))->capture_default_str();
+  return [o] { return run(*o); };
+}
+
+}  // namespace
+
+MESHGRAD_REGISTER_COMMAND(bench_checkpoint, {"bench", "checkpoint",
+                                             "save/load throughput of sharded checkpoints against the disk, and the "
+                                             "stall of an async save", setup});
+
+}  // namespace meshgrad::tools
