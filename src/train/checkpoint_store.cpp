@@ -609,8 +609,15 @@ bool same_box(const Box& a, const Box& b) {
 // Reads a saved piece's bytes into data and checks them against the manifest's hash.
 void read_piece_into(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p, std::byte* data) {
   const std::uint64_t bytes = p.bytes(t.dtype);
-  read_exact(files.fd(p.file), data, bytes, p.offset, files.path(p.file));
-  if (sha256_hex(data, bytes) != p.sha256)
+  // In 8 MiB chunks, each hashed right after it is read, while it is still in the cache.
+  Sha256 digest;
+  for (std::uint64_t at = 0; at < bytes;) {
+    const std::uint64_t n = std::min<std::uint64_t>(bytes - at, 8u << 20);
+    read_exact(files.fd(p.file), data + at, n, p.offset + at, files.path(p.file));
+    digest.update(data + at, n);
+    at += n;
+  }
+  if (digest.hex() != p.sha256)
     throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
                                       "corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
 }

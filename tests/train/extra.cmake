@@ -11,3 +11,11 @@ add_test(NAME train_checkpoint_cli
          COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/train/checkpoint_cli.py $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_checkpoint_cli)
 set_tests_properties(train_checkpoint_cli PROPERTIES LABELS train TIMEOUT 300)
+if(MESHGRAD_WITH_MPI)
+  # The same under mpirun: bitwise MPI resume, an MPI checkpoint resharded onto rank threads, SIGTERM.
+  add_test(NAME train_checkpoint_cli_mpi
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/train/checkpoint_cli.py $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_checkpoint_cli_mpi --mpi
+                   "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
+  set_tests_properties(train_checkpoint_cli_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
+endif()
