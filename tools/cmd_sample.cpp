@@ -29,6 +29,7 @@ int run(SampleArgs& a) {
     std::fflush(stdout);   // streaming: each token as it is produced
   };
   const train::SampleResult r = train::run_sample_job(a.job, mesh_runner(a.backend, a.mesh));
+  if (!r.leader) return 0;   // another process (mpi) printed
   if (!r.text.empty() && r.text.back() != '\n') std::fputc('\n', stdout);
   std::fflush(stdout);
   if (r.context_full) {

@@ -53,11 +53,18 @@ HeadMat<T> head(const Tensor& t, std::int64_t pair, std::int64_t heads) {
   return {base + (pair / heads) * s[0] + (pair % heads) * s[1], s[2]};
 }
 
+// Below this many multiply-adds per call (scores and weighted values, all pairs) the attention runs
+// on the caller's thread: starting a thread costs tens of microseconds, more than a decode step's
+// attention over a few hundred cached keys.
+constexpr std::int64_t kParallelWork = std::int64_t{1} << 17;
+
 // Runs work(pair) for pair in [0, pairs), split in contiguous ranges over up to
-// blas::num_threads() threads. An exception in any worker is rethrown on the caller's thread.
+// blas::num_threads() threads (one when total_work < kParallelWork). An exception in any worker is
+// rethrown on the caller's thread.
 template <class Work>
-void for_each_pair(std::int64_t pairs, Work&& work) {
-  const std::int64_t workers = std::min<std::int64_t>(std::max(1, blas::num_threads()), pairs);
+void for_each_pair(std::int64_t pairs, std::int64_t total_work, Work&& work) {
+  const std::int64_t available = total_work < kParallelWork ? 1 : std::max(1, blas::num_threads());
+  const std::int64_t workers = std::min<std::int64_t>(available, pairs);
   if (workers <= 1) {
     for (std::int64_t p = 0; p < pairs; ++p) work(p);
     return;
@@ -242,7 +249,7 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
   std::vector<std::int64_t> scores(static_cast<std::size_t>(pairs), 0);
   dispatch_floating(q.dtype(), op, [&]<class T>() {
     T* lse = r.lse.data<T>();
-    for_each_pair(pairs, [&](std::int64_t pair) {
+    for_each_pair(pairs, pairs * queries * keys * dim, [&](std::int64_t pair) {
       scores[static_cast<std::size_t>(pair)] =
           forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
                           head<T>(r.out, pair, heads), lse + pair * queries, queries, keys, dim, static_cast<T>(scale));
@@ -275,7 +282,8 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
     auto grad_head = [&](const Tensor& t, std::int64_t pair) {
       return t.defined() ? head<T>(t, pair, heads) : HeadMat<T>{nullptr, 0};
     };
-    for_each_pair(pairs, [&](std::int64_t pair) {
+    // Backward is training-sized: always split.
+    for_each_pair(pairs, std::numeric_limits<std::int64_t>::max(), [&](std::int64_t pair) {
       const BackwardHead<T> h{head<const T>(q, pair, heads),   head<const T>(k, pair, heads),
                               head<const T>(v, pair, heads),   head<const T>(out, pair, heads),
                               head<const T>(dout, pair, heads), lse + pair * steps,

@@ -351,6 +351,7 @@ SampleResult run_sample_job(const SampleJob& job, const RunOnMesh& run_on_mesh) 
       result.new_tokens = g.tokens;
       result.context_full = g.context_full;
       result.mesh = mesh->str();
+      result.leader = result.leader || mesh->rank() == 0;
       have = true;
     }
   });

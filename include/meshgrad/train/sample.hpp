@@ -151,6 +151,8 @@ struct SampleResult {
   std::int64_t n_positions = 0;
   std::string tokenizer;                     // SampleTokenizer::description()
   std::string mesh;                          // DeviceMesh::str()
+  bool leader = false;   // this process hosted mesh rank 0 (the one that called on_text): under mpi
+                         // only one process prints; the others have the same result otherwise
 };
 
 // The option checks every front-end gets, with the CLI's option names: prompt empty, tokens < 1,
