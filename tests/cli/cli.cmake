@@ -107,3 +107,6 @@ if(MESHGRAD_WITH_MPI)
                                        ${CMAKE_CURRENT_BINARY_DIR}/cli_sample_mpi ${mpirun})
   set_tests_properties(cli_sample_mpi PROPERTIES LABELS "cli;mpi" TIMEOUT 150)
 endif()
+# The cost per new token: exactly layers x heads x T attention scores with the cache (1 x 2 x 9 and 10).
+meshgrad_cli_test(bench_sample_counts_the_scores 0 " 8 +[0-9.]+ +[0-9.]+ +[0-9.]+x +19 "
+                  ${mg} bench sample --contexts 8 --tokens 2 --repeats 1 --layers 1 --hidden 16 --heads 2)
