@@ -5,6 +5,7 @@
 //   steps = meshgrad.train(mesh="tp=2", steps=5)           # [{"step": 1, "loss": 5.5, ...}, ...]
 //   g = meshgrad.grads(mesh="tp=2", seed=3)                # {"wte.weight": ndarray, ...}
 //   rows = meshgrad.explain(model="gpt", mesh="tp=4")      # [{"layer": ..., "op": ..., ...}, ...]
+//   text = meshgrad.sample(checkpoint="w.safetensors", prompt="The ", tokens=50)   # prompt + continuation
 //
 // Every function takes keyword arguments only, named as the CLI's options with '_' for '-'; an
 // unknown keyword or a value of the wrong type is a TypeError naming it. The jobs are the library's
@@ -19,6 +20,7 @@
 
 #include <cstring>
 #include <memory>
+#include <optional>
 #include <set>
 #include <string>
 #include <vector>
@@ -29,6 +31,7 @@
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/train/explain.hpp"
 #include "meshgrad/train/jobs.hpp"
+#include "meshgrad/train/sample.hpp"
 #include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
 
 namespace py = pybind11;
@@ -286,6 +289,37 @@ py::list explain_job(const py::kwargs& kwargs) {
   return out;
 }
 
+py::str sample_job(const py::kwargs& kwargs) {
+  train::SampleJob job;
+  std::string mesh = "tp=2", backend = "threads";
+  std::optional<std::string> tokenizer;
+  Keywords k("sample", kwargs);
+  for (const char* required : {"checkpoint", "prompt", "tokens"}) {
+    if (!kwargs.contains(required)) {
+      throw py::type_error(fmt::format("sample() missing required keyword argument '{}'", required));
+    }
+  }
+  k.get("checkpoint", job.checkpoint);
+  k.get("prompt", job.prompt);
+  k.get("tokens", job.tokens);
+  k.get("temperature", job.sampling.temperature);
+  k.get("top_k", job.sampling.top_k);
+  k.get("seed", job.sampling.seed);
+  k.get("tokenizer", tokenizer);
+  k.get("mesh", mesh);
+  k.get("backend", backend);
+  k.finish();
+  if (tokenizer) job.tokenizer = *tokenizer;
+
+  keep_mpi_initialised(backend);
+  train::SampleResult r;
+  {
+    py::gil_scoped_release release;
+    r = train::run_sample_job(job, tools::mesh_runner(backend, mesh));
+  }
+  return py::str(r.text);   // valid UTF-8 by construction (invalid bytes became U+FFFD)
+}
+
 }  // namespace
 }  // namespace meshgrad::python
 
@@ -337,4 +371,10 @@ PYBIND11_MODULE(meshgrad, m) {
         "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, link='nvlink4' | "
         "alpha_us=..., beta_gbs=...) -> list of row dicts (layer, phase, op, axis, bytes, predicted_us, ranks, "
         "algorithm, source), as `meshgrad explain`");
+  m.def("sample", &sample_job,
+        "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
+        "tokenizer=None, backend='threads') -> str: the prompt and its continuation, as `meshgrad sample` prints "
+        "them. checkpoint: a safetensors file from train(save=...) (or with a config.json beside it) or a "
+        "directory with config.json + model.safetensors. temperature=0 is greedy (the same text on every mesh); "
+        "the same seed gives the same text. Generation stops early when the context (n_positions) is full.");
 }

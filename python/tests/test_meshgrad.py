@@ -142,6 +142,60 @@ def test_unsupported_numpy_dtype_is_named():
         meshgrad.Tensor(np.zeros(3, dtype=np.int32))
 
 
+# ---- sample ----------------------------------------------------------------------------------
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    """A small byte-level GPT trained a little and saved (n_positions = seq = 32)."""
+    path = tmp_path_factory.mktemp("sample") / "w.safetensors"
+    meshgrad.train(mesh="tp=2", steps=300, layers=1, hidden=32, heads=4, seq=32, batch=8, save=str(path))
+    return str(path)
+
+
+def test_sample_greedy_text_is_the_same_on_every_mesh(trained):
+    texts = {mesh: meshgrad.sample(checkpoint=trained, prompt="The ", tokens=20, temperature=0, mesh=mesh)
+             for mesh in ("tp=1", "tp=2", "dp=2,tp=2", "tp=2x2")}
+    first = texts["tp=1"]
+    assert first.startswith("The ") and len(first) == 24
+    assert len(set(first[4:])) > 3, first   # not one repeated byte
+    assert all(t == first for t in texts.values()), texts
+
+
+def test_sample_seeds_and_top_k(trained):
+    def run(**kw):
+        return meshgrad.sample(checkpoint=trained, prompt="The ", tokens=24, **kw)
+    assert run(seed=5) == run(seed=5, mesh="tp=1")
+    assert run(seed=5) != run(seed=6)
+    assert run(top_k=1, temperature=2.0, seed=9) == run(temperature=0)
+
+
+def test_sample_returns_valid_text_for_any_bytes(trained):
+    # A byte-level model may emit bytes that are not UTF-8; the result is still a str (U+FFFD for them).
+    text = meshgrad.sample(checkpoint=trained, prompt="caf\u00e9 ", tokens=30, temperature=3.0, seed=1)
+    assert isinstance(text, str) and text.startswith("caf\u00e9 ")
+
+
+def test_sample_errors_name_the_option(trained, tmp_path):
+    with pytest.raises(TypeError, match="missing required keyword argument 'tokens'"):
+        meshgrad.sample(checkpoint=trained, prompt="a")
+    with pytest.raises(TypeError, match="unexpected keyword argument 'top_p'"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, top_p=0.9)
+    with pytest.raises(meshgrad.InvalidArgument, match="--prompt is empty"):
+        meshgrad.sample(checkpoint=trained, prompt="", tokens=2)
+    with pytest.raises(ValueError, match="--temperature must be >= 0"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, temperature=-1.0)
+    with pytest.raises(meshgrad.InvalidArgument, match="--top-k must be >= 0"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, top_k=-1)
+    with pytest.raises(meshgrad.InvalidArgument, match="longer than the model's context n_positions = 32"):
+        meshgrad.sample(checkpoint=trained, prompt="x" * 33, tokens=2)
+    notes = tmp_path / "notes.txt"
+    notes.write_text("hello")
+    with pytest.raises(meshgrad.InvalidArgument, match="is not a safetensors file or model directory"):
+        meshgrad.sample(checkpoint=str(notes), prompt="a", tokens=2)
+    with pytest.raises(meshgrad.InvalidArgument, match="is not a directory"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, tokenizer=str(notes))
+
+
 # ---- the GIL -----------------------------------------------------------------------------------
 
 def test_the_gil_is_released_while_ranks_run():

@@ -3,10 +3,12 @@
 #include <cmath>
 
 #include "meshgrad/autograd/checkpoint.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
+#include "meshgrad/tensor/kernels.hpp"
 
 namespace meshgrad::nn {
 
@@ -67,20 +69,33 @@ class Attention {
 
   // x: [T(_local), B, C] -> same.
   Tensor forward(const Tensor& x, std::int64_t seq) const {
-    const Tensor qkv = ctx_->two_d ? grid_attn_->forward(x) : c_attn_->forward(x, seq);   // [T, B, 3 * H_local * D]
-    const std::int64_t b = qkv.size(1);
-    const std::int64_t local = qkv.size(2) / 3;
-    const std::int64_t heads = local / head_dim_;
-    auto heads_first = [&](const Tensor& t) {          // [T, B, H_l * D] -> [B, H_l, T, D]
-      return contiguous(permute(reshape(t, {seq, b, heads, head_dim_}), {1, 2, 0, 3}));
-    };
-    const TensorList parts = split(qkv, 2, {local, local, local});
-    const Tensor y = causal_attention(heads_first(parts[0]), heads_first(parts[1]), heads_first(parts[2]));
-    const Tensor merged = reshape(contiguous(permute(y, {2, 0, 1, 3})), {seq, b, local});
-    if (!ctx_->two_d) return c_proj_->forward(merged);
-    // [T, B, C over tp_row] -> the whole [T, B, C] on every rank.
-    return dist::gather_from_region(grid_proj_->forward(merged), ctx_->row(), -1, hidden_);
+    const Heads h = project_heads(x, seq);
+    return project_output(causal_attention(h.q, h.k, h.v), seq);
   }
+
+  // Inference with a key/value cache (Model::decode; no graph, no sequence parallelism).
+  // x: [T_new, B, C], the positions start .. start + T_new - 1. This rank's heads' keys and values
+  // are written into the cache buffers keys, values [B, H_local, capacity, D] at those positions;
+  // the queries attend to positions 0 .. their own. scores += the q . k products computed.
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
+                        std::int64_t& scores) const {
+    const std::int64_t t_new = x.size(0);
+    const Heads h = project_heads(x, t_new);
+    Tensor k_new = keys.narrow(2, start, t_new), v_new = values.narrow(2, start, t_new);
+    k_new.copy_from(h.k);
+    v_new.copy_from(h.v);
+    const kernels::AttentionForward y =
+        kernels::causal_attention_forward(h.q, keys.narrow(2, 0, start + t_new), values.narrow(2, 0, start + t_new),
+                                          1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    scores += y.scores;
+    return project_output(y.out, t_new);
+  }
+  // Heads this rank computes (c_attn's output columns are split in whole heads per q, k, v block).
+  std::int64_t local_heads() const {
+    const Parameter& bias = ctx_->two_d ? grid_attn_->bias : c_attn_->bias;
+    return bias.value.size(0) / 3 / head_dim_;
+  }
+  std::int64_t head_dim() const { return head_dim_; }
   void collect(std::vector<Parameter*>& out) {
     if (ctx_->two_d) {
       for (Parameter* p : {&grid_attn_->weight, &grid_attn_->bias, &grid_proj_->weight, &grid_proj_->bias}) out.push_back(p);
@@ -90,6 +105,30 @@ class Attention {
   }
 
  private:
+  struct Heads {
+    Tensor q, k, v;   // [B, H_local, T, D], contiguous
+  };
+  // c_attn and the split into this rank's heads: x [T(_local), B, C] -> q, k, v.
+  Heads project_heads(const Tensor& x, std::int64_t seq) const {
+    const Tensor qkv = ctx_->two_d ? grid_attn_->forward(x) : c_attn_->forward(x, seq);   // [T, B, 3 * H_local * D]
+    const std::int64_t b = qkv.size(1);
+    const std::int64_t local = qkv.size(2) / 3;
+    const std::int64_t heads = local / head_dim_;
+    auto heads_first = [&](const Tensor& t) {          // [T, B, H_l * D] -> [B, H_l, T, D]
+      return contiguous(permute(reshape(t, {seq, b, heads, head_dim_}), {1, 2, 0, 3}));
+    };
+    const TensorList parts = split(qkv, 2, {local, local, local});
+    return {heads_first(parts[0]), heads_first(parts[1]), heads_first(parts[2])};
+  }
+  // The heads' outputs merged and c_proj: y [B, H_local, T, D] -> [T(_local), B, C].
+  Tensor project_output(const Tensor& y, std::int64_t seq) const {
+    const std::int64_t b = y.size(0), local = y.size(1) * head_dim_;
+    const Tensor merged = reshape(contiguous(permute(y, {2, 0, 1, 3})), {seq, b, local});
+    if (!ctx_->two_d) return c_proj_->forward(merged);
+    // [T, B, C over tp_row] -> the whole [T, B, C] on every rank.
+    return dist::gather_from_region(grid_proj_->forward(merged), ctx_->row(), -1, hidden_);
+  }
+
   std::int64_t head_dim_, hidden_;
   ParallelContextPtr ctx_;
   std::unique_ptr<ColumnParallelLinear> c_attn_;
@@ -153,6 +192,14 @@ class Block {
     const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x), seq)));
     return add(h, dropout(mlp_.forward(ln_2_.forward(h), seq)));
   }
+  // Inference (Model::decode): x [T_new, B, C] at positions start ..; keys, values: this block's cache.
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
+                        std::int64_t& scores) const {
+    dist::CommLabelScope label(prefix_);
+    const Tensor h = add(x, attn_.forward_cached(ln_1_.forward(x), keys, values, start, scores));
+    return add(h, mlp_.forward(ln_2_.forward(h), x.size(0)));
+  }
+  const Attention& attention() const { return attn_; }
   void collect(std::vector<Parameter*>& out) {
     out.push_back(&ln_1_.weight);
     out.push_back(&ln_1_.bias);
@@ -271,6 +318,62 @@ class Gpt final : public Model {
   std::uint64_t random_state() const override { return dropout_->gen.counter(); }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
 
+  KvCache new_cache(std::int64_t batch) override {
+    MG_CHECK(batch >= 1, "gpt: a key/value cache needs at least one sequence, got batch {}", batch);
+    KvCache cache;
+    cache.batch = batch;
+    cache.capacity = cfg_.n_positions();
+    for (const auto& block : blocks_) {
+      const Attention& attn = block->attention();
+      const Shape shape{batch, attn.local_heads(), cache.capacity, attn.head_dim()};
+      cache.keys.push_back(Tensor::empty(shape, cfg_.dtype));     // positions >= length are never read
+      cache.values.push_back(Tensor::empty(shape, cfg_.dtype));
+    }
+    return cache;
+  }
+
+  // The forward of loss() on the new positions only, every block reading the earlier positions'
+  // keys and values from the cache instead of recomputing them.
+  Tensor decode(const Tensor& ids, KvCache& cache, bool all_positions) override {
+    check_dtype(ids, DType::Int64, "gpt decode", "ids");
+    MG_CHECK(cache.keys.size() == blocks_.size() && cache.values.size() == blocks_.size() &&
+                 cache.capacity == cfg_.n_positions() && cache.length >= 0 && cache.length <= cache.capacity,
+             "gpt decode: the cache ({} blocks, capacity {}) was not made by this model's new_cache ({} blocks, "
+             "n_positions {})", cache.keys.size(), cache.capacity, blocks_.size(), cfg_.n_positions());
+    MG_CHECK(ids.dim() == 2 && ids.size(0) == cache.batch && ids.size(1) >= 1,
+             "gpt decode: ids must be int64 [B, T_new] with B = {} (the cache's) and T_new >= 1, got {}", cache.batch,
+             shape_str(ids.shape()));
+    const ParallelContext& ctx = *ctx_;
+    MG_CHECK(!ctx.sequence_parallel(), "gpt decode: the model was built with sequence parallelism, a training "
+             "layout; build it without (ParallelConfig::sequence_parallel = false) to decode");
+    const std::int64_t b = ids.size(0), t_new = ids.size(1), start = cache.length, c = cfg_.hidden;
+    MG_CHECK(start + t_new <= cfg_.n_positions(), "gpt decode: positions {} .. {} do not fit in n_positions = {} "
+             "(the cache holds {})", start, start + t_new - 1, cfg_.n_positions(), start);
+    autograd::NoGradGuard no_grad;
+    const Tensor tids = ids.transpose(0, 1).contiguous();   // [T_new, B]
+    Tensor h;
+    {
+      dist::CommLabelScope label("wte");
+      h = dist::reduce_from_region(wte_.forward_partial(tids), ctx.tp);   // [T_new, B, C]
+    }
+    h = add(h, reshape(narrow(wpe_.value, 0, start, t_new), {t_new, 1, c}));
+    for (std::size_t l = 0; l < blocks_.size(); ++l) {
+      h = blocks_[l]->forward_cached(h, cache.keys[l], cache.values[l], start, cache.attention_scores);
+    }
+    if (!all_positions) h = narrow(h, 0, t_new - 1, 1);   // only the last position's logits are wanted
+    h = ln_f_.forward(h);
+    const std::int64_t rows = h.size(0);
+    const Tensor local = lm_head_->forward_with(h, rows, transpose(wte_.weight.value, 0, 1), Tensor());   // [T', B, V_local]
+    Tensor logits;
+    {
+      dist::CommLabelScope label("lm_head");
+      logits = dist::gather_from_region(local, ctx.tp, -1, cfg_.vocab);   // [T', B, V] on every rank
+    }
+    cache.length = start + t_new;
+    logits = permute(logits, {1, 0, 2}).contiguous();   // [B, T', V]
+    return all_positions ? logits : logits.view({b, cfg_.vocab});
+  }
+
  private:
   ModelConfig cfg_;
   ParallelContextPtr ctx_;
@@ -343,6 +446,14 @@ class MlpModel final : public Model {
 };
 
 }  // namespace
+
+KvCache Model::new_cache(std::int64_t) {
+  throw InvalidArgument(fmt::format("model '{}' has no incremental decoding (new_cache): only gpt has", config().kind));
+}
+
+Tensor Model::decode(const Tensor&, KvCache&, bool) {
+  throw InvalidArgument(fmt::format("model '{}' has no incremental decoding (decode): only gpt has", config().kind));
+}
 
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfig& parallel,
                                   dist::DeviceMeshPtr mesh, std::uint64_t seed) {

@@ -319,6 +319,9 @@ class CausalAttentionFn final : public Function {
   TensorList forward(const TensorList& in) override {
     const Tensor &q = in[0], &k = in[1], &v = in[2];
     MG_CHECK(q.dim() == 4 && q.size(3) > 0, "causal_attention: q must be [B, H, T, D] with D > 0, got {}", q.str());
+    // One length for all three: the op's backward has no key/value cache (the kernel's forward does).
+    MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
+             "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", q.str(), k.str(), v.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_);
     const bool any_grad = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(2);

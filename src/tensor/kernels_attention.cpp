@@ -53,11 +53,18 @@ HeadMat<T> head(const Tensor& t, std::int64_t pair, std::int64_t heads) {
   return {base + (pair / heads) * s[0] + (pair % heads) * s[1], s[2]};
 }
 
+// Below this many multiply-adds per call (scores and weighted values, all pairs) the attention runs
+// on the caller's thread: starting a thread costs tens of microseconds, more than a decode step's
+// attention over a few hundred cached keys.
+constexpr std::int64_t kParallelWork = std::int64_t{1} << 17;
+
 // Runs work(pair) for pair in [0, pairs), split in contiguous ranges over up to
-// blas::num_threads() threads. An exception in any worker is rethrown on the caller's thread.
+// blas::num_threads() threads (one when total_work < kParallelWork). An exception in any worker is
+// rethrown on the caller's thread.
 template <class Work>
-void for_each_pair(std::int64_t pairs, Work&& work) {
-  const std::int64_t workers = std::min<std::int64_t>(std::max(1, blas::num_threads()), pairs);
+void for_each_pair(std::int64_t pairs, std::int64_t total_work, Work&& work) {
+  const std::int64_t available = total_work < kParallelWork ? 1 : std::max(1, blas::num_threads());
+  const std::int64_t workers = std::min<std::int64_t>(available, pairs);
   if (workers <= 1) {
     for (std::int64_t p = 0; p < pairs; ++p) work(p);
     return;
@@ -98,29 +105,44 @@ void tile_scores(T* s, const HeadMat<const T>& q, const HeadMat<const T>& k, std
   blas::gemm(false, true, rows, cols, dim, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s, kBlock);
 }
 
-// Number of keys of tile column range [j0, j0 + cols) that query t may see (s <= t); >= 1
-// because tiles are square and j0 <= the tile's first query.
+// Number of keys of tile column range [j0, j0 + cols) that query position t may see (s <= t).
+// >= 1 in training (square tiles, j0 <= the tile's first query); <= 0 when decoding with a cache
+// puts a key tile entirely after a query.
 inline std::int64_t visible(std::int64_t t, std::int64_t j0, std::int64_t cols) {
   return std::min(cols, t - j0 + 1);
 }
 
+// queries rows of q are the last positions of a sequence of `keys` positions (queries <= keys):
+// query row r is position keys - queries + r and sees keys 0 .. that position. Training has
+// queries == keys; incremental decoding passes the new positions' queries and every cached key.
+// Returns the number of scores computed (tile entries, including masked ones inside a tile).
 template <class T>
-void forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const HeadMat<const T>& v,
-                  const HeadMat<T>& out, T* lse, std::int64_t steps, std::int64_t dim, T scale) {
+std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const HeadMat<const T>& v,
+                          const HeadMat<T>& out, T* lse, std::int64_t queries, std::int64_t keys, std::int64_t dim,
+                          T scale) {
   std::vector<T> s(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> acc(static_cast<std::size_t>(kBlock * dim));
   std::vector<T> m(static_cast<std::size_t>(kBlock)), l(static_cast<std::size_t>(kBlock));
-  for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
-    const std::int64_t rows = std::min(kBlock, steps - i0);
+  const std::int64_t first = keys - queries;   // position of query row 0
+  std::int64_t scores = 0;
+  for (std::int64_t i0 = 0; i0 < queries; i0 += kBlock) {
+    const std::int64_t rows = std::min(kBlock, queries - i0);
+    const std::int64_t seen = first + i0 + rows;   // keys the block's last query sees
     std::fill(acc.begin(), acc.end(), T(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
     std::fill(l.begin(), l.end(), T(0));
-    for (std::int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
-      const std::int64_t cols = std::min(kBlock, steps - j0);
+    for (std::int64_t j0 = 0; j0 < seen; j0 += kBlock) {
+      // With first == 0 (training) these are the square tiles on and below the diagonal.
+      const std::int64_t cols = std::min(kBlock, seen - j0);
       tile_scores(s.data(), q, k, i0, j0, rows, cols, dim, scale);
+      scores += rows * cols;
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = s.data() + r * kBlock;
-        const std::int64_t vis = visible(i0 + r, j0, cols);
+        const std::int64_t vis = visible(first + i0 + r, j0, cols);
+        if (vis <= 0) {   // a key tile entirely after this query (only when first > 0)
+          std::fill(row, row + cols, T(0));
+          continue;
+        }
         const T m_new = std::max(m[r], detail::row_max(row, vis));
         for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - m_new);
         const T total = static_cast<T>(detail::row_sum<T>(vis, [&](std::int64_t c) { return row[c]; }));
@@ -145,6 +167,7 @@ void forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const He
       lse[i0 + r] = m[r] + std::log(l[r]);
     }
   }
+  return scores;
 }
 
 template <class T>
@@ -210,18 +233,29 @@ void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t di
 }  // namespace
 
 AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale) {
-  check_qkv(q_in, k_in, v_in, "causal_attention");
+  const char* op = "causal_attention";
+  check_floating(q_in, op);
+  check_same_dtype(q_in, k_in, op);
+  check_same_dtype(q_in, v_in, op);
+  MG_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.shape() == k_in.shape() && q_in.size(0) == k_in.size(0) &&
+               q_in.size(1) == k_in.size(1) && q_in.size(3) == k_in.size(3) && q_in.size(2) <= k_in.size(2),
+           "{}: q must be [B, H, T_q, D] and k, v one shape [B, H, T_k, D] with T_q <= T_k, got q {} k {} v {}", op,
+           shape_str(q_in.shape()), shape_str(k_in.shape()), shape_str(v_in.shape()));
+  MG_CHECK(q_in.size(3) > 0, "{}: head dim D must be positive, got q {}", op, shape_str(q_in.shape()));
   const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
-  const std::int64_t heads = q.size(1), steps = q.size(2), dim = q.size(3);
+  const std::int64_t heads = q.size(1), queries = q.size(2), keys = k.size(2), dim = q.size(3);
   const std::int64_t pairs = q.size(0) * heads;
-  AttentionForward r{Tensor::empty(q.shape(), q.dtype()), Tensor::empty({q.size(0), heads, steps}, q.dtype())};
-  dispatch_floating(q.dtype(), "causal_attention", [&]<class T>() {
+  AttentionForward r{Tensor::empty(q.shape(), q.dtype()), Tensor::empty({q.size(0), heads, queries}, q.dtype())};
+  std::vector<std::int64_t> scores(static_cast<std::size_t>(pairs), 0);
+  dispatch_floating(q.dtype(), op, [&]<class T>() {
     T* lse = r.lse.data<T>();
-    for_each_pair(pairs, [&](std::int64_t pair) {
-      forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
-                      head<T>(r.out, pair, heads), lse + pair * steps, steps, dim, static_cast<T>(scale));
+    for_each_pair(pairs, pairs * queries * keys * dim, [&](std::int64_t pair) {
+      scores[static_cast<std::size_t>(pair)] =
+          forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
+                          head<T>(r.out, pair, heads), lse + pair * queries, queries, keys, dim, static_cast<T>(scale));
     });
   });
+  for (std::int64_t n : scores) r.scores += n;
   return r;
 }
 
@@ -248,7 +282,8 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
     auto grad_head = [&](const Tensor& t, std::int64_t pair) {
       return t.defined() ? head<T>(t, pair, heads) : HeadMat<T>{nullptr, 0};
     };
-    for_each_pair(pairs, [&](std::int64_t pair) {
+    // Backward is training-sized: always split.
+    for_each_pair(pairs, std::numeric_limits<std::int64_t>::max(), [&](std::int64_t pair) {
       const BackwardHead<T> h{head<const T>(q, pair, heads),   head<const T>(k, pair, heads),
                               head<const T>(v, pair, heads),   head<const T>(out, pair, heads),
                               head<const T>(dout, pair, heads), lse + pair * steps,

@@ -68,8 +68,11 @@ double number_key(const json& j, const std::string& path, const char* key) {
 
 }  // namespace
 
-nn::ModelConfig read_gpt2_config(const std::string& path) {
-  const std::string text = read_config_file(path);
+nn::ModelConfig read_gpt2_config(const std::string& path) { return parse_gpt2_config(read_config_file(path), path); }
+
+nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& path) {
+  MG_CHECK(text.size() <= kMaxConfigBytes, "config '{}' has {} bytes, more than the {} a config.json may have", path,
+           text.size(), kMaxConfigBytes);
   json j;
   try {
     j = parse_untrusted_json(text, kMaxConfigDepth);
@@ -93,6 +96,21 @@ nn::ModelConfig read_gpt2_config(const std::string& path) {
            c.heads);
   c.dropout = 0.0;
   return c;
+}
+
+std::string gpt2_config_json(const nn::ModelConfig& c) {
+  const json j = {{"model_type", "gpt2"},
+                  {"architectures", {"GPT2LMHeadModel"}},
+                  {"activation_function", "gelu_new"},
+                  {"n_layer", c.layers},
+                  {"n_head", c.heads},
+                  {"n_embd", c.hidden},
+                  {"n_inner", c.ffn > 0 ? json(c.ffn) : json(nullptr)},
+                  {"vocab_size", c.vocab},
+                  {"n_positions", c.n_positions()},
+                  {"n_ctx", c.n_positions()},
+                  {"layer_norm_epsilon", c.layer_norm_epsilon}};
+  return j.dump();
 }
 
 void check_gpt2_config_against_weights(const nn::ModelConfig& c, const std::string& config_path,

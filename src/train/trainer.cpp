@@ -31,6 +31,7 @@
 #include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/stop_signal.hpp"
 #include "meshgrad/train/data.hpp"
+#include "meshgrad/train/gpt2_config.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
 #include "meshgrad/train/output_path.hpp"
@@ -491,7 +492,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   if (!options.save_path.empty() && dp.rank == 0) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
     save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0,
-                    {{"format", "pt"}, {"producer", "meshgrad train"}});
+                    {{"format", "pt"}, {"producer", "meshgrad train"}, {"gpt2_config", gpt2_config_json(config)}});
   }
   if (leader && options.progress) {
     fmt::print(stderr,

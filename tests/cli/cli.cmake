@@ -97,3 +97,16 @@ meshgrad_cli_test(config_file_applies_and_command_line_wins 0 "layers=1 hidden=3
                   ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config.json --steps 3)
 meshgrad_cli_test(config_file_unknown_key 1 "stepz is not an option of `meshgrad train`"
                   ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config-bad.json)
+
+# `meshgrad sample` on a model `meshgrad train --save` wrote (tests/cli/sample.sh): the same greedy
+# text on every mesh, seeds, the context limit, errors; under mpirun as well (label mpi).
+add_test(NAME cli_sample COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg} ${CMAKE_CURRENT_BINARY_DIR}/cli_sample)
+set_tests_properties(cli_sample PROPERTIES LABELS cli TIMEOUT 150)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME cli_sample_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg}
+                                       ${CMAKE_CURRENT_BINARY_DIR}/cli_sample_mpi ${mpirun})
+  set_tests_properties(cli_sample_mpi PROPERTIES LABELS "cli;mpi" TIMEOUT 150)
+endif()
+# The cost per new token: exactly layers x heads x T attention scores with the cache (1 x 2 x 9 and 10).
+meshgrad_cli_test(bench_sample_counts_the_scores 0 " 8 +[0-9.]+ +[0-9.]+ +[0-9.]+x +19 "
+                  ${mg} bench sample --contexts 8 --tokens 2 --repeats 1 --layers 1 --hidden 16 --heads 2)

@@ -286,3 +286,30 @@ TEST(Kernels, CausalAttentionIsTheSameOnOneOrSeveralThreads) {
   EXPECT_FALSE(only_dv.dk.defined());
   EXPECT_EQ(only_dv.dv.to_vector(), four[4]);
 }
+
+// Incremental decoding: the last T_q queries against all T keys give exactly those rows of the full
+// causal attention (the rows the full pass computes for them), and a single query computes T scores,
+// not T^2. T = 66 puts the cached queries across a tile boundary (a key tile entirely after the
+// first query, row 63, is skipped for it).
+TEST(Kernels, CausalAttentionWithLongerKeysIsTheLastRowsOfTheFullPass) {
+  const std::int64_t b = 2, h = 3, t = 66, d = 8;
+  const Tensor q = random::randn({b, h, t, d}, 41, DType::Float64);
+  const Tensor k = random::randn({b, h, t, d}, 42, DType::Float64);
+  const Tensor v = random::randn({b, h, t, d}, 43, DType::Float64);
+  const kernels::AttentionForward full = kernels::causal_attention_forward(q, k, v, 0.35);
+  EXPECT_GE(full.scores, b * h * t * (t + 1) / 2);
+  for (const std::int64_t tq : {std::int64_t{1}, std::int64_t{3}, std::int64_t{40}, t}) {
+    const kernels::AttentionForward last = kernels::causal_attention_forward(q.narrow(2, t - tq, tq), k, v, 0.35);
+    ASSERT_EQ(last.out.shape(), (Shape{b, h, tq, d}));
+    const auto got = last.out.to_vector(), want = full.out.narrow(2, t - tq, tq).to_vector();
+    const auto got_lse = last.lse.to_vector(), want_lse = full.lse.narrow(2, t - tq, tq).to_vector();
+    for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << "T_q " << tq << " element " << i;
+    for (std::size_t i = 0; i < want_lse.size(); ++i) ASSERT_NEAR(got_lse[i], want_lse[i], 1e-12) << "T_q " << tq;
+    if (tq == 1) {
+      EXPECT_EQ(last.scores, b * h * t) << "one query must touch each of the T keys once";
+    }
+  }
+  // Keys shorter than the queries, or of another batch / head / width, are refused.
+  EXPECT_THROW(kernels::causal_attention_forward(q, k.narrow(2, 0, 5), v.narrow(2, 0, 5), 0.35), InvalidArgument);
+  EXPECT_THROW(kernels::causal_attention_forward(q.narrow(1, 0, 2), k, v, 0.35), InvalidArgument);
+}

@@ -112,5 +112,30 @@ TEST_F(Gpt2ConfigTest, SizesAreCheckedAgainstTheWeightsFromTheHeaderAlone) {
   expect_mismatch("n_layer", "2", {"no tensor 'h.1.ln_1.weight'"});
 }
 
+// What `train --save` writes into the weights' metadata reads back as the same model sizes.
+TEST(Gpt2ConfigJson, RoundTripsAndNamesItsSource) {
+  nn::ModelConfig c;
+  c.layers = 3;
+  c.heads = 2;
+  c.hidden = 10;
+  c.vocab = 300;
+  c.seq = 24;   // positions 0: n_positions = seq
+  c.layer_norm_epsilon = 1e-6;
+  const nn::ModelConfig back = parse_gpt2_config(gpt2_config_json(c), "metadata");
+  EXPECT_EQ(back.layers, 3);
+  EXPECT_EQ(back.heads, 2);
+  EXPECT_EQ(back.hidden, 10);
+  EXPECT_EQ(back.vocab, 300);
+  EXPECT_EQ(back.n_positions(), 24);
+  EXPECT_EQ(back.layer_norm_epsilon, 1e-6);
+  try {
+    (void)parse_gpt2_config(R"({"n_layer": 1})", "'w.safetensors' metadata \"gpt2_config\"");
+    ADD_FAILURE() << "an incomplete config was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("'w.safetensors' metadata \"gpt2_config\"': missing key \"n_head\""),
+              std::string::npos) << e.what();
+  }
+}
+
 }  // namespace
 }  // namespace meshgrad::train

@@ -50,6 +50,22 @@ struct Batch {
   std::int64_t global_rows = 0;
 };
 
+// The keys and values of the positions a GPT has seen, for incremental decoding (Model::decode).
+// Per transformer block, this rank's attention heads (tensor-parallel: each rank caches the heads it
+// computes): keys[l], values[l] are [B, H_local, capacity, D] buffers of which positions
+// [0, length) are filled. capacity = n_positions, allocated once (Model::new_cache), so a decode
+// step writes only its own positions and reads the `length` cached ones: O(T) per new token.
+struct KvCache {
+  std::int64_t batch = 0;
+  std::int64_t length = 0;     // positions held (the next token's position)
+  std::int64_t capacity = 0;   // n_positions
+  std::vector<Tensor> keys, values;
+  // q . k products the attention computed through this cache (all its decode calls, every block,
+  // this rank's heads): a cost counter, so a test can see that a step with T cached positions
+  // touches T keys per head, not T^2.
+  std::int64_t attention_scores = 0;
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -67,6 +83,22 @@ class Model {
   // it so that a resumed run draws the masks of the run never stopped.
   virtual std::uint64_t random_state() const { return 0; }
   virtual void set_random_state(std::uint64_t /*state*/) {}
+
+  // ---- inference (GPT only; the others throw InvalidArgument naming their kind) --------------------
+  // An empty cache for `batch` sequences (collective-free; allocates the whole capacity).
+  virtual KvCache new_cache(std::int64_t batch);
+  // Logits of the tokens `ids` continuing the sequences held in `cache`, without recording a graph
+  // and without dropout; their keys and values are appended to the cache. Collective over the
+  // model's tp group (every rank calls it with the same ids).
+  //   ids: int64 [B, T_new] (B = cache.batch), positions cache.length .. cache.length + T_new - 1,
+  //        which must be < n_positions
+  //   returns [B, T_new, V] (all_positions) or [B, V] (the last position only), the whole
+  //        vocabulary gathered over tp, in the model's dtype, the same bits on every rank.
+  // An empty cache makes it a full forward of ids (the prefill); then one position per call.
+  // The training forward and this one compute the same function: one decode of a whole sequence
+  // gives the logits loss() takes the cross-entropy of. The model must be built without sequence
+  // parallelism (a training layout: the sequence is not split when decoding).
+  virtual Tensor decode(const Tensor& ids, KvCache& cache, bool all_positions = false);
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives

@@ -96,9 +96,16 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 // q, k, v: [B, H, T, D], one dtype, any strides.
 //   out[b, h, t] = sum_{s <= t} softmax_s(scale * q_t . k_s) * v_s    -> [B, H, T, D] (contiguous)
 //   lse[b, h, t] = log sum_{s <= t} exp(scale * q_t . k_s)             -> [B, H, T]    (contiguous)
+// The forward also takes longer keys and values (incremental decoding with a key/value cache):
+// q [B, H, T_q, D], k, v [B, H, T_k, D] with T_q <= T_k; query row r is then position
+// T_k - T_q + r of the sequence and attends to keys 0 .. T_k - T_q + r. With T_q == T_k this is the
+// case above, bit for bit. (The backward takes T_q == T_k only.)
 struct AttentionForward {
   Tensor out;
   Tensor lse;
+  // q . k products computed, over every (batch, head): the entries of the tiles visited (masked
+  // entries inside a tile included). A cost counter: T_q = 1 against T_k keys computes B H T_k.
+  std::int64_t scores = 0;
 };
 AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
 // Gradients of sum(dout * out) with respect to q, k, v, recomputing the probabilities from

@@ -23,6 +23,15 @@ inline constexpr int kMaxConfigDepth = 16;
 // of range, or when the file is not a readable regular file of at most kMaxConfigBytes of JSON
 // nested at most kMaxConfigDepth deep.
 nn::ModelConfig read_gpt2_config(const std::string& path);
+// The same from JSON text; `path` names its source in messages (a file, or e.g. "'w.safetensors'
+// metadata gpt2_config").
+nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& path);
+
+// A config.json for the model (Hugging Face GPT-2 keys: model_type, n_layer, n_head, n_embd, n_inner,
+// vocab_size, n_positions, n_ctx, layer_norm_epsilon, activation_function), compact. What
+// `meshgrad train --save` writes into the safetensors metadata as "gpt2_config", so `meshgrad
+// sample` can rebuild the model from the file alone. parse_gpt2_config reads it back.
+std::string gpt2_config_json(const nn::ModelConfig& config);
 
 // Checks, from the weights file's header alone, that the model `config` describes matches it:
 // wte.weight [vocab_size, n_embd], wpe.weight [n_positions, n_embd], ln_f.weight [n_embd] and, for
