@@ -132,7 +132,19 @@ MESHGRAD_REGISTER_COMMAND(
                   ->capture_default_str();
               app.add_option("--dropout", o.model.dropout, "Dropout probability")->capture_default_str();
               app.add_option("--save", o.save_path, "Write the trained parameters (full tensors) to this safetensors file");
-              return [a] { return run(*a); };
+              app.add_option("--init-from", o.init_from, "Start from a Hugging Face GPT-2 directory (config.json + "
+                             "model.safetensors) instead of random weights; the sizes come from its config.json");
+              return [a, sub = &app] {
+                // --init-from: sizes not on the command line come from its config.json (0 = the file's).
+                if (!a->options.init_from.empty()) {
+                  for (auto [option, field] : {std::pair{"--layers", &a->options.model.layers},
+                                               std::pair{"--hidden", &a->options.model.hidden},
+                                               std::pair{"--heads", &a->options.model.heads}}) {
+                    if (sub->count(option) == 0) *field = 0;
+                  }
+                }
+                return run(*a);
+              };
             }});
 
 }  // namespace meshgrad::tools
