@@ -4,3 +4,16 @@ add_test(NAME train_cli_files
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_files.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_files)
 set_tests_properties(train_cli_files PROPERTIES LABELS train TIMEOUT 120)
+
+# `meshgrad export` and `train --init-from` end to end (tests/train/cli_hf.sh); with MPI, the same
+# loading at tp=2 across processes (label mpi).
+add_test(NAME train_cli_hf
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf)
+set_tests_properties(train_cli_hf PROPERTIES LABELS train TIMEOUT 120)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_hf_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_hf_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+endif()
