@@ -278,3 +278,16 @@ def test_train_init_from_a_save_pretrained_style_directory(exported, tmp_path):
     inputs = np.tile(tokens[:T].astype(np.int64), (2, 1))
     targets = np.tile(tokens[1:].astype(np.int64), (2, 1))
     assert first == pytest.approx(gpt2_loss(weights, config, inputs, targets, torch.float32), rel=1e-6, abs=0)
+
+
+def test_python_train_takes_init_from(exported):
+    """meshgrad.train(init_from=...) as the CLI: sizes from config.json, a disagreeing one refused."""
+    import meshgrad as mg
+    one = mg.train(init_from=str(exported / "float32"), mesh="tp=1", steps=1, seq=SIZES["seq"], dtype="float64")
+    two = mg.train(init_from=str(exported / "float32"), mesh="tp=2", steps=1, seq=SIZES["seq"], dtype="float64")
+    assert one[0]["loss"] == pytest.approx(two[0]["loss"], rel=1e-12)
+    fresh = mg.train(mesh="tp=1", steps=1, seq=SIZES["seq"], dtype="float64", layers=SIZES["layers"],
+                     hidden=SIZES["hidden"], heads=SIZES["heads"])
+    assert abs(fresh[0]["loss"] - one[0]["loss"]) > 1e-6
+    with pytest.raises(mg.InvalidArgument, match="--layers 3 disagrees with n_layer = 2"):
+        mg.train(init_from=str(exported / "float32"), layers=3, steps=1, seq=SIZES["seq"])
