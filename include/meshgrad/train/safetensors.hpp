@@ -100,7 +100,7 @@ class SafetensorsFile {
   std::map<std::string, std::string> metadata_;
 };
 
-// Every tensor of a file by name.
+// Every tensor of a file by name (throws, as get() does, when one has a dtype meshgrad does not read).
 std::map<std::string, Tensor> read_safetensors(const std::string& path);
 
 // How write_safetensors stores floating tensors: in their own dtype (F32 / F64), or rounded to
