@@ -186,9 +186,17 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("dtype", dtype);
   k.get("dropout", o.model.dropout);
   k.get("save", o.save_path);
+  k.get("init_from", o.init_from);
   k.get("progress", o.progress);
   k.finish();
   o.model.dtype = parse_dtype(dtype);
+  // As the CLI: with init_from, the sizes not given come from its config.json (0 = the file's).
+  if (!o.init_from.empty()) {
+    for (auto [key, field] : {std::pair{"layers", &o.model.layers}, std::pair{"hidden", &o.model.hidden},
+                              std::pair{"heads", &o.model.heads}}) {
+      if (!kwargs.contains(key)) *field = 0;
+    }
+  }
 
   keep_mpi_initialised(backend);
   std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
@@ -358,7 +366,8 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("train", &train_job,
         "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
-        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', progress=False) -> list of per-step "
+        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False) -> list of "
+        "per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

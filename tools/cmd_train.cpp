@@ -165,7 +165,19 @@ MESHGRAD_REGISTER_COMMAND(
                              "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
                              "come from it unless given again (the model's shape cannot change)")
                   ->group("Checkpoints");
-              return [a, &app] { return run(*a, app); };
+              app.add_option("--init-from", o.init_from, "Start from a Hugging Face GPT-2 directory (config.json + "
+                             "model.safetensors) instead of random weights; the sizes come from its config.json");
+              return [a, sub = &app] {
+                // --init-from: sizes not on the command line come from its config.json (0 = the file's).
+                if (!a->options.init_from.empty()) {
+                  for (auto [option, field] : {std::pair{"--layers", &a->options.model.layers},
+                                               std::pair{"--hidden", &a->options.model.hidden},
+                                               std::pair{"--heads", &a->options.model.heads}}) {
+                    if (sub->count(option) == 0) *field = 0;
+                  }
+                }
+                return run(*a, *sub);
+              };
             }});
 
 }  // namespace meshgrad::tools

@@ -41,21 +41,26 @@ Shape local_shape(const nn::Parameter& p, const dist::ProcessGroup&, std::string
 }  // namespace
 
 void load_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
-                     const dist::ProcessGroup& tp) {
+                     const dist::ProcessGroup& tp, const std::string& file_prefix) {
   check_params(path, params, "load_parameters");
   const SafetensorsFile file(path);
 
   // Pass 1: check every parameter against the header, so a bad file changes nothing.
   for (const nn::Parameter* p : params) {
-    if (!file.contains(p->name))
+    const std::string name = file_prefix + p->name;
+    if (!file.contains(name))
       throw SafetensorsError(path, fmt::format("load_parameters: no tensor named '{}' for parameter '{}' (the file "
                                                "has {} tensors)",
-                                               p->name, p->name, file.names().size()));
-    const SafetensorsEntry& e = file.entry(p->name);
+                                               name, p->name, file.names().size()));
+    const SafetensorsEntry& e = file.entry(name);
     if (e.shape != p->full_shape)
       throw SafetensorsError(path, fmt::format("load_parameters: parameter '{}' expects full shape {} but the file's "
-                                               "tensor has shape {}",
-                                               p->name, shape_str(p->full_shape), shape_str(e.shape)));
+                                               "tensor '{}' has shape {}",
+                                               p->name, shape_str(p->full_shape), name, shape_str(e.shape)));
+    if (!e.readable)
+      throw SafetensorsError(path, fmt::format("load_parameters: parameter '{}': the file's tensor '{}' has dtype {}, "
+                                               "which meshgrad does not read (it reads F32, F64, I64, F16 and BF16)",
+                                               p->name, name, e.stored));
     // Converting between float32 and float64 is what a user asks for when loading a float64
     // reference into a float32 model (or back); int64 data for a floating parameter (or the
     // reverse) is a wrong file, not a precision choice.
@@ -81,7 +86,7 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   // refuses to backpropagate through the loaded ones.
   autograd::NoGradGuard no_grad;
   for (nn::Parameter* p : params) {
-    Tensor full = file.get(p->name).to(p->value.dtype());
+    Tensor full = file.get(file_prefix + p->name).to(p->value.dtype());
     Tensor shard = nn::take_shard(full, *p);
     p->value.detach().copy_from(shard);
   }

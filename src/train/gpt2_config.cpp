@@ -66,6 +66,15 @@ double number_key(const json& j, const std::string& path, const char* key) {
   return v.get<double>();
 }
 
+// A key that changes what the model computes: absent (Hugging Face's default, which is meshgrad's)
+// or the value meshgrad computes, else refused naming the key, the value and why.
+void require_bool_key(const json& j, const std::string& path, const char* key, bool expected, const char* why) {
+  if (!j.contains(key)) return;
+  const json& v = j.at(key);
+  MG_CHECK(v.is_boolean(), "config '{}': key \"{}\" must be true or false but is {}", path, key, json_excerpt(v));
+  MG_CHECK(v.get<bool>() == expected, "config '{}': \"{}\": {} is not supported: {}", path, key, v.dump(), why);
+}
+
 }  // namespace
 
 nn::ModelConfig read_gpt2_config(const std::string& path) { return parse_gpt2_config(read_config_file(path), path); }
@@ -94,23 +103,79 @@ nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& pa
   MG_CHECK(c.layer_norm_epsilon > 0, "config '{}': layer_norm_epsilon must be > 0, got {}", path, c.layer_norm_epsilon);
   MG_CHECK(c.hidden % c.heads == 0, "config '{}': n_embd = {} is not divisible by n_head = {}", path, c.hidden,
            c.heads);
+  if (j.contains("n_inner") && !j.at("n_inner").is_null()) {
+    c.ffn = int_key(j, path, "n_inner");
+    if (c.ffn == 4 * c.hidden) c.ffn = 0;   // the default, spelled out
+  }
+  if (j.contains("activation_function")) {
+    const json& v = j.at("activation_function");
+    const bool tanh_gelu = v.is_string() && (v.get<std::string>() == "gelu_new" || v.get<std::string>() == "gelu_pytorch_tanh");
+    MG_CHECK(tanh_gelu, "config '{}': \"activation_function\": {} is not supported: meshgrad's GPT-2 uses the tanh "
+             "GELU (\"gelu_new\", the same as \"gelu_pytorch_tanh\")", path, json_excerpt(v));
+  }
+  require_bool_key(j, path, "scale_attn_weights", true, "meshgrad scales attention scores by 1/sqrt(head size)");
+  require_bool_key(j, path, "scale_attn_by_inverse_layer_idx", false,
+                   "meshgrad does not scale attention by the layer index");
+  require_bool_key(j, path, "tie_word_embeddings", true,
+                   "meshgrad's output layer is the token embedding (wte) transposed");
+  require_bool_key(j, path, "add_cross_attention", false, "meshgrad's GPT-2 has no cross-attention");
   c.dropout = 0.0;
   return c;
 }
 
-std::string gpt2_config_json(const nn::ModelConfig& c) {
-  const json j = {{"model_type", "gpt2"},
-                  {"architectures", {"GPT2LMHeadModel"}},
-                  {"activation_function", "gelu_new"},
-                  {"n_layer", c.layers},
-                  {"n_head", c.heads},
-                  {"n_embd", c.hidden},
-                  {"n_inner", c.ffn > 0 ? json(c.ffn) : json(nullptr)},
-                  {"vocab_size", c.vocab},
-                  {"n_positions", c.n_positions()},
-                  {"n_ctx", c.n_positions()},
-                  {"layer_norm_epsilon", c.layer_norm_epsilon}};
-  return j.dump();
+std::string gpt2_config_json(const nn::ModelConfig& c, const Gpt2ConfigJsonOptions& o) {
+  const json eot = o.eot_token ? json(*o.eot_token) : json(nullptr);
+  // nlohmann::json keeps keys sorted, as transformers writes them (json.dumps(sort_keys=True)).
+  const json j = {
+      {"activation_function", "gelu_new"},
+      {"architectures", {"GPT2LMHeadModel"}},
+      {"attn_pdrop", 0.0},
+      {"bos_token_id", eot},
+      {"embd_pdrop", c.dropout},
+      {"eos_token_id", eot},
+      {"initializer_range", 0.02},
+      {"layer_norm_epsilon", c.layer_norm_epsilon},
+      {"model_type", "gpt2"},
+      {"n_ctx", c.n_positions()},
+      {"n_embd", c.hidden},
+      {"n_head", c.heads},
+      {"n_inner", c.ffn > 0 && c.ffn != 4 * c.hidden ? json(c.ffn) : json(nullptr)},
+      {"n_layer", c.layers},
+      {"n_positions", c.n_positions()},
+      {"reorder_and_upcast_attn", false},
+      {"resid_pdrop", c.dropout},
+      {"scale_attn_by_inverse_layer_idx", false},
+      {"scale_attn_weights", true},
+      {"summary_activation", nullptr},
+      {"summary_first_dropout", 0.1},
+      {"summary_proj_to_labels", true},
+      {"summary_type", "cls_index"},
+      {"summary_use_proj", true},
+      {"tie_word_embeddings", true},
+      {"torch_dtype", o.torch_dtype.empty() ? std::string(dtype_name(c.dtype)) : o.torch_dtype},
+      {"use_cache", true},
+      {"vocab_size", c.vocab},
+  };
+  return j.dump(2) + "\n";
+}
+
+std::vector<std::pair<std::string, Shape>> gpt2_parameter_shapes(const nn::ModelConfig& c) {
+  const std::int64_t C = c.hidden, F = c.ffn_size();
+  std::vector<std::pair<std::string, Shape>> out{{"wte.weight", {c.vocab, C}}, {"wpe.weight", {c.n_positions(), C}}};
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string h = fmt::format("h.{}.", i);
+    for (auto& [name, shape] : std::vector<std::pair<std::string, Shape>>{
+             {"ln_1.weight", {C}}, {"ln_1.bias", {C}},
+             {"attn.c_attn.weight", {C, 3 * C}}, {"attn.c_attn.bias", {3 * C}},
+             {"attn.c_proj.weight", {C, C}}, {"attn.c_proj.bias", {C}},
+             {"ln_2.weight", {C}}, {"ln_2.bias", {C}},
+             {"mlp.c_fc.weight", {C, F}}, {"mlp.c_fc.bias", {F}},
+             {"mlp.c_proj.weight", {F, C}}, {"mlp.c_proj.bias", {C}}})
+      out.emplace_back(h + name, std::move(shape));
+  }
+  out.emplace_back("ln_f.weight", Shape{C});
+  out.emplace_back("ln_f.bias", Shape{C});
+  return out;
 }
 
 void check_gpt2_config_against_weights(const nn::ModelConfig& c, const std::string& config_path,
@@ -135,7 +200,7 @@ void check_gpt2_config_against_weights(const nn::ModelConfig& c, const std::stri
            config_path, weights.path(), c.layers, tensors);
   for (int i = 0; i < c.layers; ++i) {
     expect(fmt::format("h.{}.ln_1.weight", i), {hidden}, "n_layer and n_embd");
-    expect(fmt::format("h.{}.mlp.c_fc.weight", i), {hidden, 4 * hidden}, "n_layer and n_embd");
+    expect(fmt::format("h.{}.mlp.c_fc.weight", i), {hidden, c.ffn_size()}, "n_layer, n_embd and n_inner");
   }
 }
 

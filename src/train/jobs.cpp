@@ -35,9 +35,11 @@ Tensor read_batch_tensor(const SafetensorsFile& file, const std::string& name) {
 void check_train_options(const TrainOptions& o) {
   MG_CHECK(o.model.kind == "gpt", "train: the model must be \"gpt\", got \"{}\"", o.model.kind);
   check_positive("train", "steps", o.steps);
-  check_positive("train", "layers", o.model.layers);
-  check_positive("train", "hidden", o.model.hidden);
-  check_positive("train", "heads", o.model.heads);
+  // With init_from, 0 takes the size from its config.json (hf_io.hpp).
+  for (const auto& [option, value] : {std::pair{"layers", o.model.layers}, std::pair{"hidden", o.model.hidden},
+                                      std::pair{"heads", o.model.heads}}) {
+    if (o.init_from.empty() || value != 0) check_positive("train", option, value);
+  }
   check_positive("train", "seq", o.model.seq);
   check_positive("train", "batch", o.model.batch);
   MG_CHECK(o.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");

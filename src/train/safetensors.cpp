@@ -40,19 +40,103 @@ using json = nlohmann::json;
 
 std::string errno_text(int err) { return std::strerror(err); }
 
-// The dtypes meshgrad has, with the safetensors names. `rank` is the position in the reference
-// implementation's Dtype enum (F32 < F64 < I64), which its writer sorts by, largest first.
-struct DTypeName {
-  DType dtype;
+// The format's dtypes: the name, bytes per element, and what meshgrad reads them as (readable).
+// `rank` is the position in the reference implementation's Dtype enum, which its writer sorts by,
+// largest first. (The sub-byte types newer versions of the format name, F4 and F6_*, are not
+// here: a file holding them is refused at open.)
+struct StoredType {
   const char* name;
+  std::uint64_t size;
   int rank;
+  bool readable;
+  DType reads_as;
 };
-constexpr DTypeName kDTypes[] = {{DType::Float32, "F32", 0}, {DType::Float64, "F64", 1}, {DType::Int64, "I64", 2}};
+constexpr StoredType kStoredTypes[] = {
+    {"BOOL", 1, 0, false, DType::Float32},   {"U8", 1, 1, false, DType::Float32},
+    {"I8", 1, 2, false, DType::Float32},     {"F8_E5M2", 1, 3, false, DType::Float32},
+    {"F8_E4M3", 1, 4, false, DType::Float32}, {"I16", 2, 5, false, DType::Float32},
+    {"U16", 2, 6, false, DType::Float32},    {"F16", 2, 7, true, DType::Float32},
+    {"BF16", 2, 8, true, DType::Float32},    {"I32", 4, 9, false, DType::Float32},
+    {"U32", 4, 10, false, DType::Float32},   {"F32", 4, 11, true, DType::Float32},
+    {"F64", 8, 12, true, DType::Float64},    {"I64", 8, 13, true, DType::Int64},
+    {"U64", 8, 14, false, DType::Float32},
+};
 
-const DTypeName& dtype_entry(DType dtype) {
-  for (const auto& d : kDTypes)
-    if (d.dtype == dtype) return d;
+const StoredType* find_stored_type(const std::string& name) {
+  for (const auto& t : kStoredTypes)
+    if (name == t.name) return &t;
+  return nullptr;
+}
+
+const StoredType& stored_type(const char* name) {
+  const StoredType* t = find_stored_type(name);
+  if (t == nullptr) throw InvalidArgument(fmt::format("safetensors: no dtype named {}", name));
+  return *t;
+}
+
+// The file's dtype of a meshgrad tensor written natively.
+const StoredType& native_type(DType dtype) {
+  switch (dtype) {
+    case DType::Float32: return stored_type("F32");
+    case DType::Float64: return stored_type("F64");
+    case DType::Int64: return stored_type("I64");
+  }
   throw InvalidArgument(fmt::format("safetensors: dtype {} has no safetensors name", dtype_name(dtype)));
+}
+
+// ---- half precision: IEEE binary16 (5 exponent bits, 10 mantissa bits, bias 15) and bfloat16
+// (8 exponent bits, 7 mantissa bits, bias 127), one sign bit each.
+struct HalfFormat {
+  int mantissa_bits;
+  int bias;
+};
+constexpr HalfFormat kF16{10, 15};
+constexpr HalfFormat kBF16{7, 127};
+// Elements converted per read or write call (bounds the temporary buffer).
+constexpr std::int64_t kHalfChunk = std::int64_t{1} << 20;
+
+double decode_half(std::uint16_t bits, HalfFormat f) {
+  const int m = f.mantissa_bits;
+  const bool negative = (bits & 0x8000u) != 0;
+  const unsigned exponent_field = (bits & 0x7fffu) >> m;
+  const unsigned mantissa = bits & ((1u << m) - 1);
+  const unsigned all_ones = (1u << (15 - m)) - 1;
+  double value;
+  if (exponent_field == all_ones) {
+    value = mantissa != 0 ? std::numeric_limits<double>::quiet_NaN() : std::numeric_limits<double>::infinity();
+  } else if (exponent_field == 0) {   // zero or subnormal: mantissa * 2^(1 - bias - m)
+    value = std::ldexp(static_cast<double>(mantissa), 1 - f.bias - m);
+  } else {                           // (2^m + mantissa) * 2^(e - bias - m)
+    value = std::ldexp(static_cast<double>((1u << m) + mantissa), static_cast<int>(exponent_field) - f.bias - m);
+  }
+  return negative ? -value : value;
+}
+
+// Round to nearest, ties to even, at the format's quantum for |x|'s binade (the subnormal quantum
+// below the smallest normal); the scaling by a power of two is exact, so there is one rounding.
+std::uint16_t encode_half(double x, HalfFormat f) {
+  const int m = f.mantissa_bits;
+  const std::uint16_t sign = std::signbit(x) ? 0x8000u : 0u;
+  const std::uint16_t exponent_all_ones = static_cast<std::uint16_t>(((1u << (15 - m)) - 1) << m);
+  if (std::isnan(x)) return static_cast<std::uint16_t>(sign | exponent_all_ones | (1u << (m - 1)));
+  const double a = std::fabs(x);
+  if (std::isinf(a)) return static_cast<std::uint16_t>(sign | exponent_all_ones);
+  if (a == 0) return sign;
+  const int min_exponent = 1 - f.bias;   // of the smallest normal
+  int e = std::max(std::ilogb(a), min_exponent);
+  const double scaled = std::ldexp(a, m - e);   // < 2^(m+1); < 2^m for a subnormal result
+  double rounded = std::floor(scaled);
+  const double fraction = scaled - rounded;
+  if (fraction > 0.5 || (fraction == 0.5 && std::fmod(rounded, 2.0) != 0)) rounded += 1;
+  auto n = static_cast<std::uint32_t>(rounded);
+  if (n == (2u << m)) {   // rounded up into the next binade
+    n >>= 1;
+    e += 1;
+  }
+  if (n < (1u << m)) return static_cast<std::uint16_t>(sign | n);   // subnormal (exponent field 0) or zero
+  // n in [2^m, 2^(m+1)): a normal number (a subnormal that rounded up to 2^m lands here too).
+  if (e > f.bias) return static_cast<std::uint16_t>(sign | exponent_all_ones);   // beyond the largest finite
+  return static_cast<std::uint16_t>(sign | (static_cast<unsigned>(e + f.bias) << m) | (n - (1u << m)));
 }
 
 // Closes a POSIX file descriptor on scope exit.
@@ -163,11 +247,15 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   const json& dtype = value["dtype"];
   if (!dtype.is_string()) bad(fmt::format("dtype is a JSON {}, expected a string", json_type(dtype)));
   const std::string dtype_text = dtype.get<std::string>();
-  const DTypeName* found = nullptr;
-  for (const auto& d : kDTypes)
-    if (dtype_text == d.name) found = &d;
-  if (found == nullptr) bad(fmt::format("dtype \"{}\" is not supported (meshgrad reads F32, F64 and I64)", json_quote(dtype_text)));
-  entry.dtype = found->dtype;
+  const StoredType* found = find_stored_type(dtype_text);
+  if (found == nullptr)
+    bad(fmt::format("dtype \"{}\" is not a safetensors dtype meshgrad knows (it reads F32, F64, I64, F16 and BF16, "
+                    "and accepts BOOL, U8, I8, F8_E5M2, F8_E4M3, I16, U16, I32, U32 and U64 in a file without reading "
+                    "them)",
+                    json_quote(dtype_text)));
+  entry.dtype = found->reads_as;
+  entry.stored = found->name;
+  entry.readable = found->readable;
 
   // Messages quote the untrusted JSON through json_excerpt only (bounded length).
   const json& shape = value["shape"];
@@ -201,7 +289,7 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
   }
 
   // prod(shape) * dtype size must equal the byte range. Overflow-checked: a dim can be up to 2^63.
-  std::uint64_t nbytes = dtype_size(entry.dtype);
+  std::uint64_t nbytes = found->size;
   bool overflow = false;
   const bool empty = std::find(entry.shape.begin(), entry.shape.end(), 0) != entry.shape.end();
   if (empty) {
@@ -224,7 +312,19 @@ SafetensorsEntry parse_entry(const std::string& path, const std::string& name, c
 
 }  // namespace
 
-std::string safetensors_dtype_name(DType dtype) { return dtype_entry(dtype).name; }
+std::string safetensors_dtype_name(DType dtype) { return native_type(dtype).name; }
+
+float f16_to_float(std::uint16_t bits) { return static_cast<float>(decode_half(bits, kF16)); }
+float bf16_to_float(std::uint16_t bits) { return static_cast<float>(decode_half(bits, kBF16)); }
+std::uint16_t float_to_f16(double value) { return encode_half(value, kF16); }
+std::uint16_t float_to_bf16(double value) { return encode_half(value, kBF16); }
+
+FloatStorage parse_float_storage(const std::string& name) {
+  if (name == "float32") return FloatStorage::Native;
+  if (name == "float16") return FloatStorage::F16;
+  if (name == "bfloat16") return FloatStorage::BF16;
+  throw InvalidArgument(fmt::format("unknown storage dtype '{}' (expected float32, float16 or bfloat16)", name));
+}
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
   Fd fd = open_for_reading(path_, &file_size_);
@@ -315,9 +415,29 @@ Tensor SafetensorsFile::get(const std::string& name) const {
   Fd fd = open_for_reading(path_, &size_now);
   if (size_now != file_size_)
     fail(path_, fmt::format("file changed size from {} to {} bytes since its header was read", file_size_, size_now));
-  // Sizes were checked against the file's size, so this allocation is bounded by it.
+  if (!e.readable)
+    fail(path_, fmt::format("tensor '{}' has dtype {}, which meshgrad does not read (it reads F32, F64, I64, F16 and "
+                            "BF16)",
+                            json_quote(name), e.stored));
+  // Sizes were checked against the file's size, so these allocations are bounded by it.
   Tensor t = Tensor::empty(e.shape, e.dtype);
-  read_exact(fd.get(), path_, data_start_ + e.begin, t.raw_data(), e.end - e.begin, fmt::format("tensor '{}'", name));
+  const std::string what = fmt::format("tensor '{}'", name);
+  if (e.stored != "F16" && e.stored != "BF16") {
+    read_exact(fd.get(), path_, data_start_ + e.begin, t.raw_data(), e.end - e.begin, what);
+    return t;
+  }
+  // Half precision: read in chunks and widen to float32 (exact).
+  const HalfFormat format = e.stored == "F16" ? kF16 : kBF16;
+  float* out = t.data<float>();
+  const std::int64_t n = t.numel();
+  std::vector<std::uint16_t> bits(static_cast<std::size_t>(std::min<std::int64_t>(n, kHalfChunk)));
+  for (std::int64_t at = 0; at < n; at += kHalfChunk) {
+    const std::int64_t count = std::min<std::int64_t>(kHalfChunk, n - at);
+    read_exact(fd.get(), path_, data_start_ + e.begin + 2 * static_cast<std::uint64_t>(at), bits.data(),
+               2 * static_cast<std::uint64_t>(count), what);
+    for (std::int64_t i = 0; i < count; ++i)
+      out[at + i] = static_cast<float>(decode_half(bits[static_cast<std::size_t>(i)], format));
+  }
   return t;
 }
 
@@ -332,9 +452,17 @@ std::map<std::string, Tensor> read_safetensors(const std::string& path) {
 
 namespace {
 
+// One tensor to write: contiguous, with the dtype it is stored as.
+struct Planned {
+  std::string name;
+  Tensor tensor;
+  const StoredType* type;
+  std::uint64_t nbytes() const { return static_cast<std::uint64_t>(tensor.numel()) * type->size; }
+};
+
 // The header JSON for tensors already in data order: compact, "__metadata__" first, padded with
 // spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
-std::string make_header(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& ordered,
+std::string make_header(const std::string& path, const std::vector<Planned>& ordered,
                         const std::map<std::string, std::string>& metadata) {
   nlohmann::ordered_json header = nlohmann::ordered_json::object();
   if (!metadata.empty()) {
@@ -343,14 +471,13 @@ std::string make_header(const std::string& path, const std::vector<std::pair<std
     header["__metadata__"] = std::move(meta);
   }
   std::uint64_t offset = 0;
-  for (const auto& [name, t] : ordered) {
-    const std::uint64_t nbytes = static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype());
+  for (const Planned& p : ordered) {
     nlohmann::ordered_json entry = nlohmann::ordered_json::object();
-    entry["dtype"] = safetensors_dtype_name(t.dtype());
-    entry["shape"] = t.shape();
-    entry["data_offsets"] = {offset, offset + nbytes};
-    header[name] = std::move(entry);
-    offset += nbytes;
+    entry["dtype"] = p.type->name;
+    entry["shape"] = p.tensor.shape();
+    entry["data_offsets"] = {offset, offset + p.nbytes()};
+    header[p.name] = std::move(entry);
+    offset += p.nbytes();
   }
   std::string text;
   try {
@@ -362,10 +489,35 @@ std::string make_header(const std::string& path, const std::vector<std::pair<std
   return text;
 }
 
+HalfFormat half_format(const StoredType& type) { return std::string_view(type.name) == "F16" ? kF16 : kBF16; }
+
+// Calls f(i, x) for every element of a contiguous floating tensor, x as a double.
+template <class F>
+void for_each_value(const Tensor& t, F&& f) {
+  dispatch_floating(t.dtype(), "write_safetensors", [&]<class T>() {
+    const T* data = t.data<T>();
+    for (std::int64_t i = 0; i < t.numel(); ++i) f(i, static_cast<double>(data[i]));
+  });
+}
+
+// Refuses a finite value that would be stored as infinity: |x| at or beyond the midpoint between
+// the largest finite value and the next power of two (which rounds up, to even).
+void check_half_range(const std::string& path, const Planned& p) {
+  const HalfFormat format = half_format(*p.type);
+  const std::uint16_t largest_bits = static_cast<std::uint16_t>(((((1u << (15 - format.mantissa_bits)) - 1) << format.mantissa_bits) - 1));
+  const double largest = decode_half(largest_bits, format);
+  const double limit = largest + std::ldexp(1.0, format.bias - format.mantissa_bits - 1);
+  for_each_value(p.tensor, [&](std::int64_t i, double x) {
+    if (std::isfinite(x) && std::fabs(x) >= limit)
+      fail(path, fmt::format("cannot write tensor '{}' as {}: element {} is {}, beyond {}'s largest finite value {}",
+                             p.name, p.type->name, i, x, p.type->name, largest));
+  });
+}
+
 }  // namespace
 
 void write_safetensors(const std::string& path, const std::vector<std::pair<std::string, Tensor>>& tensors,
-                       const std::map<std::string, std::string>& metadata) {
+                       const std::map<std::string, std::string>& metadata, FloatStorage floats) {
   // 1. Validate everything before touching the file system.
   std::set<std::string> seen;
   for (const auto& [name, t] : tensors) {
@@ -374,14 +526,18 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     if (!seen.insert(name).second) fail(path, fmt::format("cannot write: tensor name '{}' is given twice", name));
     if (!t.defined()) fail(path, fmt::format("cannot write tensor '{}': it is undefined", name));
   }
-  // 2. Order as the reference writer does: largest element type first, then by name.
-  std::vector<std::pair<std::string, Tensor>> ordered;
+  std::vector<Planned> ordered;
   ordered.reserve(tensors.size());
-  for (const auto& [name, t] : tensors) ordered.emplace_back(name, t.contiguous());
-  std::sort(ordered.begin(), ordered.end(), [](const auto& a, const auto& b) {
-    const int ra = dtype_entry(a.second.dtype()).rank;
-    const int rb = dtype_entry(b.second.dtype()).rank;
-    return ra != rb ? ra > rb : a.first < b.first;
+  for (const auto& [name, t] : tensors) {
+    const StoredType* type = &native_type(t.dtype());
+    if (t.dtype() != DType::Int64 && floats == FloatStorage::F16) type = &stored_type("F16");
+    if (t.dtype() != DType::Int64 && floats == FloatStorage::BF16) type = &stored_type("BF16");
+    ordered.push_back({name, t.contiguous(), type});
+    if (type->size == 2) check_half_range(path, ordered.back());
+  }
+  // 2. Order as the reference writer does: the reference's dtype order, largest first, then by name.
+  std::sort(ordered.begin(), ordered.end(), [](const Planned& a, const Planned& b) {
+    return a.type->rank != b.type->rank ? a.type->rank > b.type->rank : a.name < b.name;
   });
   const std::string header = make_header(path, ordered, metadata);
 
@@ -396,9 +552,25 @@ void write_safetensors(const std::string& path, const std::vector<std::pair<std:
     for (int i = 0; i < 8; ++i) length_bytes[i] = static_cast<unsigned char>(n >> (8 * i));
     out.write(length_bytes, 8, "the header length");
     out.write(header.data(), header.size(), "the header");
-    for (const auto& [name, t] : ordered)
-      out.write(t.raw_data(), static_cast<std::uint64_t>(t.numel()) * dtype_size(t.dtype()),
-                fmt::format("tensor '{}'", name));
+    for (const Planned& p : ordered) {
+      const std::string what = fmt::format("tensor '{}'", p.name);
+      if (p.type->size != 2) {
+        out.write(p.tensor.raw_data(), p.nbytes(), what);
+        continue;
+      }
+      // Half precision: rounded in chunks (the range was checked above).
+      const HalfFormat format = half_format(*p.type);
+      std::vector<std::uint16_t> bits;
+      bits.reserve(static_cast<std::size_t>(std::min<std::int64_t>(p.tensor.numel(), kHalfChunk)));
+      for_each_value(p.tensor, [&](std::int64_t, double x) {
+        bits.push_back(encode_half(x, format));
+        if (static_cast<std::int64_t>(bits.size()) == kHalfChunk) {
+          out.write(bits.data(), 2 * bits.size(), what);
+          bits.clear();
+        }
+      });
+      if (!bits.empty()) out.write(bits.data(), 2 * bits.size(), what);
+    }
     out.commit();
   } catch (const OutputFileError& e) {
     fail(path, e.detail());

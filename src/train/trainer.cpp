@@ -33,6 +33,7 @@
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/gpt2_config.hpp"
 #include "meshgrad/train/grad_sync.hpp"
+#include "meshgrad/train/hf_io.hpp"
 #include "meshgrad/train/optimizer.hpp"
 #include "meshgrad/train/output_path.hpp"
 
@@ -312,6 +313,9 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   // then the outputs (a run must not train for hours and then find that --save cannot be written,
   // or overwrite a file it reads: every file behind --data counts).
   const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
+  MG_CHECK(options.init_from.empty() || options.resume_dir.empty(), "train: --init-from and --resume both give the "
+           "starting weights: give one (a resumed run continues from its checkpoint)");
+  if (!options.init_from.empty()) config = hf_init_config(options.init_from, config, leader && options.progress);
   if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
   MG_CHECK(options.grad_clip >= 0 && std::isfinite(options.grad_clip),
            "train: --grad-clip must be >= 0 (0 = off), got {}", options.grad_clip);
@@ -363,6 +367,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   std::unique_ptr<nn::Model> model = nn::make_model(config, options.parallel, mesh, options.seed);
   model->set_training(true);
   const std::vector<nn::Parameter*> params = model->parameters();
+  if (!options.init_from.empty()) hf_load_parameters(options.init_from, params, nn::tensor_parallel_group(*mesh));
   GradientSynchronizer sync(params, mesh);
   AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
 
@@ -491,8 +496,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
 
   if (!options.save_path.empty() && dp.rank == 0) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
-    save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0,
-                    {{"format", "pt"}, {"producer", "meshgrad train"}, {"gpt2_config", gpt2_config_json(config)}});
+    save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0, hf_checkpoint_metadata(config, data));
   }
   if (leader && options.progress) {
     fmt::print(stderr,

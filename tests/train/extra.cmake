@@ -19,3 +19,15 @@ if(MESHGRAD_WITH_MPI)
                    "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
   set_tests_properties(train_checkpoint_cli_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
 endif()
+# `meshgrad export` and `train --init-from` end to end (tests/train/cli_hf.sh); with MPI, the same
+# loading at tp=2 across processes (label mpi).
+add_test(NAME train_cli_hf
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf)
+set_tests_properties(train_cli_hf PROPERTIES LABELS train TIMEOUT 120)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_hf_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_hf_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+endif()

@@ -15,6 +15,7 @@
 #include <iterator>
 #include <limits>
 #include <string>
+#include <tuple>
 #include <vector>
 
 #include "meshgrad/train/safetensors.hpp"
@@ -306,8 +307,153 @@ TEST_F(SafetensorsTest, EntryFieldsOfWrongJsonTypes) {
 }
 
 TEST_F(SafetensorsTest, UnknownDtypeIsNamed) {
-  expect_malformed(file_bytes(R"({"w":{"dtype":"BF16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0')),
-                   {"tensor 'w'", "dtype \"BF16\" is not supported"});
+  expect_malformed(file_bytes(R"({"w":{"dtype":"F4","shape":[2],"data_offsets":[0,1]}})", std::string(1, '\0')),
+                   {"tensor 'w'", "dtype \"F4\" is not a safetensors dtype meshgrad knows"});
+  expect_malformed(file_bytes(R"({"w":{"dtype":"bf16","shape":[2],"data_offsets":[0,4]}})", std::string(4, '\0')),
+                   {"tensor 'w'", "dtype \"bf16\""});
+}
+
+// A dtype of the format that meshgrad does not read: the file opens (its layout is checked with
+// that dtype's size), other tensors read, and reading that one names it.
+TEST_F(SafetensorsTest, UnreadDtypesAreAcceptedInAFileButNotRead) {
+  const std::string header =
+      R"({"mask":{"dtype":"U8","shape":[2,2],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})";
+  std::string data = std::string("\x01\x00\x01\x01", 4);
+  const float one = 1.0f;
+  data.append(reinterpret_cast<const char*>(&one), 4);
+  const std::string p = path("u8.safetensors");
+  write_bytes(p, file_bytes(header, data));
+  const SafetensorsFile file(p);
+  EXPECT_FALSE(file.entry("mask").readable);
+  EXPECT_EQ(file.entry("mask").stored, "U8");
+  EXPECT_TRUE(file.entry("w").readable);
+  EXPECT_EQ(file.get("w").data<float>()[0], 1.0f);
+  try {
+    (void)file.get("mask");
+    ADD_FAILURE() << "read a U8 tensor";
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'mask' has dtype U8, which meshgrad does not read"), std::string::npos)
+        << e.what();
+  }
+  // The layout check uses U8's size: 4 elements of U8 in 8 bytes is refused.
+  expect_malformed(file_bytes(R"({"m":{"dtype":"U8","shape":[4],"data_offsets":[0,8]}})", std::string(8, '\0')),
+                   {"tensor 'm'", "shape [4] of U8 needs 4 bytes"});
+}
+
+// ---- half precision --------------------------------------------------------------------------------
+
+// (sign, exponent field, mantissa) -> value, written out from the IEEE definitions independently of
+// the code under test: normal (1 + m / 2^M) 2^(e - bias), subnormal (m / 2^M) 2^(1 - bias).
+double half_value(std::uint16_t bits, int mantissa_bits, int bias) {
+  const int exponent = (bits & 0x7fff) >> mantissa_bits;
+  const int mantissa = bits & ((1 << mantissa_bits) - 1);
+  const double sign = (bits & 0x8000) ? -1.0 : 1.0;
+  if (exponent == 0) return sign * std::ldexp(mantissa, 1 - bias - mantissa_bits);
+  return sign * std::ldexp(1.0 + std::ldexp(mantissa, -mantissa_bits), exponent - bias);
+}
+
+struct HalfCase {
+  const char* name;
+  int mantissa_bits, bias;
+  float (*decode)(std::uint16_t);
+  std::uint16_t (*encode)(double);
+};
+const HalfCase kHalfCases[] = {{"F16", 10, 15, &f16_to_float, &float_to_f16}, {"BF16", 7, 127, &bf16_to_float, &float_to_bf16}};
+
+// Every one of the 65536 bit patterns: decoding gives the IEEE value, encoding it gives the pattern
+// back (NaNs: a NaN); every midpoint between neighbours rounds to the even one, and a hair off the
+// midpoint to the nearer one.
+TEST(HalfPrecision, EveryPatternDecodesExactlyAndEveryMidpointRoundsToEven) {
+  for (const HalfCase& c : kHalfCases) {
+    SCOPED_TRACE(c.name);
+    const std::uint16_t exponent_mask = static_cast<std::uint16_t>(((1 << (15 - c.mantissa_bits)) - 1) << c.mantissa_bits);
+    for (std::uint32_t b = 0; b < 0x10000; ++b) {
+      const auto bits = static_cast<std::uint16_t>(b);
+      const float v = c.decode(bits);
+      const bool special = (bits & exponent_mask) == exponent_mask;
+      if (special && (bits & ~(exponent_mask | 0x8000)) != 0) {   // NaN
+        ASSERT_TRUE(std::isnan(v)) << b;
+        const std::uint16_t back = c.encode(v);
+        ASSERT_EQ(back & exponent_mask, exponent_mask) << b;
+        ASSERT_NE(back & ~(exponent_mask | 0x8000), 0) << b;
+        continue;
+      }
+      if (special) {
+        ASSERT_TRUE(std::isinf(v) && std::signbit(v) == ((bits & 0x8000) != 0)) << b;
+      } else {
+        ASSERT_EQ(static_cast<double>(v), half_value(bits, c.mantissa_bits, c.bias)) << b;
+      }
+      ASSERT_EQ(c.encode(v), bits) << b;
+      ASSERT_EQ(std::signbit(v), (bits & 0x8000) != 0) << b;
+      // Midpoints between this positive finite value and the next one up.
+      if ((bits & 0x8000) || special || ((bits + 1) & exponent_mask) == exponent_mask) continue;
+      const double lo = v, hi = c.decode(static_cast<std::uint16_t>(bits + 1));
+      const double mid = (lo + hi) / 2;   // exact in double
+      const std::uint16_t even = (bits & 1) ? static_cast<std::uint16_t>(bits + 1) : bits;
+      ASSERT_EQ(c.encode(mid), even) << b;
+      ASSERT_EQ(c.encode(-mid), even | 0x8000) << b;
+      ASSERT_EQ(c.encode(std::nextafter(mid, 0.0)), bits) << b;
+      ASSERT_EQ(c.encode(std::nextafter(mid, 1e300)), static_cast<std::uint16_t>(bits + 1)) << b;
+    }
+  }
+}
+
+TEST(HalfPrecision, RangeEnds) {
+  EXPECT_EQ(f16_to_float(0x3C00), 1.0f);
+  EXPECT_EQ(f16_to_float(0x7BFF), 65504.0f);
+  EXPECT_EQ(f16_to_float(0x0001), std::ldexp(1.0f, -24));
+  EXPECT_EQ(bf16_to_float(0x3F80), 1.0f);
+  EXPECT_EQ(float_to_f16(65519.99), 0x7BFF);   // below the midpoint to 65536
+  EXPECT_EQ(float_to_f16(65520.0), 0x7C00);    // the midpoint rounds to even: infinity
+  EXPECT_EQ(float_to_f16(std::ldexp(1.0, -25)), 0x0000);                        // half the smallest subnormal: to even
+  EXPECT_EQ(float_to_f16(std::nextafter(std::ldexp(1.0, -25), 1.0)), 0x0001);   // just above: up
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::max()), 0x7F80);          // rounds past the largest bfloat16
+  EXPECT_EQ(float_to_bf16(std::numeric_limits<float>::denorm_min()), 0x0000);
+  EXPECT_EQ(float_to_bf16(-0.0), 0x8000);
+}
+
+TEST_F(SafetensorsTest, HalfPrecisionFilesRoundTripTheRoundedValues) {
+  const Tensor f32 = Tensor::from_values({1.0, 1.0 / 3.0, -2.5e-6, 1000.1, -0.0, 65504.0}, {2, 3}, DType::Float32);
+  const Tensor f64 = Tensor::from_values({0.1, -7.77}, {2}, DType::Float64);
+  const Tensor ids = Tensor::from_int64(std::vector<std::int64_t>{5, -5}, {2});
+  for (const auto& [storage, name, encode] :
+       {std::tuple{FloatStorage::F16, "F16", &float_to_f16}, std::tuple{FloatStorage::BF16, "BF16", &float_to_bf16}}) {
+    SCOPED_TRACE(name);
+    const std::string p = path(std::string(name) + ".safetensors");
+    write_safetensors(p, {{"a", f32}, {"b", f64}, {"ids", ids}}, {{"format", "pt"}}, storage);
+    const SafetensorsFile file(p);
+    EXPECT_EQ(file.entry("a").stored, name);
+    EXPECT_EQ(file.entry("b").stored, name);
+    EXPECT_EQ(file.entry("ids").stored, "I64");
+    EXPECT_EQ(file.entry("a").end - file.entry("a").begin, 12u);
+    // I64 first, then the half tensors, as the reference writer orders them.
+    EXPECT_EQ(file.names(), (std::vector<std::string>{"ids", "a", "b"}));
+    for (const auto& [tensor_name, original] : {std::pair{"a", f32}, std::pair{"b", f64}}) {
+      const Tensor back = file.get(tensor_name);
+      ASSERT_EQ(back.dtype(), DType::Float32);
+      ASSERT_EQ(back.shape(), original.shape());
+      const Tensor wide = original.to(DType::Float64);
+      for (std::int64_t i = 0; i < back.numel(); ++i) {
+        const std::uint16_t bits = encode(wide.data<double>()[i]);
+        const float expected = std::string(name) == "F16" ? f16_to_float(bits) : bf16_to_float(bits);
+        EXPECT_EQ(back.data<float>()[i], expected) << tensor_name << "[" << i << "]";
+        EXPECT_EQ(std::signbit(back.data<float>()[i]), std::signbit(wide.data<double>()[i]));
+      }
+    }
+    EXPECT_EQ(file.get("ids").data<std::int64_t>()[1], -5);
+  }
+  // A finite value beyond float16's range is refused naming the tensor and the element; nothing is written.
+  const Tensor big = Tensor::from_values({1.0, 70000.0}, {2}, DType::Float32);
+  const std::string p = path("big.safetensors");
+  try {
+    write_safetensors(p, {{"big", big}}, {}, FloatStorage::F16);
+    ADD_FAILURE() << "wrote 70000 as float16";
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("tensor 'big' as F16: element 1 is 70000"), std::string::npos) << e.what();
+  }
+  EXPECT_FALSE(fs::exists(p));
+  write_safetensors(p, {{"big", big}}, {}, FloatStorage::BF16);   // bfloat16 holds it (rounded)
+  EXPECT_EQ(read_safetensors(p).at("big").data<float>()[1], 70144.0f);
 }
 
 TEST_F(SafetensorsTest, NegativeDim) {

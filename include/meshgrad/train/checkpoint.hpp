@@ -17,19 +17,21 @@
 
 namespace meshgrad::train {
 
-// Loads every parameter from the full tensor of the same name in the file at path: each rank reads
+// Loads every parameter from the full tensor of the same name in the file at path (file_prefix +
+// the parameter's name: "transformer." for a Hugging Face GPT2LMHeadModel file): each rank reads
 // the full tensor and copies its own shard (nn::take_shard with the parameter's ShardSpec over tp)
 // into param->value, in place and without recording autograd history. A file tensor in another
-// floating dtype is converted to the parameter's dtype (float64 -> float32 rounds to nearest).
-// Tensors in the file that no parameter names are ignored.
+// floating dtype is converted to the parameter's dtype (float64 -> float32 rounds to nearest; F16
+// and BF16 are read as float32, exactly). Tensors in the file that no parameter names are ignored,
+// whatever their dtype.
 //
 // All-or-nothing: every name, shape and dtype is checked before any parameter is changed. Throws
 // SafetensorsError naming the file and the parameter for a malformed file, a missing name, a full
-// shape that differs from param->full_shape (both shapes in the message), or int64 data for a
-// floating parameter. Not collective: every rank of tp calls it and reads the file itself (under
+// shape that differs from param->full_shape (both shapes in the message), int64 data for a
+// floating parameter, or a dtype meshgrad does not read. Not collective: every rank of tp calls it and reads the file itself (under
 // MPI across machines, the file must be visible to every rank).
 void load_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
-                     const dist::ProcessGroup& tp);
+                     const dist::ProcessGroup& tp, const std::string& file_prefix = "");
 
 // Gathers every parameter's full tensor (nn::gather_full: collective, every rank of tp calls this
 // with the same parameters in the same order) and rank `writer_rank` of tp writes them by name,

@@ -49,6 +49,10 @@ struct TrainOptions {
   std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
+  // A Hugging Face GPT-2 directory (config.json + model.safetensors) to start from instead of a
+  // random initialisation (train/hf_io.hpp): the model's sizes come from its config.json, and a size
+  // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
+  std::string init_from;
   // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
   // the model over the first eval_steps validation batches (all of them if fewer), without dropout
   // and without recording a graph. Needs data with a validation split (a prepared directory).
