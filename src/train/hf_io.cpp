@@ -1,5 +1,7 @@
 // Hugging Face GPT-2 directories in and out (contract in include/meshgrad/train/hf_io.hpp).
 #include "meshgrad/train/hf_io.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/sha256.hpp"
 
 #include <fcntl.h>
@@ -383,9 +385,19 @@ std::string tokenizer_config_json(std::int64_t max_length, bool has_eot) {
 FullParameters read_full_parameters(const std::string& checkpoint, const std::string& config_path) {
   struct stat st {};
   MG_CHECK(::stat(checkpoint.c_str(), &st) == 0, "--checkpoint '{}': {}", checkpoint, std::strerror(errno));
-  MG_CHECK(!S_ISDIR(st.st_mode), "--checkpoint '{}' is a directory; export reads a safetensors file of full "
-           "parameters written by `meshgrad train --save` (sharded checkpoint directories are not read here yet)",
-           checkpoint);
+  if (S_ISDIR(st.st_mode)) {
+    MG_CHECK(is_checkpoint_path(checkpoint), "--checkpoint '{}' is a directory but not a training checkpoint (no "
+             "manifest.json, no step_XXXXXXXX/ in it); export reads those or a safetensors file written by `meshgrad "
+             "train --save`", checkpoint);
+    // A sharded training checkpoint: every parameter's full tensor from its pieces.
+    const std::string dir = resolve_checkpoint(checkpoint);
+    const Manifest manifest = read_manifest(dir);
+    FullParameters out;
+    out.config = config_path.empty() ? checkpoint_model_config(manifest, dir) : read_gpt2_config(config_path);
+    out.metadata = checkpoint_data_metadata(manifest);
+    out.tensors = read_full_tensors(dir, manifest, gpt2_parameter_shapes(out.config));
+    return out;
+  }
   MG_CHECK(S_ISREG(st.st_mode), "--checkpoint '{}' is not a regular file", checkpoint);
   const SafetensorsFile f(checkpoint);
   FullParameters out;

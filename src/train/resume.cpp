@@ -112,6 +112,47 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
   return out;
 }
 
+nn::ModelConfig checkpoint_model_config(const Manifest& manifest, const std::string& dir) {
+  const auto config = manifest.state.find("config");
+  if (config == manifest.state.end())
+    throw CheckpointError(fmt::format("checkpoint '{}': its state has no \"config\" (not written by meshgrad train?)", dir));
+  TrainOptions defaults;
+  const TrainOptions saved = resume_options(defaults, *config, dir);
+  nn::ModelConfig m = saved.model;
+  const ManifestTensor* wte = manifest.find("wte.weight");
+  if (wte == nullptr) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor 'wte.weight'", dir));
+  m.dtype = wte->dtype;
+  return m;
+}
+
+std::vector<std::pair<std::string, Tensor>> read_full_tensors(const std::string& dir, const Manifest& manifest,
+                                                              const std::vector<std::pair<std::string, Shape>>& names) {
+  std::vector<PieceRequest> requests;
+  for (const auto& [name, shape] : names) {
+    const ManifestTensor* t = manifest.find(name);
+    if (t == nullptr) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, name));
+    dist::PieceLayout whole;
+    for (const std::int64_t n : shape) whole.ranges.push_back({ShardRange{0, n}});
+    whole.local_shape = shape;
+    requests.push_back({name, shape, whole, t->dtype});
+  }
+  std::vector<Tensor> read = read_pieces(dir, manifest, requests);
+  std::vector<std::pair<std::string, Tensor>> out;
+  for (std::size_t i = 0; i < names.size(); ++i) out.emplace_back(names[i].first, std::move(read[i]));
+  return out;
+}
+
+std::map<std::string, std::string> checkpoint_data_metadata(const Manifest& manifest) {
+  std::map<std::string, std::string> out;
+  const auto data = manifest.state.find("data");
+  if (data == manifest.state.end() || !data->is_object()) return out;
+  if (data->contains("meta") && (*data)["meta"].is_string()) out["data_meta"] = (*data)["meta"].get<std::string>();
+  if (data->contains("description") && (*data)["description"].is_string()) {
+    out["data_tokens"] = (*data)["description"].get<std::string>();   // as --save records it ("bytes", ...)
+  }
+  return out;
+}
+
 std::string cli_mesh_spec(const dist::DeviceMesh& mesh) {
   const int dp = mesh.has_axis("dp") ? mesh.axis_size("dp") : 1;
   std::string tp;

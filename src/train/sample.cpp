@@ -1,6 +1,10 @@
 // Text generation (contract in include/meshgrad/train/sample.hpp).
 #include "meshgrad/train/sample.hpp"
 
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/resume.hpp"
+
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
@@ -97,9 +101,25 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
   SampleWeights w;
   w.checkpoint = checkpoint;
   std::optional<SafetensorsFile> file;
+  if (fs::is_directory(status) && is_checkpoint_path(checkpoint)) {
+    // (c) A sharded training checkpoint (or a --checkpoint-dir: its newest): each rank reads its own
+    // pieces; the sizes come from the saved configuration, the tokenizer from the run's prepared data.
+    w.sharded_checkpoint = resolve_checkpoint(checkpoint);
+    const Manifest manifest = read_manifest(w.sharded_checkpoint);
+    w.weights = w.sharded_checkpoint;
+    w.config_source = fmt::format("checkpoint '{}' configuration", w.sharded_checkpoint);
+    w.model = checkpoint_model_config(manifest, w.sharded_checkpoint);
+    MG_CHECK(w.model.dtype != DType::Int64, "sample: checkpoint '{}': wte.weight is int64", w.sharded_checkpoint);
+    const auto meta = checkpoint_data_metadata(manifest).find("data_meta");
+    if (meta != checkpoint_data_metadata(manifest).end() && has_tokenizer_files(fs::path(meta->second).parent_path()))
+      w.tokenizer_dir = fs::path(meta->second).parent_path().string();
+    w.model.dropout = 0.0;
+    w.model.batch = 1;
+    w.model.seq = w.model.n_positions();
+    return w;
+  }
   if (fs::is_directory(status)) {
-    // (b) Hugging Face layout. (A sharded checkpoint directory, DIR/step_*/manifest.json, would be
-    // recognised here.)
+    // (b) Hugging Face layout.
     const fs::path dir(checkpoint);
     MG_CHECK(fs::is_regular_file(dir / "config.json") && fs::is_regular_file(dir / "model.safetensors"),
              "sample: checkpoint '{}' {}: a model directory holds config.json and model.safetensors", checkpoint,
@@ -145,7 +165,17 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
 
 void load_sample_weights(const SampleWeights& weights, const std::vector<nn::Parameter*>& params,
                          const dist::DeviceMesh& mesh) {
-  load_parameters(weights.weights, params, nn::tensor_parallel_group(mesh));
+  if (weights.sharded_checkpoint.empty()) {
+    load_parameters(weights.weights, params, nn::tensor_parallel_group(mesh));
+    return;
+  }
+  // Only this rank's pieces of the parameters (the optimizer state is not read), checked, then copied.
+  const Manifest manifest = read_manifest(weights.sharded_checkpoint);
+  std::vector<PieceRequest> requests;
+  for (const nn::Parameter* p : params) requests.push_back({p->name, p->full_shape, p->layout(), p->value.dtype()});
+  const std::vector<Tensor> pieces = read_pieces(weights.sharded_checkpoint, manifest, requests);
+  autograd::NoGradGuard no_grad;
+  for (std::size_t i = 0; i < params.size(); ++i) params[i]->value.detach().copy_from(pieces[i]);
 }
 
 // ---- tokens ------------------------------------------------------------------------------------------

@@ -18,6 +18,7 @@
 #include <csignal>
 #include <cstring>
 #include <deque>
+#include <filesystem>
 #include <optional>
 #include <nlohmann/json.hpp>
 #include <numbers>
@@ -38,6 +39,8 @@
 #include "meshgrad/train/output_path.hpp"
 
 namespace meshgrad::train {
+
+namespace fs = std::filesystem;
 
 namespace {
 
@@ -407,7 +410,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                          {"lr", lr},
                          {"mesh", cli_mesh_spec(*mesh)},
                          {"data", {{"source", data.source()}, {"tokens", data.size()}, {"vocab", data.vocab()},
-                                   {"next_batch", done}}}};
+                                   {"description", data.description()}, {"next_batch", done}}}};
+    // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
+    for (const std::string& f : data.input_files()) {
+      if (fs::path(f).filename() == "meta.json") state["data"]["meta"] = fs::absolute(f).lexically_normal().string();
+    }
     for (const auto& [key, value] : options.provenance) state["provenance"][key] = value;
     const Clock::time_point t0 = Clock::now();
     const SaveTimes times = saver->save(done, training_state_tensors(params, opt), state, !sync && !options.checkpoint_sync);

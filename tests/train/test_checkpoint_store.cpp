@@ -21,6 +21,9 @@
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/train/hf_io.hpp"
+#include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/train/sample.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/trainer.hpp"
@@ -336,6 +339,41 @@ TEST_F(CheckpointStoreTest, CheckpointDirectoryThatCannotBeUsedIsRefusedBeforeSt
       EXPECT_NE(std::string(e.what()).find(expected), std::string::npos) << e.what();
     }
     EXPECT_FALSE(fs::exists(path("metrics.jsonl"))) << "the run started before refusing " << dir;
+  }
+}
+
+TEST_F(CheckpointStoreTest, SampleAndExportReadACheckpointLikeTheSavedFile) {
+  // One run writes both a sharded checkpoint (at tp=2) and the --save file of the same weights.
+  TrainOptions o = options(3);
+  o.model.dtype = DType::Float32;
+  o.checkpoint_dir = path("ck");
+  o.save_path = path("w.safetensors");
+  run(o, {1, 2});
+  for (const MeshSpec& m : std::vector<MeshSpec>{{1, 1}, {1, 3}, {2, 2}}) {
+    SCOPED_TRACE("sampled on " + m.str());
+    SampleJob job;
+    job.prompt = "The ";
+    job.tokens = 4;   // the model has 8 positions; the prompt takes 4
+    job.checkpoint = path("ck");
+    const SampleResult from_checkpoint = run_sample_job(job, on_threads(m));
+    job.checkpoint = path("w.safetensors");
+    const SampleResult from_file = run_sample_job(job, on_threads(m));
+    EXPECT_EQ(from_checkpoint.new_tokens, from_file.new_tokens);
+    EXPECT_EQ(from_checkpoint.new_tokens.size(), 4u);
+  }
+  ExportOptions e;
+  e.checkpoint = path("ck");
+  e.out_dir = path("hf_from_ck");
+  export_hf(e);
+  e.checkpoint = path("w.safetensors");
+  e.out_dir = path("hf_from_file");
+  export_hf(e);
+  const SafetensorsFile a(path("hf_from_ck/model.safetensors")), b(path("hf_from_file/model.safetensors"));
+  ASSERT_EQ(a.names(), b.names());
+  for (const std::string& name : a.names()) {
+    const Tensor x = a.get(name), y = b.get(name);
+    ASSERT_EQ(x.shape(), y.shape()) << name;
+    EXPECT_EQ(x.to_vector(), y.to_vector()) << name;   // bitwise (float32 values as doubles)
   }
 }
 

@@ -4,10 +4,14 @@
 #pragma once
 
 #include <nlohmann/json.hpp>
+#include <map>
 #include <set>
+#include <utility>
+#include <vector>
 #include <string>
 
 #include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::train {
@@ -28,6 +32,20 @@ const std::set<std::string>& fixed_by_checkpoint();
 // Keeps the caller's run-time fields (progress, provenance, on_step, resume, ...).
 TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
                             std::string* changed = nullptr);
+
+// The model a checkpoint holds: the sizes and dropout of its saved configuration, the dtype of its
+// tensors. Throws CheckpointError naming dir when the state lacks them.
+nn::ModelConfig checkpoint_model_config(const Manifest& manifest, const std::string& dir);
+
+// The full tensors `names` of checkpoint dir (each read whole from its pieces, hashes checked), in the
+// given order: what `sample`, `export` and other single-file tools read from a sharded checkpoint.
+std::vector<std::pair<std::string, Tensor>> read_full_tensors(const std::string& dir, const Manifest& manifest,
+                                                              const std::vector<std::pair<std::string, Shape>>& names);
+
+// The metadata a `train --save` file carries about its data, from a checkpoint's state: "data_meta"
+// (the prepared directory's meta.json, which names the tokenizer) and "data_tokens" (its
+// description, "bytes" for byte tokens), when the checkpoint recorded them.
+std::map<std::string, std::string> checkpoint_data_metadata(const Manifest& manifest);
 
 // The mesh as --mesh spells it: "dp=2,tp=4", "tp=2x2" (2-D: tp_row x tp_col), "dp=2,tp=2x2".
 std::string cli_mesh_spec(const dist::DeviceMesh& mesh);

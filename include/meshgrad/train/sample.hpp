@@ -40,6 +40,7 @@ struct SampleWeights {
   std::string config_source;   // where the sizes came from: a config.json, or the file's metadata
   nn::ModelConfig model;       // the sizes; dtype = the weights' (wte.weight's), dropout 0
   std::string tokenizer_dir;   // the checkpoint directory when it holds tokenizer files, else ""
+  std::string sharded_checkpoint;   // (c): the checkpoint directory step_XXXXXXXX, else ""
 };
 
 // What a checkpoint path may be:
@@ -47,7 +48,10 @@ struct SampleWeights {
 //      config.json beside it (Hugging Face GPT-2 format), else its metadata key "gpt2_config"
 //      (that JSON as a string, which `train --save` writes); else an error naming both;
 //  (b) a Hugging Face style directory with config.json and model.safetensors (and, optionally,
-//      the tokenizer: vocab.json + merges.txt or encoder.json + vocab.bpe).
+//      the tokenizer: vocab.json + merges.txt or encoder.json + vocab.bpe);
+//  (c) a sharded training checkpoint (train --checkpoint-dir): a step_XXXXXXXX directory, or the
+//      checkpoint directory (its newest); sizes from the saved configuration, the tokenizer from the
+//      run's prepared data directory when it is still there; each rank reads only its pieces.
 // Anything else is an InvalidArgument saying it is "not a safetensors file or model directory". The
 // config is checked against the file's tensor shapes (check_gpt2_config_against_weights).
 // This and load_sample_weights are the one place a new checkpoint format is added.
