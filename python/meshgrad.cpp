@@ -14,6 +14,7 @@
 // meshgrad.Error (RuntimeError) or meshgrad.InvalidArgument (also a ValueError) with the same
 // message. The GIL is released while the ranks run.
 #include <fmt/core.h>
+#include <algorithm>
 #include <pybind11/numpy.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -30,6 +31,7 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/train/explain.hpp"
+#include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/jobs.hpp"
 #include "meshgrad/train/sample.hpp"
 #include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
@@ -105,12 +107,33 @@ py::array to_numpy(const Tensor& t) {
   return py::array(py::dtype(info), info.shape, info.strides, info.ptr, owner);
 }
 
-// A Tensor with a copy of the array's values (meshgrad's storage owns 64-byte aligned memory, so a
-// numpy buffer cannot be adopted). float32, float64 and int64 only; anything else is named.
+// A Tensor of the array's values. Without a copy when the layout allows: a writeable array whose
+// strides are non-negative multiples of its item size (C-contiguous, or a strided view) becomes a
+// tensor over the same memory, and the tensor holds a reference to the array (released with the
+// GIL held, whichever thread drops the last handle). Otherwise (read-only, negative or unaligned
+// strides) a C-contiguous copy. float32, float64 and int64 only; anything else is named.
 template <class T>
-Tensor copy_array(const py::array& a, DType dtype) {
-  auto c = py::array_t<T, py::array::c_style>::ensure(a);   // a itself when already C-contiguous
-  Shape shape(c.shape(), c.shape() + c.ndim());
+Tensor adopt_or_copy_array(const py::array& a, DType dtype) {
+  bool adoptable = a.writeable() && a.ndim() <= 8;
+  Shape shape(a.shape(), a.shape() + a.ndim());
+  Strides strides;
+  std::int64_t span = 1;   // elements from the first to one past the last
+  for (py::ssize_t d = 0; d < a.ndim() && adoptable; ++d) {
+    const py::ssize_t st = a.strides(d);
+    adoptable = st >= 0 && st % static_cast<py::ssize_t>(sizeof(T)) == 0;
+    strides.push_back(st / static_cast<py::ssize_t>(sizeof(T)));
+    if (shape[static_cast<std::size_t>(d)] > 0) span += (shape[static_cast<std::size_t>(d)] - 1) * strides.back();
+  }
+  if (adoptable) {
+    auto* owner = new py::object(a);   // keeps the array (and its memory) alive
+    auto release = [owner] {
+      py::gil_scoped_acquire gil;
+      delete owner;
+    };
+    return Tensor::from_external(const_cast<void*>(a.data()), static_cast<std::size_t>(span) * sizeof(T), dtype,
+                                 std::move(shape), std::move(strides), std::move(release));
+  }
+  auto c = py::array_t<T, py::array::c_style>::ensure(a);
   Tensor t = Tensor::empty(shape, dtype);
   if (t.numel() > 0) std::memcpy(t.data<T>(), c.data(), static_cast<std::size_t>(t.numel()) * sizeof(T));
   return t;
@@ -118,9 +141,9 @@ Tensor copy_array(const py::array& a, DType dtype) {
 
 Tensor from_numpy(const py::array& a) {
   const py::dtype dt = a.dtype();
-  if (dt.is(py::dtype::of<float>())) return copy_array<float>(a, DType::Float32);
-  if (dt.is(py::dtype::of<double>())) return copy_array<double>(a, DType::Float64);
-  if (dt.is(py::dtype::of<std::int64_t>())) return copy_array<std::int64_t>(a, DType::Int64);
+  if (dt.is(py::dtype::of<float>())) return adopt_or_copy_array<float>(a, DType::Float32);
+  if (dt.is(py::dtype::of<double>())) return adopt_or_copy_array<double>(a, DType::Float64);
+  if (dt.is(py::dtype::of<std::int64_t>())) return adopt_or_copy_array<std::int64_t>(a, DType::Int64);
   throw py::type_error(fmt::format("meshgrad.Tensor: numpy dtype {} is not supported (float32, float64 or int64)",
                                    std::string(py::str(py::handle(dt)))));
 }
@@ -188,7 +211,26 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("save", o.save_path);
   k.get("init_from", o.init_from);
   k.get("progress", o.progress);
+  k.get("regather", o.parallel.recompute_allgather);
+  k.get("eval_every", o.eval_every);
+  k.get("eval_steps", o.eval_steps);
+  k.get("grad_clip", o.grad_clip);
+  k.get("grad_accum", o.grad_accum);
+  k.get("checkpoint_dir", o.checkpoint_dir);
+  k.get("save_every", o.save_every);
+  k.get("keep", o.keep);
+  k.get("sync_checkpoints", o.checkpoint_sync);
+  k.get("resume", o.resume);
   k.finish();
+  // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
+  for (const auto& item : kwargs) {
+    std::string key = py::str(item.first);
+    std::replace(key.begin(), key.end(), '_', '-');
+    o.given_options.insert(key == "checkpoint-blocks" ? key : key);
+  }
+  if (!o.resume.empty() && !kwargs.contains("mesh")) {
+    mesh = train::read_manifest(train::resolve_checkpoint(o.resume)).state.value("mesh", mesh);
+  }
   o.model.dtype = parse_dtype(dtype);
   // As the CLI: with init_from, the sizes not given come from its config.json (0 = the file's).
   if (!o.init_from.empty()) {
@@ -355,7 +397,9 @@ PYBIND11_MODULE(meshgrad, m) {
 
   py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
                      "A meshgrad tensor. numpy.asarray(t) / t.numpy() view its memory without a copy; "
-                     "meshgrad.Tensor(array) copies a float32, float64 or int64 array.")
+                     "meshgrad.Tensor(array) of a writeable float32, float64 or int64 array views the array's "
+                     "memory too (no copy; the tensor keeps the array alive); read-only or negatively strided "
+                     "arrays are copied.")
       .def(py::init(&from_numpy), py::arg("array"))
       .def_buffer(&tensor_buffer)
       .def("numpy", &to_numpy, "A numpy array viewing this tensor's memory (no copy)")
@@ -366,8 +410,9 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("train", &train_job,
         "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
-        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False) -> list of "
-        "per-step "
+        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False, regather=False, "
+        "eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir='', save_every=0, keep=0, "
+        "sync_checkpoints=False, resume='') -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

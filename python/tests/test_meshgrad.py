@@ -118,16 +118,46 @@ def test_tensor_numpy_round_trip_shares_memory():
     t = meshgrad.Tensor(a)
     assert t.shape == [3, 4] and t.dtype == "float32"
     v1, v2 = np.asarray(t), t.numpy()
-    assert np.shares_memory(v1, v2) and not np.shares_memory(v1, a)   # meshgrad owns its storage
+    # No copy either way: the tensor views the array's memory and numpy views the tensor's.
+    assert np.shares_memory(v1, v2) and np.shares_memory(v1, a)
     np.testing.assert_array_equal(v1, a)
     v1[0, 0] = 42
-    assert t.numpy()[0, 0] == 42
+    assert t.numpy()[0, 0] == 42 and a[0, 0] == 42
+    a[2, 3] = -7
+    assert t.numpy()[2, 3] == -7
 
 
-def test_tensor_from_a_non_contiguous_array_copies_its_values():
-    a = np.arange(20, dtype=np.float64).reshape(4, 5)[:, ::2]
-    np.testing.assert_array_equal(meshgrad.Tensor(a).numpy(), a)
+def test_tensor_keeps_the_adopted_array_alive():
+    t = meshgrad.Tensor(np.full((1000, 100), 3.5, dtype=np.float64))   # no other reference to the array
+    import gc
+    gc.collect()
+    assert t.numpy().sum() == 3.5 * 100000
+
+
+def test_tensor_from_a_strided_array_views_it_and_readonly_arrays_are_copied():
+    base = np.arange(20, dtype=np.float64).reshape(4, 5)
+    a = base[:, ::2]                                   # positive strides: viewed, not copied
+    t = meshgrad.Tensor(a)
+    np.testing.assert_array_equal(t.numpy(), a)
+    assert np.shares_memory(t.numpy(), base)
+    r = np.arange(6, dtype=np.float32)
+    r.setflags(write=False)                            # meshgrad may write into tensors: copied
+    tr = meshgrad.Tensor(r)
+    assert not np.shares_memory(tr.numpy(), r)
+    np.testing.assert_array_equal(tr.numpy(), r)
+    reversed_ = np.arange(5, dtype=np.float64)[::-1]   # a negative stride: copied
+    np.testing.assert_array_equal(meshgrad.Tensor(reversed_).numpy(), reversed_)
     np.testing.assert_array_equal(meshgrad.Tensor(np.array([3, -1], dtype=np.int64)).numpy(), [3, -1])
+
+
+def test_train_checkpoints_and_resumes_from_python(tmp_path):
+    ck = str(tmp_path / "ck")
+    first = meshgrad.train(mesh="tp=2", steps=6, checkpoint_dir=ck, save_every=3, dropout=0.1)
+    import shutil, os
+    shutil.rmtree(os.path.join(ck, "step_00000006"))
+    resumed = meshgrad.train(resume=ck)                # mesh, sizes and steps from the checkpoint
+    assert [m["step"] for m in resumed] == [4, 5, 6]
+    assert [m["loss"] for m in resumed] == [m["loss"] for m in first[3:]]   # bitwise
 
 
 def test_gradient_arrays_outlive_the_call():

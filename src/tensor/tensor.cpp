@@ -21,7 +21,32 @@ namespace meshgrad {
 Storage::Storage(std::size_t nbytes)
     : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes) {}
 
-Storage::~Storage() { memory::deallocate(data_, nbytes_); }
+Storage::Storage(std::byte* external, std::size_t nbytes, std::function<void()> release)
+    : data_(external), nbytes_(nbytes), release_(std::move(release)) {}
+
+Storage::~Storage() {
+  if (release_) {
+    release_();
+  } else {
+    memory::deallocate(data_, nbytes_);
+  }
+}
+
+Tensor Tensor::from_external(void* data, std::size_t nbytes, DType dtype, Shape shape, Strides strides,
+                             std::function<void()> release) {
+  MG_CHECK(shape.size() == strides.size(), "from_external: {} sizes and {} strides", shape.size(), strides.size());
+  std::int64_t last = 0;
+  bool empty = false;
+  for (std::size_t d = 0; d < shape.size(); ++d) {
+    MG_CHECK(shape[d] >= 0 && strides[d] >= 0, "from_external: negative size or stride in dim {}", d);
+    if (shape[d] == 0) empty = true;
+    else last += (shape[d] - 1) * strides[d];
+  }
+  MG_CHECK(empty || static_cast<std::size_t>(last + 1) * dtype_size(dtype) <= nbytes,
+           "from_external: shape {} with strides reaches past the {} bytes given", shape_str(shape), nbytes);
+  auto storage = std::make_shared<Storage>(static_cast<std::byte*>(data), nbytes, std::move(release));
+  return make_tensor(std::move(storage), dtype, std::move(shape), std::move(strides), 0);
+}
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strides strides, std::int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();

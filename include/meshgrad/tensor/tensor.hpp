@@ -35,6 +35,9 @@ using TensorList = std::vector<Tensor>;
 class Storage {
  public:
   explicit Storage(std::size_t nbytes);
+  // Memory the storage does not own (a numpy array's, say): release() is called instead of freeing
+  // it when the storage dies. The memory must stay valid until then.
+  Storage(std::byte* external, std::size_t nbytes, std::function<void()> release);
   ~Storage();
   Storage(const Storage&) = delete;
   Storage& operator=(const Storage&) = delete;
@@ -51,6 +54,7 @@ class Storage {
  private:
   std::byte* data_;
   std::size_t nbytes_;
+  std::function<void()> release_;   // set for external memory
   std::atomic<std::uint64_t> version_{0};
 };
 
@@ -102,6 +106,11 @@ class Tensor {
   static Tensor from_int64(std::span<const std::int64_t> values, const Shape& shape);
   // 0, 1, ..., n-1
   static Tensor arange(std::int64_t n, DType dtype = DType::Float32);
+  // A tensor over memory it does not own (no copy): `nbytes` from `data` hold elements of `dtype`
+  // laid out by `strides` (in elements, non-negative); release() runs when the last tensor or view
+  // over it dies. Throws InvalidArgument when the layout reaches past nbytes.
+  static Tensor from_external(void* data, std::size_t nbytes, DType dtype, Shape shape, Strides strides,
+                              std::function<void()> release);
 
   // ---- metadata -------------------------------------------------------------------------------
   bool defined() const { return impl_ != nullptr; }
