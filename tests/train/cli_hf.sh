@@ -82,7 +82,7 @@ expect_error export-out-not-empty "--out 'full' is a directory that is not empty
   "$M" export --checkpoint ck.safetensors --out full
 [ "$(cat full/keep.txt)" = mine ] || fail "export changed a file in --out"
 expect_error export-dtype "--dtype" -- "$M" export --checkpoint ck.safetensors --out x --dtype float8
-expect_error export-directory-checkpoint "is a directory" "sharded" -- "$M" export --checkpoint hf --out x
+expect_error export-directory-checkpoint "is a directory but not a training checkpoint" -- "$M" export --checkpoint hf --out x
 mkdir empty
 "$M" export --checkpoint ck.safetensors --out empty --dtype bfloat16 >/dev/null 2>&1 && [ -f empty/model.safetensors ] \
   && echo "ok   export into an empty directory" || fail "export into an empty directory"
