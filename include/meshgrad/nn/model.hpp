@@ -37,6 +37,12 @@ struct ParallelConfig {
   bool overlap = false;              // column layers overlap their backward communication with compute
   bool recompute_allgather = false;  // column layers keep only the local input shard (SP) and re-gather in backward
   bool checkpoint_blocks = false;    // activation checkpointing per transformer block
+  // TP-invariant mode (docs/tp-invariance.md): the loss, gradients and updates are bitwise the same
+  // at every tp that keeps the fixed reduction tree of invariant_blocks blocks (a power of two; tp
+  // must divide it and every split dimension must cut into whole blocks). Pins OpenBLAS to one
+  // thread per rank (its results depend on the thread count).
+  bool tp_invariant = false;
+  int invariant_blocks = 4;
 };
 
 // One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch). Its rows
@@ -67,6 +73,9 @@ class Model {
   // it so that a resumed run draws the masks of the run never stopped.
   virtual std::uint64_t random_state() const { return 0; }
   virtual void set_random_state(std::uint64_t /*state*/) {}
+  // True in TP-invariant mode (ParallelConfig::tp_invariant): the trainer then computes the gradient
+  // norm order-independently (grad_norm.hpp).
+  virtual bool tp_invariant() const { return false; }
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives
