@@ -68,7 +68,7 @@ class TreeReduceFn final : public autograd::Function {
   std::string_view name() const override { return scatter_ ? "tree_reduce_scatter (P -> S(0))" : "tree_all_reduce (P -> R)"; }
   bool decides_gradient_placement() const override { return true; }
   TensorList forward(const TensorList& x) override {
-    full_ = x[0].size(0);
+    if (scatter_) full_ = x[0].size(0);
     return {scatter_ ? tree_reduce_scatter(x[0], group_) : tree_all_reduce(x[0], group_)};
   }
   TensorList backward(const TensorList& g) override {

@@ -292,7 +292,8 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   }
   sync.finish();
   const std::vector<nn::Parameter*> params = model.parameters();
-  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip) : global_grad_norm(params, mesh);
+  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip, model.tp_invariant())
+                                : global_grad_norm(params, mesh, model.tp_invariant());
   optimizer.step();
   return out;
 }
