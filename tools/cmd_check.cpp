@@ -37,6 +37,7 @@ int run_check(CheckArgs& a) {
              o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
              a.dtype, mesh_spec_str(mesh_axes_from_spec(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
              o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.backend);
+  if (o.parallel.tp_invariant) fmt::print("tp-invariant mode, {} blocks per split dimension\n", o.parallel.invariant_blocks);
   fmt::print("tolerance (max |mesh - reference| / max |reference| per parameter): gradients {:.0e}, weights {:.0e}\n\n",
              report.grad_tolerance, report.weight_tolerance);
   fmt::print("{:<28} {:>12} {:>12} {:>12} {:>12}  {}\n", "parameter", "grad abs", "grad rel", "weight abs",
@@ -57,6 +58,14 @@ int run_check(CheckArgs& a) {
   }
   if (report.collectives.empty()) fmt::print("  none (a single rank)\n");
   if (!report.first_divergence.empty()) fmt::print("\nfirst parameter that diverges: {}\n", report.first_divergence);
+  if (o.parallel.tp_invariant) {
+    // Both sides run the tree: anything but zero difference is a failure, however small.
+    bool bitwise = report.max_loss_difference == 0;
+    for (const auto& p : report.parameters) bitwise = bitwise && p.grad_max_abs == 0 && p.weight_max_abs == 0;
+    fmt::print("\n{}\n", bitwise ? "PASS: tp-invariant: losses, gradients and weights are bitwise those of the single rank"
+                                 : "FAIL: tp-invariant: the mesh model differs from the single rank in some bit");
+    return bitwise ? 0 : 1;
+  }
   fmt::print("\n{}\n", report.passed ? "PASS: the mesh model matches the single-rank model"
                                      : "FAIL: the mesh model differs from the single-rank model");
   return report.passed ? 0 : 1;
@@ -89,6 +98,10 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
   app.add_flag("--regather", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");
   app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks, "activation checkpointing per block");
+  app.add_flag("--tp-invariant", o.parallel.tp_invariant,
+               "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/tp-invariance.md)");
+  app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "
+                 "dimension (a power of two)")->capture_default_str();
   app.add_option("--dtype", a->dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
   return [a] { return run_check(*a); };
 };

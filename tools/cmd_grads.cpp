@@ -28,6 +28,8 @@ struct GradsArgs {
   std::string backend = "threads";
   std::string dtype;   // "" = the weights' dtype
   bool sequence_parallel = false;
+  bool tp_invariant = false;
+  int invariant_blocks = 4;
 };
 
 // Reading and checking the files and computing the gradients is the library's job
@@ -41,6 +43,8 @@ int run(const GradsArgs& a) {
   job.batch = a.batch;
   job.dtype = a.dtype;
   job.sequence_parallel = a.sequence_parallel;
+  job.tp_invariant = a.tp_invariant;
+  job.invariant_blocks = a.invariant_blocks;
   const train::GradsResult r = train::run_grads_job(job, mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
@@ -69,6 +73,12 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--dtype", a->dtype, "Compute dtype (default: the weights' dtype)")
                   ->check(CLI::IsMember({"float32", "float64"}));
               app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism");
+              app.add_flag("--tp-invariant", a->tp_invariant,
+                           "Bitwise the same gradients at every tp that keeps the fixed reduction tree "
+                           "(docs/tp-invariance.md)");
+              app.add_option("--invariant-blocks", a->invariant_blocks,
+                             "With --tp-invariant: fixed blocks per split dimension (a power of two)")
+                  ->capture_default_str();
               return [a] { return run(*a); };
             }});
 

@@ -142,6 +142,13 @@ MESHGRAD_REGISTER_COMMAND(
                            "all-gather per layer)");
               app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks,
                            "Activation checkpointing per transformer block");
+              app.add_flag("--tp-invariant", o.parallel.tp_invariant,
+                           "Bitwise the same model at every tensor-parallel degree that keeps the fixed reduction "
+                           "tree (docs/tp-invariance.md); one BLAS thread per rank");
+              app.add_option("--invariant-blocks", o.parallel.invariant_blocks,
+                             "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
+                  ->check(at_least(1))
+                  ->capture_default_str();
               app.add_option("--dtype", a->dtype, "float32 or float64")
                   ->check(CLI::IsMember({"float32", "float64"}))
                   ->capture_default_str();

@@ -10,6 +10,9 @@
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/distributed/tree_collectives.hpp"
+#include "meshgrad/nn/invariant.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
@@ -66,6 +69,14 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
              mesh->str());
     ctx->tp_axis = mesh->axis_index("tp");
     ctx->tp = mesh->group(ctx->tp_axis);
+  }
+  if (config.tp_invariant) {
+    MG_CHECK(!ctx->two_d, "model: --tp-invariant applies to a 1-D tp axis, not to a 2-D grid ({})", mesh->str());
+    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
+             "of two (1, 2, 4, 8, ...)", config.invariant_blocks);
+    // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one
+    // thread per rank makes a GEMM's result a function of its shape and data only.
+    blas::set_num_threads(1);
   }
   ctx->mesh = std::move(mesh);
   return ctx;
@@ -254,6 +265,10 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t
   const auto b_spec = ctx_->on_tp(Placement::shard(0, options.blocks, options.unit));
   if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
+  if (ctx_->config.tp_invariant) {
+    plan_ = tree::plan_split(name + " output features", out, options.blocks, options.unit,
+                             ctx_->config.invariant_blocks, ctx_->tp_size(), ctx_->tp_rank());
+  }
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
@@ -264,6 +279,11 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) cons
 Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& w,
                                           const Tensor& b) const {
   dist::CommLabelScope label(name_);
+  if (plan_) {
+    Tensor y = invariant::column_linear(x, w, b, ctx_, *plan_, seq_len, name_);
+    if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
+    return y;
+  }
   ColumnConfig config{ctx_->tp, ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
                       seq_len, name_};
   Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), ctx_)[0];
@@ -278,11 +298,20 @@ RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, s
   weight = make_parameter(name + ".weight", {in, out}, ctx_->on_tp(Placement::shard(0, 1, options.unit)), *ctx_, seed,
                           options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, ctx_->replicated(), *ctx_, seed, 0.0, 0.0, dtype);
+  if (ctx_->config.tp_invariant) {
+    plan_ = tree::plan_split(name + " input features", in, 1, options.unit, ctx_->config.invariant_blocks,
+                             ctx_->tp_size(), ctx_->tp_rank());
+  }
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
+  if (plan_) {
+    // x holds the whole sequence here (the column layer before it gathered it).
+    const Tensor y = invariant::row_linear(x_local, weight.value, *ctx_, *plan_, name_);
+    return bias.value.defined() ? invariant::add_bias(y, bias.value, *ctx_, x_local.size(0)) : y;
+  }
   const Tensor partial = meshgrad::linear(x_local, weight.value);
   Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
                                        : dist::reduce_from_region(partial, ctx_->tp);
@@ -337,7 +366,12 @@ LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps,
   bias = make_parameter(name + ".bias", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 0.0, dtype);
 }
 
-Tensor LayerNorm::forward(const Tensor& x) const {
+Tensor LayerNorm::forward(const Tensor& x, std::int64_t seq) const {
+  if (ctx_->config.tp_invariant) {
+    MG_CHECK(seq > 0 || !ctx_->sequence_parallel(), "layer_norm: TP-invariant mode under sequence parallelism needs "
+             "the global sequence length");
+    return invariant::layer_norm(x, weight.value, bias.value, eps_, *ctx_, seq > 0 ? seq : x.size(0));
+  }
   if (ctx_->sequence_parallel()) {
     // Replicated parameters on sequence-sharded rows: their gradients are partial over tp.
     return meshgrad::layer_norm(x, ctx_->partial_over_tp(weight.value), ctx_->partial_over_tp(bias.value), eps_);
@@ -384,9 +418,11 @@ namespace {
 class VocabParallelCrossEntropyFn final : public Function {
  public:
   VocabParallelCrossEntropyFn(Tensor targets, std::int64_t offset, std::int64_t vocab, dist::ProcessGroup tp,
-                              double divisor, std::int64_t ignore_index)
+                              double divisor, std::int64_t ignore_index, const tree::SplitPlan* blocks)
       : targets_(std::move(targets)), offset_(offset), vocab_(vocab), tp_(std::move(tp)), divisor_(divisor),
-        ignore_(ignore_index) {}
+        ignore_(ignore_index) {
+    if (blocks != nullptr) blocks_ = *blocks;
+  }
   std::string_view name() const override { return "vocab_parallel_cross_entropy"; }
 
   TensorList forward(const TensorList& in) override {
@@ -403,7 +439,22 @@ class VocabParallelCrossEntropyFn final : public Function {
       T* se = sum_exp.data<T>();
       T* tl = target_logit.data<T>();
       for (std::int64_t i = 0; i < n; ++i) {
-        se[i] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl, vl, m[i]));
+        if (blocks_) {
+          // Per fixed vocabulary block, then the tree (each rank holds whole subtrees).
+          T level[64];
+          const std::size_t count = blocks_->segments.size();
+          MG_CHECK(count <= 64, "vocab_parallel_cross_entropy: at most 64 local vocabulary blocks, got {}", count);
+          for (std::size_t k = 0; k < count; ++k) {
+            const tree::Segment& s = blocks_->segments[k];
+            level[k] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl + s.local_offset, s.size, m[i]));
+          }
+          for (std::size_t width = count; width > 1; width /= 2) {
+            for (std::size_t k = 0; k < width / 2; ++k) level[k] = level[2 * k] + level[2 * k + 1];
+          }
+          se[i] = level[0];
+        } else {
+          se[i] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl, vl, m[i]));
+        }
         const std::int64_t target = t[static_cast<std::size_t>(i)];
         if (target == ignore_) continue;
         MG_CHECK(target >= 0 && target < vocab_, "vocab_parallel_cross_entropy: target {} at position {} is outside "
@@ -411,7 +462,7 @@ class VocabParallelCrossEntropyFn final : public Function {
         if (target >= offset_ && target < offset_ + vl) tl[i] = l[i * vl + (target - offset_)] - m[i];
       }
     });
-    const Tensor total_exp = dist::all_reduce(sum_exp, tp_);
+    const Tensor total_exp = blocks_ ? dist::tree_all_reduce(sum_exp, tp_) : dist::all_reduce(sum_exp, tp_);
     const Tensor shifted_target = dist::all_reduce(target_logit, tp_);
     // loss = sum over kept rows of log(sum exp) - (target logit - max), / divisor.
     Tensor lse = Tensor::empty({n, 1}, logits.dtype());
@@ -462,6 +513,7 @@ class VocabParallelCrossEntropyFn final : public Function {
   dist::ProcessGroup tp_;
   double divisor_;
   std::int64_t ignore_;
+  std::optional<tree::SplitPlan> blocks_;
 };
 
 // y = x * mask, mask[i] = 0 or 1/(1-p) from the global index of element i.
@@ -480,7 +532,7 @@ class GlobalDropoutFn final : public Function {
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
-                                    std::int64_t ignore_index) {
+                                    std::int64_t ignore_index, const tree::SplitPlan* vocab_blocks) {
   check_floating(logits_local, "vocab_parallel_cross_entropy");
   check_dtype(targets, DType::Int64, "vocab_parallel_cross_entropy", "targets");
   MG_CHECK(logits_local.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits_local.size(0),
@@ -489,7 +541,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
   MG_CHECK(divisor > 0, "vocab_parallel_cross_entropy: divisor must be positive, got {}", divisor);
   dist::CommLabelScope label("loss");
   return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
-                                                      divisor, ignore_index)[0];
+                                                      divisor, ignore_index, vocab_blocks)[0];
 }
 
 Tensor dropout_global(const Tensor& x, double p, std::uint64_t seed, const Shape& global_shape,

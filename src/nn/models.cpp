@@ -6,6 +6,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/nn/invariant.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
@@ -189,8 +190,8 @@ class Block {
   // x: [T(_local), B, C]; dropout_seed(): the next dropout seed (same sequence on every rank).
   Tensor forward(const Tensor& x, std::int64_t seq, const std::function<Tensor(const Tensor&)>& dropout) const {
     dist::CommLabelScope label(prefix_);
-    const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x), seq)));
-    return add(h, dropout(mlp_.forward(ln_2_.forward(h), seq)));
+    const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x, seq), seq)));
+    return add(h, dropout(mlp_.forward(ln_2_.forward(h, seq), seq)));
   }
   // Inference (Model::decode): x [T_new, B, C] at positions start ..; keys, values: this block's cache.
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
@@ -234,6 +235,7 @@ class Gpt final : public Model {
         ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx_, cfg.dtype),
         dropout_(std::make_shared<DropoutState>(DropoutState{cfg.dropout, true, ctx_, random::Generator(seed ^ 0xD50F)})) {
     check_split(cfg, *ctx_);
+    invariant::check_model(cfg, *ctx_);
     wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx_->replicated(), *ctx_, seed, 0.02, 0.0,
                           cfg.dtype);
     for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed));
@@ -295,14 +297,15 @@ class Gpt final : public Model {
         h = block->forward(h, seq, dropout);
       }
     }
-    h = ln_f_.forward(h);
+    h = ln_f_.forward(h, seq);
 
     // Tied output layer: column-parallel over the vocabulary with wte^T; logits stay sharded.
     const Tensor logits = lm_head_->forward_with(h, seq, transpose(wte_.weight.value, 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
                                                      wte_.vocab_offset(), cfg_.vocab, ctx.tp,
-                                                     static_cast<double>(global_tokens));
+                                                     static_cast<double>(global_tokens), -100,
+                                                     lm_head_->invariant_plan());
     return ctx.loss_partial_over_dp(loss);
   }
 
@@ -316,6 +319,7 @@ class Gpt final : public Model {
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool training) override { dropout_->training = training; }
   std::uint64_t random_state() const override { return dropout_->gen.counter(); }
+  bool tp_invariant() const override { return ctx_->config.tp_invariant; }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
 
   KvCache new_cache(std::int64_t batch) override {
@@ -394,6 +398,7 @@ class MlpModel final : public Model {
  public:
   MlpModel(const ModelConfig& cfg, const ParallelConfig& parallel, dist::DeviceMeshPtr mesh, std::uint64_t seed)
       : cfg_(cfg), ctx_(ParallelContext::on(std::move(mesh), parallel)), seed_(seed) {
+    invariant::check_model(cfg, *ctx_);
     for (int i = 0; i < cfg.layers; ++i) {
       mlps_.push_back(std::make_unique<Mlp>(fmt::format("h.{}.mlp", i), cfg.hidden, cfg.ffn_size(), cfg.layers, ctx_,
                                             seed, cfg.dtype));
@@ -420,8 +425,8 @@ class MlpModel final : public Model {
       dist::CommLabelScope label(fmt::format("h.{}", i));
       h = mlps_[i]->forward(h, seq);
     }
-    Tensor sq = sum(mul(h, h));
-    if (ctx.sequence_parallel()) {
+    Tensor sq = ctx.config.tp_invariant ? invariant::token_sum(mul(h, h), ctx, seq) : sum(mul(h, h));
+    if (ctx.sequence_parallel() && !ctx.config.tp_invariant) {
       // Each rank holds its own tokens: the loss is the sum over tp of the local sums.
       dist::CommLabelScope label("loss");
       sq = dist::reduce_from_region(sq, ctx.tp);
@@ -435,6 +440,7 @@ class MlpModel final : public Model {
   }
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool) override {}
+  bool tp_invariant() const override { return ctx_->config.tp_invariant; }
 
  private:
   ModelConfig cfg_;

@@ -1,6 +1,9 @@
 #include "meshgrad/train/grad_norm.hpp"
 
+#include <bit>
 #include <cmath>
+#include <cstdint>
+#include <limits>
 #include <map>
 
 #include "meshgrad/distributed/collectives.hpp"
@@ -22,9 +25,104 @@ double sum_of_squares(const Tensor& g) {
   return s;
 }
 
+// An exact sum of non-negative finite doubles: bin e counts multiples of 2^(e - 1075) (e the biased
+// binary exponent; subnormals go to bin 1), so adding a value adds its integer significand to one
+// bin, exactly. A bin that grows past 2^62 carries into the next (twice the unit). Integer sums do
+// not depend on order: neither does the result.
+class ExactSum {
+ public:
+  static constexpr int kBins = 2048 + 80;
+  void add(double v) {
+    if (!std::isfinite(v)) {
+      special_ += v;
+      return;
+    }
+    const auto bits = std::bit_cast<std::uint64_t>(v);
+    int e = static_cast<int>((bits >> 52) & 0x7ff);
+    std::uint64_t mantissa = bits & ((std::uint64_t{1} << 52) - 1);
+    if (e != 0) {
+      mantissa |= std::uint64_t{1} << 52;
+    } else {
+      e = 1;
+    }
+    bins_[static_cast<std::size_t>(e)] += static_cast<std::int64_t>(mantissa);
+    if (bins_[static_cast<std::size_t>(e)] >= (std::int64_t{1} << 62)) carry_from(e);
+  }
+  // Every bin but the last becomes 0 or 1 (so that summing over up to 2^61 ranks cannot overflow).
+  void normalize() {
+    for (int e = 0; e + 1 < kBins; ++e) carry_one(e);
+  }
+  std::vector<std::int64_t>& bins() { return bins_; }
+  double& special() { return special_; }
+  double value() {
+    normalize();
+    double total = 0;
+    for (int e = 1; e < kBins; ++e) {
+      if (bins_[static_cast<std::size_t>(e)] != 0) {
+        total += std::ldexp(static_cast<double>(bins_[static_cast<std::size_t>(e)]), e - 1075);
+      }
+    }
+    return total + special_;
+  }
+  void add_bins(const ExactSum& other) {
+    for (int e = 0; e < kBins; ++e) bins_[static_cast<std::size_t>(e)] += other.bins_[static_cast<std::size_t>(e)];
+    special_ += other.special_;
+  }
+
+ private:
+  void carry_one(int e) {
+    bins_[static_cast<std::size_t>(e) + 1] += bins_[static_cast<std::size_t>(e)] >> 1;
+    bins_[static_cast<std::size_t>(e)] &= 1;
+  }
+  void carry_from(int e) {
+    for (; e + 1 < kBins && bins_[static_cast<std::size_t>(e)] >= (std::int64_t{1} << 62); ++e) carry_one(e);
+  }
+  std::vector<std::int64_t> bins_ = std::vector<std::int64_t>(kBins, 0);
+  double special_ = 0;   // inf / NaN squares: the norm is then inf / NaN
+};
+
+void add_squares(ExactSum& acc, const Tensor& g) {
+  const Tensor c = g.contiguous();
+  dispatch_floating(c.dtype(), "global_grad_norm", [&]<class T>() {
+    const T* p = c.data<T>();
+    for (std::int64_t i = 0; i < c.numel(); ++i) acc.add(static_cast<double>(p[i]) * static_cast<double>(p[i]));
+  });
+}
+
+double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh) {
+  std::map<dist::AxisMask, ExactSum> sums;
+  for (const nn::Parameter* p : params) {
+    const Tensor g = p->value.grad();
+    ExactSum& acc = sums[dist::sharded_axes(p->placements)];
+    if (g.defined()) add_squares(acc, g);
+  }
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  ExactSum total;
+  for (auto& [mask, local] : sums) {
+    if (mask != 0) {
+      std::vector<int> axes;
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        if (mask & dist::axis_bit(a)) axes.push_back(a);
+      }
+      // Normalised bins are 0 or 1 (the last one small): their float64 sum over the group is an exact
+      // integer whatever the order the backend adds in.
+      local.normalize();
+      const dist::ProcessGroup& group = mesh.flattened_group(axes);
+      std::vector<double> counts(local.bins().begin(), local.bins().end());
+      group.comm->all_reduce(comm::MutableBuffer{counts.data(), counts.size(), DType::Float64}, comm::ReduceOp::Sum);
+      for (std::size_t e = 0; e < counts.size(); ++e) local.bins()[e] = static_cast<std::int64_t>(counts[e]);
+      // Inf / NaN squares are rare: one more scalar all-reduce keeps every rank's verdict the same.
+      local.special() = dist::all_reduce(Tensor::scalar(local.special(), DType::Float64), group).item();
+    }
+    total.add_bins(local);
+    total.normalize();
+  }
+  return std::sqrt(total.value());
+}
+
 }  // namespace
 
-double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh) {
+double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact) {
   // Sums of squares per set of sharding axes (0: replicated everywhere), in a fixed order.
   std::map<dist::AxisMask, double> sums;
   for (const nn::Parameter* p : params) {
@@ -33,8 +131,9 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::D
     const Tensor g = p->value.grad();
     MG_CHECK(!g.defined() || dist::partial_axes(g) == 0, "global_grad_norm: the gradient of '{}' is still partial: "
              "run GradientSynchronizer::finish() first", p->name);
-    sums[dist::sharded_axes(p->placements)] += g.defined() ? sum_of_squares(g) : 0.0;
+    if (!exact) sums[dist::sharded_axes(p->placements)] += g.defined() ? sum_of_squares(g) : 0.0;
   }
+  if (exact) return exact_grad_norm(params, mesh);
   dist::PhaseScope phase(dist::Phase::Optimizer);
   double total = 0;
   for (const auto& [mask, local] : sums) {
@@ -51,10 +150,11 @@ double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::D
   return std::sqrt(total);
 }
 
-double clip_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, double max_norm) {
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, double max_norm,
+                      bool exact) {
   MG_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm: the maximum norm must be positive, got {}",
            max_norm);
-  const double norm = global_grad_norm(params, mesh);
+  const double norm = global_grad_norm(params, mesh, exact);
   if (!(norm > max_norm)) return norm;
   const double factor = max_norm / (norm + 1e-6);
   for (nn::Parameter* p : params) {

@@ -117,6 +117,8 @@ GradsResult run_grads_job(const GradsJob& job, const RunOnMesh& run_on_mesh) {
   if (!from_files) out_dtype = config.dtype;
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = job.sequence_parallel;
+  parallel.tp_invariant = job.tp_invariant;
+  parallel.invariant_blocks = job.invariant_blocks;
 
   GradsResult result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {

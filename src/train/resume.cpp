@@ -41,6 +41,8 @@ const std::vector<OptionField>& option_fields() {
       MG_FIELD("overlap", parallel.overlap),
       MG_FIELD("regather", parallel.recompute_allgather),
       MG_FIELD("checkpoint-blocks", parallel.checkpoint_blocks),
+      MG_FIELD("tp-invariant", parallel.tp_invariant),
+      MG_FIELD("invariant-blocks", parallel.invariant_blocks),
       MG_FIELD("steps", steps),
       MG_FIELD("lr", lr),
       MG_FIELD("warmup", warmup_steps),

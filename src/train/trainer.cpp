@@ -71,7 +71,8 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
                    {"dropout", m.dropout}, {"dtype", dtype_name(m.dtype)}}},
                  {"parallel",
                   {{"sequence_parallel", o.parallel.sequence_parallel}, {"overlap", o.parallel.overlap},
-                   {"regather", o.parallel.recompute_allgather}, {"checkpoint_blocks", o.parallel.checkpoint_blocks}}},
+                   {"regather", o.parallel.recompute_allgather}, {"checkpoint_blocks", o.parallel.checkpoint_blocks},
+                   {"tp_invariant", o.parallel.tp_invariant}, {"invariant_blocks", o.parallel.invariant_blocks}}},
                  {"steps", o.steps}, {"lr", o.lr}, {"warmup_steps", o.warmup_steps}, {"min_lr_ratio", o.min_lr_ratio},
                  {"weight_decay", o.weight_decay}, {"seed", o.seed}, {"grad_clip", o.grad_clip},
                  {"grad_accum", o.grad_accum}, {"eval_every", o.eval_every}, {"eval_steps", o.eval_steps}};
@@ -297,7 +298,8 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   }
   sync.finish();
   const std::vector<nn::Parameter*> params = model.parameters();
-  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip) : global_grad_norm(params, mesh);
+  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip, model.tp_invariant())
+                                : global_grad_norm(params, mesh, model.tp_invariant());
   optimizer.step();
   return out;
 }
@@ -392,10 +394,11 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   if (leader && options.progress) {
     fmt::print(stderr,
                "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
-               "[{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
+               "[{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
                config.layers, config.hidden, config.heads, config.seq, config.batch, result.parameters,
                dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
+               options.parallel.tp_invariant ? ", tp-invariant" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
     fmt::print(stderr, "compute: {}\n", blas::thread_policy());   // set by whoever launched the ranks
     if (resume) fmt::print(stderr, "resumed from {} (after step {})\n", options.resume_dir, first_step);

@@ -34,6 +34,10 @@ meshgrad_cli_test(check_tp_2x2 0 "on mesh dp=1,tp_row=2,tp_col=2.*PASS: the mesh
                   ${mg} check --mesh tp=2x2 --layers 1)
 meshgrad_cli_test(check_dp2_tp_2x2 0 "on mesh dp=2,tp_row=2,tp_col=2.*PASS: the mesh model matches"
                   ${mg} check --mesh dp=2,tp=2x2 --layers 1)
+meshgrad_cli_test(check_tp_invariant_tp4_sp 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
+                  ${mg} check --mesh tp=4 --tp-invariant --sequence-parallel --overlap --layers 1)
+meshgrad_cli_test(check_tp_invariant_refuses_tp3 1 "tp=3 cannot keep the fixed tree.*Degrees that work for this model: tp = 1, 2, 4"
+                  ${mg} check --mesh tp=3 --tp-invariant --layers 1)
 
 # Started by mpirun without --backend mpi: every process would run the whole job on its own.
 meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})

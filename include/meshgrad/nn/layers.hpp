@@ -13,11 +13,13 @@
 
 #include <cstdint>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/nn/parameter.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/random.hpp"
 
 namespace meshgrad::nn {
@@ -100,6 +102,8 @@ class ColumnParallelLinear {
   Tensor forward(const Tensor& x, std::int64_t seq_len) const;
   // The same with an explicit weight [in, out_local] (the tied LM head passes wte^T).
   Tensor forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& weight, const Tensor& bias) const;
+  // TP-invariant mode: the fixed blocks of the output features (nullptr when the mode is off).
+  const tree::SplitPlan* invariant_plan() const { return plan_ ? &*plan_ : nullptr; }
 
   Parameter weight, bias;
 
@@ -108,6 +112,7 @@ class ColumnParallelLinear {
   Options options_;
   std::int64_t out_;
   ParallelContextPtr ctx_;
+  std::optional<tree::SplitPlan> plan_;
 };
 
 class RowParallelLinear {
@@ -129,12 +134,15 @@ class RowParallelLinear {
   std::string name_;
   Options options_;
   ParallelContextPtr ctx_;
+  std::optional<tree::SplitPlan> plan_;   // TP-invariant mode: the fixed blocks of the input features
 };
 
 class LayerNorm {
  public:
   LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype);
-  Tensor forward(const Tensor& x) const;
+  // x: [T(_local), B, C]; seq: the global sequence length (needed in TP-invariant mode under
+  // sequence parallelism, where x holds one shard of it; -1: x.size(0) is the whole sequence).
+  Tensor forward(const Tensor& x, std::int64_t seq = -1) const;
   Parameter weight, bias;
 
  private:
@@ -193,9 +201,11 @@ class GridLinear {
 // N positions of -log softmax(logits)[target], divided by `divisor`; positions whose target is
 // ignore_index count zero. Three small all-reduces over tp in forward (row max, sum of exps,
 // target logit), none in backward. Works for a vocabulary not divisible by the ranks.
+// vocab_blocks (TP-invariant mode): the sum of exps is taken per fixed vocabulary block and added in
+// the tree (ops/tree_reduce.hpp), then tree-all-reduced over tp.
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
-                                    std::int64_t ignore_index = -100);
+                                    std::int64_t ignore_index = -100, const tree::SplitPlan* vocab_blocks = nullptr);
 
 // Dropout whose mask element for global index g of a tensor of `global_shape` is
 // uniform(seed, g) < p, so a sharded activation gets exactly its slice of the unsharded mask and a

@@ -37,6 +37,12 @@ struct ParallelConfig {
   bool overlap = false;              // column layers overlap their backward communication with compute
   bool recompute_allgather = false;  // column layers keep only the local input shard (SP) and re-gather in backward
   bool checkpoint_blocks = false;    // activation checkpointing per transformer block
+  // TP-invariant mode (docs/tp-invariance.md): the loss, gradients and updates are bitwise the same
+  // at every tp that keeps the fixed reduction tree of invariant_blocks blocks (a power of two; tp
+  // must divide it and every split dimension must cut into whole blocks). Pins OpenBLAS to one
+  // thread per rank (its results depend on the thread count).
+  bool tp_invariant = false;
+  int invariant_blocks = 4;
 };
 
 // One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch). Its rows
@@ -99,6 +105,9 @@ class Model {
   // gives the logits loss() takes the cross-entropy of. The model must be built without sequence
   // parallelism (a training layout: the sequence is not split when decoding).
   virtual Tensor decode(const Tensor& ids, KvCache& cache, bool all_positions = false);
+  // True in TP-invariant mode (ParallelConfig::tp_invariant): the trainer then computes the gradient
+  // norm order-independently (grad_norm.hpp).
+  virtual bool tp_invariant() const { return false; }
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives

@@ -18,10 +18,15 @@ namespace meshgrad::train {
 // GradientSynchronizer::finish()); a parameter without a gradient counts zero. Collective: one
 // float64 all-reduce per distinct set of sharding axes among the parameters, over that set's group;
 // every rank of the mesh calls it with the same parameters.
-double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh);
+// exact (TP-invariant mode): the sum of squares is accumulated exactly (integer bins per binary
+// exponent, added without rounding, all-reduced as exact integer counts) and rounded once, so the norm is the
+// same bits whatever the mesh and whatever order the pieces are added in. One float64 all-reduce of
+// ~2100 bin counts per set of sharding axes instead of one float64.
+double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact = false);
 
 // PyTorch's clip_grad_norm_: when the norm exceeds max_norm, every gradient is scaled in place by
 // max_norm / (norm + 1e-6). Returns the norm before clipping. max_norm must be > 0.
-double clip_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, double max_norm);
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, double max_norm,
+                      bool exact = false);
 
 }  // namespace meshgrad::train

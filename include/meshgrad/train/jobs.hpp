@@ -43,6 +43,8 @@ struct GradsJob {
   std::uint64_t seed = 1;               // seed mode
   std::string dtype;                    // compute dtype: "" = the weights' (files) / model.dtype (seed)
   bool sequence_parallel = false;
+  bool tp_invariant = false;            // nn::ParallelConfig::tp_invariant
+  int invariant_blocks = 4;
 };
 
 struct GradsResult {

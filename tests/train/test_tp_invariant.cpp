@@ -1,0 +1,230 @@
+// TP-invariant mode (--tp-invariant, docs/tp-invariance.md): loss, every gradient, the gradient norm
+// and every optimizer step are bitwise the same at tp = 1, 2 and 4, with and without sequence
+// parallelism and overlap, in float32 and float64. Every comparison here is of bytes, never of a
+// tolerance; the normal mode's tests (test_trainer, test_equivalence) keep checking that it is
+// unchanged.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/nn/invariant.hpp"
+#include "meshgrad/tensor/random.hpp"
+#include "meshgrad/train/trainer.hpp"
+
+namespace meshgrad::train {
+namespace {
+
+void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+  comm::ThreadsOptions options;
+  options.timeout = std::chrono::milliseconds(60000);
+  const std::vector<dist::MeshAxis> axes{{"dp", dp}, {"tp", tp}};
+  comm::run_ranks(dp * tp, [&](const comm::CommunicatorPtr& world) {
+    fn(std::make_shared<const dist::DeviceMesh>(world, axes));
+  }, options);
+}
+
+// Uneven vocabulary (61 = 16+15+15+15 over 4 blocks; tp=2 holds 31 and 30: the blocks nest).
+nn::ModelConfig small_gpt(DType dtype) {
+  nn::ModelConfig c;
+  c.kind = "gpt";
+  c.layers = 2;
+  c.hidden = 32;
+  c.heads = 4;
+  c.vocab = 61;
+  c.seq = 8;
+  c.batch = 4;
+  c.dtype = dtype;
+  return c;
+}
+
+struct Case {
+  int dp = 1, tp = 1;
+  bool sp = false, overlap = false;
+  std::string str() const { return fmt::format("dp={} tp={} sp={} overlap={}", dp, tp, sp, overlap); }
+};
+
+nn::ParallelConfig invariant_config(const Case& m) {
+  nn::ParallelConfig parallel;
+  parallel.sequence_parallel = m.sp;
+  parallel.overlap = m.overlap;
+  parallel.tp_invariant = true;
+  return parallel;
+}
+
+std::string bytes_of(const Tensor& t) {
+  const Tensor c = t.contiguous();
+  return std::string(static_cast<const char*>(c.raw_data()), static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype()));
+}
+
+GradientDump dump_on(const Case& m, const nn::ModelConfig& cfg, const nn::Batch& batch) {
+  GradientDump result;
+  run_mesh(m.dp, m.tp, [&](const dist::DeviceMeshPtr& mesh) {
+    auto model = nn::make_model(cfg, invariant_config(m), mesh, 5);
+    model->set_training(false);
+    GradientDump d = compute_gradients(*model, batch, mesh);
+    if (mesh->rank() == 0) result = std::move(d);
+  });
+  return result;
+}
+
+// The bytes of every gradient and of the loss, across tp = 1, 2, 4 and every mode.
+void expect_same_gradients(const nn::ModelConfig& cfg, const std::vector<Case>& cases) {
+  const nn::Batch batch{random::randint({cfg.batch, cfg.seq}, 11, cfg.vocab),
+                        random::randint({cfg.batch, cfg.seq}, 12, cfg.vocab)};
+  const GradientDump ref = dump_on(cases.front(), cfg, batch);
+  ASSERT_FALSE(ref.gradients.empty());
+  for (const auto& [name, g] : ref.gradients) {
+    const auto v = g.to_vector();
+    EXPECT_TRUE(std::any_of(v.begin(), v.end(), [](double x) { return x != 0; })) << name << " has a zero gradient";
+  }
+  for (std::size_t c = 1; c < cases.size(); ++c) {
+    SCOPED_TRACE(cases[c].str() + " against " + cases.front().str() + ", " + std::string(dtype_name(cfg.dtype)));
+    const GradientDump got = dump_on(cases[c], cfg, batch);
+    EXPECT_EQ(std::memcmp(&got.loss, &ref.loss, sizeof(double)), 0) << got.loss << " vs " << ref.loss;
+    ASSERT_EQ(got.gradients.size(), ref.gradients.size());
+    for (std::size_t i = 0; i < ref.gradients.size(); ++i) {
+      EXPECT_EQ(got.gradients[i].first, ref.gradients[i].first);
+      EXPECT_TRUE(bytes_of(got.gradients[i].second) == bytes_of(ref.gradients[i].second))
+          << ref.gradients[i].first << ": the gradients differ in their bytes";
+    }
+  }
+}
+
+const std::vector<Case> kTpCases = {{1, 1},       {1, 2},       {1, 4},       {1, 2, true},
+                                    {1, 4, true}, {1, 2, false, true}, {1, 4, true, true}};
+
+TEST(TpInvariant, GptGradientsAreTheSameBytesAtTp124Float32) { expect_same_gradients(small_gpt(DType::Float32), kTpCases); }
+TEST(TpInvariant, GptGradientsAreTheSameBytesAtTp124Float64) { expect_same_gradients(small_gpt(DType::Float64), kTpCases); }
+
+TEST(TpInvariant, MlpGradientsAreTheSameBytesAtTp124) {
+  nn::ModelConfig cfg = small_gpt(DType::Float32);
+  cfg.kind = "mlp";
+  expect_same_gradients(cfg, kTpCases);
+}
+
+// The normal mode is not invariant (so the tests above can fail): at tp=2 some gradient differs.
+TEST(TpInvariant, TheNormalModeDiffersInTheLowBits) {
+  const nn::ModelConfig cfg = small_gpt(DType::Float32);
+  const nn::Batch batch{random::randint({4, 8}, 11, 61), random::randint({4, 8}, 12, 61)};
+  auto normal = [&](int tp) {
+    GradientDump result;
+    run_mesh(1, tp, [&](const dist::DeviceMeshPtr& mesh) {
+      auto model = nn::make_model(cfg, nn::ParallelConfig{}, mesh, 5);
+      GradientDump d = compute_gradients(*model, batch, mesh);
+      if (mesh->rank() == 0) result = std::move(d);
+    });
+    return result;
+  };
+  const GradientDump a = normal(1), b = normal(2);
+  int differing = 0;
+  for (std::size_t i = 0; i < a.gradients.size(); ++i) {
+    differing += bytes_of(a.gradients[i].second) != bytes_of(b.gradients[i].second) ? 1 : 0;
+  }
+  EXPECT_GT(differing, 0);
+}
+
+std::string read_file(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  return std::string(std::istreambuf_iterator<char>(in), {});
+}
+
+struct RunBits {
+  std::vector<double> losses, grad_norms;
+  std::string parameters;   // the saved safetensors file
+};
+
+// 30 steps of training (dropout on, gradient clipping on) on the built-in corpus.
+RunBits train_on(const Case& m, DType dtype, const std::string& tag) {
+  TrainOptions o;
+  o.model = small_gpt(dtype);
+  o.model.vocab = 0;   // the bytes of the corpus: 256
+  o.model.seq = 16;
+  o.model.dropout = 0.1;
+  o.parallel = invariant_config(m);
+  o.steps = 30;
+  o.lr = 3e-3;
+  o.grad_clip = 0.5;
+  o.progress = false;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("meshgrad_tpinv_{}_{}.safetensors", ::getpid(), tag)).string();
+  o.save_path = path;
+  RunBits bits;
+  o.on_step = [&](const StepMetrics& s) { bits.grad_norms.push_back(s.grad_norm); };
+  std::vector<double> losses;
+  run_mesh(m.dp, m.tp, [&](const dist::DeviceMeshPtr& mesh) {
+    TrainResult r = train(o, mesh);
+    if (mesh->rank() == 0) losses = r.losses;
+  });
+  bits.losses = losses;
+  bits.parameters = read_file(path);
+  std::filesystem::remove(path);
+  return bits;
+}
+
+void expect_same_training(DType dtype, const std::vector<Case>& cases) {
+  const RunBits ref = train_on(cases.front(), dtype, "ref");
+  ASSERT_EQ(ref.losses.size(), 30u);
+  ASSERT_FALSE(ref.parameters.empty());
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (std::size_t c = 1; c < cases.size(); ++c) {
+    SCOPED_TRACE(cases[c].str() + ", " + std::string(dtype_name(dtype)));
+    const RunBits got = train_on(cases[c], dtype, fmt::format("case{}", c));
+    ASSERT_EQ(got.losses.size(), ref.losses.size());
+    EXPECT_EQ(std::memcmp(got.losses.data(), ref.losses.data(), ref.losses.size() * sizeof(double)), 0)
+        << "losses differ: last " << got.losses.back() << " vs " << ref.losses.back();
+    ASSERT_EQ(got.grad_norms.size(), ref.grad_norms.size());
+    EXPECT_EQ(std::memcmp(got.grad_norms.data(), ref.grad_norms.data(), ref.grad_norms.size() * sizeof(double)), 0)
+        << "gradient norms differ";
+    EXPECT_TRUE(got.parameters == ref.parameters) << "the trained parameters differ in their bytes";
+  }
+}
+
+TEST(TpInvariant, ThirtyTrainingStepsAreTheSameBytesFloat32) {
+  expect_same_training(DType::Float32, {{1, 1}, {1, 2}, {1, 4, true}, {1, 2, true, true}, {1, 4, false, true}});
+}
+TEST(TpInvariant, ThirtyTrainingStepsAreTheSameBytesFloat64) {
+  expect_same_training(DType::Float64, {{1, 1}, {1, 4}, {1, 2, true, true}});
+}
+
+// dp x tp: at a fixed dp the tp degree changes nothing either (the dp sum is the backend's rank-order
+// all-reduce of replicas that are each tp-invariant).
+TEST(TpInvariant, DpTimesTpMeshesMatchTheirDpOnlyRun) {
+  expect_same_gradients(small_gpt(DType::Float32), {{2, 1}, {2, 2}, {2, 2, true, true}});
+}
+
+// A degree that cannot keep the tree is refused, naming the degrees that work.
+TEST(TpInvariant, RefusesADegreeThatCannotKeepTheTree) {
+  auto message_at = [](const nn::ModelConfig& cfg, int tp) {
+    std::string message;
+    run_mesh(1, tp, [&](const dist::DeviceMeshPtr& mesh) {
+      try {
+        nn::make_model(cfg, invariant_config({1, tp}), mesh, 5);
+      } catch (const InvalidArgument& e) {
+        if (mesh->rank() == 0) message = e.what();
+      }
+    });
+    return message;
+  };
+  const std::string three = message_at(small_gpt(DType::Float32), 3);
+  EXPECT_NE(three.find("tp=3"), std::string::npos) << three;
+  EXPECT_NE(three.find("Degrees that work for this model: tp = 1, 2, 4"), std::string::npos) << three;
+  // 6 tokens over 4 blocks are 2, 2, 1, 1; tp=2 holds 3 and 3: block 1 would be cut.
+  nn::ModelConfig cfg = small_gpt(DType::Float32);
+  cfg.vocab = 6;
+  const std::string two = message_at(cfg, 2);
+  EXPECT_NE(two.find("vocabulary"), std::string::npos) << two;
+  EXPECT_NE(two.find("tp = 1, 4"), std::string::npos) << two;
+}
+
+}  // namespace
+}  // namespace meshgrad::train
