@@ -356,6 +356,8 @@ py::str sample_job(const py::kwargs& kwargs) {
   k.get("top_k", job.sampling.top_k);
   k.get("seed", job.sampling.seed);
   k.get("tokenizer", tokenizer);
+  k.get("tp_invariant", job.tp_invariant);
+  k.get("invariant_blocks", job.invariant_blocks);
   k.get("mesh", mesh);
   k.get("backend", backend);
   k.finish();
@@ -427,7 +429,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "algorithm, source), as `meshgrad explain`");
   m.def("sample", &sample_job,
         "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
-        "tokenizer=None, backend='threads') -> str: the prompt and its continuation, as `meshgrad sample` prints "
+        "tokenizer=None, backend='threads', tp_invariant=False, invariant_blocks=4) -> str: the prompt and its continuation, as `meshgrad sample` prints "
         "them. checkpoint: a safetensors file from train(save=...) (or with a config.json beside it) or a "
         "directory with config.json + model.safetensors. temperature=0 is greedy (the same text on every mesh); "
         "the same seed gives the same text. Generation stops early when the context (n_positions) is full.");

@@ -68,6 +68,13 @@ MESHGRAD_REGISTER_COMMAND(
                app.add_option("--tokenizer", j.tokenizer,
                               "Directory with vocab.json + merges.txt (or encoder.json + vocab.bpe), or a `meshgrad "
                               "prepare` output; default: bytes for a 256-token model, or the checkpoint directory's");
+               app.add_flag("--tp-invariant", j.tp_invariant,
+                            "Bitwise the same logits, and so the same text for a seed, at every tensor-parallel degree "
+                            "that keeps the fixed reduction tree (docs/tp-invariance.md)");
+               app.add_option("--invariant-blocks", j.invariant_blocks,
+                              "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
+                   ->check(at_least(1))
+                   ->capture_default_str();
                app.add_option("--mesh", a->mesh, "Mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")
                    ->capture_default_str();
                app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")

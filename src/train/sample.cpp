@@ -358,7 +358,10 @@ SampleResult run_sample_job(const SampleJob& job, const RunOnMesh& run_on_mesh) 
   std::mutex mu;
   bool have = false;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
-    auto model = nn::make_model(weights.model, nn::ParallelConfig{}, mesh, 0);
+    nn::ParallelConfig parallel;
+    parallel.tp_invariant = job.tp_invariant;
+    parallel.invariant_blocks = job.invariant_blocks;
+    auto model = nn::make_model(weights.model, parallel, mesh, 0);
     model->set_training(false);
     load_sample_weights(weights, model->parameters(), *mesh);
     const bool printer = mesh->rank() == 0 && job.on_text;

@@ -19,6 +19,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/nn/invariant.hpp"
 #include "meshgrad/tensor/random.hpp"
+#include "meshgrad/train/sample.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::train {
@@ -203,6 +204,47 @@ TEST(TpInvariant, DpTimesTpMeshesMatchTheirDpOnlyRun) {
 }
 
 // A degree that cannot keep the tree is refused, naming the degrees that work.
+// Sampling: the decode logits (prefill and cached steps) are the same bytes at tp = 1, 2, 4, so a
+// seeded sample is the same text at every degree (in the normal mode only greedy is promised).
+TEST(TpInvariant, DecodeLogitsAreTheSameBytesAtTp124) {
+  const nn::ModelConfig c = small_gpt(DType::Float32);
+  std::vector<std::vector<float>> per_tp;
+  std::vector<std::vector<std::int64_t>> tokens_per_tp;
+  for (int tp : {1, 2, 4}) {
+    std::vector<float> logits;
+    std::vector<std::int64_t> tokens;
+    run_mesh(1, tp, [&](const dist::DeviceMeshPtr& mesh) {
+      auto model = nn::make_model(c, invariant_config({1, tp}), mesh, 11);
+      model->set_training(false);
+      nn::KvCache cache = model->new_cache(1);
+      const Tensor prompt = Tensor::from_int64(std::vector<std::int64_t>{3, 14, 15, 9}, {1, 4});
+      Tensor step = model->decode(prompt, cache);
+      std::vector<float> mine;
+      for (int i = 0; i < 3; ++i) {
+        for (double v : step.to_vector()) mine.push_back(static_cast<float>(v));
+        step = model->decode(Tensor::from_int64(std::vector<std::int64_t>{(7 * i + 2) % c.vocab}, {1, 1}), cache);
+      }
+      GenerateOptions g;
+      g.tokens = 3;
+      g.sampling.temperature = 0.9;
+      g.sampling.seed = 5;
+      const Generation gen = generate(*model, {1, 2, 3}, g);
+      if (mesh->rank() == 0) {
+        logits = mine;
+        tokens = gen.tokens;
+      }
+    });
+    per_tp.push_back(logits);
+    tokens_per_tp.push_back(tokens);
+  }
+  ASSERT_FALSE(per_tp[0].empty());
+  for (std::size_t k = 1; k < per_tp.size(); ++k) {
+    ASSERT_EQ(per_tp[k].size(), per_tp[0].size());
+    EXPECT_EQ(std::memcmp(per_tp[k].data(), per_tp[0].data(), per_tp[0].size() * sizeof(float)), 0) << "tp case " << k;
+    EXPECT_EQ(tokens_per_tp[k], tokens_per_tp[0]);
+  }
+}
+
 TEST(TpInvariant, RefusesADegreeThatCannotKeepTheTree) {
   auto message_at = [](const nn::ModelConfig& cfg, int tp) {
     std::string message;

@@ -141,6 +141,10 @@ struct SampleJob {
   int tokens = 64;
   SamplingOptions sampling;
   std::string tokenizer;    // --tokenizer DIR; "" = see resolve_sample_tokenizer
+  // --tp-invariant: the model in TP-invariant mode (docs/tp-invariance.md): the logits, and so every
+  // sampled token, are bitwise the same at every tp that keeps the fixed tree of invariant_blocks.
+  bool tp_invariant = false;
+  int invariant_blocks = 4;
   // Called on mesh rank 0 with the text as it is produced (the prompt first, then each token's
   // bytes as valid UTF-8: a character split across tokens comes out when it is complete). May be
   // empty.
