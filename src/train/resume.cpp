@@ -86,8 +86,13 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
   std::string refused, notes;
   for (const OptionField& f : option_fields()) {
     const auto it = saved.find(f.name);
-    if (it == saved.end())
-      throw CheckpointError(fmt::format("checkpoint '{}': the saved configuration has no \"{}\"", checkpoint, f.name));
+    if (it == saved.end()) {
+      // An option newer than the checkpoint: its default (or the caller's value) holds, as it did
+      // for the run that wrote it. The model's shape is always recorded.
+      if (fixed_by_checkpoint().count(f.name) > 0)
+        throw CheckpointError(fmt::format("checkpoint '{}': the saved configuration has no \"{}\"", checkpoint, f.name));
+      continue;
+    }
     const bool given = options.given_options.count(f.name) > 0;
     if (!given) {
       try {

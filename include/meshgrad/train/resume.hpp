@@ -29,7 +29,8 @@ const std::set<std::string>& fixed_by_checkpoint();
 // `saved`: the saved value of every option, except those named in options.given_options, which keep
 // the caller's value (and are listed in *changed, with both values, when they differ). Throws
 // CheckpointError naming each model-shape option given with another value than the checkpoint's.
-// Keeps the caller's run-time fields (progress, provenance, on_step, resume, ...).
+// An option the checkpoint does not record (it was written by a meshgrad that did not have it) keeps
+// the caller's value. Keeps the caller's run-time fields (progress, provenance, on_step, resume, ...).
 TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
                             std::string* changed = nullptr);
 
