@@ -8,6 +8,7 @@
 #include <algorithm>
 #include <cmath>
 #include <filesystem>
+#include <map>
 #include <fstream>
 #include <mutex>
 #include <numeric>
@@ -110,8 +111,9 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
     w.config_source = fmt::format("checkpoint '{}' configuration", w.sharded_checkpoint);
     w.model = checkpoint_model_config(manifest, w.sharded_checkpoint);
     MG_CHECK(w.model.dtype != DType::Int64, "sample: checkpoint '{}': wte.weight is int64", w.sharded_checkpoint);
-    const auto meta = checkpoint_data_metadata(manifest).find("data_meta");
-    if (meta != checkpoint_data_metadata(manifest).end() && has_tokenizer_files(fs::path(meta->second).parent_path()))
+    const std::map<std::string, std::string> data = checkpoint_data_metadata(manifest);
+    const auto meta = data.find("data_meta");
+    if (meta != data.end() && has_tokenizer_files(fs::path(meta->second).parent_path()))
       w.tokenizer_dir = fs::path(meta->second).parent_path().string();
     w.model.dropout = 0.0;
     w.model.batch = 1;
