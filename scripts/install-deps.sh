@@ -13,7 +13,8 @@ packages=(
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
-  libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json)
+  libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json) and of checkpoint files
+  libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)
   clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
   python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)

@@ -71,9 +71,10 @@ std::string string_field(const nlohmann::json& v, const std::string& what, const
   return v.get<std::string>();
 }
 
-bool is_sha256_hex(const std::string& s) {
-  return s.size() == 64 && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
+bool is_hex(const std::string& s, std::size_t digits) {
+  return s.size() == digits && std::all_of(s.begin(), s.end(), [](char c) { return (c >= '0' && c <= '9') || (c >= 'a' && c <= 'f'); });
 }
+bool is_sha256_hex(const std::string& s) { return is_hex(s, 64); }
 
 bool is_plain_file_name(const std::string& s) {
   return !s.empty() && s.size() <= 255 && s != "." && s != ".." && s.find('/') == std::string::npos &&
@@ -176,8 +177,8 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
           manifest_error(path, fmt::format("{}: box dim {} [{}, +{}) lies outside the tensor's size {}", pw, d, off, size, t.shape[d]));
         p.box.push_back({off, size});
       }
-      p.sha256 = string_field(field(pieces[k], "sha256", pw, path), pw + " sha256", path);
-      if (!is_sha256_hex(p.sha256)) manifest_error(path, fmt::format("{}: sha256 is not 64 lowercase hex digits", pw));
+      p.xxh3 = string_field(field(pieces[k], "xxh3", pw, path), pw + " xxh3", path);
+      if (!is_hex(p.xxh3, 32)) manifest_error(path, fmt::format("{}: xxh3 is not 32 lowercase hex digits", pw));
       const std::uint64_t bytes = p.bytes(t.dtype);
       const ManifestFile& f = m.files[p.file];
       if (p.offset > f.bytes || bytes > f.bytes - p.offset)
@@ -213,7 +214,7 @@ std::string manifest_to_json(const Manifest& m) {
     for (const ManifestPiece& p : t.pieces) {
       nlohmann::json box = nlohmann::json::array();
       for (const ShardRange& r : p.box) box.push_back({r.offset, r.size});
-      pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"box", box}, {"sha256", p.sha256}});
+      pieces.push_back({{"file", p.file}, {"offset", p.offset}, {"box", box}, {"xxh3", p.xxh3}});
     }
     tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"pieces", pieces}});
   }

@@ -20,6 +20,10 @@
 #include "meshgrad/comm/communicator.hpp"
 #include "meshgrad/train/sha256.hpp"
 
+// xxHash header-only: the piece hashes (XXH3-128, canonical big-endian hex).
+#define XXH_INLINE_ALL
+#include <xxhash.h>
+
 namespace meshgrad::train {
 
 namespace fs = std::filesystem;
@@ -34,6 +38,26 @@ constexpr const char* kManifestName = "manifest.json";
 constexpr comm::Milliseconds kSaveExchangeTimeout{30 * 60 * 1000};
 
 std::string errno_text(int e) { return std::strerror(e); }
+
+std::string hex_of(const unsigned char* bytes, std::size_t n) {
+  static constexpr char digits[] = "0123456789abcdef";
+  std::string hex;
+  hex.reserve(2 * n);
+  for (std::size_t i = 0; i < n; ++i) {
+    hex += digits[bytes[i] >> 4];
+    hex += digits[bytes[i] & 15];
+  }
+  return hex;
+}
+std::string xxh3_hex(const XXH128_hash_t& h) {
+  XXH128_canonical_t c;
+  XXH128_canonicalFromHash(&c, h);
+  return hex_of(c.digest, sizeof c.digest);
+}
+// The XXH3-128 of a piece's bytes: what the manifest records per piece and every read checks. (The
+// files' SHA-256 is the content hash a user can check with sha256sum; a piece hash must be cheap
+// enough to compute on every save and every partial read.)
+std::string xxh3_hex(const void* data, std::size_t n) { return xxh3_hex(XXH3_128bits(data, n)); }
 
 // ---- Boxes -------------------------------------------------------------------------------------------
 
@@ -258,7 +282,7 @@ void put_hash(const std::string& hex, std::int64_t* out) {
   std::memset(out, 0, kHashWords * sizeof(std::int64_t));
   std::memcpy(out, hex.data(), std::min<std::size_t>(hex.size(), kHashWords * sizeof(std::int64_t)));
 }
-std::string get_hash(const std::int64_t* in) { return std::string(reinterpret_cast<const char*>(in), 64); }
+std::string get_hash(const std::int64_t* in, std::size_t digits) { return std::string(reinterpret_cast<const char*>(in), digits); }
 
 }  // namespace
 
@@ -423,36 +447,30 @@ void CheckpointSaver::run_job(Job& job) noexcept {
     const std::string file = (fs::path(job.tmp_dir) / rank_file_name(rank)).string();
     Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
     if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", file, errno_text(errno)));
-    // The piece hashes on a second thread while this one hashes the whole file and writes it: the
-    // two digests and the copy into the page cache overlap (each is CPU-bound on its own).
-    std::exception_ptr piece_error;
-    std::thread piece_hasher([&] {
+    // The file's SHA-256 on a second thread while this one hashes each piece (XXH3, fast) and writes
+    // it: the digest and the copy into the page cache overlap.
+    std::exception_ptr hash_error;
+    std::thread file_hasher([&] {
       try {
-        for (std::size_t i = 0; i < job.mine.size(); ++i) piece_hash[i] = sha256_hex(job.piece_data[i], job.plan[job.mine[i]].bytes);
+        Sha256 whole;
+        for (std::size_t i = 0; i < job.mine.size(); ++i) whole.update(job.piece_data[i], job.plan[job.mine[i]].bytes);
+        file_hash = whole.hex();
       } catch (...) {
-        piece_error = std::current_exception();
+        hash_error = std::current_exception();
       }
     });
     try {
-      Sha256 whole;
       for (std::size_t i = 0; i < job.mine.size(); ++i) {
         const PlannedPiece& p = job.plan[job.mine[i]];
-        const std::byte* data = job.piece_data[i];
-        // In 8 MiB chunks: each is hashed while it is still in the cache, then written.
-        for (std::uint64_t at = 0; at < p.bytes;) {
-          const std::uint64_t n = std::min<std::uint64_t>(p.bytes - at, 8u << 20);
-          whole.update(data + at, n);
-          write_all(fd.get(), data + at, n, file);
-          at += n;
-        }
+        piece_hash[i] = xxh3_hex(job.piece_data[i], p.bytes);
+        write_all(fd.get(), job.piece_data[i], p.bytes, file);
       }
-      file_hash = whole.hex();
     } catch (...) {
-      piece_hasher.join();
+      file_hasher.join();
       throw;
     }
-    piece_hasher.join();
-    if (piece_error) std::rethrow_exception(piece_error);
+    file_hasher.join();
+    if (hash_error) std::rethrow_exception(hash_error);
     if (::fsync(fd.get()) != 0) throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", file, errno_text(errno)));
   } catch (const std::exception& e) {
     my_error = e.what();
@@ -499,14 +517,14 @@ void CheckpointSaver::run_job(Job& job) noexcept {
         m.state = job.state;
         for (int r = 0; r < world; ++r) {
           const std::int64_t* w = &all[start[static_cast<std::size_t>(r)]];
-          m.files.push_back({rank_file_name(r), static_cast<std::uint64_t>(w[1]), get_hash(w + 2)});
+          m.files.push_back({rank_file_name(r), static_cast<std::uint64_t>(w[1]), get_hash(w + 2, 64)});
         }
         for (const StateTensor& t : job.meta) m.tensors.push_back({t.name, t.local.dtype(), t.full_shape, {}});
         std::vector<std::size_t> next(static_cast<std::size_t>(world), 0);
         for (const PlannedPiece& p : job.plan) {
           const std::size_t r = static_cast<std::size_t>(p.writer);
           const std::int64_t* h = &all[start[r] + 2 + kHashWords * (1 + next[r]++)];
-          m.tensors[p.tensor].pieces.push_back({r, p.offset, p.box, get_hash(h)});
+          m.tensors[p.tensor].pieces.push_back({r, p.offset, p.box, get_hash(h, 32)});
         }
         const std::string manifest_path = (fs::path(job.tmp_dir) / kManifestName).string();
         {
@@ -609,17 +627,10 @@ bool same_box(const Box& a, const Box& b) {
 // Reads a saved piece's bytes into data and checks them against the manifest's hash.
 void read_piece_into(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p, std::byte* data) {
   const std::uint64_t bytes = p.bytes(t.dtype);
-  // In 8 MiB chunks, each hashed right after it is read, while it is still in the cache.
-  Sha256 digest;
-  for (std::uint64_t at = 0; at < bytes;) {
-    const std::uint64_t n = std::min<std::uint64_t>(bytes - at, 8u << 20);
-    read_exact(files.fd(p.file), data + at, n, p.offset + at, files.path(p.file));
-    digest.update(data + at, n);
-    at += n;
-  }
-  if (digest.hex() != p.sha256)
-    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
-                                      "corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
+  read_exact(files.fd(p.file), data, bytes, p.offset, files.path(p.file));
+  if (xxh3_hex(data, bytes) != p.xxh3)
+    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its hash (XXH3-128; the "
+                                      "file is corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
 }
 
 // A saved piece read and checked: a tensor of its box's shape.
@@ -691,23 +702,25 @@ std::uint64_t verify_checkpoint(const std::string& dir) {
     const int fd = files.fd(f);
     Sha256 whole;
     std::uint64_t pos = 0;
-    auto feed = [&](std::uint64_t n, Sha256* piece) {
+    auto feed = [&](std::uint64_t n, XXH3_state_t* piece) {
       while (n > 0) {
         const std::uint64_t k = std::min<std::uint64_t>(n, buf.size());
         read_exact(fd, buf.data(), k, pos, files.path(f));
         whole.update(buf.data(), k);
-        if (piece) piece->update(buf.data(), k);
+        if (piece) XXH3_128bits_update(piece, buf.data(), k);
         pos += k;
         n -= k;
       }
     };
+    const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
+    MG_CHECK(state != nullptr, "checkpoint: cannot allocate an XXH3 state");
     for (const auto& [p, t] : pieces) {
       feed(p->offset - pos, nullptr);
-      Sha256 piece;
-      feed(p->bytes(t->dtype), &piece);
-      if (piece.hex() != p->sha256)
-        throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its SHA-256 (the file is "
-                                          "corrupt)", t->name, box_str(p->box), files.path(f), p->offset));
+      XXH3_128bits_reset(state.get());
+      feed(p->bytes(t->dtype), state.get());
+      if (xxh3_hex(XXH3_128bits_digest(state.get())) != p->xxh3)
+        throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its hash (XXH3-128; the "
+                                          "file is corrupt)", t->name, box_str(p->box), files.path(f), p->offset));
     }
     feed(m.files[f].bytes - pos, nullptr);
     if (whole.hex() != m.files[f].sha256)

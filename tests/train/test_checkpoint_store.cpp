@@ -86,6 +86,7 @@ class CheckpointStoreTest : public ::testing::Test {
 // ---- manifest --------------------------------------------------------------------------------------
 
 std::string hex64(char c) { return std::string(64, c); }
+std::string hex32(char c) { return std::string(32, c); }
 
 nlohmann::json good_manifest() {
   return {{"format", "meshgrad-checkpoint"},
@@ -99,8 +100,8 @@ nlohmann::json good_manifest() {
              {"dtype", "float32"},
              {"shape", {2, 4}},
              {"pieces",
-              {{{"file", 0}, {"offset", 0}, {"box", {{0, 2}, {0, 2}}}, {"sha256", hex64('b')}},
-               {{"file", 0}, {"offset", 16}, {"box", {{0, 2}, {2, 2}}}, {"sha256", hex64('c')}}}}}}}};
+              {{{"file", 0}, {"offset", 0}, {"box", {{0, 2}, {0, 2}}}, {"xxh3", hex32('b')}},
+               {{"file", 0}, {"offset", 16}, {"box", {{0, 2}, {2, 2}}}, {"xxh3", hex32('c')}}}}}}}};
 }
 
 TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
@@ -124,6 +125,7 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
   refused([](auto& j) { j["version"] = 2; }, "version 2");
   refused([](auto& j) { j["files"][0]["name"] = "../escape"; }, "not a plain file name");
   refused([](auto& j) { j["files"][0]["sha256"] = "xyz"; }, "64 lowercase hex");
+  refused([](auto& j) { j["tensors"][0]["pieces"][0]["xxh3"] = hex64('a'); }, "32 lowercase hex");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 2}, {1, 2}}; }, "overlaps");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 1}, {2, 2}}; }, "cover 6 of its 8 elements");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 2}, {3, 2}}; }, "outside the tensor");
@@ -264,7 +266,7 @@ TEST_F(CheckpointStoreTest, CorruptionIsRefusedNamingTheFileAndTheTensor) {
     ADD_FAILURE() << "resumed from a corrupt checkpoint";
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
-    EXPECT_NE(std::string(e.what()).find("SHA-256"), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("fails its hash"), std::string::npos) << e.what();
   }
 }
 

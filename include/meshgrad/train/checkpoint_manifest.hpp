@@ -1,5 +1,6 @@
 // The manifest of a sharded checkpoint (checkpoint_store.hpp describes the directory): which file
-// holds which box of which tensor, with SHA-256 hashes, and the trainer's state. Parsing is bounded
+// holds which box of which tensor, with hashes (SHA-256 per file, XXH3-128 per piece), and the
+// trainer's state. Parsing is bounded
 // and checks every field, since a manifest is read from disk: this is what the fuzz target
 // fuzz/checkpoint_manifest.cpp exercises.
 #pragma once
@@ -40,7 +41,7 @@ struct ManifestPiece {
   std::size_t file = 0;         // index into Manifest::files
   std::uint64_t offset = 0;     // byte offset in that file
   std::vector<ShardRange> box;  // per dim of the full tensor
-  std::string sha256;           // of the piece's bytes
+  std::string xxh3;             // XXH3-128 of the piece's bytes (32 hex digits): checked on every read
   std::uint64_t bytes(DType dtype) const;
 };
 struct ManifestTensor {

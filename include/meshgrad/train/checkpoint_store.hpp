@@ -1,5 +1,6 @@
 // Sharded training checkpoints: every rank writes its own pieces of the training state in parallel,
-// a manifest says which file holds which box of which tensor with SHA-256 hashes, directories are
+// a manifest says which file holds which box of which tensor with hashes (SHA-256 per file, XXH3-128
+// per piece), directories are
 // committed atomically, and a checkpoint loads on any other mesh (resharding) reading only the
 // pieces a rank needs.
 //
@@ -9,7 +10,7 @@
 //                         "files": [{"name": "rank_00000.bin", "bytes": N, "sha256": "..."}, ...],
 //                         "tensors": [{"name": "h.0.attn.c_attn.weight", "dtype": "float32", "shape": [C, 3C],
 //                                      "pieces": [{"file": 0, "offset": 0, "box": [[0, C], [0, 64]],
-//                                                  "sha256": "..."}, ...]}, ...]}
+//                                                  "xxh3": "..."}, ...]}, ...]}
 //   rank_RRRRR.bin       the raw bytes (row-major, the tensor's dtype, native little-endian) of the
 //                        pieces rank R wrote, back to back at the manifest's offsets
 // A box is one [offset, size) range per dim of the full tensor. Every element of every tensor lies in
@@ -135,7 +136,7 @@ struct PieceRequest {
 };
 
 // Reads the requested pieces from checkpoint dir (whose parsed manifest is given), on any mesh: for
-// each request, the saved pieces its boxes overlap are read (only their byte ranges), their SHA-256
+// each request, the saved pieces its boxes overlap are read (only their byte ranges), their XXH3-128
 // checked against the manifest, and the overlaps copied into a new tensor of layout.local_shape.
 // Not collective. All-or-nothing: throws CheckpointError naming the file and the tensor (a missing
 // tensor, another full shape or dtype, a missing or truncated file, a hash mismatch) before returning
