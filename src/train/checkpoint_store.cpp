@@ -20,9 +20,7 @@
 #include "meshgrad/comm/communicator.hpp"
 #include "meshgrad/train/sha256.hpp"
 
-// xxHash header-only: the piece hashes (XXH3-128, canonical big-endian hex).
-#define XXH_INLINE_ALL
-#include <xxhash.h>
+#include <xxhash.h>   // XXH3-128 of the pieces (libxxhash)
 
 namespace meshgrad::train {
 
@@ -126,7 +124,8 @@ class Fd {
 
 void write_all(int fd, const std::byte* data, std::uint64_t n, const std::string& path) {
   while (n > 0) {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, 1ull << 30));
+    // 8 MiB per call: one huge write() is several times slower here than the same bytes in pieces.
+    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n, 8u << 20));
     const ssize_t w = ::write(fd, data, chunk);
     if (w < 0 && errno == EINTR) continue;
     if (w <= 0) throw CheckpointError(fmt::format("checkpoint: writing '{}' failed: {}", path, w < 0 ? errno_text(errno) : "no progress"));
@@ -237,13 +236,19 @@ struct PlannedPiece {
   std::size_t tensor = 0;
   Box box;
   int writer = 0;
+  std::size_t file = 0;      // writer * files_per_rank + which of the writer's files
   std::uint64_t offset = 0;
   std::uint64_t bytes = 0;
 };
 
-std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh) {
+// files_per_rank: each rank spreads its pieces over that many files (the emptiest takes the next
+// piece), written and hashed by as many threads: one SHA-256 stream per file is what bounds a rank
+// that has the cores to itself.
+std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh,
+                                      int files_per_rank) {
   std::vector<PlannedPiece> plan;
-  std::vector<std::uint64_t> file_end(static_cast<std::size_t>(mesh.size()), 0);
+  const std::size_t k = static_cast<std::size_t>(files_per_rank);
+  std::vector<std::uint64_t> file_end(static_cast<std::size_t>(mesh.size()) * k, 0);
   std::size_t counter = 0;   // spreads replicated pieces over their holders
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const StateTensor& t = tensors[i];
@@ -266,15 +271,25 @@ std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, c
       p.box = box;
       p.writer = holders[counter++ % holders.size()];
       p.bytes = static_cast<std::uint64_t>(box_volume(box)) * dtype_size(t.local.dtype());
-      p.offset = file_end[static_cast<std::size_t>(p.writer)];
-      file_end[static_cast<std::size_t>(p.writer)] += p.bytes;
+      const std::size_t first = static_cast<std::size_t>(p.writer) * k;
+      p.file = first;
+      for (std::size_t f = first + 1; f < first + k; ++f) {
+        if (file_end[f] < file_end[p.file]) p.file = f;
+      }
+      p.offset = file_end[p.file];
+      file_end[p.file] += p.bytes;
       plan.push_back(std::move(p));
     }
   }
   return plan;
 }
 
-std::string rank_file_name(int rank) { return fmt::format("rank_{:05d}.bin", rank); }
+// rank_RRRRR.bin, or rank_RRRRR_F.bin when each rank writes several files.
+std::string rank_file_name(std::size_t file, int files_per_rank) {
+  const std::size_t rank = file / static_cast<std::size_t>(files_per_rank);
+  if (files_per_rank == 1) return fmt::format("rank_{:05d}.bin", rank);
+  return fmt::format("rank_{:05d}_{}.bin", rank, file % static_cast<std::size_t>(files_per_rank));
+}
 
 // A hex digest as 8 int64 words for the exchange, and back.
 constexpr std::size_t kHashWords = 8;
@@ -332,8 +347,14 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
       problem = e.what();
     }
   }
-  std::int64_t failed = problem.empty() ? 0 : 1;
-  mesh_->world()->broadcast(comm::MutableBuffer{&failed, 1, DType::Int64}, 0);
+  // Files per rank: as many as the cores a rank has to itself (one hashing stream each), at most 8.
+  // Rank 0 decides so that every rank plans the same files.
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  std::int64_t decided[2] = {problem.empty() ? 0 : 1,
+                             std::clamp<std::int64_t>(static_cast<std::int64_t>(cores) / mesh_->size(), 1, 8)};
+  mesh_->world()->broadcast(comm::MutableBuffer{decided, 2, DType::Int64}, 0);
+  const std::int64_t failed = decided[0];
+  files_per_rank_ = static_cast<int>(decided[1]);
   if (failed != 0) {
     if (lock_fd_ >= 0) ::close(lock_fd_);
     throw CheckpointError(problem.empty() ? fmt::format("--checkpoint-dir '{}' could not be prepared (see rank 0's error)", root_)
@@ -381,7 +402,7 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
              dist::placements_str(t.placements), shape_str(layout.local_shape), mesh.rank());
     job->meta.push_back({t.name, t.full_shape, t.placements, Tensor::empty({0}, t.local.dtype())});
   }
-  job->plan = plan_pieces(tensors, mesh);
+  job->plan = plan_pieces(tensors, mesh, files_per_rank_);
 
   // This rank's pieces. Async: copied into the saver's snapshot buffer (training may change the
   // tensors as soon as save() returns; the buffer is kept for the next save, so only the first one
@@ -437,56 +458,68 @@ void CheckpointSaver::run_job(Job& job) noexcept {
   const int rank = mesh_->rank();
   const int world = mesh_->size();
   std::string my_error;
+  const std::size_t k = static_cast<std::size_t>(files_per_rank_);
   std::vector<std::string> piece_hash(job.mine.size());
-  std::string file_hash;
+  std::vector<std::string> file_hash(k);
+  std::vector<std::uint64_t> file_bytes(k, 0);
   const Clock::time_point t0 = Clock::now();
-  // 1. This rank's file.
+  // 1. This rank's files, one thread each: per piece its XXH3 (fast), then chunks of 8 MiB hashed
+  // into the file's SHA-256 while still in the cache and written.
   try {
     if (::mkdir(job.tmp_dir.c_str(), 0755) != 0 && errno != EEXIST)
       throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", job.tmp_dir, errno_text(errno)));
-    const std::string file = (fs::path(job.tmp_dir) / rank_file_name(rank)).string();
-    Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
-    if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", file, errno_text(errno)));
-    // The file's SHA-256 on a second thread while this one hashes each piece (XXH3, fast) and writes
-    // it: the digest and the copy into the page cache overlap.
-    std::exception_ptr hash_error;
-    std::thread file_hasher([&] {
+    std::vector<std::exception_ptr> errors(k);
+    const auto write_file = [&](std::size_t sub) {
       try {
+        const std::size_t file_index = static_cast<std::size_t>(rank) * k + sub;
+        const std::string file = (fs::path(job.tmp_dir) / rank_file_name(file_index, files_per_rank_)).string();
+        Fd fd(::open(file.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | O_NOFOLLOW, 0644));
+        if (fd.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", file, errno_text(errno)));
         Sha256 whole;
-        for (std::size_t i = 0; i < job.mine.size(); ++i) whole.update(job.piece_data[i], job.plan[job.mine[i]].bytes);
-        file_hash = whole.hex();
+        for (std::size_t i = 0; i < job.mine.size(); ++i) {
+          const PlannedPiece& p = job.plan[job.mine[i]];
+          if (p.file != file_index) continue;
+          const std::byte* data = job.piece_data[i];
+          piece_hash[i] = xxh3_hex(data, p.bytes);
+          for (std::uint64_t at = 0; at < p.bytes;) {
+            const std::uint64_t n = std::min<std::uint64_t>(p.bytes - at, 8u << 20);
+            whole.update(data + at, n);
+            write_all(fd.get(), data + at, n, file);
+            at += n;
+          }
+          file_bytes[sub] += p.bytes;
+        }
+        file_hash[sub] = whole.hex();
+        if (::fsync(fd.get()) != 0) throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", file, errno_text(errno)));
       } catch (...) {
-        hash_error = std::current_exception();
+        errors[sub] = std::current_exception();
       }
-    });
-    try {
-      for (std::size_t i = 0; i < job.mine.size(); ++i) {
-        const PlannedPiece& p = job.plan[job.mine[i]];
-        piece_hash[i] = xxh3_hex(job.piece_data[i], p.bytes);
-        write_all(fd.get(), job.piece_data[i], p.bytes, file);
-      }
-    } catch (...) {
-      file_hasher.join();
-      throw;
+    };
+    std::vector<std::thread> writers;
+    for (std::size_t sub = 1; sub < k; ++sub) writers.emplace_back(write_file, sub);
+    write_file(0);
+    for (std::thread& t : writers) t.join();
+    for (const std::exception_ptr& e : errors) {
+      if (e) std::rethrow_exception(e);
     }
-    file_hasher.join();
-    if (hash_error) std::rethrow_exception(hash_error);
-    if (::fsync(fd.get()) != 0) throw CheckpointError(fmt::format("checkpoint: fsync of '{}' failed: {}", file, errno_text(errno)));
   } catch (const std::exception& e) {
     my_error = e.what();
   }
   job.keep_alive.clear();
   job.times.write_s = seconds_since(t0);
 
-  // 2. Exchange sizes and hashes: [status, bytes, file hash, piece hashes...] from every rank.
-  std::vector<std::size_t> counts(static_cast<std::size_t>(world), 2 + kHashWords);
+  // 2. Exchange sizes and hashes from every rank: [status, per file (bytes, SHA-256), per piece XXH3].
+  const std::size_t header_words = 1 + k * (1 + kHashWords);
+  std::vector<std::size_t> counts(static_cast<std::size_t>(world), header_words);
   for (const PlannedPiece& p : job.plan) counts[static_cast<std::size_t>(p.writer)] += kHashWords;
   std::vector<std::int64_t> mine(counts[static_cast<std::size_t>(rank)], 0);
   mine[0] = my_error.empty() ? 0 : 1;
-  mine[1] = static_cast<std::int64_t>(job.bytes);
   if (my_error.empty()) {
-    put_hash(file_hash, &mine[2]);
-    for (std::size_t i = 0; i < piece_hash.size(); ++i) put_hash(piece_hash[i], &mine[2 + kHashWords * (i + 1)]);
+    for (std::size_t f = 0; f < k; ++f) {
+      mine[1 + f * (1 + kHashWords)] = static_cast<std::int64_t>(file_bytes[f]);
+      put_hash(file_hash[f], &mine[2 + f * (1 + kHashWords)]);
+    }
+    for (std::size_t i = 0; i < piece_hash.size(); ++i) put_hash(piece_hash[i], &mine[header_words + kHashWords * i]);
   }
   std::size_t total = 0;
   for (std::size_t c : counts) total += c;
@@ -516,15 +549,18 @@ void CheckpointSaver::run_job(Job& job) noexcept {
         m.mesh = mesh_spec(*mesh_);
         m.state = job.state;
         for (int r = 0; r < world; ++r) {
-          const std::int64_t* w = &all[start[static_cast<std::size_t>(r)]];
-          m.files.push_back({rank_file_name(r), static_cast<std::uint64_t>(w[1]), get_hash(w + 2, 64)});
+          for (std::size_t f = 0; f < k; ++f) {
+            const std::int64_t* w = &all[start[static_cast<std::size_t>(r)] + 1 + f * (1 + kHashWords)];
+            m.files.push_back({rank_file_name(static_cast<std::size_t>(r) * k + f, files_per_rank_),
+                               static_cast<std::uint64_t>(w[0]), get_hash(w + 1, 64)});
+          }
         }
         for (const StateTensor& t : job.meta) m.tensors.push_back({t.name, t.local.dtype(), t.full_shape, {}});
         std::vector<std::size_t> next(static_cast<std::size_t>(world), 0);
         for (const PlannedPiece& p : job.plan) {
           const std::size_t r = static_cast<std::size_t>(p.writer);
-          const std::int64_t* h = &all[start[r] + 2 + kHashWords * (1 + next[r]++)];
-          m.tensors[p.tensor].pieces.push_back({r, p.offset, p.box, get_hash(h, 32)});
+          const std::int64_t* h = &all[start[r] + header_words + kHashWords * next[r]++];
+          m.tensors[p.tensor].pieces.push_back({p.file, p.offset, p.box, get_hash(h, 32)});
         }
         const std::string manifest_path = (fs::path(job.tmp_dir) / kManifestName).string();
         {

@@ -12,7 +12,9 @@
 //                                      "pieces": [{"file": 0, "offset": 0, "box": [[0, C], [0, 64]],
 //                                                  "xxh3": "..."}, ...]}, ...]}
 //   rank_RRRRR.bin       the raw bytes (row-major, the tensor's dtype, native little-endian) of the
-//                        pieces rank R wrote, back to back at the manifest's offsets
+//                        pieces rank R wrote, back to back at the manifest's offsets; a rank with
+//                        several cores to itself spreads them over rank_RRRRR_F.bin, F = 0, 1, ...,
+//                        written and hashed by one thread each
 // A box is one [offset, size) range per dim of the full tensor. Every element of every tensor lies in
 // exactly one piece (checked when a manifest is read). A piece replicated on several ranks (over dp,
 // or a parameter replicated over tp) is written once, by one of its holders chosen round-robin so the
@@ -115,6 +117,7 @@ class CheckpointSaver {
   std::string root_;
   dist::DeviceMeshPtr mesh_;
   int keep_;
+  int files_per_rank_ = 1;       // decided by rank 0 at construction (cores per rank, 1 to 8)
   comm::CommunicatorPtr comm_;   // the saves' own communicator (a split of the mesh's world)
   int lock_fd_ = -1;
   std::unique_ptr<Job> job_;
