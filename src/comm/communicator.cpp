@@ -391,8 +391,9 @@ bool OpState::wait_done(Clock::time_point until) {
   return cv.wait_until(lock, until, [&] { return status.load(std::memory_order_acquire) == 2; });
 }
 
-void Executor::run(OpState& op) {
+void Executor::run(OpState& op, bool on_caller) {
   op.status.store(1, std::memory_order_relaxed);
+  const Clock::time_point started = op.trace ? Clock::now() : Clock::time_point{};
   std::exception_ptr error;
   try {
     op.body(op);
@@ -400,7 +401,38 @@ void Executor::run(OpState& op) {
     error = std::current_exception();
   }
   op.body = nullptr;  // release captured buffers / counts now
+  if (op.trace) record(op, started, on_caller, error != nullptr);   // before a waiter can see it done
   op.finish(std::move(error));
+}
+
+namespace {
+// The arguments a trace shows with a collective and with a wait on it.
+trace::Args trace_args(const OpState& op) {
+  trace::Args args{{"op", std::string(op_name(op.kind))}, {"seq", static_cast<std::int64_t>(op.seq)}};
+  if (op.trace) {
+    args.push_back({"bytes", op.trace->bytes});
+    if (!op.trace->group.empty()) args.push_back({"group", op.trace->group});
+    if (!op.trace->label.empty()) args.push_back({"label", op.trace->label});
+  }
+  return args;
+}
+}  // namespace
+
+void Executor::record(const OpState& op, Clock::time_point started, bool on_caller, bool failed) {
+  const Clock::time_point end = Clock::now();
+  // From launch, or from the end of the operation before it if that came later (it queued behind
+  // it), so the spans of one lane never overlap.
+  const Clock::time_point begin = std::max(op.trace->launched, last_end_);
+  last_end_ = end;
+  trace::Args args = trace_args(op);
+  args.push_back({"queued_us", std::chrono::duration<double, std::micro>(started - op.trace->launched).count()});
+  if (failed) args.push_back({"failed", std::int64_t{1}});
+  if (on_caller) {
+    trace::Args wait_args = trace_args(op);
+    wait_args.push_back({"on_caller", std::int64_t{1}});
+    trace::complete(trace::this_thread_lane(), "wait", "wait", started, end, std::move(wait_args));
+  }
+  trace::complete(lane_.id(), op_name(op.kind), "comm", begin, end, std::move(args));
 }
 
 void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
@@ -415,7 +447,7 @@ void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
     }
     busy_ = true;
   }
-  run(*op);
+  run(*op, /*on_caller=*/true);
   {
     std::lock_guard lock(m_);
     busy_ = false;
@@ -433,7 +465,7 @@ void Executor::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    run(*op);
+    run(*op, /*on_caller=*/false);
     lock.lock();
     busy_ = false;
   }
@@ -486,6 +518,29 @@ namespace {
   }  // anything else (bad_alloc, ...): rethrown as it is
 }
 
+// A "wait" span on the waiting thread's lane while a trace records, when the wait finds its
+// operation not yet complete (a wait that returns at once costs nothing and is not drawn).
+class WaitSpan {
+ public:
+  explicit WaitSpan(const OpState& op) {
+    if (trace::enabled() && op.status.load(std::memory_order_acquire) != 2) {
+      op_ = &op;
+      begin_ = Clock::now();
+    }
+  }
+  ~WaitSpan() {
+    if (op_ != nullptr) {
+      trace::complete(trace::this_thread_lane(), "wait", "wait", begin_, Clock::now(), trace_args(*op_));
+    }
+  }
+  WaitSpan(const WaitSpan&) = delete;
+  WaitSpan& operator=(const WaitSpan&) = delete;
+
+ private:
+  const OpState* op_ = nullptr;
+  Clock::time_point begin_;
+};
+
 class WorkHandle final : public Work {
  public:
   WorkHandle(std::shared_ptr<OpState> op, std::shared_ptr<Health> health, std::string where, std::string backend,
@@ -507,6 +562,7 @@ class WorkHandle final : public Work {
 
   void wait(Milliseconds timeout) override {
     MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
+    WaitSpan span(*op_);
     // timeout 0: the op's own deadline, which its internal waits enforce with the precise error
     // (missing ranks); the grace lets that error arrive first.
     const bool own = timeout.count() == 0;
@@ -581,9 +637,18 @@ WorkPtr CommBase::make_work(std::shared_ptr<OpState> op) const {
   return std::make_shared<WorkHandle>(std::move(op), health_, std::move(w), std::string(backend()), rank_);
 }
 
-WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, std::function<void(OpState&)> body) {
+WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, std::int64_t bytes,
+                                    std::function<void(OpState&)> body) {
   const std::uint64_t seq = next_seq_++;
   auto op = new_op(kind, seq, opt);
+  if (trace::enabled()) {
+    // The lane of this communicator's operations is named after the rank (thread) that uses it.
+    if (!executor_->lane().named()) {
+      const auto [rank_lane, sort_index] = trace::this_thread_lane_name();
+      executor_->lane().set_name(rank_lane + " progress" + (label_.empty() ? "" : " (" + label_ + ")"), sort_index + 1);
+    }
+    op->trace = std::make_unique<OpTrace>(OpTrace{Clock::now(), label_, std::string(opt.trace_label), bytes});
+  }
   auto health = health_;
   op->body = [this, health, body = std::move(body)](OpState& state) {
     check_usable(state.kind, state.seq);

@@ -12,6 +12,7 @@
 #include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::nn {
 
@@ -264,6 +265,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) cons
 Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& w,
                                           const Tensor& b) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   ColumnConfig config{ctx_->tp, ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
                       seq_len, name_};
   Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), ctx_)[0];
@@ -282,6 +284,7 @@ RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, s
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
   const Tensor partial = meshgrad::linear(x_local, weight.value);
   Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
@@ -313,6 +316,7 @@ GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t ou
 
 Tensor GridLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   const dist::ProcessGroup& in_group = ctx_->mesh->group(in_axis_);
   const dist::ProcessGroup& out_group = ctx_->mesh->group(out_axis_);
   // Own feature slice on in_axis (R -> S(-1)): whole units, as the weight's rows are split.
@@ -332,12 +336,13 @@ Tensor GridLinear::forward(const Tensor& x) const {
 }
 
 LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)
-    : eps_(eps), ctx_(std::move(ctx)) {
+    : name_(name), eps_(eps), ctx_(std::move(ctx)) {
   weight = make_parameter(name + ".weight", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 1.0, dtype);
   bias = make_parameter(name + ".bias", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 0.0, dtype);
 }
 
 Tensor LayerNorm::forward(const Tensor& x) const {
+  trace::Scope scope(name_);
   if (ctx_->sequence_parallel()) {
     // Replicated parameters on sequence-sharded rows: their gradients are partial over tp.
     return meshgrad::layer_norm(x, ctx_->partial_over_tp(weight.value), ctx_->partial_over_tp(bias.value), eps_);
@@ -488,6 +493,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
            shape_str(logits_local.shape()), shape_str(targets.shape()));
   MG_CHECK(divisor > 0, "vocab_parallel_cross_entropy: divisor must be positive, got {}", divisor);
   dist::CommLabelScope label("loss");
+  trace::Scope scope("loss");
   return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
                                                       divisor, ignore_index)[0];
 }

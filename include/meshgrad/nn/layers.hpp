@@ -138,6 +138,7 @@ class LayerNorm {
   Parameter weight, bias;
 
  private:
+  std::string name_;   // its trace scope
   double eps_;
   ParallelContextPtr ctx_;
 };
