@@ -183,6 +183,7 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("dtype", dtype);
   k.get("dropout", o.model.dropout);
   k.get("save", o.save_path);
+  k.get("trace", o.trace_path);
   k.get("progress", o.progress);
   k.finish();
   o.model.dtype = parse_dtype(dtype);
@@ -324,7 +325,7 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("train", &train_job,
         "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
-        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', progress=False) -> list of per-step "
+        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', trace='', progress=False) -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

@@ -132,6 +132,9 @@ MESHGRAD_REGISTER_COMMAND(
                   ->capture_default_str();
               app.add_option("--dropout", o.model.dropout, "Dropout probability")->capture_default_str();
               app.add_option("--save", o.save_path, "Write the trained parameters (full tensors) to this safetensors file");
+              app.add_option("--trace", o.trace_path, "Write a Chrome trace (Perfetto / chrome://tracing) of the run to "
+                             "this JSON file: per rank and communicator, each layer's forward and backward, each "
+                             "collective, each wait; see docs/tracing.md");
               return [a] { return run(*a); };
             }});
 

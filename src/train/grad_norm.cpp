@@ -7,6 +7,7 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/layout.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::train {
 
@@ -25,6 +26,7 @@ double sum_of_squares(const Tensor& g) {
 }  // namespace
 
 double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh) {
+  trace::Span span("grad_norm", "optimizer");
   // Sums of squares per set of sharding axes (0: replicated everywhere), in a fixed order.
   std::map<dist::AxisMask, double> sums;
   for (const nn::Parameter* p : params) {

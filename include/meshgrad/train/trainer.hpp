@@ -47,6 +47,7 @@ struct TrainOptions {
   std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
+  std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
   // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
   // the model over the first eval_steps validation batches (all of them if fewer), without dropout
   // and without recording a graph. Needs data with a validation split (a prepared directory).
