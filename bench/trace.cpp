@@ -53,6 +53,12 @@ void BM_CollectiveSpanRecording(benchmark::State& state) {
 }
 BENCHMARK(BM_CollectiveSpanRecording)->Iterations(500000);
 
+// The CPU clock a traced collective reads twice (at its launch and at its wait).
+void BM_ThreadCpuTime(benchmark::State& state) {
+  for (auto _ : state) benchmark::DoNotOptimize(trace::thread_cpu_time());
+}
+BENCHMARK(BM_ThreadCpuTime);
+
 }  // namespace
 
 BENCHMARK_MAIN();

@@ -1,7 +1,7 @@
 // `meshgrad trace summary FILE.json` and `meshgrad trace svg FILE.json -o trace.svg`: what a trace
 // written by `--trace` shows, without a browser (train/trace_report.hpp).
 //   meshgrad train --mesh tp=2 --overlap --steps 3 --trace t.json
-//   meshgrad trace summary t.json                 per rank: compute, comm, waited, hidden %
+//   meshgrad trace summary t.json [--step 3]      per rank: compute, comm, waited, hidden %
 //   meshgrad trace svg t.json --step 3 -o t.svg   the lanes of step 3 as an SVG timeline
 #include <fmt/core.h>
 
@@ -26,11 +26,11 @@ struct TraceArgs {
 
 int run_summary(const TraceArgs& a) {
   const train::TraceData trace = train::read_trace(a.trace);
-  const auto rows = train::summarize_trace(trace);
+  const auto rows = train::summarize_trace(trace, a.step);
   MG_CHECK(!rows.empty(), "trace summary: '{}' has no rank lanes (\"rank N\"): was it written by --trace?", a.trace);
   fmt::print("{}", train::format_trace_summary(rows));
-  fmt::print("comm: time with a collective of the rank in flight; exposed: the part of it the rank waited; hidden: "
-             "the rest, overlapped with compute\n");
+  fmt::print("comm: time with a collective of the rank in flight; exposed: the part of it the rank waited or was off "
+             "the CPU after launching one; hidden: the rest, overlapped with compute (docs/tracing.md)\n");
   return 0;
 }
 
@@ -56,6 +56,9 @@ MESHGRAD_REGISTER_COMMAND(trace_summary, {"trace", "summary",
     [](CLI::App& app) -> std::function<int()> {
       auto a = std::make_shared<TraceArgs>();
       app.add_option("TRACE", a->trace, "a trace written by --trace (Chrome Trace Event Format JSON)")->required();
+      app.add_option("--step", a->step, "sum up only this step of each rank (1-based; 0 = all steps)")
+          ->check(at_least(0))
+          ->capture_default_str();
       return [a] { return run_summary(*a); };
     }});
 

@@ -401,7 +401,9 @@ void Executor::run(OpState& op, bool on_caller) {
     error = std::current_exception();
   }
   op.body = nullptr;  // release captured buffers / counts now
-  if (op.trace) record(op, started, on_caller, error != nullptr);   // before a waiter can see it done
+  // Traced: recorded before a waiter can see the op done, so a wait that returned is never ahead of
+  // the span of what it waited for (the end of a run stops recording right after its last wait).
+  if (op.trace) record(op, started, Clock::now(), on_caller, error != nullptr);
   op.finish(std::move(error));
 }
 
@@ -418,8 +420,8 @@ trace::Args trace_args(const OpState& op) {
 }
 }  // namespace
 
-void Executor::record(const OpState& op, Clock::time_point started, bool on_caller, bool failed) {
-  const Clock::time_point end = Clock::now();
+void Executor::record(const OpState& op, Clock::time_point started, Clock::time_point end, bool on_caller,
+                      bool failed) {
   // From launch, or from the end of the operation before it if that came later (it queued behind
   // it), so the spans of one lane never overlap.
   const Clock::time_point begin = std::max(op.trace->launched, last_end_);
@@ -519,26 +521,54 @@ namespace {
 }
 
 // A "wait" span on the waiting thread's lane while a trace records, when the wait finds its
-// operation not yet complete (a wait that returns at once costs nothing and is not drawn).
+// operation not yet complete. When the waiting thread launched the operation, the span also says
+// how long that thread was off the CPU between the launch and the wait (args since_launch_us and
+// off_cpu_us): on a machine with more runnable threads than cores, the progress thread a launch
+// wakes often takes the launching rank's core until the operation is done, and the rank reaches
+// its wait only then. That time is not computation the communication hid behind, and the trace
+// summary counts it as blocked; so a wait that finds its operation complete after such a gap (10 us
+// or more off the CPU) is drawn too, with zero length, to carry it. Other waits that return at once
+// are not drawn.
 class WaitSpan {
  public:
   explicit WaitSpan(const OpState& op) {
-    if (trace::enabled() && op.status.load(std::memory_order_acquire) != 2) {
+    if (!trace::enabled()) return;
+    const bool done = op.status.load(std::memory_order_acquire) == 2;
+    begin_ = Clock::now();
+    // Less than kMinGap after the launch the thread cannot have been off the CPU for long: the CPU
+    // clock (a system call) is not read.
+    if (op.trace && op.trace->launcher_lane == trace::this_thread_lane() &&
+        begin_ - op.trace->launched >= kMinGap) {
+      since_launch_ = begin_ - op.trace->launched;
+      off_cpu_ = std::max(Clock::duration::zero(),
+                          since_launch_ - (trace::thread_cpu_time() - op.trace->launcher_cpu));
+      measured_ = true;
+    }
+    if (!done || (measured_ && off_cpu_ >= kMinGap)) {
       op_ = &op;
-      begin_ = Clock::now();
+      zero_length_ = done;
     }
   }
   ~WaitSpan() {
-    if (op_ != nullptr) {
-      trace::complete(trace::this_thread_lane(), "wait", "wait", begin_, Clock::now(), trace_args(*op_));
+    if (op_ == nullptr) return;
+    trace::Args args = trace_args(*op_);
+    if (measured_) {
+      args.push_back({"since_launch_us", std::chrono::duration<double, std::micro>(since_launch_).count()});
+      args.push_back({"off_cpu_us", std::chrono::duration<double, std::micro>(off_cpu_).count()});
     }
+    trace::complete(trace::this_thread_lane(), "wait", "wait", begin_, zero_length_ ? begin_ : Clock::now(),
+                    std::move(args));
   }
   WaitSpan(const WaitSpan&) = delete;
   WaitSpan& operator=(const WaitSpan&) = delete;
 
  private:
-  const OpState* op_ = nullptr;
+  static constexpr auto kMinGap = std::chrono::microseconds(10);
+  const OpState* op_ = nullptr;   // drawn when set
+  bool zero_length_ = false;
+  bool measured_ = false;
   Clock::time_point begin_;
+  Clock::duration since_launch_{}, off_cpu_{};
 };
 
 class WorkHandle final : public Work {
@@ -647,7 +677,12 @@ WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, s
       const auto [rank_lane, sort_index] = trace::this_thread_lane_name();
       executor_->lane().set_name(rank_lane + " progress" + (label_.empty() ? "" : " (" + label_ + ")"), sort_index + 1);
     }
+    // The launcher's CPU clock (a system call) only for async launches: a blocking call waits at once.
     op->trace = std::make_unique<OpTrace>(OpTrace{Clock::now(), label_, std::string(opt.trace_label), bytes});
+    if (!opt.caller_waits) {
+      op->trace->launcher_lane = trace::this_thread_lane();
+      op->trace->launcher_cpu = trace::thread_cpu_time();
+    }
   }
   auto health = health_;
   op->body = [this, health, body = std::move(body)](OpState& state) {

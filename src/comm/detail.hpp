@@ -126,6 +126,8 @@ struct OpTrace {
   std::string group;          // the communicator's label ("tp"); "" = none
   std::string label;          // CollectiveOptions::trace_label
   std::int64_t bytes = 0;     // nccl-tests convention: the whole (gathered / unreduced) buffer
+  int launcher_lane = 0;                // async launches: the launching thread's lane (0: not
+  Clock::duration launcher_cpu{};       // measured) and its CPU time at the launch
 };
 
 struct OpState {
@@ -168,7 +170,7 @@ class Executor {
  private:
   void loop();
   void run(OpState& op, bool on_caller);
-  void record(const OpState& op, Clock::time_point started, bool on_caller, bool failed);
+  void record(const OpState& op, Clock::time_point started, Clock::time_point end, bool on_caller, bool failed);
   trace::Lane lane_;
   Clock::time_point last_end_;  // of the last traced op; only the thread running an op touches it
   std::mutex m_;

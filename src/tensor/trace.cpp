@@ -1,6 +1,7 @@
 #include "meshgrad/tensor/trace.hpp"
 
 #include <fmt/format.h>
+#include <time.h>
 
 #include <algorithm>
 #include <map>
@@ -102,16 +103,25 @@ void append(Event e) {
   tl.buffer->events.push_back(std::move(e));
 }
 
+// The node of (parent, name): from this thread's cache, else from the process-wide tree (nodes are
+// never freed, so cached pointers stay valid).
 const ScopeNode* intern(const ScopeNode* parent, std::string_view name) {
-  State& s = state();
-  std::lock_guard lock(s.scope_m);
+  thread_local std::map<std::pair<const ScopeNode*, std::string>, const ScopeNode*, ScopeLess> cache;
   const auto key = std::pair<const ScopeNode*, std::string_view>(parent, name);
-  auto it = s.scopes.find(key);
-  if (it == s.scopes.end()) {
-    auto node = std::make_unique<ScopeNode>(ScopeNode{std::string(name), parent, parent ? parent->depth + 1 : 1});
-    it = s.scopes.emplace(std::pair<const ScopeNode*, std::string>(parent, std::string(name)), std::move(node)).first;
+  if (auto hit = cache.find(key); hit != cache.end()) return hit->second;
+  State& s = state();
+  const ScopeNode* node = nullptr;
+  {
+    std::lock_guard lock(s.scope_m);
+    auto it = s.scopes.find(key);
+    if (it == s.scopes.end()) {
+      auto fresh = std::make_unique<ScopeNode>(ScopeNode{std::string(name), parent, parent ? parent->depth + 1 : 1});
+      it = s.scopes.emplace(std::pair<const ScopeNode*, std::string>(parent, std::string(name)), std::move(fresh)).first;
+    }
+    node = it->second.get();
   }
-  return it->second.get();
+  cache.emplace(std::pair<const ScopeNode*, std::string>(parent, std::string(name)), node);
+  return node;
 }
 
 nlohmann::json arg_json(const ArgValue& v) {
@@ -156,6 +166,13 @@ Clock::time_point session_start() {
 }
 
 std::uint64_t dropped_events() { return state().dropped.load(std::memory_order_relaxed); }
+
+Clock::duration thread_cpu_time() {
+  timespec ts{};
+  ::clock_gettime(CLOCK_THREAD_CPUTIME_ID, &ts);
+  return std::chrono::duration_cast<Clock::duration>(std::chrono::seconds(ts.tv_sec) +
+                                                     std::chrono::nanoseconds(ts.tv_nsec));
+}
 
 void name_this_thread(std::string name, int sort_index) {
   tl.lane_name = std::move(name);

@@ -85,12 +85,18 @@ bool is_progress_of(const TraceLane& lane, const TraceLane& rank) {
   return lane.pid == rank.pid && lane.name.rfind(rank.name + " progress", 0) == 0;
 }
 
-RankSummary summarize_rank(const TraceData& trace, const TraceLane& rank, double from_us, double to_us) {
+bool is_step(const TraceSpan& s) { return s.name == "step" && s.category == "step"; }
+
+// The rank's window: its step spans in [from_us, to_us] (only its step-th one when step > 0), or its
+// whole lane when it has none.
+RankSummary summarize_rank(const TraceData& trace, const TraceLane& rank, double from_us, double to_us, int step) {
   RankSummary r;
   r.rank = rank.name;
   std::vector<Interval> window;
+  int k = 0;
   for (const TraceSpan& s : rank.spans) {
-    if (s.name == "step" && s.category == "step" && s.end_us > from_us && s.begin_us < to_us) {
+    if (!is_step(s) || (step > 0 && ++k != step)) continue;
+    if (s.end_us > from_us && s.begin_us < to_us) {
       window.emplace_back(std::max(s.begin_us, from_us), std::min(s.end_us, to_us));
       ++r.steps;
     }
@@ -119,22 +125,32 @@ RankSummary summarize_rank(const TraceData& trace, const TraceLane& rank, double
       }
     }
   }
+  std::vector<Interval> off_cpu;
   for (const TraceSpan& s : rank.spans) {
-    if (s.category == "wait") waits.emplace_back(s.begin_us, s.end_us);
+    if (s.category != "wait") continue;
+    waits.emplace_back(s.begin_us, s.end_us);
+    if (s.since_launch_us >= 0 && s.off_cpu_us > 0) {
+      const double launched = s.begin_us - s.since_launch_us;
+      off_cpu.emplace_back(launched, std::min(s.begin_us, launched + s.off_cpu_us));
+    }
   }
   const std::vector<Interval> comm_in = intersect(union_of(comm), window);
   const std::vector<Interval> wait_in = intersect(union_of(waits), window);
+  std::vector<Interval> blocked = waits;
+  blocked.insert(blocked.end(), off_cpu.begin(), off_cpu.end());
+  const std::vector<Interval> blocked_in = intersect(union_of(blocked), window);
   r.window_ms = length(window) / 1e3;
   r.comm_ms = length(comm_in) / 1e3;
   r.waited_ms = length(wait_in) / 1e3;
-  r.exposed_ms = length(intersect(comm_in, wait_in)) / 1e3;
+  r.off_cpu_ms = length(blocked_in) / 1e3 - r.waited_ms;
+  r.exposed_ms = length(intersect(comm_in, blocked_in)) / 1e3;
   r.hidden_ms = r.comm_ms - r.exposed_ms;
-  r.compute_ms = r.window_ms - r.waited_ms;
+  r.compute_ms = r.window_ms - r.waited_ms - r.off_cpu_ms;
   r.hidden_percent = r.comm_ms > 0 ? 100.0 * r.hidden_ms / r.comm_ms : 0.0;
   return r;
 }
 
-std::vector<RankSummary> summarize_window(const TraceData& trace, double from_us, double to_us) {
+std::vector<RankSummary> summarize_window(const TraceData& trace, double from_us, double to_us, int step) {
   std::vector<RankSummary> rows;
   std::map<std::string, int> seen;
   for (const TraceLane& lane : trace.lanes) {
@@ -142,7 +158,7 @@ std::vector<RankSummary> summarize_window(const TraceData& trace, double from_us
   }
   for (const TraceLane& lane : trace.lanes) {
     if (!is_rank_lane(lane)) continue;
-    RankSummary r = summarize_rank(trace, lane, from_us, to_us);
+    RankSummary r = summarize_rank(trace, lane, from_us, to_us, step);
     if (seen[lane.name] > 1) r.rank += fmt::format(" ({})", lane.process);
     rows.push_back(std::move(r));
   }
@@ -170,52 +186,60 @@ TraceData parse_trace(const std::string& text, const std::string& what) {
   std::size_t index = 0;
   for (const nlohmann::json& e : *events) {
     ++index;
-    MG_CHECK(e.is_object() && e.contains("ph") && e["ph"].is_string(),
-             "trace '{}': event {} is not an object with a \"ph\" phase", what, index);
-    const std::string ph = e["ph"].get<std::string>();
-    const std::int64_t pid = e.value("pid", std::int64_t{0});
-    const int tid = e.value("tid", 0);
-    const nlohmann::json args = e.contains("args") ? e["args"] : nlohmann::json::object();
-    const std::string name = e.value("name", std::string());
-    if (ph == "M") {
-      if (name == "thread_name") lanes[{pid, tid}].name = string_arg(args, "name");
-      if (name == "thread_sort_index") lanes[{pid, tid}].sort_index = args.value("sort_index", 0);
-      if (name == "process_name") processes[pid].first = string_arg(args, "name");
-      if (name == "process_sort_index") processes[pid].second = args.value("sort_index", 0);
-      continue;
-    }
-    if (ph != "X" && ph != "B" && ph != "E") continue;   // instants, counters, flows: not drawn
-    MG_CHECK(e.contains("ts") && e["ts"].is_number(), "trace '{}': event {} ({}) has no numeric \"ts\"", what, index,
-             name);
-    const double ts = e["ts"].get<double>();
-    if (ph == "E") {
-      auto& stack = open[{pid, tid}];
-      MG_CHECK(!stack.empty(), "trace '{}': event {} ends a span on pid {} tid {} that never began", what, index, pid,
-               tid);
-      TraceSpan s = std::move(stack.back());
-      stack.pop_back();
-      s.end_us = ts;
+    try {
+      MG_CHECK(e.is_object() && e.contains("ph") && e["ph"].is_string(),
+               "trace '{}': event {} is not an object with a \"ph\" phase", what, index);
+      const std::string ph = e["ph"].get<std::string>();
+      const std::int64_t pid = e.value("pid", std::int64_t{0});
+      const int tid = e.value("tid", 0);
+      const nlohmann::json args = e.contains("args") ? e["args"] : nlohmann::json::object();
+      const std::string name = e.value("name", std::string());
+      if (ph == "M") {
+        if (name == "thread_name") lanes[{pid, tid}].name = string_arg(args, "name");
+        if (name == "thread_sort_index") lanes[{pid, tid}].sort_index = args.value("sort_index", 0);
+        if (name == "process_name") processes[pid].first = string_arg(args, "name");
+        if (name == "process_sort_index") processes[pid].second = args.value("sort_index", 0);
+        continue;
+      }
+      if (ph != "X" && ph != "B" && ph != "E") continue;   // instants, counters, flows: not drawn
+      MG_CHECK(e.contains("ts") && e["ts"].is_number(), "trace '{}': event {} ({}) has no numeric \"ts\"", what, index,
+               name);
+      const double ts = e["ts"].get<double>();
+      if (ph == "E") {
+        auto& stack = open[{pid, tid}];
+        MG_CHECK(!stack.empty(), "trace '{}': event {} ends a span on pid {} tid {} that never began", what, index, pid,
+                 tid);
+        TraceSpan s = std::move(stack.back());
+        stack.pop_back();
+        s.end_us = ts;
+        lanes[{pid, tid}].spans.push_back(std::move(s));
+        continue;
+      }
+      TraceSpan s;
+      s.name = name;
+      s.category = e.value("cat", std::string());
+      s.begin_us = ts;
+      s.op = string_arg(args, "op");
+      s.group = string_arg(args, "group");
+      s.label = string_arg(args, "label");
+      if (args.is_object() && args.contains("bytes") && args["bytes"].is_number()) {
+        s.bytes = args["bytes"].get<std::int64_t>();
+      }
+      if (args.is_object() && args.contains("since_launch_us") && args.contains("off_cpu_us")) {
+        s.since_launch_us = args["since_launch_us"].get<double>();
+        s.off_cpu_us = args["off_cpu_us"].get<double>();
+      }
+      if (ph == "B") {
+        open[{pid, tid}].push_back(std::move(s));
+        continue;
+      }
+      MG_CHECK(e.contains("dur") && e["dur"].is_number() && e["dur"].get<double>() >= 0,
+               "trace '{}': span {} ({}) has no non-negative \"dur\"", what, index, name);
+      s.end_us = ts + e["dur"].get<double>();
       lanes[{pid, tid}].spans.push_back(std::move(s));
-      continue;
+    } catch (const nlohmann::json::exception& error) {   // a field of the wrong type
+      throw InvalidArgument(fmt::format("trace '{}': event {} is malformed: {}", what, index, error.what()));
     }
-    TraceSpan s;
-    s.name = name;
-    s.category = e.value("cat", std::string());
-    s.begin_us = ts;
-    s.op = string_arg(args, "op");
-    s.group = string_arg(args, "group");
-    s.label = string_arg(args, "label");
-    if (args.is_object() && args.contains("bytes") && args["bytes"].is_number()) {
-      s.bytes = args["bytes"].get<std::int64_t>();
-    }
-    if (ph == "B") {
-      open[{pid, tid}].push_back(std::move(s));
-      continue;
-    }
-    MG_CHECK(e.contains("dur") && e["dur"].is_number() && e["dur"].get<double>() >= 0,
-             "trace '{}': span {} ({}) has no non-negative \"dur\"", what, index, name);
-    s.end_us = ts + e["dur"].get<double>();
-    lanes[{pid, tid}].spans.push_back(std::move(s));
   }
   for (const auto& [key, stack] : open) {
     MG_CHECK(stack.empty(), "trace '{}': span '{}' on pid {} tid {} begins and never ends", what,
@@ -254,19 +278,44 @@ TraceData read_trace(const std::string& path) {
   return parse_trace(buffer.str(), path);
 }
 
-std::vector<RankSummary> summarize_trace(const TraceData& trace) {
-  return summarize_window(trace, std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max());
+namespace {
+// Step N (1-based) of every rank: from the earliest start to the latest end.
+Interval step_window(const TraceData& trace, int step, const char* who) {
+  double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
+  int max_steps = 0;
+  for (const TraceLane& lane : trace.lanes) {
+    int k = 0;
+    for (const TraceSpan& s : lane.spans) {
+      if (!is_step(s)) continue;
+      if (++k == step) {
+        lo = std::min(lo, s.begin_us);
+        hi = std::max(hi, s.end_us);
+      }
+    }
+    max_steps = std::max(max_steps, k);
+  }
+  MG_CHECK(lo < hi, "{}: --step {}: the trace has {} \"step\" spans per rank", who, step, max_steps);
+  return {lo, hi};
+}
+}  // namespace
+
+std::vector<RankSummary> summarize_trace(const TraceData& trace, int step) {
+  if (step > 0) {
+    const auto [lo, hi] = step_window(trace, step, "trace summary");
+    return summarize_window(trace, lo, hi, step);
+  }
+  return summarize_window(trace, std::numeric_limits<double>::lowest(), std::numeric_limits<double>::max(), 0);
 }
 
 std::string format_trace_summary(const std::vector<RankSummary>& rows) {
-  std::string out = fmt::format("{:<10} {:>6} {:>10} {:>10} {:>10} {:>10} {:>10} {:>10} {:>7} {:>6} {:>10}\n", "rank",
-                                "steps", "window ms", "compute ms", "comm ms", "waited ms", "exposed ms", "hidden ms",
-                                "hidden", "colls", "MB");
+  std::string out = fmt::format("{:<10} {:>5} {:>9} {:>10} {:>9} {:>9} {:>10} {:>10} {:>9} {:>6} {:>6} {:>9}\n", "rank",
+                                "steps", "window ms", "compute ms", "comm ms", "waited ms", "off-CPU ms", "exposed ms",
+                                "hidden ms", "hidden", "colls", "MB");
   for (const RankSummary& r : rows) {
-    out += fmt::format("{:<10} {:>6} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>10.2f} {:>6.0f}% {:>6} "
-                       "{:>10.2f}\n",
-                       r.rank, r.steps, r.window_ms, r.compute_ms, r.comm_ms, r.waited_ms, r.exposed_ms, r.hidden_ms,
-                       r.hidden_percent, r.collectives, static_cast<double>(r.bytes) / 1e6);
+    out += fmt::format("{:<10} {:>5} {:>9.2f} {:>10.2f} {:>9.2f} {:>9.2f} {:>10.2f} {:>10.2f} {:>9.2f} {:>5.0f}% "
+                       "{:>6} {:>9.2f}\n",
+                       r.rank, r.steps, r.window_ms, r.compute_ms, r.comm_ms, r.waited_ms, r.off_cpu_ms, r.exposed_ms,
+                       r.hidden_ms, r.hidden_percent, r.collectives, static_cast<double>(r.bytes) / 1e6);
   }
   return out;
 }
@@ -310,27 +359,9 @@ double tick_step(double span, int target) {
 
 std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
   double t0 = trace.begin_us, t1 = trace.end_us;
-  if (options.step > 0) {
-    // Step N of every rank: from the earliest start to the latest end.
-    double lo = std::numeric_limits<double>::max(), hi = std::numeric_limits<double>::lowest();
-    int max_steps = 0;
-    for (const TraceLane& lane : trace.lanes) {
-      int k = 0;
-      for (const TraceSpan& s : lane.spans) {
-        if (s.name != "step" || s.category != "step") continue;
-        if (++k == options.step) {
-          lo = std::min(lo, s.begin_us);
-          hi = std::max(hi, s.end_us);
-        }
-      }
-      max_steps = std::max(max_steps, k);
-    }
-    MG_CHECK(lo < hi, "trace svg: --step {}: the trace has {} \"step\" spans per rank", options.step, max_steps);
-    t0 = lo;
-    t1 = hi;
-  }
+  if (options.step > 0) std::tie(t0, t1) = step_window(trace, options.step, "trace svg");
   if (t1 <= t0) t1 = t0 + 1;
-  constexpr int kLabel = 190, kRight = 20, kTop = 46, kRow = 14, kLaneGap = 8;
+  constexpr int kLabel = 190, kRight = 36, kTop = 46, kRow = 14, kLaneGap = 8;
   const int plot_w = std::max(200, options.width - kLabel - kRight);
   auto x_of = [&](double us) { return kLabel + (us - t0) / (t1 - t0) * plot_w; };
 
@@ -349,7 +380,8 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
                         h + kLaneGap, k % 2 ? "#f4f4f4" : "#ffffff");
     body += fmt::format("<text x='{}' y='{}' class='lane'>{}</text>\n", kLabel - 8, y + 11, escape(lane->name));
     for (const TraceSpan& s : lane->spans) {
-      if (s.end_us <= t0 || s.begin_us >= t1) continue;
+      // Zero-length waits carry arguments only.
+      if (s.end_us <= t0 || s.begin_us >= t1 || s.end_us <= s.begin_us) continue;
       const double x0 = x_of(std::max(s.begin_us, t0)), x1 = x_of(std::min(s.end_us, t1));
       const double w = std::max(0.6, x1 - x0);
       const int sy = y + s.depth * kRow;
@@ -375,7 +407,7 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
     body += fmt::format("<line x1='{:.2f}' y1='{}' x2='{:.2f}' y2='{}' stroke='#333'/>", x, y, x, y + 4);
     body += fmt::format("<text x='{:.2f}' y='{}' class='tick'>{:g}</text>\n", x, y + 15, ms);
   }
-  body += fmt::format("<text x='{}' y='{}' class='tick'>ms</text>\n", kLabel + plot_w + 4, y + 15);
+  body += fmt::format("<text x='{}' y='{}' class='unit'>ms</text>\n", kLabel + plot_w + 16, y + 15);
   y += 30;
   // Legend.
   int lx = kLabel;
@@ -389,11 +421,11 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
   y += 24;
   // What the window shows, per rank.
   auto ms = [](double v) { return fmt::format("{:.{}f} ms", v, v < 1 ? 3 : v < 10 ? 2 : 1); };
-  for (const RankSummary& r : summarize_window(trace, t0, t1)) {
-    body += fmt::format("<text x='{}' y='{}' class='sum'>{}: compute {}, collectives in flight {}, waited {}; overlap "
-                        "hid {} of communication ({:.0f}%)</text>\n",
-                        kLabel, y, escape(r.rank), ms(r.compute_ms), ms(r.comm_ms), ms(r.waited_ms), ms(r.hidden_ms),
-                        r.hidden_percent);
+  for (const RankSummary& r : summarize_window(trace, t0, t1, options.step)) {
+    body += fmt::format("<text x='{}' y='{}' class='sum'>{}: compute {}, collectives in flight {}, waited {}, off the "
+                        "CPU after a launch {}; {} of the communication ran during compute ({:.0f}%)</text>\n",
+                        kLabel, y, escape(r.rank), ms(r.compute_ms), ms(r.comm_ms), ms(r.waited_ms), ms(r.off_cpu_ms),
+                        ms(r.hidden_ms), r.hidden_percent);
     y += 16;
   }
   y += 6;
@@ -403,7 +435,8 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
   return fmt::format(
       "<svg xmlns='http://www.w3.org/2000/svg' width='{}' height='{}' viewBox='0 0 {} {}' font-family='sans-serif'>\n"
       "<style>.lane{{font-size:11px;text-anchor:end}} .span{{font-size:9px;fill:#111}} "
-      ".tick{{font-size:10px;text-anchor:middle}} .sum{{font-size:11px}} .title{{font-size:14px}}</style>\n"
+      ".tick{{font-size:10px;text-anchor:middle}} .unit{{font-size:10px}} .sum{{font-size:11px}} .title{{font-size:14px}}"
+      "</style>\n"
       "<rect width='100%' height='100%' fill='white'/>\n"
       "<text x='{}' y='24' class='title'>{}</text>\n{}</svg>\n",
       options.width, y, options.width, y, kLabel, escape(title), body);

@@ -48,7 +48,7 @@ expect_in summary.txt "hidden" "rank 0 " "rank 1 "
 # Both ranks ran 2 steps: the steps column of each rank row.
 [ "$(awk '$1 == "rank" && $3 == 2' summary.txt | wc -l)" -eq 2 ] || fail "summary rows without 2 steps: $(cat summary.txt)"
 "$M" trace svg t.json --step 2 -o t.svg >/dev/null 2>svg-err.txt || fail "trace svg: $(cat svg-err.txt)"
-expect_in t.svg "<svg" "rank 0 progress (tp)" "rank 1" "overlap hid"
+expect_in t.svg "<svg" "rank 0 progress (tp)" "rank 1" "of the communication ran during compute"
 expect_in t.json '"traceEvents"' '"thread_name"' '"h.0.mlp.c_fc"' '"backward"' '"all_reduce"' '"wait"' '"optimizer"'
 "$M" trace svg t.json --step 3 -o t3.svg >/dev/null 2>err3.txt && fail "trace svg --step 3 of a 2-step trace succeeded"
 expect_in err3.txt "--step 3"

@@ -13,6 +13,7 @@
 #include <mutex>
 #include <nlohmann/json.hpp>
 #include <string>
+#include <thread>
 #include <tuple>
 #include <vector>
 
@@ -289,17 +290,59 @@ TEST(TraceFile, ABadPathIsRefusedBeforeTheFirstStep) {
   EXPECT_FALSE(fs::exists(dir.path / "same.json"));
 }
 
+// ---- off the CPU after a launch ----------------------------------------------------------------------
+
+// A rank that launches a collective and then does not run (here: sleeps; on a busy machine: its
+// core taken by the progress thread the launch woke) finds the collective complete when it waits.
+// Its wait records the time off the CPU, and the summary counts none of the collective as hidden.
+TEST(TraceOffCpu, ARankOffTheCpuAfterALaunchHidesNothing) {
+  trace::reset();
+  trace::start();
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    float x = 1.0f;
+    trace::Span step("step", "step");
+    auto work = world->all_reduce_async(comm::MutableBuffer{&x, 1, DType::Float32},
+                                        comm::MutableBuffer{&x, 1, DType::Float32}, comm::ReduceOp::Sum);
+    if (world->rank() == 0) std::this_thread::sleep_for(std::chrono::milliseconds(30));
+    work->wait();
+  });
+  trace::stop();
+  trace::ProcessInfo info;
+  info.origin = trace::session_start();
+  const TraceData trace = parse_trace(trace::trace_document({trace::events_fragment(info)}), "off-CPU trace");
+  trace::reset();
+  const TraceLane* rank0 = lane_named(trace, "rank 0");
+  ASSERT_NE(rank0, nullptr);
+  const TraceSpan* wait = nullptr;
+  for (const TraceSpan& s : rank0->spans) {
+    if (s.category == "wait") wait = &s;
+  }
+  ASSERT_NE(wait, nullptr) << "the wait after the sleep is drawn (zero-length if the collective was done)";
+  EXPECT_GE(wait->since_launch_us, 30000.0);
+  EXPECT_GE(wait->off_cpu_us, 15000.0) << "asleep is off the CPU";
+  const auto rows = summarize_trace(trace);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].collectives, 1);
+  EXPECT_GT(rows[0].comm_ms, 0.0);
+  EXPECT_LE(rows[0].hidden_ms, 1e-6) << "the collective ran while rank 0 was asleep, not computing";
+  EXPECT_GE(rows[0].off_cpu_ms, 15.0);
+}
+
 // ---- the summary's arithmetic -------------------------------------------------------------------------
 
 TEST(TraceReport, SummaryCountsHiddenCommunicationInClosedForm) {
   // rank 0: step [0, 100]; collectives in flight [10, 40] and [50, 90] (70 us); waits [30, 60] (30 us),
-  // of which [30, 40] and [50, 60] overlap a collective: 20 us exposed, 50 us hidden. B/E pairs too.
+  // and a zero-length wait at 95 whose collective was launched at 70 while the rank was off the CPU
+  // for 10 us after it: blocked [30, 60] and [70, 80]; exposed [30, 40], [50, 60] and [70, 80] (30 us),
+  // hidden 40 us. B/E pairs too.
   const std::string doc = R"json({"traceEvents": [
     {"ph": "M", "name": "thread_name", "pid": 1, "tid": 1, "args": {"name": "rank 0"}},
     {"ph": "M", "name": "thread_name", "pid": 1, "tid": 2, "args": {"name": "rank 0 progress (tp)"}},
     {"ph": "X", "name": "step", "cat": "step", "pid": 1, "tid": 1, "ts": 0, "dur": 100},
     {"ph": "B", "name": "wait", "cat": "wait", "pid": 1, "tid": 1, "ts": 30},
     {"ph": "E", "pid": 1, "tid": 1, "ts": 60},
+    {"ph": "X", "name": "wait", "cat": "wait", "pid": 1, "tid": 1, "ts": 95, "dur": 0,
+     "args": {"since_launch_us": 25, "off_cpu_us": 10}},
     {"ph": "X", "name": "all_reduce", "cat": "comm", "pid": 1, "tid": 2, "ts": 10, "dur": 30,
      "args": {"op": "all_reduce", "bytes": 1000000}},
     {"ph": "X", "name": "all_gather", "cat": "comm", "pid": 1, "tid": 2, "ts": 50, "dur": 40,
@@ -314,13 +357,17 @@ TEST(TraceReport, SummaryCountsHiddenCommunicationInClosedForm) {
   EXPECT_DOUBLE_EQ(r.window_ms, 0.100);
   EXPECT_DOUBLE_EQ(r.comm_ms, 0.070);     // the barrier is outside the step
   EXPECT_DOUBLE_EQ(r.waited_ms, 0.030);
-  EXPECT_DOUBLE_EQ(r.exposed_ms, 0.020);
-  EXPECT_DOUBLE_EQ(r.hidden_ms, 0.050);
-  EXPECT_DOUBLE_EQ(r.compute_ms, 0.070);
-  EXPECT_NEAR(r.hidden_percent, 100.0 * 50 / 70, 1e-9);
+  EXPECT_NEAR(r.off_cpu_ms, 0.010, 1e-12);
+  EXPECT_NEAR(r.exposed_ms, 0.030, 1e-12);
+  EXPECT_NEAR(r.hidden_ms, 0.040, 1e-12);
+  EXPECT_NEAR(r.compute_ms, 0.060, 1e-12);
+  EXPECT_NEAR(r.hidden_percent, 100.0 * 40 / 70, 1e-9);
   EXPECT_EQ(r.collectives, 2);
   EXPECT_EQ(r.bytes, 1500000);
   EXPECT_EQ(trace.lanes[0].depth, 2);   // the wait inside the step
+  // Step 1 is the whole window here; there is no step 2.
+  EXPECT_DOUBLE_EQ(summarize_trace(trace, 1).at(0).hidden_ms, r.hidden_ms);
+  EXPECT_THROW(summarize_trace(trace, 2), InvalidArgument);
 }
 
 TEST(TraceReport, MalformedTracesAreRefusedNamingTheFile) {
@@ -339,6 +386,8 @@ TEST(TraceReport, MalformedTracesAreRefusedNamingTheFile) {
   EXPECT_NE(message("[{\"ph\": \"X\", \"name\": \"a\", \"ts\": 1, \"dur\": -2}]").find("non-negative"),
             std::string::npos);
   EXPECT_NE(message("[]").find("has no spans"), std::string::npos);
+  const std::string wrong_type = R"([{"ph": "X", "name": "a", "tid": "x", "ts": 1, "dur": 2}])";
+  EXPECT_NE(message(wrong_type).find("event 1 is malformed"), std::string::npos);
 }
 
 }  // namespace

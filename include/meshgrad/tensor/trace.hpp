@@ -57,6 +57,10 @@ Clock::time_point session_start();
 inline constexpr std::size_t kMaxEvents = std::size_t(1) << 21;
 std::uint64_t dropped_events();
 
+// The CPU time this thread has used (CLOCK_THREAD_CPUTIME_ID). Next to the wall time it tells how
+// long a thread was off the CPU (descheduled, or asleep) in between.
+Clock::duration thread_cpu_time();
+
 // ---- lanes ------------------------------------------------------------------------------------------
 
 // Lanes are listed by sort index, then name. Rank r's lane sorts at r * kRankLaneStride; the lanes of
