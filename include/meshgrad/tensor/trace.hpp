@@ -17,7 +17,8 @@
 // branch, and records nothing. While recording, an event is a few hundred nanoseconds appended to a
 // buffer of the recording thread (its own lock, never contended but by the final collection), about
 // 200 bytes of memory each until the session is written. A session keeps at most kMaxEvents events
-// (a GPT step records ~40 per layer and rank); later ones are counted (dropped_events()) and lost.
+// (a GPT step records about 30 per layer and rank); later ones are counted (dropped_events()) and
+// lost.
 //
 // Thread safety: every function may be called from any thread. start() / stop() are meant for the
 // program around the ranks (before they start, after they finished): events recorded while a new
