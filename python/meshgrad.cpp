@@ -210,6 +210,7 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("dropout", o.model.dropout);
   k.get("save", o.save_path);
   k.get("init_from", o.init_from);
+  k.get("trace", o.trace_path);
   k.get("progress", o.progress);
   k.get("regather", o.parallel.recompute_allgather);
   k.get("eval_every", o.eval_every);
@@ -414,7 +415,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False, regather=False, "
         "eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir='', save_every=0, keep=0, "
-        "sync_checkpoints=False, resume='') -> list of per-step "
+        "sync_checkpoints=False, resume='', trace='') -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

@@ -13,6 +13,7 @@
 #include "options.hpp"
 #include "launch.hpp"
 #include "meshgrad/comm/collective_bench.hpp"
+#include "meshgrad/train/trace_file.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -23,6 +24,7 @@ struct BenchCollectivesArgs {
   std::string ops = "all_reduce,all_gather,reduce_scatter,broadcast,all_to_all";
   std::string min_bytes = "1K", max_bytes = "64M", dtype = "float32";
   int iters = 0, warmup = 0, step = 2;
+  std::string trace;   // --trace: Chrome trace of every collective the bench ran
 };
 
 std::vector<std::string> split_list(const std::string& text) {
@@ -53,6 +55,7 @@ int run(const BenchCollectivesArgs& a) {
   std::vector<comm::CollectiveBenchRow> rows;   // rank 0's, written by the rank 0 of this process
   int printed_world = 0;
   std::atomic<bool> wrong{false};
+  train::TraceRecorder trace(a.trace);
   run_on_backend(a.backend, world_size, [&](const comm::CommunicatorPtr& world) {
     if (!threads) {
       if (world->rank() == 0) memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
@@ -66,7 +69,9 @@ int run(const BenchCollectivesArgs& a) {
       rows = std::move(mine);
       printed_world = world->size();
     }
+    trace.finish_rank(*world);
   });
+  trace.finish();
   if (printed_world > 0) fmt::print("{}", comm::format_collective_table(rows, a.backend, printed_world, memcpy_gbps));
   return wrong ? 1 : 0;
 }
@@ -84,6 +89,8 @@ MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
       app.add_option("--dtype", a->dtype, "float32 or float64")->capture_default_str();
       app.add_option("--iters", a->iters, "timed iterations per size (0 = auto)")->check(at_least(0));
       app.add_option("--warmup", a->warmup, "warm-up iterations per size (0 = auto)")->check(at_least(0));
+      app.add_option("--trace", a->trace, "write a Chrome trace of every collective to this JSON file (two spans per "
+                     "iteration and rank: keep --iters small; docs/tracing.md)");
       return [a] { return run(*a); };
     }});
 

@@ -16,6 +16,8 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/tensor/trace.hpp"
+#include "meshgrad/train/trace_file.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -26,6 +28,7 @@ struct BenchMlpOptions {
   bool overlap = false;
   int tokens = 1024, hidden = 512, ffn = 2048, steps = 5, warmup = 2;
   std::string dtype = "float32";
+  std::string trace;   // --trace: Chrome trace of every variant's steps, one after the other
 };
 
 struct StepFigures {
@@ -57,7 +60,11 @@ StepFigures time_steps(const BenchMlpOptions& o, int tp, bool overlap) {
       world->barrier();
       dist::reset_comm_blocked_seconds();
       const auto start = std::chrono::steady_clock::now();
-      backward(model->loss(batch, o.tokens));
+      {
+        trace::Span span(step < o.warmup ? "warmup" : "step", "step");
+        span.arg("overlap", std::int64_t{overlap});
+        backward(model->loss(batch, o.tokens));
+      }
       const double ms = std::chrono::duration<double, std::milli>(std::chrono::steady_clock::now() - start).count();
       // The step takes as long as its slowest rank.
       double slowest = ms;
@@ -88,6 +95,7 @@ int run_bench_mlp(const BenchMlpOptions& o) {
   const double flops = 3.0 * 2.0 * 2.0 * o.tokens * static_cast<double>(o.hidden) * o.ffn;
   fmt::print("meshgrad bench mlp: tp={} tokens={} hidden={} ffn={} {} {}, threads backend, median of {} steps\n", tp,
              o.tokens, o.hidden, o.ffn, o.dtype, o.sequence_parallel ? "sequence-parallel" : "all-reduce mode", o.steps);
+  train::TraceRecorder trace(o.trace);
   fmt::print("{:<12} {:>10} {:>10} {:>16}\n", "variant", "ms/step", "GFLOP/s", "comm blocked ms");
   const StepFigures plain = time_steps(o, tp, false);
   fmt::print("{:<12} {:>10.2f} {:>10.1f} {:>16.2f}\n", "no overlap", plain.ms, flops / plain.ms / 1e6, plain.blocked_ms);
@@ -100,6 +108,7 @@ int run_bench_mlp(const BenchMlpOptions& o) {
   } else {
     fmt::print("communication: {:.2f} ms per step, none hidden (run with --overlap to overlap it)\n", plain.blocked_ms);
   }
+  trace.finish();
   return 0;
 }
 
@@ -114,6 +123,8 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--steps", o->steps, "timed steps")->check(at_least(1))->capture_default_str();
   app.add_option("--warmup", o->warmup, "untimed steps first")->check(at_least(0))->capture_default_str();
   app.add_option("--dtype", o->dtype, "float32 or float64")->capture_default_str();
+  app.add_option("--trace", o->trace, "write a Chrome trace of the steps (warm-up and timed, each variant) to this "
+                 "JSON file (docs/tracing.md)");
   return [o] { return run_bench_mlp(*o); };
 };
 

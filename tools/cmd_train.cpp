@@ -174,6 +174,9 @@ MESHGRAD_REGISTER_COMMAND(
                   ->group("Checkpoints");
               app.add_option("--init-from", o.init_from, "Start from a Hugging Face GPT-2 directory (config.json + "
                              "model.safetensors) instead of random weights; the sizes come from its config.json");
+              app.add_option("--trace", o.trace_path, "Write a Chrome trace (Perfetto / chrome://tracing) of the run to "
+                             "this JSON file: per rank and communicator, each layer's forward and backward, each "
+                             "collective, each wait; see docs/tracing.md");
               return [a, sub = &app] {
                 // --init-from: sizes not on the command line come from its config.json (0 = the file's).
                 if (!a->options.init_from.empty()) {

@@ -39,6 +39,7 @@ class CheckpointFunction final : public Function {
     }
     TensorList outputs;
     {
+      trace::Span span("recompute", "recompute");
       EnableGradGuard enable;
       RecomputeGuard recomputing;
       outputs = fn_(inputs);

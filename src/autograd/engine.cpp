@@ -2,6 +2,7 @@
 // backward passes concurrently and a checkpoint's nested backward can run inside a node.
 #include "meshgrad/autograd/engine.hpp"
 
+#include <algorithm>
 #include <queue>
 #include <unordered_map>
 #include <unordered_set>
@@ -94,6 +95,50 @@ void check_gradients(const Node& node, const TensorList& grads) {
   }
 }
 
+// While a trace records: the "backward" span of one pass on this thread's lane and, inside it, one
+// span per scope (layer) the nodes were recorded in (Node::trace_scope), nested like the forward's
+// scopes: moving to a node of another scope closes the spans that are not its ancestors and opens
+// the missing ones. A node recorded outside any scope (a leaf's AccumulateGrad) runs inside
+// whatever is open.
+class BackwardSpans {
+ public:
+  BackwardSpans() : pass_("backward", "backward") {
+    if (pass_.active()) lane_ = trace::this_thread_lane();
+  }
+  ~BackwardSpans() {
+    if (lane_ != 0) close_to(0, trace::Clock::now());
+  }
+  BackwardSpans(const BackwardSpans&) = delete;
+  BackwardSpans& operator=(const BackwardSpans&) = delete;
+
+  void enter(const trace::ScopeNode* scope) {
+    if (lane_ == 0 || scope == nullptr || (!open_.empty() && open_.back().scope == scope)) return;
+    path_.clear();
+    for (const trace::ScopeNode* s = scope; s != nullptr; s = s->parent) path_.push_back(s);
+    std::reverse(path_.begin(), path_.end());
+    std::size_t common = 0;
+    while (common < open_.size() && common < path_.size() && open_[common].scope == path_[common]) ++common;
+    const trace::Clock::time_point now = trace::Clock::now();
+    close_to(common, now);
+    for (std::size_t i = common; i < path_.size(); ++i) open_.push_back({path_[i], now});
+  }
+
+ private:
+  struct Open {
+    const trace::ScopeNode* scope;
+    trace::Clock::time_point begin;
+  };
+  void close_to(std::size_t depth, trace::Clock::time_point now) {
+    for (; open_.size() > depth; open_.pop_back()) {
+      trace::complete(lane_, open_.back().scope->name, "backward", open_.back().begin, now);
+    }
+  }
+  trace::Span pass_;   // ends after the layer spans (members are destroyed after the body)
+  int lane_ = 0;       // 0: not recording
+  std::vector<Open> open_;
+  std::vector<const trace::ScopeNode*> path_;
+};
+
 void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_in) {
   MG_CHECK(root_grads_in.empty() || root_grads_in.size() == roots.size(),
            "backward: {} root gradients given for {} roots", root_grads_in.size(), roots.size());
@@ -125,6 +170,7 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
 
   NoGradGuard no_grad;  // backward formulas are not recorded
   BackwardPassGuard in_backward;
+  BackwardSpans spans;
   while (!task.ready.empty()) {
     std::shared_ptr<Node> node = task.ready.top();
     task.ready.pop();
@@ -154,6 +200,7 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
     const bool is_leaf_sink = dynamic_cast<AccumulateGrad*>(node.get()) != nullptr;
     TensorList input_grads;
     if (any && (task.accumulate_into_leaves || !is_leaf_sink)) {
+      spans.enter(node->trace_scope);
       input_grads = node->apply(std::move(grads));
       check_gradients(*node, input_grads);
       if (incoming && !node->decides_gradient_placement()) {

@@ -104,6 +104,7 @@ TensorList apply_function(const std::shared_ptr<Function>& fn, const TensorList&
   if (!record) return outputs;
 
   fn->sequence_nr = next_sequence_nr();
+  if (trace::enabled()) fn->trace_scope = trace::current_scope();
   fn->next_edges.reserve(inputs.size());
   fn->input_meta.reserve(inputs.size());
   for (const Tensor& t : inputs) {

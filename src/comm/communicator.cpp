@@ -391,8 +391,9 @@ bool OpState::wait_done(Clock::time_point until) {
   return cv.wait_until(lock, until, [&] { return status.load(std::memory_order_acquire) == 2; });
 }
 
-void Executor::run(OpState& op) {
+void Executor::run(OpState& op, bool on_caller) {
   op.status.store(1, std::memory_order_relaxed);
+  const Clock::time_point started = op.trace ? Clock::now() : Clock::time_point{};
   std::exception_ptr error;
   try {
     op.body(op);
@@ -400,7 +401,40 @@ void Executor::run(OpState& op) {
     error = std::current_exception();
   }
   op.body = nullptr;  // release captured buffers / counts now
+  // Traced: recorded before a waiter can see the op done, so a wait that returned is never ahead of
+  // the span of what it waited for (the end of a run stops recording right after its last wait).
+  if (op.trace) record(op, started, Clock::now(), on_caller, error != nullptr);
   op.finish(std::move(error));
+}
+
+namespace {
+// The arguments a trace shows with a collective and with a wait on it.
+trace::Args trace_args(const OpState& op) {
+  trace::Args args{{"op", std::string(op_name(op.kind))}, {"seq", static_cast<std::int64_t>(op.seq)}};
+  if (op.trace) {
+    args.push_back({"bytes", op.trace->bytes});
+    if (!op.trace->group.empty()) args.push_back({"group", op.trace->group});
+    if (!op.trace->label.empty()) args.push_back({"label", op.trace->label});
+  }
+  return args;
+}
+}  // namespace
+
+void Executor::record(const OpState& op, Clock::time_point started, Clock::time_point end, bool on_caller,
+                      bool failed) {
+  // From launch, or from the end of the operation before it if that came later (it queued behind
+  // it), so the spans of one lane never overlap.
+  const Clock::time_point begin = std::max(op.trace->launched, last_end_);
+  last_end_ = end;
+  trace::Args args = trace_args(op);
+  args.push_back({"queued_us", std::chrono::duration<double, std::micro>(started - op.trace->launched).count()});
+  if (failed) args.push_back({"failed", std::int64_t{1}});
+  if (on_caller) {
+    trace::Args wait_args = trace_args(op);
+    wait_args.push_back({"on_caller", std::int64_t{1}});
+    trace::complete(trace::this_thread_lane(), "wait", "wait", started, end, std::move(wait_args));
+  }
+  trace::complete(lane_.id(), op_name(op.kind), "comm", begin, end, std::move(args));
 }
 
 void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
@@ -415,7 +449,7 @@ void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
     }
     busy_ = true;
   }
-  run(*op);
+  run(*op, /*on_caller=*/true);
   {
     std::lock_guard lock(m_);
     busy_ = false;
@@ -433,7 +467,7 @@ void Executor::loop() {
     queue_.pop_front();
     busy_ = true;
     lock.unlock();
-    run(*op);
+    run(*op, /*on_caller=*/false);
     lock.lock();
     busy_ = false;
   }
@@ -486,6 +520,57 @@ namespace {
   }  // anything else (bad_alloc, ...): rethrown as it is
 }
 
+// A "wait" span on the waiting thread's lane while a trace records, when the wait finds its
+// operation not yet complete. When the waiting thread launched the operation, the span also says
+// how long that thread was off the CPU between the launch and the wait (args since_launch_us and
+// off_cpu_us): on a machine with more runnable threads than cores, the progress thread a launch
+// wakes often takes the launching rank's core until the operation is done, and the rank reaches
+// its wait only then. That time is not computation the communication hid behind, and the trace
+// summary counts it as blocked; so a wait that finds its operation complete after such a gap (10 us
+// or more off the CPU) is drawn too, with zero length, to carry it. Other waits that return at once
+// are not drawn.
+class WaitSpan {
+ public:
+  explicit WaitSpan(const OpState& op) {
+    if (!trace::enabled()) return;
+    const bool done = op.status.load(std::memory_order_acquire) == 2;
+    begin_ = Clock::now();
+    // Less than kMinGap after the launch the thread cannot have been off the CPU for long: the CPU
+    // clock (a system call) is not read.
+    if (op.trace && op.trace->launcher_lane == trace::this_thread_lane() &&
+        begin_ - op.trace->launched >= kMinGap) {
+      since_launch_ = begin_ - op.trace->launched;
+      off_cpu_ = std::max(Clock::duration::zero(),
+                          since_launch_ - (trace::thread_cpu_time() - op.trace->launcher_cpu));
+      measured_ = true;
+    }
+    if (!done || (measured_ && off_cpu_ >= kMinGap)) {
+      op_ = &op;
+      zero_length_ = done;
+    }
+  }
+  ~WaitSpan() {
+    if (op_ == nullptr) return;
+    trace::Args args = trace_args(*op_);
+    if (measured_) {
+      args.push_back({"since_launch_us", std::chrono::duration<double, std::micro>(since_launch_).count()});
+      args.push_back({"off_cpu_us", std::chrono::duration<double, std::micro>(off_cpu_).count()});
+    }
+    trace::complete(trace::this_thread_lane(), "wait", "wait", begin_, zero_length_ ? begin_ : Clock::now(),
+                    std::move(args));
+  }
+  WaitSpan(const WaitSpan&) = delete;
+  WaitSpan& operator=(const WaitSpan&) = delete;
+
+ private:
+  static constexpr auto kMinGap = std::chrono::microseconds(10);
+  const OpState* op_ = nullptr;   // drawn when set
+  bool zero_length_ = false;
+  bool measured_ = false;
+  Clock::time_point begin_;
+  Clock::duration since_launch_{}, off_cpu_{};
+};
+
 class WorkHandle final : public Work {
  public:
   WorkHandle(std::shared_ptr<OpState> op, std::shared_ptr<Health> health, std::string where, std::string backend,
@@ -507,6 +592,7 @@ class WorkHandle final : public Work {
 
   void wait(Milliseconds timeout) override {
     MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
+    WaitSpan span(*op_);
     // timeout 0: the op's own deadline, which its internal waits enforce with the precise error
     // (missing ranks); the grace lets that error arrive first.
     const bool own = timeout.count() == 0;
@@ -581,9 +667,23 @@ WorkPtr CommBase::make_work(std::shared_ptr<OpState> op) const {
   return std::make_shared<WorkHandle>(std::move(op), health_, std::move(w), std::string(backend()), rank_);
 }
 
-WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, std::function<void(OpState&)> body) {
+WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, std::int64_t bytes,
+                                    std::function<void(OpState&)> body) {
   const std::uint64_t seq = next_seq_++;
   auto op = new_op(kind, seq, opt);
+  if (trace::enabled()) {
+    // The lane of this communicator's operations is named after the rank (thread) that uses it.
+    if (!executor_->lane().named()) {
+      const auto [rank_lane, sort_index] = trace::this_thread_lane_name();
+      executor_->lane().set_name(rank_lane + " progress" + (label_.empty() ? "" : " (" + label_ + ")"), sort_index + 1);
+    }
+    // The launcher's CPU clock (a system call) only for async launches: a blocking call waits at once.
+    op->trace = std::make_unique<OpTrace>(OpTrace{Clock::now(), label_, std::string(opt.trace_label), bytes});
+    if (!opt.caller_waits) {
+      op->trace->launcher_lane = trace::this_thread_lane();
+      op->trace->launcher_cpu = trace::thread_cpu_time();
+    }
+  }
   auto health = health_;
   op->body = [this, health, body = std::move(body)](OpState& state) {
     check_usable(state.kind, state.seq);

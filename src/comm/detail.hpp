@@ -18,6 +18,7 @@
 
 #include "meshgrad/comm/communicator.hpp"
 #include "meshgrad/comm/errors.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::comm::detail {
 
@@ -64,6 +65,8 @@ void check_rank(std::string_view op, std::string_view what, int r, int size);
 std::vector<std::size_t> resolve_counts(std::string_view op, std::string_view what, Counts counts,
                                         std::size_t total, int size);
 std::vector<std::size_t> offsets_of(const std::vector<std::size_t>& counts);
+// Bytes of a buffer, for traces.
+inline std::int64_t bytes_of(ConstBuffer b) { return static_cast<std::int64_t>(b.count * dtype_size(b.dtype)); }
 
 // ---- per-op argument validation ---------------------------------------------------------------------
 // One function per op, called by every backend before it issues the op, so each misuse check is
@@ -117,6 +120,16 @@ Clock::time_point add_saturated(Clock::time_point t, std::chrono::duration<Rep, 
 std::string missing_text(const std::vector<int>& ranks);
 
 // ---- one operation in flight ------------------------------------------------------------------------
+// What a trace shows of a collective, filled at launch while a trace records (tensor/trace.hpp).
+struct OpTrace {
+  Clock::time_point launched;
+  std::string group;          // the communicator's label ("tp"); "" = none
+  std::string label;          // CollectiveOptions::trace_label
+  std::int64_t bytes = 0;     // nccl-tests convention: the whole (gathered / unreduced) buffer
+  int launcher_lane = 0;                // async launches: the launching thread's lane (0: not
+  Clock::duration launcher_cpu{};       // measured) and its CPU time at the launch
+};
+
 struct OpState {
   OpKind kind{};
   std::uint64_t seq = 0;  // collectives: the sequence number; point to point: the peer's message no.
@@ -130,6 +143,7 @@ struct OpState {
   // it is removed (never touched afterwards) and the op finished with a CommTimeout.
   std::function<void(const std::string&)> withdraw;
   int peer = -1;
+  std::unique_ptr<OpTrace> trace;      // set before the op is submitted, when traced; then read-only
   std::mutex m;
   std::condition_variable cv;
 
@@ -143,15 +157,22 @@ struct OpState {
 // waits at once and nothing is queued (the blocking forms: no hand-off), else on a progress thread
 // started on first use. The destructor lets queued operations finish (each is bounded by its
 // deadline) and joins the thread.
+// Traced operations (OpState::trace) are drawn on the executor's lane, one after the other from
+// launch (or the end of the operation before, if later) to completion, whichever thread ran them;
+// one run on the calling thread is also a "wait" on the caller's lane, which blocked meanwhile.
 class Executor {
  public:
   Executor() = default;
   ~Executor();
   void submit(const std::shared_ptr<OpState>& op, bool caller_waits);
+  trace::Lane& lane() { return lane_; }
 
  private:
   void loop();
-  static void run(OpState& op);
+  void run(OpState& op, bool on_caller);
+  void record(const OpState& op, Clock::time_point started, Clock::time_point end, bool on_caller, bool failed);
+  trace::Lane lane_;
+  Clock::time_point last_end_;  // of the last traced op; only the thread running an op touches it
   std::mutex m_;
   std::condition_variable cv_;
   std::deque<std::shared_ptr<OpState>> queue_;
@@ -192,7 +213,9 @@ class CommBase : public Communicator {
  protected:
   // Issues a collective: assigns the next sequence number and runs body in order. The body gets
   // the OpState (its seq, deadline and cancel flag).
-  WorkPtr submit_collective(OpKind kind, const CollectiveOptions& opt, std::function<void(OpState&)> body);
+  // bytes: what a trace shows (OpTrace::bytes).
+  WorkPtr submit_collective(OpKind kind, const CollectiveOptions& opt, std::int64_t bytes,
+                            std::function<void(OpState&)> body);
   // A new op with its deadline (now + the call's timeout); point to point ops use it directly.
   std::shared_ptr<OpState> new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const;
   // The caller's handle on op.

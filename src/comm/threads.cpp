@@ -38,6 +38,7 @@
 #include "comm/detail.hpp"
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/tensor/shard.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::comm {
 namespace {
@@ -209,7 +210,7 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
     detail::check_all_reduce_args(in, out, rank_);
-    return submit_collective(OpKind::AllReduce, opt, [this, in, out, op](OpState& st) {
+    return submit_collective(OpKind::AllReduce, opt, detail::bytes_of(in), [this, in, out, op](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op));
       me.in = in.data;
@@ -236,8 +237,8 @@ class ThreadsComm final : public detail::CommBase {
   WorkPtr all_gather_async(ConstBuffer in, MutableBuffer out, Counts counts, const CollectiveOptions& opt) override {
     auto resolved = std::make_shared<std::vector<std::size_t>>(
         detail::check_all_gather_args(in, out, counts, size_, rank_));
-    return submit_collective(OpKind::AllGather, opt, [this, in, out, resolved, counts_given = !counts.empty()](
-                                                         OpState& st) {
+    return submit_collective(OpKind::AllGather, opt, detail::bytes_of(out),
+                             [this, in, out, resolved, counts_given = !counts.empty()](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
                                   counts_given ? Counts(*resolved) : Counts{});
@@ -265,7 +266,7 @@ class ThreadsComm final : public detail::CommBase {
                                const CollectiveOptions& opt) override {
     auto resolved = std::make_shared<std::vector<std::size_t>>(
         detail::check_reduce_scatter_args(in, out, counts, size_, rank_));
-    return submit_collective(OpKind::ReduceScatter, opt, [this, in, out, op, resolved,
+    return submit_collective(OpKind::ReduceScatter, opt, detail::bytes_of(in), [this, in, out, op, resolved,
                                                           counts_given = !counts.empty()](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::ReduceScatter, st.seq, in.dtype, in.count, out.count, -1, int(op),
@@ -289,7 +290,7 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
     detail::check_broadcast_args(buf, root, size_);
-    return submit_collective(OpKind::Broadcast, opt, [this, buf, root](OpState& st) {
+    return submit_collective(OpKind::Broadcast, opt, detail::bytes_of(buf), [this, buf, root](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root);
       me.out = buf.data;
@@ -310,7 +311,8 @@ class ThreadsComm final : public detail::CommBase {
     auto sends = std::make_shared<std::vector<std::size_t>>(std::move(resolved.send));
     auto recvs = std::make_shared<std::vector<std::size_t>>(std::move(resolved.recv));
     auto send_off = std::make_shared<std::vector<std::size_t>>(detail::offsets_of(*sends));
-    return submit_collective(OpKind::AllToAll, opt, [this, in, out, sends, recvs, send_off](OpState& st) {
+    return submit_collective(OpKind::AllToAll, opt, detail::bytes_of(in),
+                             [this, in, out, sends, recvs, send_off](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::AllToAll, st.seq, in.dtype, in.count, out.count);
       me.in = in.data;
@@ -341,7 +343,7 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr barrier_async(const CollectiveOptions& opt) override {
-    return submit_collective(OpKind::Barrier, opt, [this](OpState& st) {
+    return submit_collective(OpKind::Barrier, opt, 0, [this](OpState& st) {
       my_slot().desc = detail::make_desc(OpKind::Barrier, st.seq, DType::Float32, 0, 0);
       collective(st, [] {});
     });
@@ -351,7 +353,7 @@ class ThreadsComm final : public detail::CommBase {
     std::shared_ptr<Communicator> result;
     CollectiveOptions opt;
     opt.caller_waits = true;
-    submit_collective(OpKind::Split, opt, [this, color, key, &result](OpState& st) {
+    submit_collective(OpKind::Split, opt, 0, [this, color, key, &result](OpState& st) {
       Slot& me = my_slot();
       me.desc = detail::make_desc(OpKind::Split, st.seq, DType::Float32, 0, 0, color);
       me.color = color;
@@ -663,6 +665,7 @@ void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>
   for (int r = 0; r < world_size; ++r) {
     try {
       threads.emplace_back([&, r] {
+        trace::name_this_thread(fmt::format("rank {}", r), r * trace::kRankLaneStride);   // its lane in a trace
         try {
           {
             CommunicatorPtr comm = std::make_shared<ThreadsComm>(group, r, timeout, options.debug_checks);

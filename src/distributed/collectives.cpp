@@ -94,9 +94,11 @@ Tensor PendingTensor::wait() {
 
 namespace {
 // Options for a call: blocking callers let the backend run the operation on the calling thread.
+// The layer label (CommLabelScope) goes with the operation into a trace.
 comm::CollectiveOptions options_for(bool blocking) {
   comm::CollectiveOptions opt;
   opt.caller_waits = blocking;
+  opt.trace_label = current_comm_label();
   return opt;
 }
 
@@ -243,7 +245,7 @@ Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split
   }
   Tensor recv = Tensor::empty({recv_total}, x.dtype());
   const auto start = std::chrono::steady_clock::now();
-  group.comm->all_to_all(buffer_of(send), send_counts, buffer_of(recv), recv_counts);
+  group.comm->all_to_all(buffer_of(send), send_counts, buffer_of(recv), recv_counts, options_for(true));
   add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
   std::vector<Tensor> parts;
   std::int64_t off = 0;
@@ -276,7 +278,7 @@ std::vector<std::int64_t> exchange_sizes(std::int64_t local, const ProcessGroup&
   std::vector<std::int64_t> all(static_cast<std::size_t>(group.size()));
   record_collective("all_gather(sizes)", group.axis, static_cast<std::int64_t>(all.size() * sizeof(std::int64_t)));
   group.comm->all_gather(comm::ConstBuffer{&local, 1, DType::Int64},
-                         comm::MutableBuffer{all.data(), all.size(), DType::Int64});
+                         comm::MutableBuffer{all.data(), all.size(), DType::Int64}, {}, options_for(true));
   return all;
 }
 

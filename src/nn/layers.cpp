@@ -15,6 +15,7 @@
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::nn {
 
@@ -279,6 +280,7 @@ Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) cons
 Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& w,
                                           const Tensor& b) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   if (plan_) {
     Tensor y = invariant::column_linear(x, w, b, ctx_, *plan_, seq_len, name_);
     if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
@@ -306,6 +308,7 @@ RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, s
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
   if (plan_) {
     // x holds the whole sequence here (the column layer before it gathered it).
@@ -342,6 +345,7 @@ GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t ou
 
 Tensor GridLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
   const dist::ProcessGroup& in_group = ctx_->mesh->group(in_axis_);
   const dist::ProcessGroup& out_group = ctx_->mesh->group(out_axis_);
   // Own feature slice on in_axis (R -> S(-1)): whole units, as the weight's rows are split.
@@ -361,12 +365,13 @@ Tensor GridLinear::forward(const Tensor& x) const {
 }
 
 LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)
-    : eps_(eps), ctx_(std::move(ctx)) {
+    : name_(name), eps_(eps), ctx_(std::move(ctx)) {
   weight = make_parameter(name + ".weight", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 1.0, dtype);
   bias = make_parameter(name + ".bias", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 0.0, dtype);
 }
 
 Tensor LayerNorm::forward(const Tensor& x, std::int64_t seq) const {
+  trace::Scope scope(name_);
   if (ctx_->config.tp_invariant) {
     MG_CHECK(seq > 0 || !ctx_->sequence_parallel(), "layer_norm: TP-invariant mode under sequence parallelism needs "
              "the global sequence length");
@@ -540,6 +545,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
            shape_str(logits_local.shape()), shape_str(targets.shape()));
   MG_CHECK(divisor > 0, "vocab_parallel_cross_entropy: divisor must be positive, got {}", divisor);
   dist::CommLabelScope label("loss");
+  trace::Scope scope("loss");
   return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
                                                       divisor, ignore_index, vocab_blocks)[0];
 }

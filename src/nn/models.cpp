@@ -10,6 +10,7 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::nn {
 
@@ -46,7 +47,7 @@ void check_split(const ModelConfig& cfg, const ParallelContext& ctx) {
 class Attention {
  public:
   Attention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : head_dim_(cfg.hidden / cfg.heads), hidden_(cfg.hidden), ctx_(ctx) {
+      : name_(name), head_dim_(cfg.hidden / cfg.heads), hidden_(cfg.hidden), ctx_(ctx) {
     const double proj_std = 0.02 / std::sqrt(2.0 * cfg.layers);
     if (ctx->two_d) {
       grid_attn_ = std::make_unique<GridLinear>(name + ".c_attn", cfg.hidden, 3 * cfg.hidden, /*in_on_rows=*/true,
@@ -70,6 +71,7 @@ class Attention {
 
   // x: [T(_local), B, C] -> same.
   Tensor forward(const Tensor& x, std::int64_t seq) const {
+    trace::Scope scope(name_);
     const Heads h = project_heads(x, seq);
     return project_output(causal_attention(h.q, h.k, h.v), seq);
   }
@@ -130,6 +132,7 @@ class Attention {
     return dist::gather_from_region(grid_proj_->forward(merged), ctx_->row(), -1, hidden_);
   }
 
+  std::string name_;   // its trace scope
   std::int64_t head_dim_, hidden_;
   ParallelContextPtr ctx_;
   std::unique_ptr<ColumnParallelLinear> c_attn_;
@@ -144,7 +147,7 @@ class Mlp {
  public:
   Mlp(const std::string& name, std::int64_t hidden, std::int64_t ffn, int layers, const ParallelContextPtr& ctx,
       std::uint64_t seed, DType dtype)
-      : hidden_(hidden), ctx_(ctx) {
+      : name_(name), hidden_(hidden), ctx_(ctx) {
     const double proj_std = 0.02 / std::sqrt(2.0 * layers);
     if (ctx->two_d) {
       grid_fc_ = std::make_unique<GridLinear>(name + ".c_fc", hidden, ffn, true, GridLinear::Options{}, ctx, seed, dtype);
@@ -159,6 +162,7 @@ class Mlp {
     }
   }
   Tensor forward(const Tensor& x, std::int64_t seq) const {
+    trace::Scope scope(name_);
     if (!ctx_->two_d) return c_proj_->forward(gelu(c_fc_->forward(x, seq)));
     return dist::gather_from_region(grid_proj_->forward(gelu(grid_fc_->forward(x))), ctx_->row(), -1, hidden_);
   }
@@ -171,6 +175,7 @@ class Mlp {
   }
 
  private:
+  std::string name_;   // its trace scope
   std::int64_t hidden_;
   ParallelContextPtr ctx_;
   std::unique_ptr<ColumnParallelLinear> c_fc_;
@@ -190,6 +195,7 @@ class Block {
   // x: [T(_local), B, C]; dropout_seed(): the next dropout seed (same sequence on every rank).
   Tensor forward(const Tensor& x, std::int64_t seq, const std::function<Tensor(const Tensor&)>& dropout) const {
     dist::CommLabelScope label(prefix_);
+    trace::Scope scope(prefix_);
     const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x, seq), seq)));
     return add(h, dropout(mlp_.forward(ln_2_.forward(h, seq), seq)));
   }
@@ -258,6 +264,7 @@ class Gpt final : public Model {
     MG_CHECK(seq <= cfg_.n_positions(), "gpt: sequence length {} exceeds n_positions {}", seq, cfg_.n_positions());
     const ParallelContext& ctx = *ctx_;
     const bool sp = ctx.sequence_parallel();
+    trace::Scope model_scope("gpt");   // ops between the layers (positions, dropout) belong to it
     const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
 
     // Embedding: vocab-parallel partial sums, reduced over tp (all-reduce, or reduce-scatter along
@@ -265,6 +272,7 @@ class Gpt final : public Model {
     Tensor h;
     {
       dist::CommLabelScope label("wte");
+      trace::Scope scope("wte");
       const Tensor partial = wte_.forward_partial(ids);               // [T, B, C], partial over tp
       h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
     }
@@ -421,14 +429,18 @@ class MlpModel final : public Model {
     }
     Tensor h = input_.detach();
     h.set_requires_grad();
+    trace::Scope model_scope("mlp_stack");
     for (std::size_t i = 0; i < mlps_.size(); ++i) {
-      dist::CommLabelScope label(fmt::format("h.{}", i));
+      const std::string name = fmt::format("h.{}", i);
+      dist::CommLabelScope label(name);
+      trace::Scope scope(name);
       h = mlps_[i]->forward(h, seq);
     }
     Tensor sq = ctx.config.tp_invariant ? invariant::token_sum(mul(h, h), ctx, seq) : sum(mul(h, h));
     if (ctx.sequence_parallel() && !ctx.config.tp_invariant) {
       // Each rank holds its own tokens: the loss is the sum over tp of the local sums.
       dist::CommLabelScope label("loss");
+      trace::Scope scope("loss");
       sq = dist::reduce_from_region(sq, ctx.tp);
     }
     return ctx.loss_partial_over_dp(scale(sq, 1.0 / static_cast<double>(global_tokens * hdim)));

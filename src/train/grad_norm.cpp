@@ -10,6 +10,7 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/layout.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::train {
 
@@ -123,6 +124,7 @@ double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::De
 }  // namespace
 
 double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact) {
+  trace::Span span("grad_norm", "optimizer");
   // Sums of squares per set of sharding axes (0: replicated everywhere), in a fixed order.
   std::map<dist::AxisMask, double> sums;
   for (const nn::Parameter* p : params) {

@@ -12,6 +12,7 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::train {
 
@@ -232,6 +233,7 @@ std::vector<std::vector<std::string>> GradientSynchronizer::buckets() const {
 }
 
 void GradientSynchronizer::finish() {
+  trace::Span span("grad_sync", "grad_sync");
   State& s = *state_;
   s.drain_deferred();
   std::vector<std::string> missing;

@@ -12,6 +12,7 @@
 #include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/train/trace_file.hpp"
 
 namespace meshgrad::train {
 namespace {
@@ -64,14 +65,17 @@ TrainOptions resolve_resume(const TrainOptions& given) {
 TrainResult run_train_job(const TrainOptions& given, const RunOnMesh& run_on_mesh) {
   const TrainOptions options = resolve_resume(given);
   check_train_options(options);
+  TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
   std::optional<TrainResult> result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
     TrainResult r = train(options, mesh);
+    trace.finish_rank(*mesh->world());
     // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
     // (the same losses on every rank; its own clock).
     if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
   });
   MG_CHECK(result.has_value(), "train: no rank returned a result");
+  trace.finish();
   return *std::move(result);
 }
 

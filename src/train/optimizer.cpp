@@ -6,6 +6,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 
 namespace meshgrad::train {
@@ -81,6 +82,7 @@ void AdamW::check_gradients() const {
 }
 
 void AdamW::step() {
+  trace::Span span("optimizer", "optimizer");
   autograd::NoGradGuard no_grad;
   dist::PhaseScope phase(dist::Phase::Optimizer);
   check_gradients();

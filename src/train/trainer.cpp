@@ -27,6 +27,7 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/checkpoint.hpp"
 #include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/resume.hpp"
@@ -263,6 +264,7 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
 // the same batches at every evaluation and on every rank (TokenDataset::validation_batch).
 double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_rank, int dp_size,
                 const dist::ProcessGroup* dp_group) {
+  trace::Span span("evaluate", "evaluate");
   autograd::NoGradGuard no_grad;
   model.set_training(false);
   const std::int64_t n = std::min<std::int64_t>(batches, data.validation_batches());
@@ -333,6 +335,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   std::vector<NamedPath> outputs;
   if (!options.save_path.empty()) outputs.push_back({"--save", options.save_path});
   if (!options.metrics_path.empty()) outputs.push_back({"--metrics", options.metrics_path});
+  if (!options.trace_path.empty()) outputs.push_back({"--trace", options.trace_path});
   std::vector<NamedPath> inputs;
   for (const std::string& f : data.input_files()) inputs.push_back({"--data", f});
   check_output_paths(outputs, inputs);
@@ -430,6 +433,8 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   int last_saved = resume ? first_step : -1;
   for (int step = first_step; step < options.steps; ++step) {
     const Clock::time_point t0 = Clock::now();
+    trace::Span step_span("step", "step");
+    step_span.arg("step", std::int64_t{step + 1});
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
     const nn::Batch global_batch = data.next_batch(step);

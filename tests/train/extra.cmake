@@ -31,3 +31,16 @@ if(MESHGRAD_WITH_MPI)
                    ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
   set_tests_properties(train_cli_hf_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
 endif()
+# --trace end to end (tests/train/cli_trace.sh): train and the benches write a trace that
+# `meshgrad trace summary` / `trace svg` read back; bad paths are refused before the first step.
+add_test(NAME train_cli_trace
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_trace.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_trace)
+set_tests_properties(train_cli_trace PROPERTIES LABELS train TIMEOUT 120)
+if(MESHGRAD_WITH_MPI)
+  # Under mpirun: one file with a pid per process.
+  add_test(NAME train_cli_trace_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/train/cli_trace.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_trace_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_trace_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 120)
+endif()

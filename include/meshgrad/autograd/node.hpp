@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshgrad/tensor/tensor.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::autograd {
 
@@ -52,6 +53,9 @@ class Node : public std::enable_shared_from_this<Node> {
   std::uint64_t sequence_nr = 0;       // creation order; backward runs later-created nodes first
   // Hooks on the gradient of output k (tensor.register_hook on a non-leaf tensor).
   std::vector<std::pair<std::uint32_t, GradHook>> pre_hooks;
+  // The trace scope (layer) the op was recorded in, while a trace records; the engine draws the
+  // node's backward inside spans of the same names (tensor/trace.hpp). nullptr: none.
+  const trace::ScopeNode* trace_scope = nullptr;
 };
 
 // Next creation number (per thread; only the order within one graph matters).

@@ -44,6 +44,9 @@ struct CollectiveOptions {
   // on the calling thread instead of handing it to its progress thread (saves two thread hand-offs
   // per call). Async callers leave it false; the result is the same either way.
   bool caller_waits = false;
+  // What issued the operation, for a trace (tensor/trace.hpp): the caller's layer label, e.g.
+  // "h.0.mlp.c_fc". Read during the call only; "" = none.
+  std::string_view trace_label;
 };
 
 // A typed view of contiguous memory handed to a collective. count is in elements.

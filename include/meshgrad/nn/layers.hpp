@@ -146,6 +146,7 @@ class LayerNorm {
   Parameter weight, bias;
 
  private:
+  std::string name_;   // its trace scope
   double eps_;
   ParallelContextPtr ctx_;
 };

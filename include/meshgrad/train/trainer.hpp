@@ -53,6 +53,7 @@ struct TrainOptions {
   // random initialisation (train/hf_io.hpp): the model's sizes come from its config.json, and a size
   // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
   std::string init_from;
+  std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
   // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
   // the model over the first eval_steps validation batches (all of them if fewer), without dropout
   // and without recording a graph. Needs data with a validation split (a prepared directory).
