@@ -19,9 +19,10 @@ namespace meshgrad {
 // Blocks come from the caching allocator (allocator.hpp): 64-byte aligned (whole cache lines
 // and full AVX-512 vectors for every tensor start), reused across training steps.
 Storage::Storage(std::size_t nbytes)
-    : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes) {}
+    : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes),
+      memory_domain_(memory::current_domain()) {}
 
-Storage::~Storage() { memory::deallocate(data_, nbytes_); }
+Storage::~Storage() { memory::deallocate(data_, nbytes_, memory_domain_); }
 
 Tensor make_tensor(std::shared_ptr<Storage> storage, DType dtype, Shape shape, Strides strides, std::int64_t offset) {
   auto impl = std::make_shared<TensorImpl>();

@@ -51,6 +51,7 @@ class Storage {
  private:
   std::byte* data_;
   std::size_t nbytes_;
+  int memory_domain_;   // the allocator's accounting domain it was counted in (allocator.hpp)
   std::atomic<std::uint64_t> version_{0};
 };
 
