@@ -23,9 +23,9 @@
 //
 // Broadcast, all_to_all, barrier and split keep a second rendezvous instead: every rank signals "done
 // reading" and waits for all. Progress counters only grow: collective seq s uses the values 4s+1
-// (arrival), 4s+2 (split's middle step) and 4s+3 (exit). Waits spin for up to 20 us (only when ranks
-// <= cores), yield for up to 50 us, then sleep on a group futex that every signal bumps, in slices
-// of at most 10 ms so cancel flags are seen.
+// (arrival), 4s+2 (split's middle step) and 4s+3 (exit). Waits spin for an adaptive 0-20 us (only
+// when ranks <= cores), yield until 50 us passed, then sleep on a group futex that every signal
+// bumps, in slices of at most 10 ms so cancel flags are seen.
 #include "meshgrad/comm/threads.hpp"
 
 #include <fmt/format.h>
@@ -680,23 +680,33 @@ class ThreadsComm final : public detail::CommBase {
                 Clock::time_point deadline) {
     Group& g = *group_;
     if (done()) return;
-    // 1) spin, only when every rank can have its own core (up to 20 us); 2) yield, up to 50 us: when
-    // the rank we wait for is runnable on our core (more ranks than cores, or a neighbour's load)
-    // this hands it the CPU at once, where a futex sleep costs a trip through the scheduler on both
-    // sides (4 ranks on 2 cores, 64 KiB: 8 us per collective with this phase, 27-36 us without);
-    // 3) sleep on the group futex.
+    // 1) spin, only when every rank can have its own core, for an adaptive budget of 0-20 us; 2) yield
+    // until 50 us have passed: when the rank we wait for is runnable on our core (more ranks than
+    // cores, or a neighbour's load) this hands it the CPU at once, where a futex sleep costs a trip
+    // through the scheduler on both sides (4 ranks on 2 cores, 64 KiB: 8 us per collective with this
+    // phase, 27-36 us without); 3) sleep on the group futex.
+    // The budget follows how long waits take: it grows while they end within 10 us (the peer runs on
+    // another core: spinning answers fastest) and halves when they do not (the peer is descheduled,
+    // e.g. it shares our core with a neighbour's build: spinning would only burn our slice; 2 ranks,
+    // 64 KiB under load: 29 us per collective with a fixed 20 us spin).
     const auto start = Clock::now();
-    if (g.spin) {
+    auto adapt = [&] {
+      const auto took = Clock::now() - start;
+      spin_budget_ = took < kShortWait ? std::min(kMaxSpin, 2 * spin_budget_ + std::chrono::microseconds(1))
+                                       : spin_budget_ / 2;
+    };
+    if (g.spin && spin_budget_.count() > 0) {
       for (int i = 1;; ++i) {
         cpu_relax();
-        if (done()) return;
-        if ((i & 63) == 0 && Clock::now() - start > std::chrono::microseconds(20)) break;
+        if (done()) return adapt();
+        if ((i & 63) == 0 && Clock::now() - start > spin_budget_) break;
       }
     }
-    while (Clock::now() - start < std::chrono::microseconds(g.spin ? 20 : 50)) {
+    while (Clock::now() - start < std::chrono::microseconds(50)) {
       sched_yield();
-      if (done()) return;
+      if (done()) return adapt();
     }
+    spin_budget_ /= 2;
     for (;;) {
       const std::uint32_t seen = g.futex_word.load(std::memory_order_seq_cst);
       if (done()) return;
@@ -790,6 +800,10 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   std::shared_ptr<Group> group_;
+  // wait_for's spin budget (ops of one communicator run one at a time, so one thread uses it).
+  static constexpr std::chrono::nanoseconds kMaxSpin = std::chrono::microseconds(20);
+  static constexpr std::chrono::nanoseconds kShortWait = std::chrono::microseconds(10);
+  std::chrono::nanoseconds spin_budget_ = kMaxSpin;
   // The chunk pointers of the op running (ops of one communicator run one at a time).
   std::vector<const void*> ins_;
   std::vector<void*> outs_;
