@@ -116,6 +116,9 @@ void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const*
                        int n_out, std::size_t count, Stores stores = Stores::Auto);
 // memcpy with the stores chosen as above (Auto: streaming from kStreamingBytes, fenced).
 void copy_bytes(void* dst, const void* src, std::size_t bytes, Stores stores = Stores::Auto);
+// The same bytes into every dsts[k] (Auto: streaming from kStreamingBytes written in all), reading
+// the source once where it can.
+void copy_to_all(const void* src, void* const* dsts, int n_dst, std::size_t bytes, Stores stores = Stores::Auto);
 
 // ---- deadlines --------------------------------------------------------------------------------------
 Milliseconds resolve_timeout(Milliseconds per_call, Milliseconds communicator_default);

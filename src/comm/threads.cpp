@@ -303,8 +303,9 @@ class ThreadsComm final : public detail::CommBase {
         const std::size_t dst_off = (plan.offset[piece.block] + piece.offset) * es;
         for (int k = 0; k < size_; ++k) {
           const int d = (piece.block + k) % size_;  // stagger the outputs the ranks write first
-          detail::copy_bytes(static_cast<char*>(call(d, st.seq).out) + dst_off, src, piece.count * es, stores);
+          outs_[k] = static_cast<char*>(call(d, st.seq).out) + dst_off;
         }
+        detail::copy_to_all(src, outs_.data(), size_, piece.count * es, stores);
       });
     });
   }

@@ -91,5 +91,24 @@ TEST(ReduceKernels, CopyBytesEqualsMemcpyAtEveryAlignment) {
   }
 }
 
+TEST(ReduceKernels, CopyToAllWritesEveryDestinationAtItsAlignment) {
+  for (Stores stores : {Stores::Cached, Stores::Streaming, Stores::Auto}) {
+    for (std::size_t n : {0, 1, 255, 256, 257, 4096 + 37, 100000}) {
+      std::vector<unsigned char> src(n + 128);
+      for (std::size_t i = 0; i < src.size(); ++i) src[i] = static_cast<unsigned char>(i * 131 + 7);
+      const std::size_t shifts[3] = {0, 17, 63};
+      std::vector<std::vector<unsigned char>> dst(3, std::vector<unsigned char>(n + 128, 0xEE));
+      void* dsts[3] = {dst[0].data() + shifts[0], dst[1].data() + shifts[1], dst[2].data() + shifts[2]};
+      copy_to_all(src.data() + 5, dsts, 3, n, stores);
+      if (stores == Stores::Streaming) stream_fence();
+      for (int k = 0; k < 3; ++k) {
+        ASSERT_EQ(std::memcmp(dsts[k], src.data() + 5, n), 0) << "destination " << k << ", n " << n;
+        for (std::size_t i = 0; i < shifts[k]; ++i) ASSERT_EQ(dst[k][i], 0xEE) << "before the start, n " << n;
+        for (std::size_t i = shifts[k] + n; i < dst[k].size(); ++i) ASSERT_EQ(dst[k][i], 0xEE) << "past the end";
+      }
+    }
+  }
+}
+
 }  // namespace
 }  // namespace meshgrad::comm::detail
