@@ -11,7 +11,7 @@
 #include <cstring>
 #include <numeric>
 
-#if defined(__AVX512F__)
+#if defined(__x86_64__)
 #include <immintrin.h>
 #endif
 
@@ -293,69 +293,163 @@ inline X apply(X acc, X x) {
   }
 }
 
-// Writes v to p; streaming (non-temporal) when asked and p is 64-byte aligned: large results that
-// will not be read soon skip the read-for-ownership of each line (a third less memory traffic).
-template <class T>
-inline void store(T* p, Vec<T> v, bool stream) {
+// Copies bytes with streaming (non-temporal) stores: aligned on dst (the head and tail go through
+// memcpy), loads unaligned. The lines skip the caches and the read-for-ownership a normal store
+// does, a third less memory traffic for results that will not be read soon. No fence here: the
+// callers fence once at the end of their work (stream_fence).
+void copy_streaming(void* dst_v, const void* src_v, std::size_t bytes) {
+  auto* dst = static_cast<char*>(dst_v);
+  const auto* src = static_cast<const char*>(src_v);
+#if defined(__x86_64__)
 #if defined(__AVX512F__)
-  if (stream && (reinterpret_cast<std::uintptr_t>(p) & 63) == 0) {
-    if constexpr (sizeof(T) == 4) {
-      _mm512_stream_ps(reinterpret_cast<float*>(p), reinterpret_cast<__m512>(v));
-    } else {
-      _mm512_stream_pd(reinterpret_cast<double*>(p), reinterpret_cast<__m512d>(v));
-    }
-    return;
-  }
+  constexpr std::size_t kLine = 64;
+#else
+  constexpr std::size_t kLine = 16;
 #endif
-  (void)stream;
-  __builtin_memcpy(p, &v, sizeof(v));
+  const std::size_t head = std::min(bytes, (kLine - reinterpret_cast<std::uintptr_t>(dst) % kLine) % kLine);
+  std::memcpy(dst, src, head);
+  std::size_t i = head;
+  for (; i + 4 * kLine <= bytes; i += 4 * kLine) {
+#if defined(__AVX512F__)
+    const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
+    const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i), a);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 64), b);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 128), c);
+    _mm512_stream_si512(reinterpret_cast<__m512i*>(dst + i + 192), d);
+#else
+    for (std::size_t k = 0; k < 4; ++k) {
+      const __m128i v = _mm_loadu_si128(reinterpret_cast<const __m128i*>(src + i + 16 * k));
+      _mm_stream_si128(reinterpret_cast<__m128i*>(dst + i + 16 * k), v);
+    }
+#endif
+  }
+  std::memcpy(dst + i, src + i, bytes - i);
+#else
+  std::memcpy(dst, src, bytes);
+#endif
 }
 
 template <class T, ReduceOp Op>
-void reduce_typed(int divisor, const void* const* in_v, int n_in, void* const* outs_v, int n_out, std::size_t count) {
+void reduce_typed(int divisor, const void* const* in_v, int n_in, void* const* outs_v, int n_out, std::size_t count,
+                  bool stream) {
   const T* const* in = reinterpret_cast<const T* const*>(in_v);
   T* const* outs = reinterpret_cast<T* const*>(outs_v);
   constexpr std::size_t W = 64 / sizeof(T);
   const T div = static_cast<T>(divisor);
-  // Stream when the results exceed what the caches would keep anyway.
-  const bool stream = count * sizeof(T) * static_cast<std::size_t>(n_out) >= (std::size_t(8) << 20);
-  std::size_t i = 0;
-  // For each element: read every input, then write every output, vector by vector. Safe when an
-  // output is an input (in place): both are at the same index and all reads come first.
-  for (; i + W <= count; i += W) {
-    Vec<T> v = load(in[0] + i);
-    for (int k = 1; k < n_in; ++k) v = apply<Op>(v, load(in[k] + i));
-    if constexpr (Op == ReduceOp::Avg) v = v / div;
-    for (int k = 0; k < n_out; ++k) store(outs[k] + i, v, stream);
+  // One element range [i, i + len): read every input, then write every output. Safe when an output
+  // is an input (in place): both are at the same index and all reads of the range come first.
+  auto reduce_into = [&](T* dst, std::size_t i, std::size_t len) {
+    std::size_t j = 0;
+    for (; j + W <= len; j += W) {
+      Vec<T> v = load(in[0] + i + j);
+      for (int k = 1; k < n_in; ++k) v = apply<Op>(v, load(in[k] + i + j));
+      if constexpr (Op == ReduceOp::Avg) v = v / div;
+      __builtin_memcpy(dst + j, &v, sizeof(v));
+    }
+    for (; j < len; ++j) {
+      T v = in[0][i + j];
+      for (int k = 1; k < n_in; ++k) v = apply<Op>(v, in[k][i + j]);
+      if constexpr (Op == ReduceOp::Avg) v = v / div;
+      dst[j] = v;
+    }
+  };
+  if (!stream) {
+    // Vector by vector straight into the outputs (a vector is all reads, then all writes).
+    std::size_t i = 0;
+    for (; i + W <= count; i += W) {
+      Vec<T> v = load(in[0] + i);
+      for (int k = 1; k < n_in; ++k) v = apply<Op>(v, load(in[k] + i));
+      if constexpr (Op == ReduceOp::Avg) v = v / div;
+      for (int k = 0; k < n_out; ++k) __builtin_memcpy(outs[k] + i, &v, sizeof(v));
+    }
+    if (i < count) {
+      T tail[W];
+      reduce_into(tail, i, count - i);
+      for (int k = 0; k < n_out; ++k) std::memcpy(outs[k] + i, tail, (count - i) * sizeof(T));
+    }
+    return;
   }
-  for (; i < count; ++i) {
-    T v = in[0][i];
-    for (int k = 1; k < n_in; ++k) v = apply<Op>(v, in[k][i]);
-    if constexpr (Op == ReduceOp::Avg) v = v / div;
-    for (int k = 0; k < n_out; ++k) outs[k][i] = v;
+  // Streaming: reduce a block into an L1-resident buffer, then stream it to every output (each output
+  // has its own alignment; copy_streaming aligns on it).
+  constexpr std::size_t kBlock = 4096 / sizeof(T);
+  alignas(64) T block[kBlock];
+  for (std::size_t i = 0; i < count; i += kBlock) {
+    const std::size_t len = std::min(kBlock, count - i);
+    reduce_into(block, i, len);
+    for (int k = 0; k < n_out; ++k) copy_streaming(outs[k] + i, block, len * sizeof(T));
   }
-#if defined(__AVX512F__)
-  if (stream) _mm_sfence();  // streaming stores are weakly ordered: make them visible before peers look
-#endif
 }
 
 template <class T>
 void reduce_dispatch(ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs, int n_out,
-                     std::size_t count) {
+                     std::size_t count, bool stream) {
   switch (op) {
-    case ReduceOp::Sum: return reduce_typed<T, ReduceOp::Sum>(divisor, in, n_in, outs, n_out, count);
-    case ReduceOp::Avg: return reduce_typed<T, ReduceOp::Avg>(divisor, in, n_in, outs, n_out, count);
-    case ReduceOp::Max: return reduce_typed<T, ReduceOp::Max>(divisor, in, n_in, outs, n_out, count);
-    case ReduceOp::Min: return reduce_typed<T, ReduceOp::Min>(divisor, in, n_in, outs, n_out, count);
+    case ReduceOp::Sum: return reduce_typed<T, ReduceOp::Sum>(divisor, in, n_in, outs, n_out, count, stream);
+    case ReduceOp::Avg: return reduce_typed<T, ReduceOp::Avg>(divisor, in, n_in, outs, n_out, count, stream);
+    case ReduceOp::Max: return reduce_typed<T, ReduceOp::Max>(divisor, in, n_in, outs, n_out, count, stream);
+    case ReduceOp::Min: return reduce_typed<T, ReduceOp::Min>(divisor, in, n_in, outs, n_out, count, stream);
   }
 }
 
 }  // namespace
 
+void stream_fence() {
+#if defined(__x86_64__)
+  _mm_sfence();
+#endif
+}
+
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Stores stores) {
+  if (bytes == 0) return;
+  const bool stream = stores == Stores::Streaming || (stores == Stores::Auto && bytes >= kStreamingBytes);
+  if (!stream) {
+    std::memcpy(dst, src, bytes);
+    return;
+  }
+  copy_streaming(dst, src, bytes);
+  if (stores == Stores::Auto) stream_fence();
+}
+
+void copy_to_all(const void* src_v, void* const* dsts, int n_dst, std::size_t bytes, Stores stores) {
+  if (bytes == 0 || n_dst <= 0) return;
+  const bool stream = stores == Stores::Streaming ||
+                      (stores == Stores::Auto && bytes * std::size_t(n_dst) >= kStreamingBytes);
+  if (stream) {
+    // Each destination aligned on its own; the source stays in cache between them.
+    for (int k = 0; k < n_dst; ++k) copy_streaming(dsts[k], src_v, bytes);
+    if (stores == Stores::Auto) stream_fence();
+    return;
+  }
+  const auto* src = static_cast<const char*>(src_v);
+  std::size_t i = 0;
+#if defined(__AVX512F__)
+  // One pass: each 256 bytes loaded once, stored to every destination (12-25% faster than a memcpy
+  // per destination here, whose second pass re-reads the source from cache).
+  for (; i + 256 <= bytes; i += 256) {
+    const __m512i a = _mm512_loadu_si512(src + i), b = _mm512_loadu_si512(src + i + 64);
+    const __m512i c = _mm512_loadu_si512(src + i + 128), d = _mm512_loadu_si512(src + i + 192);
+    for (int k = 0; k < n_dst; ++k) {
+      char* dst = static_cast<char*>(dsts[k]) + i;
+      _mm512_storeu_si512(dst, a);
+      _mm512_storeu_si512(dst + 64, b);
+      _mm512_storeu_si512(dst + 128, c);
+      _mm512_storeu_si512(dst + 192, d);
+    }
+  }
+#endif
+  for (int k = 0; k < n_dst; ++k) std::memcpy(static_cast<char*>(dsts[k]) + i, src + i, bytes - i);
+}
+
 void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs,
-                       int n_out, std::size_t count) {
+                       int n_out, std::size_t count, Stores stores) {
   if (count == 0) return;
-  dispatch_floating(dtype, "reduce", [&]<class T>() { reduce_dispatch<T>(op, divisor, in, n_in, outs, n_out, count); });
+  const bool stream = stores == Stores::Streaming ||
+                      (stores == Stores::Auto && count * dtype_size(dtype) * std::size_t(n_out) >= kStreamingBytes);
+  dispatch_floating(dtype, "reduce", [&]<class T>() {
+    reduce_dispatch<T>(op, divisor, in, n_in, outs, n_out, count, stream);
+  });
+  if (stream && stores == Stores::Auto) stream_fence();
 }
 
 // ---- deadlines --------------------------------------------------------------------------------------

@@ -99,13 +99,29 @@ AllToAllCounts check_all_to_all_args(ConstBuffer in, ConstBuffer out, Counts sen
 void check_point_to_point_args(OpKind op, const void* data, std::size_t count, int peer, int tag, int rank,
                                int size);
 
-// ---- rank-order reduction ---------------------------------------------------------------------------
+// ---- rank-order reduction and copies ----------------------------------------------------------------
+// How results are stored. Streaming (non-temporal) stores skip the caches: for results larger than
+// the caches keep anyway they save the read-for-ownership of every line (a third less memory
+// traffic), but a result read right after comes from memory. Auto streams from kStreamingBytes
+// written in the call and fences before returning; Streaming leaves the fence to the caller
+// (stream_fence() once after all its streaming calls, before another thread may read the results).
+enum class Stores { Auto, Cached, Streaming };
+inline constexpr std::size_t kStreamingBytes = std::size_t(8) << 20;
+void stream_fence();
+
 // For i in [0, count): r = ((in[0][i] op in[1][i]) op in[2][i]) ... op in[n_in-1][i] in the dtype of
-// the buffers (Avg: the sum, then / divisor), written to every outs[k][i]. Works one 64-byte vector
-// at a time (all reads, then all writes), so an output may be an input (in-place all_reduce).
-// This one function is used by every backend: the bits cannot differ between them.
+// the buffers (Avg: the sum, then / divisor), written to every outs[k][i]. Reads every input of an
+// element before writing any output of it, so an output may be an input (in-place all_reduce).
+// Element by element the bits never depend on the count, the chunking or the stores: a range of a
+// buffer reduced alone gives the same bits as inside the whole. This one function is used by every
+// backend: the bits cannot differ between them.
 void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs,
-                       int n_out, std::size_t count);
+                       int n_out, std::size_t count, Stores stores = Stores::Auto);
+// memcpy with the stores chosen as above (Auto: streaming from kStreamingBytes, fenced).
+void copy_bytes(void* dst, const void* src, std::size_t bytes, Stores stores = Stores::Auto);
+// The same bytes into every dsts[k] (Auto: streaming from kStreamingBytes written in all), reading
+// the source once where it can.
+void copy_to_all(const void* src, void* const* dsts, int n_dst, std::size_t bytes, Stores stores = Stores::Auto);
 
 // ---- deadlines --------------------------------------------------------------------------------------
 Milliseconds resolve_timeout(Milliseconds per_call, Milliseconds communicator_default);

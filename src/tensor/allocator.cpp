@@ -1,6 +1,7 @@
 #include "meshgrad/tensor/allocator.hpp"
 
 #include <algorithm>
+#include <array>
 #include <bit>
 #include <cstdlib>
 #include <iterator>
@@ -8,6 +9,8 @@
 #include <new>
 #include <unordered_map>
 #include <vector>
+
+#include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::memory {
 
@@ -21,6 +24,24 @@ struct Cache {
   std::size_t cached_bytes = 0;
   std::size_t limit = std::size_t{2} << 30;
   std::size_t hits = 0, misses = 0;
+  // Accounting (allocator.hpp), under mu.
+  std::array<MemoryStats, kMaxDomains> domains{};
+  TotalMemoryStats total{};
+
+  void count_in(int domain, std::size_t bytes) {
+    MemoryStats& d = domains[static_cast<std::size_t>(domain)];
+    d.live_bytes += bytes;
+    d.peak_bytes = std::max(d.peak_bytes, d.live_bytes);
+    ++d.allocations;
+    total.live_bytes += bytes;
+    total.peak_bytes = std::max(total.peak_bytes, total.live_bytes);
+    ++total.allocations;
+    total.peak_reserved_bytes = std::max(total.peak_reserved_bytes, total.live_bytes + cached_bytes);
+  }
+  void count_out(int domain, std::size_t bytes) {
+    domains[static_cast<std::size_t>(domain)].live_bytes -= bytes;
+    total.live_bytes -= bytes;
+  }
 
   // Frees cached blocks until cached_bytes <= target. Caller holds mu.
   void shrink_to(std::size_t target) {
@@ -42,6 +63,8 @@ Cache& cache() {
   return *c;
 }
 
+thread_local int t_domain = 0;
+
 }  // namespace
 
 std::size_t size_class(std::size_t nbytes) {
@@ -53,6 +76,7 @@ std::size_t size_class(std::size_t nbytes) {
 
 void* allocate(std::size_t nbytes) {
   const std::size_t bytes = size_class(nbytes);
+  const int domain = t_domain;
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
@@ -62,6 +86,7 @@ void* allocate(std::size_t nbytes) {
       it->second.pop_back();
       c.cached_bytes -= bytes;
       ++c.hits;
+      c.count_in(domain, bytes);
       return p;
     }
     ++c.misses;
@@ -72,15 +97,18 @@ void* allocate(std::size_t nbytes) {
     p = std::aligned_alloc(kAlign, bytes);
     if (p == nullptr) throw std::bad_alloc();
   }
+  std::lock_guard<std::mutex> lock(c.mu);
+  c.count_in(domain, bytes);
   return p;
 }
 
-void deallocate(void* p, std::size_t nbytes) {
+void deallocate(void* p, std::size_t nbytes, int domain) {
   if (p == nullptr) return;
   const std::size_t bytes = size_class(nbytes);
   Cache& c = cache();
   {
     std::lock_guard<std::mutex> lock(c.mu);
+    c.count_out(domain, bytes);
     if (c.cached_bytes + bytes <= c.limit) {
       c.free_lists[bytes].push_back(p);
       c.cached_bytes += bytes;
@@ -89,6 +117,8 @@ void deallocate(void* p, std::size_t nbytes) {
   }
   std::free(p);
 }
+
+void deallocate(void* p, std::size_t nbytes) { deallocate(p, nbytes, t_domain); }
 
 CacheStats cache_stats() {
   Cache& c = cache();
@@ -113,6 +143,47 @@ std::size_t cache_limit() {
   Cache& c = cache();
   std::lock_guard<std::mutex> lock(c.mu);
   return c.limit;
+}
+
+int current_domain() { return t_domain; }
+
+ScopedDomain::ScopedDomain(int domain) : previous_(t_domain) {
+  MG_CHECK(domain >= 0 && domain < kMaxDomains, "memory::ScopedDomain: domain {} is out of range [0, {})", domain,
+           kMaxDomains);
+  t_domain = domain;
+}
+
+ScopedDomain::~ScopedDomain() { t_domain = previous_; }
+
+MemoryStats domain_stats(int domain) {
+  MG_CHECK(domain >= 0 && domain < kMaxDomains, "memory::domain_stats: domain {} is out of range [0, {})", domain,
+           kMaxDomains);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.domains[static_cast<std::size_t>(domain)];
+}
+
+TotalMemoryStats total_stats() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  return c.total;
+}
+
+void reset_peaks() {
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  for (MemoryStats& d : c.domains) d.peak_bytes = d.live_bytes;
+  c.total.peak_bytes = c.total.live_bytes;
+  c.total.peak_reserved_bytes = c.total.live_bytes + c.cached_bytes;
+}
+
+void reset_peak(int domain) {
+  MG_CHECK(domain >= 0 && domain < kMaxDomains, "memory::reset_peak: domain {} is out of range [0, {})", domain,
+           kMaxDomains);
+  Cache& c = cache();
+  std::lock_guard<std::mutex> lock(c.mu);
+  MemoryStats& d = c.domains[static_cast<std::size_t>(domain)];
+  d.peak_bytes = d.live_bytes;
 }
 
 }  // namespace meshgrad::memory

@@ -19,16 +19,17 @@ namespace meshgrad {
 // Blocks come from the caching allocator (allocator.hpp): 64-byte aligned (whole cache lines
 // and full AVX-512 vectors for every tensor start), reused across training steps.
 Storage::Storage(std::size_t nbytes)
-    : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes) {}
+    : data_(static_cast<std::byte*>(memory::allocate(nbytes))), nbytes_(nbytes),
+      memory_domain_(memory::current_domain()) {}
 
 Storage::Storage(std::byte* external, std::size_t nbytes, std::function<void()> release)
-    : data_(external), nbytes_(nbytes), release_(std::move(release)) {}
+    : data_(external), nbytes_(nbytes), release_(std::move(release)), memory_domain_(-1) {}
 
 Storage::~Storage() {
   if (release_) {
     release_();
   } else {
-    memory::deallocate(data_, nbytes_);
+    memory::deallocate(data_, nbytes_, memory_domain_);
   }
 }
 

@@ -177,6 +177,47 @@ void reduce_scatter_even_uneven(Harness& h) {
   }
 }
 
+// Buffers large enough that a backend cuts its work into many pieces (the threads backend: chunks
+// of 16 KiB and up, claimed by whichever rank runs), with uneven blocks, an empty one and sizes
+// that are not a whole number of vectors: every rank must get the rank-order bits.
+template <class T>
+void large_buffers_bits(Harness& h) {
+  for (int P : sizes_of(h)) {
+    const std::size_t n = 100003;
+    std::vector<std::size_t> counts(static_cast<std::size_t>(P));
+    for (int q = 0; q < P; ++q) counts[q] = n / (2 * P) + std::size_t(q) * 4099;
+    if (P > 2) counts[1] = 0;  // an empty block between others
+    counts.back() = n - std::accumulate(counts.begin(), counts.end() - 1, std::size_t{0});
+    const auto sum = rank_order_reference<T>(P, n, ReduceOp::Sum, &inexact_value<T>);
+    const auto avg = rank_order_reference<T>(P, n, ReduceOp::Avg, &inexact_value<T>);
+    h.run(P, [&](Communicator& c) {
+      const int r = c.rank();
+      std::vector<T> in(n), out(n, T(-3));
+      for (std::size_t i = 0; i < n; ++i) in[i] = inexact_value<T>(r, i);
+      c.all_reduce(buffer(std::span<const T>(in)), buffer(std::span<T>(out)), ReduceOp::Sum);
+      EXPECT_TRUE(same_bits(out, sum)) << "all_reduce, P=" << P << " rank " << r;
+      c.all_reduce(buffer(std::span<T>(in)), ReduceOp::Avg);   // in place
+      EXPECT_TRUE(same_bits(in, avg)) << "in-place all_reduce avg, P=" << P << " rank " << r;
+      // all_gather of uneven blocks: block q holds inexact_value(q, i).
+      std::vector<T> mine(counts[r]), gathered(n, T(-3));
+      for (std::size_t i = 0; i < mine.size(); ++i) mine[i] = inexact_value<T>(r, i);
+      c.all_gather(buffer(std::span<const T>(mine)), buffer(std::span<T>(gathered)), counts);
+      std::size_t k = 0, wrong = 0;
+      for (int q = 0; q < P; ++q) {
+        for (std::size_t i = 0; i < counts[q]; ++i, ++k) wrong += gathered[k] != inexact_value<T>(q, i);
+      }
+      EXPECT_EQ(wrong, 0u) << "all_gather, P=" << P << " rank " << r;
+      // reduce_scatter of the same uneven blocks.
+      for (std::size_t i = 0; i < n; ++i) in[i] = inexact_value<T>(r, i);
+      std::vector<T> shard(counts[r], T(-3));
+      c.reduce_scatter(buffer(std::span<const T>(in)), buffer(std::span<T>(shard)), ReduceOp::Sum, counts);
+      const std::size_t first = std::accumulate(counts.begin(), counts.begin() + r, std::size_t{0});
+      EXPECT_TRUE(same_bits(shard, std::vector<T>(sum.begin() + first, sum.begin() + first + counts[r])))
+          << "reduce_scatter, P=" << P << " rank " << r;
+    });
+  }
+}
+
 template <class T>
 void broadcast_every_root(Harness& h) {
   for (int P : sizes_of(h)) {
@@ -419,6 +460,12 @@ inline void misuse_local(Harness& h) {
   TEST(Suite, ReduceScatterEvenUnevenFloat64) {                                                     \
     ::meshgrad::comm::testing::reduce_scatter_even_uneven<double>(harness_expr);                    \
   }                                                                                                 \
+  TEST(Suite, LargeUnevenBuffersKeepRankOrderBitsFloat32) {                                          \
+    ::meshgrad::comm::testing::large_buffers_bits<float>(harness_expr);                               \
+  }                                                                                                   \
+  TEST(Suite, LargeUnevenBuffersKeepRankOrderBitsFloat64) {                                          \
+    ::meshgrad::comm::testing::large_buffers_bits<double>(harness_expr);                              \
+  }                                                                                                   \
   TEST(Suite, BroadcastEveryRootFloat32) { ::meshgrad::comm::testing::broadcast_every_root<float>(harness_expr); } \
   TEST(Suite, BroadcastEveryRootFloat64) { ::meshgrad::comm::testing::broadcast_every_root<double>(harness_expr); } \
   TEST(Suite, AllToAllEvenUnevenFloat32) { ::meshgrad::comm::testing::all_to_all_even_uneven<float>(harness_expr); } \

@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <cstring>
+#include <optional>
 #include <thread>
 #include <vector>
 
@@ -77,6 +78,48 @@ TEST(Allocator, ConcurrentUseIsSafe) {
   }
   for (std::thread& th : threads) th.join();
   for (int t = 0; t < kThreads; ++t) EXPECT_EQ(bad[t], 0) << "thread " << t;
+}
+
+// Accounting: a block counts in the domain of the thread that allocated it until it is given back,
+// whichever thread frees it; the peak is the most held at once.
+TEST(Allocator, DomainsCountLiveBytesAndPeaksPerThreadDomain) {
+  constexpr int kA = 201, kB = 202;   // domains no other test uses
+  const std::size_t a0 = memory::domain_stats(kA).live_bytes, b0 = memory::domain_stats(kB).live_bytes;
+  const std::size_t bytes = memory::size_class(3 * 1000 * 4);
+  std::optional<Tensor> held;
+  {
+    memory::ScopedDomain domain(kA);
+    EXPECT_EQ(memory::current_domain(), kA);
+    Tensor t1 = Tensor::empty({3, 1000}, DType::Float32);
+    Tensor t2 = Tensor::empty({3, 1000}, DType::Float32);
+    EXPECT_EQ(memory::domain_stats(kA).live_bytes, a0 + 2 * bytes);
+    held = t1;
+  }   // t2 freed: back to one block
+  EXPECT_EQ(memory::current_domain(), 0);
+  EXPECT_EQ(memory::domain_stats(kA).live_bytes, a0 + bytes);
+  EXPECT_GE(memory::domain_stats(kA).peak_bytes, a0 + 2 * bytes);
+  // Freed on another thread, in another domain: still uncounted from kA, never from kB.
+  std::thread([&] {
+    memory::ScopedDomain domain(kB);
+    held.reset();
+  }).join();
+  EXPECT_EQ(memory::domain_stats(kA).live_bytes, a0);
+  EXPECT_EQ(memory::domain_stats(kB).live_bytes, b0);
+  {
+    memory::ScopedDomain domain(kB);
+    Tensor t = Tensor::empty({3, 1000}, DType::Float32);
+  }
+  EXPECT_GE(memory::domain_stats(kB).peak_bytes, b0 + bytes);
+  memory::reset_peak(kB);   // only kB's
+  EXPECT_EQ(memory::domain_stats(kB).peak_bytes, b0);
+  EXPECT_GE(memory::domain_stats(kA).peak_bytes, a0 + 2 * bytes);
+  memory::reset_peaks();
+  EXPECT_EQ(memory::domain_stats(kA).peak_bytes, a0);
+  const memory::TotalMemoryStats total = memory::total_stats();
+  EXPECT_EQ(total.peak_bytes, total.live_bytes);
+  EXPECT_GE(total.peak_reserved_bytes, total.live_bytes);
+  EXPECT_THROW(memory::ScopedDomain(memory::kMaxDomains), InvalidArgument);
+  EXPECT_THROW(memory::domain_stats(-1), InvalidArgument);
 }
 
 }  // namespace

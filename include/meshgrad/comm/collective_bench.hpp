@@ -24,7 +24,7 @@ struct CollectiveBenchOptions {
   int step_factor = 2;  // sizes min, min x f, ... up to max
   DType dtype = DType::Float32;
   int iters = 0;   // 0 = enough for ~50 ms per size (5..20000), from the warm-up's time
-  int warmup = 0;  // 0 = 5
+  int warmup = 0;  // 0 = 5, then ~20 ms more (the first size runs right after the ranks started)
 };
 
 struct CollectiveBenchRow {

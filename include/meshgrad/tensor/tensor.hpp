@@ -55,6 +55,7 @@ class Storage {
   std::byte* data_;
   std::size_t nbytes_;
   std::function<void()> release_;   // set for external memory
+  int memory_domain_;   // the allocator's accounting domain it was counted in (allocator.hpp)
   std::atomic<std::uint64_t> version_{0};
 };
 
