@@ -36,6 +36,31 @@ Tensor sum_op(const std::vector<Tensor>& leaves) {
   return pairwise(leaves, [](const Tensor& a, const Tensor& b) { return meshgrad::add(a, b); });
 }
 
+void StreamingSum::push(std::vector<Tensor> leaf) {
+  stack_.push_back({0, std::move(leaf)});
+  ++leaves_;
+  // Two partial sums of the same level are siblings in the tree (the earlier one on the left).
+  while (stack_.size() >= 2 && stack_[stack_.size() - 2].level == stack_.back().level) {
+    Partial right = std::move(stack_.back());
+    stack_.pop_back();
+    Partial& left = stack_.back();
+    MG_CHECK(left.values.size() == right.values.size(), "StreamingSum: a leaf of {} tensors after leaves of {}",
+             right.values.size(), left.values.size());
+    for (std::size_t i = 0; i < left.values.size(); ++i) {
+      const Tensor& a = left.values[i];
+      const Tensor& b = right.values[i];
+      if (!b.defined()) continue;
+      left.values[i] = a.defined() ? kernels::binary(kernels::Binary::Add, a, b) : b;
+    }
+    ++left.level;
+  }
+}
+
+const std::vector<Tensor>& StreamingSum::root() const {
+  MG_CHECK(stack_.size() == 1, "StreamingSum: {} leaves pushed; the fixed tree needs a power of two (>= 1)", leaves_);
+  return stack_.front().values;
+}
+
 std::vector<Segment> SplitPlan::block_segments(int i) const {
   std::vector<Segment> out;
   for (const Segment& s : segments) {

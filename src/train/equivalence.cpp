@@ -7,6 +7,7 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/tree_collectives.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/data.hpp"
 #include "meshgrad/train/explain.hpp"
@@ -28,12 +29,14 @@ struct RunResult {
 };
 
 // Trains on `mesh` of `world`; fills result on world rank 0. Every rank must call it.
+// grad_accum: micro-batches per step (the single-rank reference of a TP-invariant dp mesh runs dp of
+// them, the same micro-batches the replicas run, added in the same tree).
 void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& mesh, std::uint64_t model_seed,
-                       RunResult& result, std::mutex& mu) {
+                       RunResult& result, std::mutex& mu, int grad_accum = 1) {
   auto model = nn::make_model(o.model, o.parallel, mesh, model_seed);
   model->set_training(false);   // the comparison runs without dropout noise
   auto params = model->parameters();
-  GradientSynchronizer sync(params, mesh);
+  GradientSynchronizer sync(params, mesh, {.tree_dp = o.parallel.tp_invariant});
   AdamWOptions adam;
   adam.lr = o.lr;
   AdamW optimizer(params, mesh, adam);
@@ -45,11 +48,12 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     dist::CountingScope counting(step == 0 ? counter : step_counter);
     const nn::Batch global_batch =
         make_synthetic_batch(o.model, 1, 0, o.seed * 1000003 + static_cast<std::uint64_t>(step));
-    const Tensor loss = train_step(*model, global_batch, *mesh, sync, optimizer).loss;
+    const Tensor loss = train_step(*model, global_batch, *mesh, sync, optimizer, 0, grad_accum).loss;
     // The global loss: each dp rank's share summed (outside the counted phases).
     dist::CommCounter ignored;
     dist::CountingScope not_counted(ignored);
-    losses.push_back(dist::all_reduce(loss.detach(), dp).item());
+    losses.push_back((o.parallel.tp_invariant ? dist::tree_all_reduce(loss.detach(), dp)
+                                              : dist::all_reduce(loss.detach(), dp)).item());
   }
   std::map<std::string, Tensor> grads, weights;
   std::vector<std::string> order;
@@ -92,8 +96,12 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const RunOnMesh
   MG_CHECK(o.steps >= 1, "check: --steps must be at least 1, got {}", o.steps);
   std::mutex mu;
   RunResult reference, sharded;
+  int mesh_dp = 1;   // the mesh's dp size (the TP-invariant reference runs that many micro-batches)
   const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : o.seed;
-  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) { train_and_collect(o, mesh, mesh_seed, sharded, mu); });
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    if (mesh->rank() == 0) mesh_dp = mesh->has_axis("dp") ? mesh->axis_size("dp") : 1;
+    train_and_collect(o, mesh, mesh_seed, sharded, mu);
+  });
   if (!sharded.collected) {
     // Under mpi, ranks other than 0 live in other processes: the results (and the verdict) are rank 0's.
     EquivalenceReport report;
@@ -104,7 +112,7 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const RunOnMesh
   // The reference: the same model on one rank.
   comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
-    train_and_collect(o, mesh, o.seed, reference, mu);
+    train_and_collect(o, mesh, o.seed, reference, mu, o.parallel.tp_invariant ? mesh_dp : 1);
   });
 
   EquivalenceReport report;

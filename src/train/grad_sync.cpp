@@ -12,6 +12,8 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/distributed/tree_collectives.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::train {
@@ -26,7 +28,7 @@ struct Bucket {
   Tensor flat;                          // [sum of members' numel], the members' dtype
   std::vector<std::size_t> members;     // entry indices, in slot order
   int ready = 0;                        // members whose gradient is in this step
-  dist::PendingTensor reduce;           // the in-place dp all-reduce in flight
+  dist::PendingTensor reduce;           // the dp all-reduce in flight: in place, or (tree_dp) into a new tensor
 };
 
 // Per-parameter progress of one step.
@@ -49,6 +51,7 @@ struct GradientSynchronizer::State {
   std::vector<std::size_t> deferred;   // entries whose non-dp reduction is in flight, in launch order
   int launched = 0;
   bool accumulating = false;   // set_accumulating: hooks do nothing
+  bool tree_dp = false;        // GradSyncOptions::tree_dp
 
   bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
 
@@ -81,7 +84,8 @@ struct GradientSynchronizer::State {
     if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
     if (++b.ready == static_cast<int>(b.members.size())) {
       dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
-      b.reduce = dist::all_reduce_in_place_async(b.flat, mesh->group(dp_axis));
+      b.reduce = tree_dp ? dist::tree_all_reduce_async(b.flat, mesh->group(dp_axis))
+                         : dist::all_reduce_in_place_async(b.flat, mesh->group(dp_axis));
       ++launched;
     }
   }
@@ -187,6 +191,11 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   MG_CHECK(options.bucket_bytes > 0, "GradientSynchronizer: bucket_bytes must be positive, got {}", options.bucket_bytes);
   state_->mesh = std::move(mesh);
   state_->dp_axis = state_->mesh->has_axis("dp") ? state_->mesh->axis_index("dp") : -1;
+  state_->tree_dp = options.tree_dp;
+  MG_CHECK(!options.tree_dp || !state_->dp_active() ||
+               tree::is_power_of_two(state_->mesh->axis_size(state_->dp_axis)),
+           "GradientSynchronizer: TP-invariant mode sums the dp replicas' gradients in a fixed binary tree, so dp must "
+           "be a power of two (1, 2, 4, ...); this mesh has dp={}", state_->mesh->axis_size(state_->dp_axis));
   state_->entries.reserve(params.size());
   for (nn::Parameter* p : params) {
     MG_CHECK(p != nullptr, "GradientSynchronizer: null parameter");
@@ -222,6 +231,15 @@ int GradientSynchronizer::launched() const { return state_->launched; }
 
 void GradientSynchronizer::set_accumulating(bool on) { state_->accumulating = on; }
 
+void GradientSynchronizer::reduce_gradients() {
+  State& s = *state_;
+  s.accumulating = false;
+  for (std::size_t i = s.entries.size(); i-- > 0;) {
+    Tensor& value = s.entries[i].param->value;
+    if (value.grad().defined()) s.on_ready(i, value);
+  }
+}
+
 std::vector<std::vector<std::string>> GradientSynchronizer::buckets() const {
   std::vector<std::vector<std::string>> out;
   for (const Bucket& b : state_->buckets) {
@@ -242,7 +260,10 @@ void GradientSynchronizer::finish() {
   }
   // A bucket with a missing member never launched: no rank launched it (same graph everywhere).
   for (Bucket& b : s.buckets) {
-    if (b.reduce.valid()) b.reduce.wait();   // bounded by the communicator's deadline
+    if (b.reduce.valid()) {
+      Tensor sum = b.reduce.wait();   // bounded by the communicator's deadline
+      if (s.tree_dp) b.flat = sum;    // the tree sum is a new tensor; the slots are views of it from now on
+    }
     b.reduce = {};
   }
   for (Entry& e : s.entries) {

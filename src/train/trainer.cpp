@@ -26,6 +26,8 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/tree_collectives.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/checkpoint.hpp"
@@ -82,10 +84,13 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
 
 // The global loss: the sum over dp of each replica's share (each rank's loss is replicated over tp).
 // Declared as Phase::Optimizer so communication counts of forward/backward stay those of the model.
-double global_loss(const Tensor& local_loss, const DpPlace& dp) {
+// TP-invariant mode: in the fixed tree (dist::tree_all_reduce), so the reported loss has the same
+// bits at every dp x tp with the same dp x grad-accum.
+double global_loss(const Tensor& local_loss, const DpPlace& dp, bool tree) {
   dist::PhaseScope phase(dist::Phase::Optimizer);
   const Tensor l = local_loss.detach();
   if (dp.size == 1) return l.item();
+  if (tree) return dist::tree_all_reduce(l, *dp.group).item();
   return dist::all_reduce(l, *dp.group, comm::ReduceOp::Sum).item();
 }
 
@@ -262,8 +267,11 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
 
 // The mean global loss over the first `batches` validation batches: no dropout, nothing recorded,
 // the same batches at every evaluation and on every rank (TokenDataset::validation_batch).
+// TP-invariant mode: each replica's rows in micro_batches pieces whose losses are added in the
+// fixed tree, then the tree over dp, as train_step does (the same bits for every dp x tp with the
+// same dp x micro_batches).
 double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_rank, int dp_size,
-                const dist::ProcessGroup* dp_group) {
+                const dist::ProcessGroup* dp_group, int micro_batches) {
   trace::Span span("evaluate", "evaluate");
   autograd::NoGradGuard no_grad;
   model.set_training(false);
@@ -271,13 +279,85 @@ double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_
   double total = 0;
   for (std::int64_t k = 0; k < n; ++k) {
     const nn::Batch global_batch = data.validation_batch(k);
-    const Tensor local = model.loss(dp_shard(global_batch, dp_rank, dp_size), count_loss_targets(global_batch.targets));
+    const nn::Batch share = dp_shard(global_batch, dp_rank, dp_size);
+    const std::int64_t targets = count_loss_targets(global_batch.targets);
+    Tensor local;
+    if (model.tp_invariant()) {
+      tree::StreamingSum losses;
+      for (int k = 0; k < micro_batches; ++k) losses.push({model.loss(dp_shard(share, k, micro_batches), targets)});
+      local = losses.root().front();
+    } else {
+      local = model.loss(share, targets);
+    }
     dist::PhaseScope phase(dist::Phase::Optimizer);   // not the model's training communication
-    total += dp_size == 1 ? local.item() : dist::all_reduce(local, *dp_group, comm::ReduceOp::Sum).item();
+    if (dp_size == 1) {
+      total += local.item();
+    } else {
+      total += model.tp_invariant() ? dist::tree_all_reduce(local, *dp_group).item()
+                                    : dist::all_reduce(local, *dp_group, comm::ReduceOp::Sum).item();
+    }
   }
   model.set_training(true);
   return total / static_cast<double>(n);
 }
+
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum) {
+  const std::int64_t blocks = std::int64_t{dp_size} * grad_accum;
+  MG_CHECK(tree::is_power_of_two(dp_size) && tree::is_power_of_two(grad_accum),
+           "--tp-invariant: dp={} and --grad-accum {} must be powers of two (the micro-batches and the dp replicas are "
+           "added in a fixed binary tree)", dp_size, grad_accum);
+  MG_CHECK(rows % blocks == 0,
+           "--tp-invariant: the global batch of {} rows must divide into dp x grad-accum = {} x {} = {} micro-batches of "
+           "equal rows, so that every mesh with the same dp x grad-accum sums the same micro-batches; use a --batch "
+           "that is a multiple of {}", rows, dp_size, grad_accum, blocks, blocks);
+}
+
+namespace {
+
+// TP-invariant mode: K micro-batches of this replica's rows, each backpropagated on its own, their
+// gradients (and losses) added in the fixed binary tree rather than accumulated one after the other,
+// then reduced over dp by the synchroniser in the same tree (GradSyncOptions::tree_dp). The global
+// batch is thus a tree over dp x K micro-batches of equal rows whose shape does not depend on the
+// mesh: dp=2 with K=1 adds the same two micro-batches in the same order as dp=1 with K=2. Returns
+// the tree sum of the micro-batches' losses (this replica's share of the global loss).
+Tensor accumulate_in_tree(nn::Model& model, const nn::Batch& batch, std::int64_t targets,
+                          const std::vector<nn::Parameter*>& params, GradientSynchronizer& sync, int grad_accum) {
+  if (grad_accum == 1) {   // one micro-batch: the hooks reduce during backward, as in the normal mode
+    sync.set_accumulating(false);
+    const Tensor loss = model.loss(batch, targets);
+    backward(loss);
+    return loss.detach();
+  }
+  sync.set_accumulating(true);
+  tree::StreamingSum grads, losses;
+  std::vector<dist::AxisMask> partial(params.size(), 0);
+  // Every micro-batch draws the dropout seeds of one forward of the whole batch: masks depend on the
+  // seed and the global row, so its rows get the masks they get at K = 1 (and on a dp replica).
+  const std::uint64_t dropout_start = model.random_state();
+  for (int k = 0; k < grad_accum; ++k) {
+    model.set_random_state(dropout_start);
+    const Tensor loss = model.loss(dp_shard(batch, k, grad_accum), targets);
+    backward(loss);
+    std::vector<Tensor> micro(params.size());
+    for (std::size_t i = 0; i < params.size(); ++i) {
+      micro[i] = params[i]->value.grad();
+      if (micro[i].defined()) partial[i] = dist::partial_axes(micro[i]);
+      params[i]->value.set_grad(Tensor());   // the next micro-batch starts from no gradient
+    }
+    grads.push(std::move(micro));
+    losses.push({loss.detach()});
+  }
+  const std::vector<Tensor>& total = grads.root();
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    if (!total[i].defined()) continue;
+    dist::set_partial_axes(total[i], partial[i]);   // the sum is partial where its terms were (dp)
+    params[i]->value.set_grad(total[i]);
+  }
+  sync.reduce_gradients();
+  return losses.root().front();
+}
+
+}  // namespace
 
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                        GradientSynchronizer& sync, AdamW& optimizer, double grad_clip, int grad_accum) {
@@ -291,15 +371,22 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
   const std::int64_t targets = count_loss_targets(global_batch.targets);
   StepOutcome out;
-  for (int k = 0; k < grad_accum; ++k) {
-    const nn::Batch micro = grad_accum == 1 ? batch : dp_shard(batch, k, grad_accum);
-    sync.set_accumulating(k + 1 < grad_accum);   // reduce once, after the last micro-batch
-    const Tensor loss = model.loss(micro, targets);
-    backward(loss);
-    out.loss = k == 0 ? loss.detach() : add(out.loss, loss.detach());
+  const std::vector<nn::Parameter*> params = model.parameters();
+  if (model.tp_invariant()) {
+    check_invariant_batch_split(global_batch.inputs.size(0), dp_size, grad_accum);
+    out.loss = accumulate_in_tree(model, batch, targets, params, sync, grad_accum);
+  } else {
+    const std::uint64_t dropout_start = model.random_state();
+    for (int k = 0; k < grad_accum; ++k) {
+      const nn::Batch micro = grad_accum == 1 ? batch : dp_shard(batch, k, grad_accum);
+      model.set_random_state(dropout_start);   // the global batch's masks (see accumulate_in_tree)
+      sync.set_accumulating(k + 1 < grad_accum);   // reduce once, after the last micro-batch
+      const Tensor loss = model.loss(micro, targets);
+      backward(loss);
+      out.loss = k == 0 ? loss.detach() : add(out.loss, loss.detach());
+    }
   }
   sync.finish();
-  const std::vector<nn::Parameter*> params = model.parameters();
   out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip, model.tp_invariant())
                                 : global_grad_norm(params, mesh, model.tp_invariant());
   optimizer.step();
@@ -376,7 +463,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   model->set_training(true);
   const std::vector<nn::Parameter*> params = model->parameters();
   if (!options.init_from.empty()) hf_load_parameters(options.init_from, params, nn::tensor_parallel_group(*mesh));
-  GradientSynchronizer sync(params, mesh);
+  GradientSynchronizer sync(params, mesh, {.tree_dp = options.parallel.tp_invariant});
   AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
 
   TrainResult result;
@@ -439,11 +526,12 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     opt.set_lr(lr);
     const nn::Batch global_batch = data.next_batch(step);
     const StepOutcome outcome = train_step(*model, global_batch, *mesh, sync, opt, options.grad_clip, options.grad_accum);
-    const double global = global_loss(outcome.loss, dp);
+    const double global = global_loss(outcome.loss, dp, options.parallel.tp_invariant);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
     if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || step + 1 == options.steps)) {
-      result.val_losses.emplace_back(step + 1, evaluate(*model, data, options.eval_steps, dp.rank, dp.size, dp.group));
+      result.val_losses.emplace_back(step + 1, evaluate(*model, data, options.eval_steps, dp.rank, dp.size, dp.group,
+                                                            options.parallel.tp_invariant ? options.grad_accum : 1));
     }
 
     if (leader) {
@@ -556,14 +644,14 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   for (const nn::Parameter* p : params) {
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
   }
-  GradientSynchronizer sync(params, mesh);
+  GradientSynchronizer sync(params, mesh, {.tree_dp = model.tp_invariant()});
   const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
   const nn::Batch local = dp_shard(global_batch, dp.rank, dp.size);
   const Tensor loss = model.loss(local, global_tokens);
   backward(loss);
   sync.finish();
   GradientDump dump;
-  dump.loss = global_loss(loss, dp);
+  dump.loss = global_loss(loss, dp, model.tp_invariant());
   dump.gradients = gather_gradients(params, nn::tensor_parallel_group(*mesh));
   return dump;
 }

@@ -258,5 +258,39 @@ TEST(GradientSynchronizer, ParameterAccumulatedTwiceInOneBackward) {
   });
 }
 
+// TP-invariant mode's dp sum (GradSyncOptions::tree_dp) is the fixed tree (r0 + r1) + (r2 + r3),
+// not the rank order ((r0 + r1) + r2) + r3. Per-rank gradients 1e16, 1, -1e16, 1 (float64) tell
+// them apart: 1e16 + 1 rounds to 1e16, so the tree gives 1e16 + -1e16 = 0 and the rank order gives
+// (1e16 + -1e16) + 1 = 1.
+TEST(GradSyncTree, TreeDpAddsTheReplicasInTheFixedTree) {
+  const std::vector<double> per_rank{1e16, 1.0, -1e16, 1.0};
+  for (const bool tree : {true, false}) {
+    SCOPED_TRACE(tree ? "tree_dp" : "backend all-reduce");
+    std::vector<double> got(4, -7.0);
+    run_mesh(4, 1, [&](const dist::DeviceMeshPtr& mesh) {
+      nn::Parameter w = make_param("w", {1}, mesh);
+      GradientSynchronizer sync({&w}, mesh, {.tree_dp = tree});
+      const double x = per_rank[static_cast<std::size_t>(mesh->coordinate("dp"))];
+      backward(replica_loss(sum(mul(w.value, Tensor::from_values({x}, {1}, DType::Float64))), mesh));
+      sync.finish();
+      got[static_cast<std::size_t>(mesh->rank())] = w.value.grad().to_vector().at(0);
+    });
+    for (int r = 0; r < 4; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], tree ? 0.0 : 1.0) << "rank " << r;
+  }
+}
+
+TEST(GradSyncTree, RefusesADpThatIsNotAPowerOfTwo) {
+  std::vector<std::string> messages(3);
+  run_mesh(3, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param("w", {1}, mesh);
+    try {
+      GradientSynchronizer sync({&w}, mesh, {.tree_dp = true});
+    } catch (const InvalidArgument& e) {
+      messages[static_cast<std::size_t>(mesh->rank())] = e.what();
+    }
+  });
+  for (const std::string& m : messages) EXPECT_NE(m.find("dp=3"), std::string::npos) << m;
+}
+
 }  // namespace
 }  // namespace meshgrad::train

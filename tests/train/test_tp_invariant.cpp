@@ -51,7 +51,10 @@ nn::ModelConfig small_gpt(DType dtype) {
 struct Case {
   int dp = 1, tp = 1;
   bool sp = false, overlap = false;
-  std::string str() const { return fmt::format("dp={} tp={} sp={} overlap={}", dp, tp, sp, overlap); }
+  int grad_accum = 1;
+  std::string str() const {
+    return fmt::format("dp={} tp={} sp={} overlap={} grad-accum={}", dp, tp, sp, overlap, grad_accum);
+  }
 };
 
 nn::ParallelConfig invariant_config(const Case& m) {
@@ -155,6 +158,7 @@ RunBits train_on(const Case& m, DType dtype, const std::string& tag) {
   o.steps = 30;
   o.lr = 3e-3;
   o.grad_clip = 0.5;
+  o.grad_accum = m.grad_accum;
   o.progress = false;
   const std::string path = (std::filesystem::temp_directory_path() /
                             fmt::format("meshgrad_tpinv_{}_{}.safetensors", ::getpid(), tag)).string();
@@ -201,6 +205,39 @@ TEST(TpInvariant, ThirtyTrainingStepsAreTheSameBytesFloat64) {
 // all-reduce of replicas that are each tp-invariant).
 TEST(TpInvariant, DpTimesTpMeshesMatchTheirDpOnlyRun) {
   expect_same_gradients(small_gpt(DType::Float32), {{2, 1}, {2, 2}, {2, 2, true, true}});
+}
+
+// dp too: the micro-batches (dp x grad-accum of them, equal rows) are added in the fixed tree, locally
+// and over dp, so every mesh with the same dp x grad-accum trains the same bytes as one rank with
+// that many micro-batches (dropout and clipping on; batch 4 rows: dp x grad-accum = 4 is one row each).
+TEST(TpInvariant, DpMeshesTrainTheBytesOfOneRankWithAsManyMicroBatches) {
+  expect_same_training(DType::Float32, {{.grad_accum = 4},
+                                        {.dp = 4},
+                                        {.dp = 2, .grad_accum = 2},
+                                        {.dp = 2, .tp = 2, .sp = true, .overlap = true, .grad_accum = 2},
+                                        {.dp = 4, .tp = 1, .overlap = true}});
+  expect_same_training(DType::Float64, {{.grad_accum = 2}, {.dp = 2, .tp = 2, .sp = true}});
+}
+
+// What the test above would catch: the micro-batch count changes the bits (another tree), so a dp
+// mesh must be compared with one rank running as many micro-batches.
+TEST(TpInvariant, TheMicroBatchCountChangesTheBits) {
+  const RunBits one = train_on({}, DType::Float32, "k1");
+  const RunBits four = train_on({.dp = 4}, DType::Float32, "dp4");
+  ASSERT_EQ(one.losses.size(), four.losses.size());
+  EXPECT_NE(std::memcmp(one.losses.data(), four.losses.data(), one.losses.size() * sizeof(double)), 0);
+  EXPECT_FALSE(one.parameters == four.parameters);
+}
+
+TEST(TpInvariant, RefusesABatchThatDoesNotSplitIntoEqualMicroBatches) {
+  EXPECT_NO_THROW(check_invariant_batch_split(8, 2, 4));
+  try {
+    check_invariant_batch_split(6, 2, 2);
+    ADD_FAILURE() << "6 rows into 4 micro-batches was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(check_invariant_batch_split(12, 1, 3), InvalidArgument);   // 3 micro-batches: no binary tree
 }
 
 // A degree that cannot keep the tree is refused, naming the degrees that work.

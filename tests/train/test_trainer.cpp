@@ -136,8 +136,9 @@ TEST(GradNorm, IsTheSingleRankNormOnEveryMeshAndClipsToTheLimit) {
 
 TrainOptions tiny_training(int steps);
 
-// --grad-accum K: the same losses as K = 1 up to rounding (float64), on one rank and on dp=2 x tp=2
-// with SP, and the same number of dp reductions per step (one bucket, after the last micro-batch).
+// --grad-accum K: the same losses as K = 1 up to rounding (float64), dropout on (each micro-batch's
+// rows get the masks they get in the whole batch), on one rank and on dp=2 x tp=2 with SP, and the
+// same number of dp reductions per step (one bucket, after the last micro-batch).
 TEST(Trainer, GradientAccumulationMatchesOneBatchWithOneReductionPerStep) {
   for (auto [dp, tp] : {std::pair{1, 1}, std::pair{2, 2}}) {
     std::map<int, std::vector<double>> losses;
@@ -145,6 +146,7 @@ TEST(Trainer, GradientAccumulationMatchesOneBatchWithOneReductionPerStep) {
     for (int k : {1, 2, 4}) {
       TrainOptions o = tiny_training(3);
       o.model.batch = 8;
+      o.model.dropout = 0.1;
       o.parallel.sequence_parallel = tp > 1;
       o.grad_accum = k;
       run_mesh(dp, tp, [&](const dist::DeviceMeshPtr& mesh) {

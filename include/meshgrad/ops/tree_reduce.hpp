@@ -32,6 +32,27 @@ Tensor sum(const std::vector<Tensor>& leaves);
 // The same sum with the differentiable add (ops.hpp), for graphs.
 Tensor sum_op(const std::vector<Tensor>& leaves);
 
+// The same tree over leaves that arrive one at a time (the micro-batches of a step, each a list of
+// tensors: one per parameter), holding at most log2(n) + 1 partial sums instead of n leaves. After
+// n pushes (n a power of two) root() is bitwise sum() of the n leaves, entry by entry. An undefined
+// entry is a zero leaf: the sum is the other operand (x + 0 is x, signed zeros aside). Leaves are
+// kept, not copied: the caller hands over tensors it no longer writes.
+class StreamingSum {
+ public:
+  void push(std::vector<Tensor> leaf);
+  // The root; throws InvalidArgument unless the pushes so far are a power of two (>= 1).
+  const std::vector<Tensor>& root() const;
+  int leaves() const { return leaves_; }
+
+ private:
+  struct Partial {
+    int level = 0;   // the partial sum of 2^level leaves
+    std::vector<Tensor> values;
+  };
+  std::vector<Partial> stack_;
+  int leaves_ = 0;
+};
+
 // One contiguous piece of a split dimension held by this rank: `size` elements at `local_offset` in
 // the local piece, which are global block `block` of fused part `part`.
 struct Segment {

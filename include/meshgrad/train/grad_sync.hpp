@@ -40,6 +40,10 @@ struct GradSyncOptions {
   // Bytes of gradient per dp all-reduce (PyTorch DDP's bucket_cap_mb is 25 MiB). A parameter larger
   // than a bucket gets a bucket of its own.
   std::int64_t bucket_bytes = std::int64_t{25} << 20;
+  // TP-invariant mode (docs/tp-invariance.md, "dp"): the buckets are summed over dp in the fixed
+  // binary tree (dist::tree_all_reduce: r0 + r1, (r0 + r1) + (r2 + r3)) instead of the backend's
+  // all-reduce, whose order is the backend's own. dp must be a power of two.
+  bool tree_dp = false;
 };
 
 class GradientSynchronizer {
@@ -64,6 +68,13 @@ class GradientSynchronizer {
   // launched, nothing counts as ready); the backward after turning it off reduces the sum once.
   // Every rank must switch at the same micro-batch.
   void set_accumulating(bool on);
+
+  // For a caller that accumulates gradients itself (train_step in TP-invariant mode adds the
+  // micro-batches in the fixed tree): after backward passes with accumulating on, it sets every
+  // param->value.grad() to the total and calls this, which turns accumulating off and reduces each
+  // gradient as if its hook fired now (in reverse parameter order, the order backward makes them).
+  // finish() then completes the step; a parameter without a gradient is reported there.
+  void reduce_gradients();
 
   // Reductions launched since the last finish() (tp and dp), for tests and reports.
   int launched() const;

@@ -155,10 +155,17 @@ struct StepOutcome {
 };
 // grad_accum K > 1: this rank's rows are split into K micro-batches (shard rule) whose losses (each
 // over the global target count) are backpropagated one after the other, gradients accumulating, and
-// reduced once after the last: the same loss and gradients as K = 1 up to rounding, with one dp
-// reduction per step and the activations of one micro-batch at a time.
+// reduced once after the last: the same loss and gradients as K = 1 up to rounding, dropout masks
+// included (every micro-batch draws the seeds of one forward of the whole batch, and masks are by
+// global row), with one dp reduction per step and the activations of one micro-batch at a time.
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                        GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
+// TP-invariant mode (the model's tp_invariant()): the K micro-batches' gradients and losses are added
+// in the fixed binary tree, and the synchroniser must be built with GradSyncOptions::tree_dp, so the
+// step is bitwise the same on every mesh with the same dp x K (docs/tp-invariance.md, "dp").
+// check_invariant_batch_split throws InvalidArgument unless dp and K are powers of two and the
+// global batch of `rows` splits into dp x K micro-batches of equal rows.
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum);
 
 // The training state a checkpoint holds as tensors: every parameter's piece, then its AdamW moments
 // ("optimizer.exp_avg.NAME", "optimizer.exp_avg_sq.NAME"; zeros before the first update, which is
