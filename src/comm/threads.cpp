@@ -29,6 +29,8 @@
 #include "meshgrad/comm/threads.hpp"
 
 #include <fmt/format.h>
+#include <fmt/ranges.h>
+#include <pthread.h>
 #include <linux/futex.h>
 #include <sched.h>
 #include <sys/syscall.h>
@@ -36,6 +38,7 @@
 
 #include <algorithm>
 #include <climits>
+#include <cstdlib>
 #include <cstring>
 #include <ctime>
 #include <list>
@@ -814,6 +817,48 @@ class ThreadsComm final : public detail::CommBase {
 
 }  // namespace
 
+PinRanks pin_ranks_from_env() {
+  const char* text = std::getenv("MESHGRAD_PIN_RANKS");
+  if (text == nullptr || *text == '\0') return PinRanks::Auto;
+  const std::string_view v(text);
+  if (v == "auto") return PinRanks::Auto;
+  if (v == "on" || v == "1" || v == "yes") return PinRanks::On;
+  if (v == "off" || v == "0" || v == "no") return PinRanks::Off;
+  throw InvalidArgument(fmt::format("MESHGRAD_PIN_RANKS must be auto, on or off, got '{}'", v));
+}
+
+std::vector<int> rank_cores(PinRanks pin, int world_size, int rank, const std::vector<int>& process_cores) {
+  if (pin == PinRanks::Off || process_cores.empty()) return {};
+  if (pin == PinRanks::Auto && world_size < static_cast<int>(process_cores.size())) return {};
+  return {process_cores[static_cast<std::size_t>(rank) % process_cores.size()]};
+}
+
+namespace {
+
+// The CPU ids this process may run on, ascending.
+std::vector<int> process_cores() {
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  std::vector<int> cores;
+  if (sched_getaffinity(0, sizeof(set), &set) != 0) return cores;
+  for (int c = 0; c < CPU_SETSIZE; ++c) {
+    if (CPU_ISSET(c, &set)) cores.push_back(c);
+  }
+  return cores;
+}
+
+// Pins the calling thread to `cores` (nothing when empty). Returns "" or what failed.
+std::string pin_this_thread(const std::vector<int>& cores) {
+  if (cores.empty()) return "";
+  cpu_set_t set;
+  CPU_ZERO(&set);
+  for (int c : cores) CPU_SET(c, &set);
+  const int rc = pthread_setaffinity_np(pthread_self(), sizeof(set), &set);
+  return rc == 0 ? "" : fmt::format("cannot pin to core {}: {}", fmt::join(cores, ","), std::strerror(rc));
+}
+
+}  // namespace
+
 void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>& fn, const ThreadsOptions& options) {
   MG_CHECK(world_size >= 1, "run_ranks: world_size must be >= 1, got {}", world_size);
   // Checked before the group's P x P mailboxes are allocated.
@@ -839,11 +884,18 @@ void run_ranks(int world_size, const std::function<void(const CommunicatorPtr&)>
   };
   std::vector<std::thread> threads;
   threads.reserve(static_cast<std::size_t>(world_size));
+  const std::vector<int> cores = process_cores();
   for (int r = 0; r < world_size; ++r) {
     try {
       threads.emplace_back([&, r] {
         trace::name_this_thread(fmt::format("rank {}", r), r * trace::kRankLaneStride);   // its lane in a trace
         try {
+          // Before the communicator: its progress thread inherits the rank's core.
+          const std::string pin_error = pin_this_thread(rank_cores(options.pin, world_size, r, cores));
+          if (!pin_error.empty() && options.pin == PinRanks::On) {
+            throw CommError(fmt::format("run_ranks: rank {}: {} (MESHGRAD_PIN_RANKS=on)", r, pin_error), "threads",
+                            "run_ranks", 0, r);
+          }
           {
             CommunicatorPtr comm = std::make_shared<ThreadsComm>(group, r, timeout, options.debug_checks);
             fn(comm);
