@@ -402,6 +402,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   const bool leader = mesh->rank() == 0;
   MG_CHECK(config.batch >= dp.size, "train: the global batch ({} rows) must have at least one row per dp replica "
            "(dp={})", config.batch, dp.size);
+  if (options.parallel.tp_invariant) check_invariant_batch_split(config.batch, dp.size, options.grad_accum);
 
   // Everything that can fail on a user's input fails before the first step: the data (only read),
   // then the outputs (a run must not train for hours and then find that --save cannot be written,
