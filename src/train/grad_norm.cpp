@@ -16,14 +16,29 @@ namespace meshgrad::train {
 
 namespace {
 
+// In float64 over kLanes independent partial sums (added pairwise at the end): one accumulator is a
+// chain of dependent adds, 4 cycles an element; independent lanes vectorise. The order differs from
+// a sequential sum only in float64 rounding (relative 1e-16 per term), far below float32 gradients'.
 double sum_of_squares(const Tensor& g) {
   const Tensor c = g.contiguous();
-  double s = 0;
+  constexpr std::int64_t kLanes = 16;
+  double lanes[kLanes] = {};
   dispatch_floating(c.dtype(), "global_grad_norm", [&]<class T>() {
     const T* p = c.data<T>();
-    for (std::int64_t i = 0; i < c.numel(); ++i) s += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+    const std::int64_t n = c.numel();
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (std::int64_t l = 0; l < kLanes; ++l) {
+        const double v = static_cast<double>(p[i + l]);
+        lanes[l] += v * v;
+      }
+    }
+    for (; i < n; ++i) lanes[i % kLanes] += static_cast<double>(p[i]) * static_cast<double>(p[i]);
   });
-  return s;
+  for (std::int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (std::int64_t l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
 }
 
 // An exact sum of non-negative finite doubles: bin e counts multiples of 2^(e - 1075) (e the biased
