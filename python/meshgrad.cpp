@@ -222,6 +222,8 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("keep", o.keep);
   k.get("sync_checkpoints", o.checkpoint_sync);
   k.get("resume", o.resume);
+  k.get("tp_invariant", o.parallel.tp_invariant);
+  k.get("invariant_blocks", o.parallel.invariant_blocks);
   k.finish();
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
@@ -415,7 +417,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False, regather=False, "
         "eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir='', save_every=0, keep=0, "
-        "sync_checkpoints=False, resume='', trace='') -> list of per-step "
+        "sync_checkpoints=False, resume='', trace='', tp_invariant=False, invariant_blocks=4) -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

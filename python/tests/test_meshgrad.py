@@ -34,6 +34,21 @@ def test_train_is_the_same_on_any_mesh():
         assert a["loss"] == pytest.approx(b["loss"], rel=1e-9)
 
 
+def test_train_tp_invariant_gives_the_same_bytes_on_any_mesh(tmp_path):
+    # --tp-invariant: tp=2 and dp=2 x tp=2 (with 2 micro-batches on the single rank) save the bytes of
+    # one rank; the normal mode does not (the low bits differ).
+    def saved(name, **kw):
+        path = tmp_path / name
+        steps = meshgrad.train(steps=3, layers=1, hidden=32, heads=4, seq=16, batch=4, dropout=0.1,
+                               save=str(path), **kw)
+        return [s["loss"] for s in steps], path.read_bytes()
+    one = saved("one.safetensors", mesh="tp=1", tp_invariant=True)
+    assert saved("tp2.safetensors", mesh="tp=2", tp_invariant=True) == one
+    accum = saved("accum.safetensors", mesh="tp=1", tp_invariant=True, grad_accum=2)
+    assert saved("dp2tp2.safetensors", mesh="dp=2,tp=2", tp_invariant=True) == accum
+    assert saved("normal.safetensors", mesh="tp=2")[1] != one[1]
+
+
 def test_train_takes_a_text_file(tmp_path):
     data = tmp_path / "text.txt"
     data.write_text("the quick brown fox jumps over the lazy dog. " * 20)
