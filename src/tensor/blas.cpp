@@ -6,12 +6,44 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <mutex>
+#include <string_view>
 #include <thread>
 
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::blas {
+
+namespace {
+
+// Kernel tables of OpenBLAS that use 512-bit vectors (names as openblas_get_corename() prints them).
+bool is_avx512_kernel(std::string_view core) {
+  return core == "SkylakeX" || core == "Cooperlake" || core == "SapphireRapids";
+}
+
+// The subset of AVX-512 that OpenBLAS's SkylakeX kernels execute.
+bool cpu_has_avx512() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+         __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+         __builtin_cpu_supports("avx512cd");
+}
+
+}  // namespace
+
+std::string kernel_core() { return openblas_get_corename(); }
+
+std::string kernel_description() {
+  const std::string core = kernel_core();
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced == nullptr || *forced == '\0') return fmt::format("OpenBLAS {} kernels (OpenBLAS's choice for this CPU)", core);
+  if (cpu_has_avx512() && !is_avx512_kernel(core))
+    return fmt::format("OpenBLAS {} kernels (OPENBLAS_CORETYPE={} in the environment; this CPU has AVX-512, which they do "
+                       "not use: unset it for up to twice the GEMM speed)",
+                       core, forced);
+  return fmt::format("OpenBLAS {} kernels (OPENBLAS_CORETYPE={} in the environment)", core, forced);
+}
 
 void set_num_threads(int n) { openblas_set_num_threads(std::max(1, n)); }
 int num_threads() { return openblas_get_num_threads(); }

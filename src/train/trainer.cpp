@@ -68,6 +68,7 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
                               const TokenDataset& data) {
   nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", data.source()}};
   for (const auto& [key, value] : o.provenance) h[key] = value;
+  h["blas_kernels"] = blas::kernel_core();   // the bits of a run depend on the GEMM kernels
   h["config"] = {{"model",
                   {{"layers", m.layers}, {"hidden", m.hidden}, {"ffn", m.ffn_size()}, {"heads", m.heads},
                    {"vocab", m.vocab}, {"positions", m.n_positions()}, {"seq", m.seq}, {"batch", m.batch},
@@ -491,7 +492,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.parallel.tp_invariant ? ", tp-invariant" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
-    fmt::print(stderr, "compute: {}\n", blas::thread_policy());   // set by whoever launched the ranks
+    fmt::print(stderr, "compute: {}; {}\n", blas::thread_policy(), blas::kernel_description());   // policy set by whoever launched the ranks
     if (resume) fmt::print(stderr, "resumed from {} (after step {})\n", options.resume_dir, first_step);
   }
   Progress progress(options.steps, first_step);

@@ -39,6 +39,15 @@ meshgrad_cli_test(check_tp_invariant_tp4_sp 0 "PASS: tp-invariant: losses, gradi
 meshgrad_cli_test(check_tp_invariant_refuses_tp3 1 "tp=3 cannot keep the fixed tree.*Degrees that work for this model: tp = 1, 2, 4"
                   ${mg} check --mesh tp=3 --tp-invariant --layers 1)
 
+# The banner names the GEMM kernels in use and why: OPENBLAS_CORETYPE from the environment (with a
+# warning when it forces AVX2 kernels on an AVX-512 CPU), or OpenBLAS's own choice.
+meshgrad_cli_test(blas_kernels_from_environment 0
+                  "compute: .*; OpenBLAS Haswell kernels \\(OPENBLAS_CORETYPE=Haswell in the environment"
+                  ${mg} train ${tiny})
+set_tests_properties(cli_blas_kernels_from_environment PROPERTIES ENVIRONMENT "OPENBLAS_CORETYPE=Haswell")
+meshgrad_cli_test(blas_kernels_openblas_choice 0 "compute: .*; OpenBLAS [A-Za-z]+ kernels \\(OpenBLAS's choice for this CPU\\)"
+                  ${CMAKE_COMMAND} -E env --unset=OPENBLAS_CORETYPE ${mg} train ${tiny})
+
 # Started by mpirun without --backend mpi: every process would run the whole job on its own.
 meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})
 set_tests_properties(cli_threads_under_mpi_launcher PROPERTIES ENVIRONMENT "OMPI_COMM_WORLD_SIZE=2")

@@ -1,7 +1,10 @@
 // Kernels: broadcasting arithmetic, reductions, matmul layouts, cat; random generation.
 #include <gtest/gtest.h>
 
+#include <cblas.h>
+
 #include <cmath>
+#include <cstdlib>
 
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/kernels.hpp"
@@ -232,6 +235,58 @@ TEST(Blas, ThreadCountCanBeSet) {
   EXPECT_EQ(blas::num_threads(), 1);
   blas::set_num_threads(before);
   EXPECT_GE(blas::available_cores(), 1);
+}
+
+// The banner line names the kernel table in use and why it is that one.
+TEST(Blas, KernelDescriptionNamesTheTableInUseAndItsCause) {
+  const std::string core = blas::kernel_core();
+  EXPECT_EQ(core, std::string(openblas_get_corename()));
+  const std::string d = blas::kernel_description();
+  EXPECT_EQ(d.rfind(fmt::format("OpenBLAS {} kernels (", core), 0), 0u) << d;
+  const char* forced = std::getenv("OPENBLAS_CORETYPE");
+  if (forced && *forced)
+    EXPECT_NE(d.find(fmt::format("OPENBLAS_CORETYPE={} in the environment", forced)), std::string::npos) << d;
+  else
+    EXPECT_NE(d.find("OpenBLAS's choice for this CPU"), std::string::npos) << d;
+}
+
+// Whatever table was chosen computes GEMMs right: every transpose combination, beta != 0, odd sizes
+// that leave edge tiles in every direction, against a double reference by the definition. float32
+// bound: |error| <= 4 K eps32 sum_p |a_ip b_pj| (the worst case of a K-term float sum, with room for
+// the kernel's FMA order); float64 the same with eps64.
+template <typename T>
+void check_gemm_against_definition(double eps) {
+  const std::int64_t m = 67, n = 45, k = 129;
+  std::uint64_t draw = 0;
+  const auto next = [&] { return static_cast<T>(random::normal(11, draw++)); };
+  for (bool ta : {false, true})
+    for (bool tb : {false, true}) {
+      std::vector<T> a(static_cast<std::size_t>(m * k)), b(static_cast<std::size_t>(k * n)),
+          c(static_cast<std::size_t>(m * n));
+      for (auto& x : a) x = next();
+      for (auto& x : b) x = next();
+      for (auto& x : c) x = next();
+      const std::vector<T> c0 = c;
+      // Stored layouts: A is [m, k] or, transposed, [k, m]; B is [k, n] or [n, k].
+      const auto A = [&](std::int64_t i, std::int64_t p) { return double(ta ? a[p * m + i] : a[i * k + p]); };
+      const auto B = [&](std::int64_t p, std::int64_t j) { return double(tb ? b[j * k + p] : b[p * n + j]); };
+      blas::gemm(ta, tb, m, n, k, T(1.5), a.data(), ta ? m : k, b.data(), tb ? k : n, T(-0.5), c.data(), n);
+      for (std::int64_t i = 0; i < m; ++i)
+        for (std::int64_t j = 0; j < n; ++j) {
+          double exact = -0.5 * double(c0[i * n + j]), scale = std::abs(exact);
+          for (std::int64_t p = 0; p < k; ++p) {
+            exact += 1.5 * A(i, p) * B(p, j);
+            scale += std::abs(1.5 * A(i, p) * B(p, j));
+          }
+          ASSERT_LE(std::abs(double(c[i * n + j]) - exact), 4.0 * k * eps * scale)
+              << blas::kernel_description() << " ta=" << ta << " tb=" << tb << " at (" << i << ", " << j << ")";
+        }
+    }
+}
+
+TEST(Blas, GemmMatchesTheDefinitionOnTheChosenKernels) {
+  check_gemm_against_definition<float>(0x1p-24);
+  check_gemm_against_definition<double>(0x1p-53);
 }
 
 TEST(Blas, ThreadsPerRankSharesTheCoresAndRestores) {

@@ -6,6 +6,14 @@
 
 namespace meshgrad::blas {
 
+// The OpenBLAS kernel table GEMMs run on (openblas_get_corename(), e.g. "Cooperlake"), and a line for
+// banners that names it and why: OpenBLAS's own choice for the CPU, or OPENBLAS_CORETYPE from the
+// environment, with a warning when that forces kernels narrower than the CPU's AVX-512 (the AVX2
+// "Haswell" table runs sgemm at about half the speed of the AVX-512 ones on such a CPU). The bits of
+// a GEMM depend on the table, so the metrics header records it.
+std::string kernel_core();
+std::string kernel_description();
+
 // Sets the number of threads OpenBLAS uses for each call. Process-wide: rank threads of the threads
 // backend share it, so whoever launches ranks sets it (see ThreadsPerRank).
 void set_num_threads(int n);
