@@ -7,10 +7,13 @@
 
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/iter.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 
 namespace meshgrad::kernels {
 
 namespace {
+
+using parallel::Slab;
 
 const char* binary_name(Binary op) {
   switch (op) {
@@ -101,12 +104,20 @@ void binary_dispatch(Binary op, T* out, const T* a, const T* b, const Shape& sha
       case Binary::Div: return binary_tiled_2d<T, Binary::Div>(out, a, b, shape[0], shape[1], so, sa, sb);
     }
   }
-  switch (op) {
-    case Binary::Add: return binary_rows<T, Binary::Add>(out, a, b, shape, so, sa, sb);
-    case Binary::Sub: return binary_rows<T, Binary::Sub>(out, a, b, shape, so, sa, sb);
-    case Binary::Mul: return binary_rows<T, Binary::Mul>(out, a, b, shape, so, sa, sb);
-    case Binary::Div: return binary_rows<T, Binary::Div>(out, a, b, shape, so, sa, sb);
-  }
+  // Rows in slabs over the rank's cores (elementwise: the bits do not depend on the split; out is
+  // never broadcast, so slabs write disjoint elements, also in place when out == a).
+  parallel::for_slabs(shape, [&](int dim, std::int64_t begin, std::int64_t end) {
+    const Slab slab(shape, dim, begin, end);
+    T* o = out + slab.offset(so);
+    const T* x = a + slab.offset(sa);
+    const T* y = b + slab.offset(sb);
+    switch (op) {
+      case Binary::Add: return binary_rows<T, Binary::Add>(o, x, y, slab.shape, so, sa, sb);
+      case Binary::Sub: return binary_rows<T, Binary::Sub>(o, x, y, slab.shape, so, sa, sb);
+      case Binary::Mul: return binary_rows<T, Binary::Mul>(o, x, y, slab.shape, so, sa, sb);
+      case Binary::Div: return binary_rows<T, Binary::Div>(o, x, y, slab.shape, so, sa, sb);
+    }
+  });
 }
 
 template <class T>

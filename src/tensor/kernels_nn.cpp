@@ -19,11 +19,14 @@
 
 #include "meshgrad/tensor/iter.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 #include "vec_math.hpp"
 
 namespace meshgrad::kernels {
 
 namespace {
+
+using parallel::Slab;
 
 using detail::exp_float;
 using detail::exp_fast;
@@ -38,18 +41,21 @@ T* base(const Tensor& t) {
 template <class T, class F>
 Tensor map_unary(const Tensor& a, F&& f) {
   Tensor out = Tensor::empty(a.shape(), a.dtype());
-  T* po = out.data<T>();
-  const T* pa = base<T>(a);
-  for_each_row<2>(a.shape(), {&out.strides(), &a.strides()},
-                  [&](const std::array<std::int64_t, 2>& off, std::int64_t n, const std::array<std::int64_t, 2>& st) {
-                    T* o = po + off[0];
-                    const T* x = pa + off[1];
-                    if (st[1] == 1) {
-                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
-                    } else {
-                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]]);
-                    }
-                  });
+  parallel::for_slabs(a.shape(), [&](int dim, std::int64_t begin, std::int64_t end) {
+    const Slab slab(a.shape(), dim, begin, end);
+    T* po = out.data<T>() + slab.offset(out.strides());
+    const T* pa = base<T>(a) + slab.offset(a.strides());
+    for_each_row<2>(slab.shape, {&out.strides(), &a.strides()},
+                    [&](const std::array<std::int64_t, 2>& off, std::int64_t n, const std::array<std::int64_t, 2>& st) {
+                      T* o = po + off[0];
+                      const T* x = pa + off[1];
+                      if (st[1] == 1) {
+                        for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i]);
+                      } else {
+                        for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]]);
+                      }
+                    });
+  });
   return out;
 }
 
@@ -57,20 +63,23 @@ Tensor map_unary(const Tensor& a, F&& f) {
 template <class T, class F>
 Tensor map_binary(const Tensor& a, const Tensor& b, F&& f) {
   Tensor out = Tensor::empty(a.shape(), a.dtype());
-  T* po = out.data<T>();
-  const T* pa = base<T>(a);
-  const T* pb = base<T>(b);
-  for_each_row<3>(a.shape(), {&out.strides(), &a.strides(), &b.strides()},
-                  [&](const std::array<std::int64_t, 3>& off, std::int64_t n, const std::array<std::int64_t, 3>& st) {
-                    T* o = po + off[0];
-                    const T* x = pa + off[1];
-                    const T* y = pb + off[2];
-                    if (st[1] == 1 && st[2] == 1) {
-                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
-                    } else {
-                      for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]], y[i * st[2]]);
-                    }
-                  });
+  parallel::for_slabs(a.shape(), [&](int dim, std::int64_t begin, std::int64_t end) {
+    const Slab slab(a.shape(), dim, begin, end);
+    T* po = out.data<T>() + slab.offset(out.strides());
+    const T* pa = base<T>(a) + slab.offset(a.strides());
+    const T* pb = base<T>(b) + slab.offset(b.strides());
+    for_each_row<3>(slab.shape, {&out.strides(), &a.strides(), &b.strides()},
+                    [&](const std::array<std::int64_t, 3>& off, std::int64_t n, const std::array<std::int64_t, 3>& st) {
+                      T* o = po + off[0];
+                      const T* x = pa + off[1];
+                      const T* y = pb + off[2];
+                      if (st[1] == 1 && st[2] == 1) {
+                        for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i], y[i]);
+                      } else {
+                        for (std::int64_t i = 0; i < n; ++i) o[i] = f(x[i * st[1]], y[i * st[2]]);
+                      }
+                    });
+  });
   return out;
 }
 

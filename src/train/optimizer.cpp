@@ -6,6 +6,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 #include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 
@@ -105,9 +106,16 @@ void AdamW::step() {
     p.value.bump_version();
     m_[i].bump_version();
     v_[i].bump_version();
+    // Elementwise, so split over the rank's cores without changing a bit (tensor/parallel.hpp).
     dispatch_floating(p.value.dtype(), "AdamW::step", [&]<class T>() {
-      adamw_update<T>(p.value.data<T>(), gc.data<T>(), m_[i].data<T>(), v_[i].data<T>(), p.value.numel(), options_,
-                      decay_factor, bias1, bias2);
+      T* pv = p.value.data<T>();
+      const T* pg = gc.data<T>();
+      T* pm = m_[i].data<T>();
+      T* pv2 = v_[i].data<T>();
+      const std::int64_t n = p.value.numel();
+      parallel::for_ranges(n, parallel::workers_for(n), [&](std::int64_t b, std::int64_t e) {
+        adamw_update<T>(pv + b, pg + b, pm + b, pv2 + b, e - b, options_, decay_factor, bias1, bias2);
+      });
     });
   }
 }

@@ -8,6 +8,7 @@
 
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 #include "meshgrad/tensor/random.hpp"
 
 using namespace meshgrad;
@@ -367,4 +368,69 @@ TEST(Kernels, CausalAttentionWithLongerKeysIsTheLastRowsOfTheFullPass) {
   // Keys shorter than the queries, or of another batch / head / width, are refused.
   EXPECT_THROW(kernels::causal_attention_forward(q, k.narrow(2, 0, 5), v.narrow(2, 0, 5), 0.35), InvalidArgument);
   EXPECT_THROW(kernels::causal_attention_forward(q.narrow(1, 0, 2), k, v, 0.35), InvalidArgument);
+}
+
+// ---- elementwise work split over a rank's cores (tensor/parallel.hpp) --------------------------------
+
+TEST(Parallel, ForRangesCoversEveryIndexOnceAndRethrows) {
+  for (int workers : {1, 2, 3, 7}) {
+    for (std::int64_t n : {0, 1, 5, 1000}) {
+      std::vector<int> hits(static_cast<std::size_t>(n), 0);
+      parallel::for_ranges(n, workers, [&](std::int64_t b, std::int64_t e) {
+        for (std::int64_t i = b; i < e; ++i) ++hits[static_cast<std::size_t>(i)];
+      });
+      for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)], 1) << "n " << n << " workers " << workers;
+    }
+  }
+  EXPECT_THROW(parallel::for_ranges(100, 3,
+                                    [](std::int64_t b, std::int64_t) {
+                                      if (b > 0) throw InvalidArgument("from a helper range");
+                                    }),
+               InvalidArgument);
+}
+
+namespace {
+bool same_bytes(const Tensor& a, const Tensor& b) {
+  const Tensor x = a.contiguous(), y = b.contiguous();
+  return x.shape() == y.shape() && x.dtype() == y.dtype() &&
+         std::memcmp(x.raw_data(), y.raw_data(), static_cast<std::size_t>(x.numel()) * dtype_size(x.dtype())) == 0;
+}
+
+// Runs f once on one thread and once on two, and returns both results.
+template <class F>
+std::pair<Tensor, Tensor> one_and_two_threads(F&& f) {
+  const int before = blas::num_threads();
+  blas::set_num_threads(1);
+  Tensor one = f();
+  blas::set_num_threads(2);
+  Tensor two = f();
+  blas::set_num_threads(before);
+  return {one, two};
+}
+}  // namespace
+
+// Splitting over threads changes no bit: GELU and its backward, binary ops with broadcasting, a
+// transposed operand, a leading dim of 1 (the split takes the next one) and in place; both dtypes.
+TEST(Parallel, ElementwiseKernelsGiveTheSameBytesOnOneAndTwoThreads) {
+  for (DType dt : {DType::Float32, DType::Float64}) {
+    const Tensor x = random::randn({1, 600, 700}, 1, dt);   // 420,000 elements: above kMinElements
+    const Tensor g = random::randn({1, 600, 700}, 2, dt);
+    const Tensor row = random::randn({700}, 3, dt);
+    const Tensor xt = random::randn({700, 600}, 4, dt).transpose(0, 1);
+    ASSERT_GE(x.numel(), parallel::kMinElements);
+    const auto check = [&](const char* what, auto&& f) {
+      auto [one, two] = one_and_two_threads(f);
+      EXPECT_TRUE(same_bytes(one, two)) << what << " " << dtype_name(dt);
+    };
+    check("gelu", [&] { return kernels::unary(kernels::Unary::Gelu, x); });
+    check("exp", [&] { return kernels::unary(kernels::Unary::Exp, x); });
+    check("gelu_backward", [&] { return kernels::gelu_backward(g, x); });
+    check("add row", [&] { return kernels::binary(Binary::Add, x, row); });
+    check("mul transposed", [&] { return kernels::binary(Binary::Mul, x.select(0, 0), xt); });
+    check("sub in place", [&] {
+      Tensor y = x.clone();
+      kernels::binary_(Binary::Sub, y, g);
+      return y;
+    });
+  }
 }

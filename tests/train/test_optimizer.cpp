@@ -4,6 +4,7 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
 #include <memory>
 #include <string>
 
@@ -11,6 +12,8 @@
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/grad_sync.hpp"
 #include "meshgrad/train/optimizer.hpp"
@@ -66,6 +69,34 @@ TEST(AdamW, TwoStepsMatchHandComputedUpdate) {
   // State: m = 0.9 * 0.1 g1 + 0.1 g2.
   EXPECT_NEAR(opt.exp_avg(0).at_flat(0), 0.09 * 0.5 + 0.1 * 0.1, 1e-15);
   EXPECT_FALSE(w.value.requires_grad() && w.value.grad_fn() != nullptr) << "the update must not record a graph";
+}
+
+// The update is split over the rank's cores when a parameter is large (tensor/parallel.hpp): one
+// and two threads must give the same bytes for parameters and both moments, over three steps.
+TEST(AdamW, LargeParametersUpdateToTheSameBytesOnOneAndTwoThreads) {
+  const std::int64_t n = 3 * parallel::kMinElements + 17;   // split, with uneven ranges
+  const auto run = [&](int threads) {
+    const int before = blas::num_threads();
+    blas::set_num_threads(threads);
+    nn::Parameter w;
+    w.name = "w.weight";
+    w.value = random::randn({n / 17, 17}, 5, DType::Float32);
+    w.value.set_requires_grad(true);
+    w.full_shape = w.value.shape();
+    AdamW opt({&w}, nullptr, AdamWOptions{0.01, 0.9, 0.95, 1e-8, 0.1});
+    for (std::uint64_t step = 0; step < 3; ++step) {
+      w.value.set_grad(random::randn(w.value.shape(), 100 + step, DType::Float32));
+      opt.step();
+    }
+    blas::set_num_threads(before);
+    return std::vector<Tensor>{w.value.detach().clone(), opt.exp_avg(0).clone(), opt.exp_avg_sq(0).clone()};
+  };
+  const std::vector<Tensor> one = run(1), two = run(2);
+  for (std::size_t k = 0; k < one.size(); ++k) {
+    ASSERT_EQ(one[k].numel(), two[k].numel());
+    EXPECT_EQ(std::memcmp(one[k].raw_data(), two[k].raw_data(), static_cast<std::size_t>(one[k].numel()) * sizeof(float)), 0)
+        << "tensor " << k << " (parameter, exp_avg, exp_avg_sq) differs between one and two threads";
+  }
 }
 
 TEST(AdamW, Float32MatchesFloat64WithinRounding) {
