@@ -10,8 +10,6 @@
 #include <unordered_map>
 #include <vector>
 
-#include <sys/mman.h>
-
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::memory {
@@ -19,23 +17,6 @@ namespace meshgrad::memory {
 namespace {
 
 constexpr std::size_t kAlign = 64;
-
-// Blocks of kHugeMin bytes and more are aligned to 2 MiB and advised as transparent huge pages (the
-// kernel's THP mode on Debian is "madvise": nothing is huge unless asked). Their first touch then
-// takes one fault per 2 MiB instead of one per 4 KiB page: a checkpoint load writing 1.5 GB into
-// fresh tensors spent as long in first-touch faults (clear_page) as in reading the disk. size_class()
-// makes every such block a multiple of 2 MiB (its step is bit_floor / 4 >= 2 MiB), as aligned_alloc
-// requires.
-constexpr std::size_t kHugePage = std::size_t{2} << 20, kHugeMin = std::size_t{8} << 20;
-
-void* allocate_block(std::size_t bytes) {
-  if (bytes < kHugeMin) return std::aligned_alloc(kAlign, bytes);
-  void* p = std::aligned_alloc(kHugePage, bytes);
-  // Advice only: where THP is off ("never") or the kernel lacks it, madvise fails and the block is
-  // ordinary pages, which is correct, just slower to fault in.
-  if (p != nullptr) static_cast<void>(::madvise(p, bytes, MADV_HUGEPAGE));
-  return p;
-}
 
 struct Cache {
   std::mutex mu;
@@ -110,10 +91,10 @@ void* allocate(std::size_t nbytes) {
     }
     ++c.misses;
   }
-  void* p = allocate_block(bytes);
+  void* p = std::aligned_alloc(kAlign, bytes);
   if (p == nullptr) {   // memory is short: give the cache back and try once more
     release_cached();
-    p = allocate_block(bytes);
+    p = std::aligned_alloc(kAlign, bytes);
     if (p == nullptr) throw std::bad_alloc();
   }
   std::lock_guard<std::mutex> lock(c.mu);

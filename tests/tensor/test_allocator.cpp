@@ -3,11 +3,7 @@
 // ThreadSanitizer in `make test-tsan`).
 #include <gtest/gtest.h>
 
-#include <cinttypes>
 #include <cstdint>
-#include <cstdio>
-#include <fstream>
-#include <string>
 #include <cstring>
 #include <optional>
 #include <thread>
@@ -33,39 +29,6 @@ TEST(Allocator, SizeClassesAreAlignedAndWasteAtMostAQuarter) {
       EXPECT_LE(c, n + n / 4) << n;
     }
   }
-}
-
-// Blocks of 8 MiB and more start on a 2 MiB boundary and are advised as transparent huge pages, so
-// that first-touching them (a checkpoint load into fresh tensors) faults once per 2 MiB. The advice is
-// read back from /proc/self/smaps where the kernel reports it (THPeligible, Linux 5.x+) and THP is
-// not switched off.
-TEST(Allocator, LargeBlocksAreHugePageAlignedAndAdvised) {
-  constexpr std::uintptr_t kHuge = std::uintptr_t{2} << 20;
-  Tensor big = Tensor::empty({9 << 18}, DType::Float32);   // 9 MiB
-  const auto addr = reinterpret_cast<std::uintptr_t>(big.raw_data());
-  EXPECT_EQ(addr % kHuge, 0u) << "a 9 MiB block at " << std::hex << addr;
-  Tensor small = Tensor::empty({1 << 18}, DType::Float32);   // 1 MiB: ordinary alignment is enough
-  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.raw_data()) % 64, 0u);
-
-  std::ifstream mode_file("/sys/kernel/mm/transparent_hugepage/enabled");
-  std::string mode;
-  std::getline(mode_file, mode);
-  if (mode.empty() || mode.find("[never]") != std::string::npos) GTEST_SKIP() << "THP is off here: '" << mode << "'";
-  std::ifstream smaps("/proc/self/smaps");
-  std::string line;
-  bool in_block = false, reported = false;
-  while (std::getline(smaps, line)) {
-    std::uintptr_t lo = 0, hi = 0;
-    if (std::sscanf(line.c_str(), "%" SCNxPTR "-%" SCNxPTR " ", &lo, &hi) == 2 && line.find(' ') > line.find('-')) {
-      in_block = lo <= addr && addr < hi;
-      continue;
-    }
-    if (in_block && line.rfind("THPeligible:", 0) == 0) {
-      reported = true;
-      EXPECT_NE(line.find('1'), std::string::npos) << "the block's mapping is not advised for huge pages: " << line;
-    }
-  }
-  if (!reported) GTEST_SKIP() << "this kernel's smaps does not report THPeligible";
 }
 
 TEST(Allocator, FreedTensorStorageIsReusedForTheSameSize) {
