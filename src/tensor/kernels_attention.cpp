@@ -15,13 +15,12 @@
 // thread is one of them): heads are independent, so results do not depend on the split.
 #include <algorithm>
 #include <cmath>
-#include <exception>
 #include <limits>
-#include <thread>
 #include <vector>
 
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/parallel.hpp"
 #include "vec_math.hpp"
 
 namespace meshgrad::kernels {
@@ -59,32 +58,14 @@ HeadMat<T> head(const Tensor& t, std::int64_t pair, std::int64_t heads) {
 constexpr std::int64_t kParallelWork = std::int64_t{1} << 17;
 
 // Runs work(pair) for pair in [0, pairs), split in contiguous ranges over up to
-// blas::num_threads() threads (one when total_work < kParallelWork). An exception in any worker is
-// rethrown on the caller's thread.
+// blas::num_threads() threads (one when total_work < kParallelWork) by parallel::for_ranges. An
+// exception in any worker is rethrown on the caller's thread.
 template <class Work>
 void for_each_pair(std::int64_t pairs, std::int64_t total_work, Work&& work) {
-  const std::int64_t available = total_work < kParallelWork ? 1 : std::max(1, blas::num_threads());
-  const std::int64_t workers = std::min<std::int64_t>(available, pairs);
-  if (workers <= 1) {
-    for (std::int64_t p = 0; p < pairs; ++p) work(p);
-    return;
-  }
-  std::vector<std::exception_ptr> errors(static_cast<std::size_t>(workers));
-  auto run = [&](std::int64_t w) {
-    try {
-      for (std::int64_t p = w * pairs / workers; p < (w + 1) * pairs / workers; ++p) work(p);
-    } catch (...) {
-      errors[static_cast<std::size_t>(w)] = std::current_exception();
-    }
-  };
-  std::vector<std::thread> threads;
-  threads.reserve(static_cast<std::size_t>(workers - 1));
-  for (std::int64_t w = 1; w < workers; ++w) threads.emplace_back(run, w);
-  run(0);
-  for (std::thread& t : threads) t.join();
-  for (const std::exception_ptr& e : errors) {
-    if (e) std::rethrow_exception(e);
-  }
+  const int workers = total_work < kParallelWork ? 1 : std::max(1, blas::num_threads());
+  parallel::for_ranges(pairs, workers, [&](std::int64_t begin, std::int64_t end) {
+    for (std::int64_t p = begin; p < end; ++p) work(p);
+  });
 }
 
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {

@@ -387,6 +387,14 @@ TEST(Parallel, ForRangesCoversEveryIndexOnceAndRethrows) {
       for (std::int64_t i = 0; i < n; ++i) ASSERT_EQ(hits[static_cast<std::size_t>(i)], 1) << "n " << n << " workers " << workers;
     }
   }
+  // The split is taken from the rank's thread count, and only from kMinElements up.
+  const int before = blas::num_threads();
+  blas::set_num_threads(2);
+  EXPECT_EQ(parallel::workers_for(parallel::kMinElements), 2);
+  EXPECT_EQ(parallel::workers_for(parallel::kMinElements - 1), 1);
+  blas::set_num_threads(1);
+  EXPECT_EQ(parallel::workers_for(parallel::kMinElements), 1);
+  blas::set_num_threads(before);
   EXPECT_THROW(parallel::for_ranges(100, 3,
                                     [](std::int64_t b, std::int64_t) {
                                       if (b > 0) throw InvalidArgument("from a helper range");

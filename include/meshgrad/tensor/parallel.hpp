@@ -6,9 +6,10 @@
 // core while OpenBLAS's second thread spins idle; with tp >= cores each rank has one thread and
 // nothing here starts a thread.
 //
-// Only for elementwise work: every output element is computed by the same code whichever thread
-// computes it, so the bits never depend on the split (tests compare 1 and 2 threads bytewise).
-// Reductions keep their own fixed order and are not split here.
+// Only for independent pieces of work (elements, attention's (batch, head) pairs): each output is
+// computed by the same code whichever thread computes it, so the bits never depend on the split
+// (tests compare 1 and 2 threads bytewise). Reductions keep their own fixed order and are not split
+// here.
 #pragma once
 
 #include <cstdint>
