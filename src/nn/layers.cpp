@@ -158,6 +158,11 @@ struct ColumnConfig {
   std::string label;
 };
 
+// True for a 2-D view whose elements are a row-major matrix of the transposed shape.
+bool is_transposed_matrix(const Tensor& w) {
+  return w.dim() == 2 && w.size(0) > 1 && w.size(1) > 1 && w.strides()[0] == 1 && w.strides()[1] == w.size(0);
+}
+
 class ColumnLinearFn final : public Function {
  public:
   ColumnLinearFn(ColumnConfig config, ParallelContextPtr ctx) : c_(std::move(config)), ctx_(std::move(ctx)) {}
@@ -208,7 +213,15 @@ class ColumnLinearFn final : public Function {
     Tensor dw, db;
     if (need_w_grad) {
       const Tensor x_full = regather ? keep_gathered(x_full_pending.wait()) : s[0];
-      dw = kernels::matmul(x_full.reshape({-1, in}).transpose(0, 1), dy_rows);
+      const Tensor x_rows = x_full.reshape({-1, in});
+      if (is_transposed_matrix(w)) {
+        // w is the transpose of a row-major [out_local, in] parameter (the tied LM head's wte^T):
+        // one GEMM computes the gradient in that parameter's layout, dW^T = dY^T X, so it reaches
+        // the parameter contiguous, with no [in, out_local] -> [out_local, in] transposed copy.
+        dw = kernels::matmul(dy_rows.transpose(0, 1), x_rows).transpose(0, 1);
+      } else {
+        dw = kernels::matmul(x_rows.transpose(0, 1), dy_rows);
+      }
     }
     if (needs_input_grad(2)) db = kernels::sum(dy_rows, {0}, false);
     if (dx_pending.valid()) {

@@ -3,6 +3,7 @@
 #include <gtest/gtest.h>
 
 #include "nn_test_util.hpp"
+#include "meshgrad/autograd/node.hpp"
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/distributed/dtensor.hpp"
@@ -214,6 +215,40 @@ TEST(ParallelLinear, RegatherSharesOneGatherBufferAcrossLayersAndSteps) {
           EXPECT_EQ(ctx->gather_buffers.size(), 0u);
         }
       }
+    });
+  }
+}
+
+// The tied LM head passes wte^T (a transposed view of a [V, C] leaf) as its weight. Its gradient
+// must be the plain linear's, and must reach the leaf already in the leaf's row-major layout (one
+// GEMM, dW^T = dY^T X), not as a transposed view that the accumulator would have to copy.
+TEST(ParallelLinear, TransposedWeightGradientArrivesInTheParametersLayout) {
+  const std::int64_t T = 5, B = 3, C = 7, V = 11;
+  const Tensor X = global_randn({T, B, C}, 3);
+  const Tensor G = global_randn({T, B, V}, 4);
+  const Tensor W = global_randn({V, C}, 5);
+  // Reference: y = X W^T with the transpose materialised (a contiguous [C, V] weight).
+  Tensor ref_wt = W.transpose(0, 1).contiguous();
+  ref_wt.set_requires_grad();
+  backward(sum(mul(matmul(X, ref_wt), G)));
+  const Tensor ref_grad = ref_wt.grad().transpose(0, 1).contiguous();   // [V, C]
+  for (int tp : {1, 2, 3}) {
+    run_on_mesh(tp, [&](const dist::DeviceMeshPtr& mesh) {
+      const auto ctx = nn::ParallelContext::on(mesh, {});
+      const ShardRange rows = shard_range(V, tp, ctx->tp.rank());
+      nn::ColumnParallelLinear head("head", C, V, {.bias = false, .owns_weight = false}, ctx, 1, DType::Float64);
+      Tensor wte = W.narrow(0, rows.offset, rows.size).contiguous();   // this rank's [V_local, C]
+      wte.set_requires_grad();
+      bool contiguous_at_leaf = false;
+      autograd::register_hook(wte, [&](const Tensor& g) {
+        contiguous_at_leaf = g.is_contiguous();
+        return Tensor();
+      });
+      const Tensor y = head.forward_with(X, T, transpose(wte, 0, 1), Tensor());   // [T, B, V_local]
+      backward(sum(mul(y, G.narrow(2, rows.offset, rows.size))));
+      EXPECT_TRUE(contiguous_at_leaf) << "tp " << tp << ": the gradient reached wte as a strided view";
+      ASSERT_TRUE(wte.grad().is_contiguous());
+      EXPECT_LT(max_abs_diff(wte.grad(), ref_grad.narrow(0, rows.offset, rows.size)), 1e-12) << "tp " << tp;
     });
   }
 }
