@@ -5,6 +5,8 @@
 
 #include <chrono>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -132,6 +134,49 @@ TEST(GradNorm, IsTheSingleRankNormOnEveryMeshAndClipsToTheLimit) {
   double after = 0;
   EXPECT_NEAR(norm_on({2, 2, true}, ref / 4, &after), ref, 1e-12 * ref);   // reports the norm before clipping
   EXPECT_NEAR(after, ref / 4, 1e-6 * ref);
+}
+
+// The exact norm (TP-invariant mode) of float32 gradients takes a fast path (integer sums of m^2
+// per float32 exponent). A float32 value's square is exact in float64, so the float64 path, which
+// adds every square to the exact accumulator one by one, must give the same bits on the same
+// values. The values span the whole float32 range (subnormals, zeros, 2^100), and long runs of
+// one exponent at the largest mantissa stress the per-exponent integer words; a second case adds
+// an infinity, which the norm must report.
+TEST(GradNorm, ExactNormOfFloat32GradientsIsBitwiseTheFloat64ExactSum) {
+  std::vector<double> values;
+  std::uint64_t state = 12345;
+  const auto next = [&] {
+    state = state * 6364136223846793005ULL + 1442695040888963407ULL;
+    return state >> 11;
+  };
+  for (int i = 0; i < 70000; ++i) {
+    const double mantissa = 1.0 + static_cast<double>(next() % (1u << 23)) / (1u << 23);
+    const int exponent = static_cast<int>(next() % 250) - 149;   // 2^-149 (subnormal) .. 2^100
+    values.push_back((next() % 2 ? -1.0 : 1.0) * static_cast<double>(static_cast<float>(std::ldexp(mantissa, exponent))));
+  }
+  for (int i = 0; i < 40000; ++i) values.push_back(static_cast<double>(std::nextafter(2.0f, 0.0f)));   // m = 2^24 - 1
+  for (int i = 0; i < 100; ++i) values.push_back(0.0);
+  const auto norm_of = [&](const std::vector<double>& v, DType dtype) {
+    double norm = 0;
+    run_mesh(1, 1, [&](const dist::DeviceMeshPtr& mesh) {
+      nn::Parameter p;
+      p.name = "p";
+      p.full_shape = {static_cast<std::int64_t>(v.size())};
+      p.placements = dist::Placements(static_cast<std::size_t>(mesh->ndim()), dist::Placement::replicate());
+      p.mesh = mesh;
+      p.value = Tensor::zeros(p.full_shape, dtype);
+      p.value.set_requires_grad();
+      p.value.set_grad(Tensor::from_values(v, p.full_shape, dtype));
+      norm = global_grad_norm({&p}, *mesh, /*exact=*/true);
+    });
+    return norm;
+  };
+  const double fast = norm_of(values, DType::Float32);
+  const double reference = norm_of(values, DType::Float64);
+  EXPECT_GT(fast, 1e29);
+  EXPECT_EQ(std::memcmp(&fast, &reference, sizeof(double)), 0) << fast << " vs " << reference;
+  values[777] = std::numeric_limits<double>::infinity();
+  EXPECT_TRUE(std::isinf(norm_of(values, DType::Float32)));
 }
 
 TrainOptions tiny_training(int steps);
