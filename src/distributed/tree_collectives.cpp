@@ -40,6 +40,10 @@ Tensor tree_all_reduce(const Tensor& root, const ProcessGroup& group) {
 PendingTensor tree_all_reduce_async(const Tensor& root, const ProcessGroup& group) {
   if (group.size() == 1) return PendingTensor::ready(root);
   check_group(group);
+  // Two roots: the tree is the single addition r0 + r1, which is what the backend's all-reduce
+  // computes by the comm contract (rank order, one addition per element, in the buffer's dtype):
+  // the same bits as gathering and adding, with half the traffic and the sum split over the ranks.
+  if (group.size() == 2) return all_reduce_async(root, group);
   const Tensor one = root.contiguous().view(with_leading_one(root.shape()));
   auto gathered = std::make_shared<PendingTensor>(
       all_gather_async(one, group, 0, std::vector<std::int64_t>(static_cast<std::size_t>(group.size()), 1)));
@@ -49,6 +53,8 @@ PendingTensor tree_all_reduce_async(const Tensor& root, const ProcessGroup& grou
 Tensor tree_reduce_scatter(const Tensor& root, const ProcessGroup& group) {
   if (group.size() == 1) return root;
   check_group(group);
+  // Two roots: r0 + r1 per element is the backend's reduce-scatter (see tree_all_reduce_async).
+  if (group.size() == 2) return reduce_scatter(root, group, 0, shard_sizes(root.size(0), 2));
   const Tensor one = root.contiguous().view(with_leading_one(root.shape()));
   const Tensor pieces =
       all_to_all(one, group, 1, 0, std::vector<std::int64_t>(static_cast<std::size_t>(group.size()), 1));

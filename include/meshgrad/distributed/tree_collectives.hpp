@@ -2,7 +2,9 @@
 // holds the root of its subtree, in rank order = tree order, and the collective combines the roots
 // in the same pairwise tree on every rank. Implemented as a gather of the roots followed by a local
 // tree sum (tp=2: r0 + r1; tp=4: (r0 + r1) + (r2 + r3)), not as the backend's all-reduce, whose
-// order (rank order: ((r0 + r1) + r2) + r3) is not the tree. The group size must be a power of two.
+// order (rank order: ((r0 + r1) + r2) + r3) is not the tree. Two ranks are the exception: there the
+// tree is the one addition r0 + r1, which the backend's all-reduce and reduce-scatter compute (comm
+// contract), so they are used. The group size must be a power of two.
 // A group of size 1 returns the root itself.
 #pragma once
 
