@@ -104,11 +104,14 @@ class InvariantColumnFn final : public autograd::Function {
     const std::int64_t in_f = w.size(0), n = w.size(1);
     const Tensor x2 = x_full.contiguous().view({-1, in_f});
     Tensor y = Tensor::empty({x2.size(0), n}, x.dtype());
+    // With a bias, y starts as the bias rows and each GEMM adds into it (the normal mode's linear
+    // does the same): the K = in features are never split over tp, so every rank computes the
+    // same GEMM per segment, and the bits are the same at every tp.
+    if (b.defined()) y.copy_from(b);
     for (const tree::Segment& s : plan_.segments) {
       Tensor ys = cols(y, s);
-      tree::gemm_into(ys, x2, cols(w, s), false);
+      tree::gemm_into(ys, x2, cols(w, s), b.defined());
     }
-    if (b.defined()) y = kernels::binary(kernels::Binary::Add, y, b);
     const bool keep_local = regather();
     save_for_backward({keep_local ? x : x2, w});
     x_shape_ = x.shape();
@@ -149,10 +152,21 @@ class InvariantColumnFn final : public autograd::Function {
     }
     if (needs_input_grad(1)) {
       const Tensor x2 = regather() ? gather(saved()[0]).contiguous().view({-1, in_f}) : saved()[0];
-      dw = Tensor::empty({in_f, n}, dy.dtype());
-      for (const tree::Segment& s : plan_.segments) {
-        Tensor ws = cols(dw, s);
-        tree::gemm_into(ws, x2.transpose(0, 1), cols(dy, s), false);
+      if (is_transposed_matrix(w)) {
+        // The tied LM head's wte^T: each segment's gradient is computed in wte's own row-major
+        // layout (dW^T[s, :] = dY[:, s]^T X), so it reaches wte with no transposed copy.
+        Tensor dwt = Tensor::empty({n, in_f}, dy.dtype());
+        for (const tree::Segment& s : plan_.segments) {
+          Tensor ws = dwt.narrow(0, s.local_offset, s.size);
+          tree::gemm_into(ws, cols(dy, s).transpose(0, 1), x2, false);
+        }
+        dw = dwt.transpose(0, 1);
+      } else {
+        dw = Tensor::empty({in_f, n}, dy.dtype());
+        for (const tree::Segment& s : plan_.segments) {
+          Tensor ws = cols(dw, s);
+          tree::gemm_into(ws, x2.transpose(0, 1), cols(dy, s), false);
+        }
       }
     }
     if (needs_input_grad(2)) {

@@ -158,11 +158,6 @@ struct ColumnConfig {
   std::string label;
 };
 
-// True for a 2-D view whose elements are a row-major matrix of the transposed shape.
-bool is_transposed_matrix(const Tensor& w) {
-  return w.dim() == 2 && w.size(0) > 1 && w.size(1) > 1 && w.strides()[0] == 1 && w.strides()[1] == w.size(0);
-}
-
 class ColumnLinearFn final : public Function {
  public:
   ColumnLinearFn(ColumnConfig config, ParallelContextPtr ctx) : c_(std::move(config)), ctx_(std::move(ctx)) {}
@@ -268,6 +263,10 @@ class ColumnLinearFn final : public Function {
 };
 
 }  // namespace
+
+bool is_transposed_matrix(const Tensor& w) {
+  return w.dim() == 2 && w.size(0) > 1 && w.size(1) > 1 && w.strides()[0] == 1 && w.strides()[1] == w.size(0);
+}
 
 ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t in, std::int64_t out,
                                            const Options& options, ParallelContextPtr ctx, std::uint64_t seed,

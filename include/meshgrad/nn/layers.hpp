@@ -85,6 +85,11 @@ const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
 Parameter make_parameter(const std::string& name, const Shape& full_shape, dist::Placements placements,
                          const ParallelContext& ctx, std::uint64_t seed, double std, double constant, DType dtype);
 
+// True when w is a 2-D view whose elements are a row-major matrix of the transposed shape (w = M^T
+// with M contiguous, like the tied LM head's wte^T). Column layers then compute the weight's
+// gradient directly in M's layout (dM = dY^T X, one GEMM), so it reaches M with no transposed copy.
+bool is_transposed_matrix(const Tensor& w);
+
 class ColumnParallelLinear {
  public:
   struct Options {
