@@ -288,6 +288,49 @@ class InvariantBiasFn final : public autograd::Function {
   tree::SplitPlan tokens_;
 };
 
+// ---- LayerNorm over token blocks ---------------------------------------------------------------
+// Inputs {x [T_l, B, C], w [C], b [C]}: the plain LayerNorm, row by row (no sum over rows in
+// forward or in dx); dw and db = the tree over the token blocks of each block's column sums
+// (kernels::layer_norm_backward's row blocks): the same blocks and tree at every tp, without
+// splitting x into blocks and concatenating the outputs.
+class InvariantLayerNormFn final : public autograd::Function {
+ public:
+  InvariantLayerNormFn(double eps, tree::SplitPlan tokens) : eps_(eps), tokens_(std::move(tokens)) {}
+  std::string_view name() const override { return "layer_norm (tp-invariant)"; }
+  TensorList forward(const TensorList& in) override {
+    const Tensor x = in[0].contiguous();
+    const Tensor& w = in[1];
+    const Tensor& b = in[2];
+    MG_CHECK(x.dim() == 3 && w.dim() == 1 && b.dim() == 1 && w.size(0) == x.size(2) && b.size(0) == x.size(2) &&
+                 w.dtype() == x.dtype() && b.dtype() == x.dtype(),
+             "layer_norm: input {} ({}) with weight {} and bias {}: expected [T, B, C] and [C] of one dtype",
+             shape_str(x.shape()), x.dtype(), shape_str(w.shape()), shape_str(b.shape()));
+    kernels::LayerNormForward f = kernels::layer_norm_forward(x, w.contiguous(), b.contiguous(), eps_);
+    save_for_backward({x, w.contiguous(), f.mean, f.rstd});
+    return {f.y};
+  }
+  TensorList backward(const TensorList& g) override {
+    const TensorList& s = saved();
+    const std::int64_t rows_per_token = s[0].size(1);
+    std::vector<std::int64_t> row_blocks;
+    for (const tree::Segment& seg : tokens_.segments) row_blocks.push_back(seg.size * rows_per_token);
+    const bool want_w = needs_input_grad(1), want_b = needs_input_grad(2);
+    kernels::LayerNormGrads grads =
+        kernels::layer_norm_backward(g[0], s[0], s[1], s[2], s[3], needs_input_grad(0), want_w, want_b, row_blocks);
+    return {grads.dx, want_w ? tree_over_rows(grads.dweight) : Tensor(), want_b ? tree_over_rows(grads.dbias) : Tensor()};
+  }
+
+ private:
+  // [blocks, C] -> the tree sum of the rows [C].
+  static Tensor tree_over_rows(const Tensor& per_block) {
+    std::vector<Tensor> leaves;
+    for (std::int64_t i = 0; i < per_block.size(0); ++i) leaves.push_back(per_block.select(0, i));
+    return tree::sum(leaves);
+  }
+  double eps_;
+  tree::SplitPlan tokens_;
+};
+
 std::vector<std::int64_t> segment_sizes(const tree::SplitPlan& plan) {
   std::vector<std::int64_t> sizes;
   for (const tree::Segment& s : plan.segments) sizes.push_back(s.size);
@@ -321,16 +364,11 @@ Tensor add_bias(const Tensor& y, const Tensor& bias, const ParallelContext& ctx,
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps, const ParallelContext& ctx,
                   std::int64_t seq) {
   const tree::SplitPlan tokens = token_plan(ctx, seq);
-  const int n = static_cast<int>(tokens.segments.size());
   MG_CHECK(x.dim() >= 1 && x.size(0) == tokens.segments.back().local_offset + tokens.segments.back().size,
            "layer_norm: input {} does not hold the {} tokens of its sequence shard", shape_str(x.shape()),
            tokens.segments.back().local_offset + tokens.segments.back().size);
-  const std::vector<Tensor> ws = dist::tree_fan_out(replicated_use(weight, ctx), n);
-  const std::vector<Tensor> bs = dist::tree_fan_out(replicated_use(bias, ctx), n);
-  const TensorList pieces = meshgrad::split(x, 0, segment_sizes(tokens));
-  TensorList outs;
-  for (int i = 0; i < n; ++i) outs.push_back(meshgrad::layer_norm(pieces[static_cast<std::size_t>(i)], ws[static_cast<std::size_t>(i)], bs[static_cast<std::size_t>(i)], eps));
-  return n == 1 ? outs.front() : meshgrad::cat(outs, 0);
+  return autograd::apply<InvariantLayerNormFn>({x, replicated_use(weight, ctx), replicated_use(bias, ctx)}, eps,
+                                               tokens)[0];
 }
 
 Tensor token_sum(const Tensor& x, const ParallelContext& ctx, std::int64_t seq) {

@@ -377,22 +377,37 @@ LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, co
 }
 
 LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool want_dx, bool want_dw, bool want_db) {
+                                   const Tensor& rstd, bool want_dx, bool want_dw, bool want_db,
+                                   const std::vector<std::int64_t>& row_blocks) {
   check_backward_pair(dy_in, x, "layer_norm backward", "input");
   Rows r = as_rows(x, "layer_norm backward");
   const Tensor dy = dy_in.contiguous();
   const std::int64_t cols = r.cols;
+  // Block b's rows end at block_end[b]; without row_blocks, one block of every row.
+  std::vector<std::int64_t> block_end;
+  for (const std::int64_t size : row_blocks) {
+    MG_CHECK(size >= 0, "layer_norm backward: row block of {} rows", size);
+    block_end.push_back((block_end.empty() ? 0 : block_end.back()) + size);
+  }
+  MG_CHECK(row_blocks.empty() || block_end.back() == r.rows, "layer_norm backward: row blocks cover {} rows, the "
+           "input {} has {}", row_blocks.empty() ? 0 : block_end.back(), shape_str(x.shape()), r.rows);
+  if (row_blocks.empty()) block_end.push_back(r.rows);
+  const auto blocks = static_cast<std::int64_t>(block_end.size());
   LayerNormGrads g;
   if (want_dx) g.dx = Tensor::empty(x.shape(), x.dtype());
-  // Column sums over rows, in row order (deterministic), in double.
-  std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(cols) : 0, 0.0);
-  std::vector<double> db_acc(want_db ? static_cast<std::size_t>(cols) : 0, 0.0);
+  // Column sums over each block's rows, in row order (deterministic), in double.
+  std::vector<double> dw_acc(want_dw ? static_cast<std::size_t>(blocks * cols) : 0, 0.0);
+  std::vector<double> db_acc(want_db ? static_cast<std::size_t>(blocks * cols) : 0, 0.0);
   dispatch_floating(x.dtype(), "layer_norm backward", [&]<class T>() {
     std::vector<T> xhat(static_cast<std::size_t>(cols)), gw(static_cast<std::size_t>(cols));
     const T* pw = weight.defined() ? weight.data<T>() : nullptr;
     const double* pm = mean.data<double>();
     const double* pr = rstd.data<double>();
+    std::int64_t block = 0;
     for (std::int64_t i = 0; i < r.rows; ++i) {
+      while (i >= block_end[static_cast<std::size_t>(block)]) ++block;
+      double* dw_row = want_dw ? dw_acc.data() + block * cols : nullptr;
+      double* db_row = want_db ? db_acc.data() + block * cols : nullptr;
       const T* row = r.packed.data<T>() + i * cols;
       const T* drow = dy.data<T>() + i * cols;
       const T mu = static_cast<T>(pm[i]), rs = static_cast<T>(pr[i]);
@@ -403,12 +418,10 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const T
         std::copy(drow, drow + cols, gw.begin());
       }
       if (want_dw) {
-        for (std::int64_t j = 0; j < cols; ++j) {
-          dw_acc[static_cast<std::size_t>(j)] += static_cast<double>(drow[j] * xhat[static_cast<std::size_t>(j)]);
-        }
+        for (std::int64_t j = 0; j < cols; ++j) dw_row[j] += static_cast<double>(drow[j] * xhat[static_cast<std::size_t>(j)]);
       }
       if (want_db) {
-        for (std::int64_t j = 0; j < cols; ++j) db_acc[static_cast<std::size_t>(j)] += static_cast<double>(drow[j]);
+        for (std::int64_t j = 0; j < cols; ++j) db_row[j] += static_cast<double>(drow[j]);
       }
       if (!want_dx) continue;
       const T* xh = xhat.data();
@@ -421,7 +434,7 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const T
       for (std::int64_t j = 0; j < cols; ++j) out[j] = rs * (gg[j] - mean_g - xh[j] * mean_gx);
     }
   });
-  const Shape col_shape{cols};
+  const Shape col_shape = row_blocks.empty() ? Shape{cols} : Shape{blocks, cols};
   if (want_dw) g.dweight = Tensor::from_values(dw_acc, col_shape, x.dtype());
   if (want_db) g.dbias = Tensor::from_values(db_acc, col_shape, x.dtype());
   return g;

@@ -447,3 +447,38 @@ TEST(Parallel, ElementwiseKernelsGiveTheSameBytesOnOneAndTwoThreads) {
     });
   }
 }
+
+// LayerNorm backward with row blocks (TP-invariant mode's weight gradients per token block): block
+// i's dweight and dbias rows are bitwise the column sums of that block's rows alone, dx is the
+// unblocked dx, empty blocks give zero rows, and blocks that do not cover the rows are refused.
+TEST(Kernels, LayerNormBackwardRowBlocksAreEachBlocksOwnColumnSums) {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    const std::int64_t rows = 12, cols = 9;
+    const Tensor x = random::randn({rows, cols}, 1, dtype);
+    const Tensor w = random::randn({cols}, 2, dtype);
+    const Tensor b = random::randn({cols}, 3, dtype);
+    const Tensor dy = random::randn({rows, cols}, 4, dtype);
+    const kernels::LayerNormForward f = kernels::layer_norm_forward(x, w, b, 1e-5);
+    const std::vector<std::int64_t> blocks{3, 0, 5, 4};
+    const kernels::LayerNormGrads blocked =
+        kernels::layer_norm_backward(dy, x, w, f.mean, f.rstd, true, true, true, blocks);
+    const kernels::LayerNormGrads whole = kernels::layer_norm_backward(dy, x, w, f.mean, f.rstd, true, true, true);
+    ASSERT_EQ(blocked.dweight.shape(), (Shape{4, cols}));
+    ASSERT_EQ(blocked.dbias.shape(), (Shape{4, cols}));
+    EXPECT_TRUE(same_bytes(blocked.dx, whole.dx));
+    std::int64_t start = 0;
+    for (std::size_t i = 0; i < blocks.size(); ++i) {
+      const std::int64_t n = blocks[i];
+      const kernels::LayerNormGrads one = kernels::layer_norm_backward(
+          dy.narrow(0, start, n), x.narrow(0, start, n), w, f.mean.narrow(0, start, n), f.rstd.narrow(0, start, n),
+          false, true, true);
+      EXPECT_TRUE(same_bytes(blocked.dweight.select(0, static_cast<std::int64_t>(i)).contiguous(), one.dweight))
+          << "block " << i;
+      EXPECT_TRUE(same_bytes(blocked.dbias.select(0, static_cast<std::int64_t>(i)).contiguous(), one.dbias))
+          << "block " << i;
+      start += n;
+    }
+    EXPECT_EQ(blocked.dbias.select(0, 1).to_vector(), std::vector<double>(cols, 0.0));
+    EXPECT_THROW(kernels::layer_norm_backward(dy, x, w, f.mean, f.rstd, true, true, true, {3, 5}), InvalidArgument);
+  }
+}

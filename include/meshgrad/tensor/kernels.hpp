@@ -85,11 +85,15 @@ LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const
 // With g = dy * weight (or dy) and xhat = (x - mean) * rstd per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,
 //   dbias = sum_rows dy (column sums in row order, in double). Unwanted results are undefined.
+// row_blocks (optional): the rows cut into consecutive blocks of these sizes (summing to the row
+// count); dweight and dbias are then [blocks, C], one column sum per block (each in row order, in
+// double), for a caller that adds the blocks in its own fixed tree (TP-invariant mode).
 struct LayerNormGrads {
   Tensor dx, dweight, dbias;
 };
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
-                                   const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias);
+                                   const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias,
+                                   const std::vector<std::int64_t>& row_blocks = {});
 
 // Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
 // [T, T] matrix is kept, tiles above the diagonal are skipped.
