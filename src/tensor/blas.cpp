@@ -13,6 +13,13 @@
 
 #include "meshgrad/tensor/error.hpp"
 
+// Parts of OpenBLAS's pthreads server outside cblas.h (exported by Debian's libopenblas0-pthread
+// 0.3.21). Weak: a build without them (the OpenMP or serial variants) leaves the idle wait as it is.
+extern "C" {
+void openblas_read_env(void) __attribute__((weak));
+int blas_thread_shutdown_(void) __attribute__((weak));
+}
+
 namespace meshgrad::blas {
 
 namespace {
@@ -60,9 +67,48 @@ std::mutex policy_m;
 std::string policy_text;   // set by the live ThreadsPerRank; empty outside one
 }  // namespace
 
+namespace {
+
+std::once_flag idle_wait_once;
+std::string idle_wait_text;   // for thread_policy(), set once
+
+// After a call, OpenBLAS's worker threads spin on sched_yield for 2^OPENBLAS_THREAD_TIMEOUT cycles
+// (default 2^28, about 0.1 s) before they sleep: between a rank's GEMMs, that is nearly always. When
+// the rank's cores have other work (the elementwise kernels split over the same cores, the comm
+// progress threads), the spinning takes cycles from it: at tp=1 on the nanoGPT shape, a fifth of
+// the perf samples were yields. Unless the user set the variable, meshgrad shortens the spin to
+// 2^kIdleSpinLog2 cycles (tens of microseconds: still enough to catch the next GEMM of the same
+// layer) and restarts OpenBLAS's thread pool so the workers read it: the pool re-creates itself at
+// the next call, the path OpenBLAS takes after fork(). Runs once, at the first launch, before any
+// rank runs a GEMM.
+constexpr int kIdleSpinLog2 = 18;
+
+void shorten_idle_spin() {
+  if (const char* user = std::getenv("OPENBLAS_THREAD_TIMEOUT")) {
+    idle_wait_text = fmt::format("idle BLAS threads spin 2^{} cycles (OPENBLAS_THREAD_TIMEOUT from the environment)", user);
+    return;
+  }
+  if (openblas_read_env == nullptr || blas_thread_shutdown_ == nullptr) {
+    idle_wait_text = "idle BLAS threads spin OpenBLAS's default 2^28 cycles (this OpenBLAS build cannot restart its pool)";
+    return;
+  }
+  setenv("OPENBLAS_THREAD_TIMEOUT", std::to_string(kIdleSpinLog2).c_str(), /*overwrite=*/0);
+  openblas_read_env();      // OpenBLAS versions that cache their environment
+  blas_thread_shutdown_();  // the workers come back at the next call with the new timeout
+  idle_wait_text = fmt::format("idle BLAS threads sleep after 2^{} cycles", kIdleSpinLog2);
+}
+
+}  // namespace
+
+std::string idle_wait_policy() {
+  std::call_once(idle_wait_once, shorten_idle_spin);
+  return idle_wait_text;
+}
+
 ThreadsPerRank::ThreadsPerRank(int ranks_on_node) {
   if (ranks_on_node < 1) throw InvalidArgument(fmt::format("blas::ThreadsPerRank: ranks_on_node must be >= 1, got {}",
                                                            ranks_on_node));
+  idle_wait_policy();
   const int cores = available_cores();
   threads_ = std::max(1, cores / ranks_on_node);
   previous_threads_ = num_threads();

@@ -492,7 +492,8 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.parallel.tp_invariant ? ", tp-invariant" : "",
                options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
-    fmt::print(stderr, "compute: {}; {}\n", blas::thread_policy(), blas::kernel_description());   // policy set by whoever launched the ranks
+    fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
+               blas::kernel_description());   // policy set by whoever launched the ranks
     if (resume) fmt::print(stderr, "resumed from {} (after step {})\n", options.resume_dir, first_step);
   }
   Progress progress(options.steps, first_step);

@@ -47,6 +47,12 @@ meshgrad_cli_test(blas_kernels_from_environment 0
 set_tests_properties(cli_blas_kernels_from_environment PROPERTIES ENVIRONMENT "OPENBLAS_CORETYPE=Haswell")
 meshgrad_cli_test(blas_kernels_openblas_choice 0 "compute: .*; OpenBLAS [A-Za-z]+ kernels \\(OpenBLAS's choice for this CPU\\)"
                   ${CMAKE_COMMAND} -E env --unset=OPENBLAS_CORETYPE ${mg} train ${tiny})
+# OpenBLAS's idle workers: meshgrad shortens their spin unless the user set OPENBLAS_THREAD_TIMEOUT.
+meshgrad_cli_test(blas_idle_wait_shortened 0 "compute: .*, idle BLAS threads sleep after 2\\^18 cycles; OpenBLAS"
+                  ${CMAKE_COMMAND} -E env --unset=OPENBLAS_THREAD_TIMEOUT ${mg} train ${tiny})
+meshgrad_cli_test(blas_idle_wait_from_environment 0
+                  "compute: .*, idle BLAS threads spin 2\\^25 cycles \\(OPENBLAS_THREAD_TIMEOUT from the environment\\)"
+                  ${CMAKE_COMMAND} -E env OPENBLAS_THREAD_TIMEOUT=25 ${mg} train ${tiny})
 
 # Started by mpirun without --backend mpi: every process would run the whole job on its own.
 meshgrad_cli_test(threads_under_mpi_launcher 1 "add `--backend mpi`" ${mg} train --mesh tp=2 ${tiny})

@@ -44,6 +44,12 @@ class ThreadsPerRank {
   std::string previous_policy_;
 };
 
+// How OpenBLAS's idle worker threads wait between calls, applied once per process (the first
+// ThreadsPerRank does it, before ranks start): unless OPENBLAS_THREAD_TIMEOUT is set, they spin
+// about 2^18 cycles instead of OpenBLAS's 2^28 and then sleep, so their spinning does not take
+// the cores from a rank's other work. Returns the line for banners.
+std::string idle_wait_policy();
+
 // The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 usable cores / 2 ranks on
 // this node)" inside a ThreadsPerRank, else "4 BLAS threads (no launch policy in effect)".
 std::string thread_policy();
