@@ -163,13 +163,7 @@ class Mlp {
   }
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
-    if (!ctx_->two_d) {
-      // c_fc without its bias, then bias and GELU fused (one pass each way instead of a GELU pass
-      // plus a column-sum pass over [T, B, ffn / tp] for the bias gradient). The bias gradient's
-      // sum runs over every row of the column layer's output, which no tp degree splits.
-      const Tensor pre = c_fc_->forward_with(x, seq, c_fc_->weight.value, Tensor());
-      return c_proj_->forward(bias_gelu(pre, c_fc_->bias.value));
-    }
+    if (!ctx_->two_d) return c_proj_->forward(gelu(c_fc_->forward(x, seq)));
     return dist::gather_from_region(grid_proj_->forward(gelu(grid_fc_->forward(x))), ctx_->row(), -1, hidden_);
   }
   void collect(std::vector<Parameter*>& out) {

@@ -315,11 +315,6 @@ const std::vector<Spec>& table() {
       // ---- pointwise nonlinearities ----------------------------------------------------------------
       {"relu", "relu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), relu); }},
       {"gelu", "gelu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), gelu); }},
-      {"bias_gelu", "bias_gelu",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), n = d.dim(1, 5);
-         return binary({d.normal({d.dim(1, 3), m, n}), d.normal({n})}, bias_gelu);
-       }},
       {"tanh", "tanh", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::tanh); }},
       {"exp", "exp", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::exp); }},
       {"log", "log", [](Draw& d) { return unary(d.positive({d.dim(1, 5), d.dim(1, 5)}), meshgrad::log); }},

@@ -37,22 +37,6 @@ class ReluFn final : public Function {
   TensorList backward(const TensorList& g) override { return {kernels::relu_backward(g[0], saved()[0])}; }
 };
 
-// bias_gelu: inputs {y [..., C], bias [C]} -> gelu(y + bias) in one pass; backward in one pass
-// (kernels::bias_gelu_backward): dy = g * gelu'(y + bias), dbias = column sums of dy. Saves y and
-// bias (not y + bias: it is recomputed).
-class BiasGeluFn final : public Function {
- public:
-  std::string_view name() const override { return "bias_gelu"; }
-  TensorList forward(const TensorList& x) override {
-    save_for_backward({x[0], x[1]});
-    return {kernels::bias_gelu(x[0], x[1])};
-  }
-  TensorList backward(const TensorList& g) override {
-    kernels::BiasGeluGrads grads = kernels::bias_gelu_backward(g[0], saved()[0], saved()[1], needs_input_grad(1));
-    return {needs_input_grad(0) ? grads.dy : Tensor(), grads.dbias};
-  }
-};
-
 // gelu (tanh approximation): dx = dy * gelu'(x), the exact derivative of that formula. Saves x.
 class GeluFn final : public Function {
  public:
@@ -361,7 +345,6 @@ class CausalAttentionFn final : public Function {
 
 Tensor relu(const Tensor& a) { return autograd::apply<ReluFn>({a})[0]; }
 Tensor gelu(const Tensor& a) { return autograd::apply<GeluFn>({a})[0]; }
-Tensor bias_gelu(const Tensor& y, const Tensor& bias) { return autograd::apply<BiasGeluFn>({y, bias})[0]; }
 Tensor tanh(const Tensor& a) { return autograd::apply<TanhFn>({a})[0]; }
 Tensor exp(const Tensor& a) { return autograd::apply<ExpFn>({a})[0]; }
 Tensor log(const Tensor& a) { return autograd::apply<LogFn>({a})[0]; }

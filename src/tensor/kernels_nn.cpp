@@ -192,68 +192,6 @@ Tensor relu_backward(const Tensor& grad, const Tensor& x) {
   });
 }
 
-namespace {
-// y as rows of bias's length, both packed; checks the pair.
-Rows bias_rows(const Tensor& y, const Tensor& bias, const char* op) {
-  Rows r = as_rows(y, op);
-  check_same_dtype(y, bias, op);
-  MG_CHECK(bias.dim() == 1 && bias.size(0) == r.cols, "{}: bias {} does not match the last dim of {} (expected [{}])",
-           op, shape_str(bias.shape()), shape_str(y.shape()), r.cols);
-  return r;
-}
-}  // namespace
-
-Tensor bias_gelu(const Tensor& y, const Tensor& bias) {
-  const Rows r = bias_rows(y, bias, "bias_gelu");
-  const Tensor b = bias.contiguous();
-  Tensor out = Tensor::empty(y.shape(), y.dtype());
-  dispatch_floating(y.dtype(), "bias_gelu", [&]<class T>() {
-    const T* py = r.packed.data<T>();
-    const T* pb = b.data<T>();
-    T* po = out.data<T>();
-    const std::int64_t cols = r.cols;
-    parallel::for_ranges(r.rows, parallel::workers_for(r.rows * cols), [&](std::int64_t i0, std::int64_t i1) {
-      for (std::int64_t i = i0; i < i1; ++i) {
-        const T* row = py + i * cols;
-        T* o = po + i * cols;
-        for (std::int64_t j = 0; j < cols; ++j) o[j] = gelu_value<T>(row[j] + pb[j]);
-      }
-    });
-  });
-  return out;
-}
-
-BiasGeluGrads bias_gelu_backward(const Tensor& grad, const Tensor& y, const Tensor& bias, bool want_dbias) {
-  check_backward_pair(grad, y, "bias_gelu backward", "input");
-  const Rows r = bias_rows(y, bias, "bias_gelu backward");
-  const Tensor g = grad.contiguous();
-  const Tensor b = bias.contiguous();
-  BiasGeluGrads out;
-  out.dy = Tensor::empty(y.shape(), y.dtype());
-  std::vector<double> acc(want_dbias ? static_cast<std::size_t>(r.cols) : 0, 0.0);
-  dispatch_floating(y.dtype(), "bias_gelu backward", [&]<class T>() {
-    const T* py = r.packed.data<T>();
-    const T* pg = g.data<T>();
-    const T* pb = b.data<T>();
-    T* pd = out.dy.data<T>();
-    const std::int64_t cols = r.cols, rows = r.rows;
-    // Columns [j0, j1) of every row, rows in order: each column's sum has one order whatever the split.
-    parallel::for_ranges(cols, parallel::workers_for(rows * cols), [&](std::int64_t j0, std::int64_t j1) {
-      for (std::int64_t i = 0; i < rows; ++i) {
-        const T* yr = py + i * cols;
-        const T* gr = pg + i * cols;
-        T* dr = pd + i * cols;
-        for (std::int64_t j = j0; j < j1; ++j) dr[j] = gr[j] * gelu_derivative<T>(yr[j] + pb[j]);
-        if (want_dbias) {
-          for (std::int64_t j = j0; j < j1; ++j) acc[static_cast<std::size_t>(j)] += static_cast<double>(dr[j]);
-        }
-      }
-    });
-  });
-  if (want_dbias) out.dbias = Tensor::from_values(acc, Shape{r.cols}, y.dtype());
-  return out;
-}
-
 Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   check_backward_pair(grad, x, "gelu_backward", "input");
   return dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>() {

@@ -482,32 +482,3 @@ TEST(Kernels, LayerNormBackwardRowBlocksAreEachBlocksOwnColumnSums) {
     EXPECT_THROW(kernels::layer_norm_backward(dy, x, w, f.mean, f.rstd, true, true, true, {3, 5}), InvalidArgument);
   }
 }
-
-// The fused bias + GELU of the MLP: forward bitwise gelu(y + bias) (the same formula on the same
-// rounded sum); backward bitwise gelu_backward(grad, y + bias), and dbias the row-order double
-// column sums of that; one and two threads give the same bytes (rows split in forward, columns in
-// backward); a bias of the wrong length is refused.
-TEST(Kernels, BiasGeluIsGeluOfTheSumAndItsBiasGradientTheColumnSums) {
-  for (DType dtype : {DType::Float32, DType::Float64}) {
-    const std::int64_t rows = 700, cols = 513;   // > kMinElements: both passes split
-    const Tensor y = random::randn({rows / 7, 7, cols}, 5, dtype, 0.0, 2.0);
-    const Tensor bias = random::randn({cols}, 6, dtype);
-    const Tensor grad = random::randn({rows / 7, 7, cols}, 7, dtype);
-    const Tensor sum = kernels::binary(Binary::Add, y, bias);
-    EXPECT_TRUE(same_bytes(kernels::bias_gelu(y, bias), kernels::unary(kernels::Unary::Gelu, sum)));
-    const kernels::BiasGeluGrads g = kernels::bias_gelu_backward(grad, y, bias, true);
-    const Tensor dy = kernels::gelu_backward(grad, sum);
-    EXPECT_TRUE(same_bytes(g.dy, dy));
-    std::vector<double> column(static_cast<std::size_t>(cols), 0.0);
-    const std::vector<double> d = dy.to_vector();
-    for (std::int64_t i = 0; i < rows; ++i) {
-      for (std::int64_t j = 0; j < cols; ++j) column[static_cast<std::size_t>(j)] += d[static_cast<std::size_t>(i * cols + j)];
-    }
-    EXPECT_TRUE(same_bytes(g.dbias, Tensor::from_values(column, {cols}, dtype)));
-    const auto [fwd1, fwd2] = one_and_two_threads([&] { return kernels::bias_gelu(y, bias); });
-    EXPECT_TRUE(same_bytes(fwd1, fwd2));
-    const auto [db1, db2] = one_and_two_threads([&] { return kernels::bias_gelu_backward(grad, y, bias, true).dbias; });
-    EXPECT_TRUE(same_bytes(db1, db2));
-    EXPECT_THROW(kernels::bias_gelu(y, random::randn({cols - 1}, 6, dtype)), InvalidArgument);
-  }
-}

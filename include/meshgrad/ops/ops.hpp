@@ -57,9 +57,6 @@ TensorList chunk(const Tensor& a, std::int64_t dim, int parts);
 Tensor relu(const Tensor& a);
 // GELU, tanh approximation as GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& a);
-// gelu(y + bias) for y [..., C] and bias [C], fused (one pass forward, one backward; the MLP's
-// c_fc output): the same values as gelu(add(y, bias)) up to the rounding of the sum.
-Tensor bias_gelu(const Tensor& y, const Tensor& bias);
 Tensor tanh(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);

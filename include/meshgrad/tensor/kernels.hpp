@@ -28,17 +28,6 @@ Tensor unary(Unary op, const Tensor& a);
 Tensor relu_backward(const Tensor& grad, const Tensor& x);
 Tensor gelu_backward(const Tensor& grad, const Tensor& x);   // tanh approximation (GPT-2)
 Tensor tanh_backward(const Tensor& grad, const Tensor& y);   // y = tanh(x)
-// The MLP's bias and GELU in one pass (y [..., C] from a GEMM without bias, bias [C]):
-//   out = gelu(y + bias)
-// and its backward in one pass over (grad, y): dy = grad * gelu'(y + bias), dbias = the column
-// sums of dy over the rows, in row order in double. The rows are split over the rank's cores in
-// forward and the columns in backward, so no result depends on the thread count. Nothing is saved
-// between the two but y (the sum y + bias is recomputed).
-Tensor bias_gelu(const Tensor& y, const Tensor& bias);
-struct BiasGeluGrads {
-  Tensor dy, dbias;
-};
-BiasGeluGrads bias_gelu_backward(const Tensor& grad, const Tensor& y, const Tensor& bias, bool want_dbias);
 
 // Sum over dims (empty = all dims). keepdim keeps reduced dims as size 1. Accumulates in the
 // tensor's dtype, in row-major order (deterministic).
