@@ -19,6 +19,7 @@
 #include <cstring>
 #include <string_view>
 #include <filesystem>
+#include <future>
 #include <map>
 #include <set>
 
@@ -857,31 +858,55 @@ void read_piece_into(CheckpointFiles& files, const ManifestTensor& t, const Mani
   const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
   if (!state) throw CheckpointError("checkpoint: cannot allocate an XXH3 state");
   XXH3_128bits_reset(state.get());
-  constexpr std::size_t kAlign = 4096, kBounce = 8u << 20;
+  static constexpr std::size_t kAlign = 4096, kBounce = 8u << 20;
   struct Free {
     void operator()(std::byte* b) const { std::free(b); }
   };
-  thread_local std::unique_ptr<std::byte, Free> bounce(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBounce)));
-  const int direct = bounce ? files.direct_fd(p.file) : -1;
+  // Two buffers: while one is hashed and copied out, the next span is already being read into the
+  // other (by a short-lived thread), so the disk is not idle during the copy, which writes fresh
+  // destination pages and costs about as much as the transfer.
+  thread_local std::unique_ptr<std::byte, Free> bounce[2] = {
+      std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBounce))),
+      std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBounce)))};
+  const int direct = bounce[0] && bounce[1] ? files.direct_fd(p.file) : -1;
   const std::uint64_t end = p.offset + bytes;
   std::uint64_t copied = 0;   // bytes of the piece in data (and hashed)
   if (direct >= 0) {
-    std::uint64_t pos = p.offset / kAlign * kAlign;
-    while (pos < end) {
+    // One O_DIRECT pread of the aligned span at pos into buf: bytes read, or -errno.
+    const auto read_span = [direct, end](std::byte* buf, std::uint64_t pos) -> ssize_t {
       const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(kBounce, (end - pos + kAlign - 1) / kAlign * kAlign));
-      const ssize_t r = ::pread(direct, bounce.get(), want, static_cast<off_t>(pos));
-      if (r < 0 && errno == EINTR) continue;
-      if (r < 0 && errno == EINVAL) {   // O_DIRECT accepted at open, not for I/O: buffered from here
+      for (;;) {
+        const ssize_t r = ::pread(direct, buf, want, static_cast<off_t>(pos));
+        if (r >= 0) return r;
+        if (errno != EINTR) return -errno;
+      }
+    };
+    std::uint64_t pos = p.offset / kAlign * kAlign;
+    int current = 0;
+    std::future<ssize_t> next = std::async(std::launch::deferred, read_span, bounce[0].get(), pos);
+    while (pos < end) {
+      const ssize_t r = next.get();
+      if (r == -EINVAL) {   // O_DIRECT accepted at open, not for I/O: buffered from here
         files.refuse_direct(p.file);
         break;
       }
-      if (r < 0) throw CheckpointError(fmt::format("checkpoint: reading '{}' at offset {} failed: {}", files.path(p.file), pos, errno_text(errno)));
+      if (r < 0) throw CheckpointError(fmt::format("checkpoint: reading '{}' at offset {} failed: {}", files.path(p.file), pos, errno_text(static_cast<int>(-r))));
       const std::uint64_t lo = std::max(pos, p.offset + copied), hi = std::min(pos + static_cast<std::uint64_t>(r), end);
       if (hi <= lo) throw CheckpointError(fmt::format("checkpoint: '{}' ends before offset {} (truncated)", files.path(p.file), lo));
-      XXH3_128bits_update(state.get(), bounce.get() + (lo - pos), hi - lo);
-      std::memcpy(data + (lo - p.offset), bounce.get() + (lo - pos), hi - lo);
+      const std::uint64_t next_pos = pos + static_cast<std::uint64_t>(r);
+      if (next_pos < end) {   // the other buffer's read runs while this one is copied out
+        try {
+          next = std::async(std::launch::async, read_span, bounce[1 - current].get(), next_pos);
+        } catch (const std::system_error&) {   // no thread to be had: read it when it is needed
+          next = std::async(std::launch::deferred, read_span, bounce[1 - current].get(), next_pos);
+        }
+      }
+      const std::byte* buf = bounce[current].get();
+      XXH3_128bits_update(state.get(), buf + (lo - pos), hi - lo);
+      std::memcpy(data + (lo - p.offset), buf + (lo - pos), hi - lo);
       copied = hi - p.offset;
-      pos += static_cast<std::uint64_t>(r);
+      pos = next_pos;
+      current = 1 - current;
     }
   }
   constexpr std::size_t kSlice = 1u << 20;
