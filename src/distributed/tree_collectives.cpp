@@ -111,26 +111,6 @@ class TreeReduceGradFn final : public autograd::Function {
   ProcessGroup group_;
 };
 
-class TreeFanOutFn final : public autograd::Function {
- public:
-  explicit TreeFanOutFn(int n) : n_(n) {}
-  std::string_view name() const override { return "tree_fan_out"; }
-  TensorList forward(const TensorList& x) override { return TensorList(static_cast<std::size_t>(n_), x[0]); }
-  TensorList backward(const TensorList& g) override {
-    std::vector<Tensor> leaves;
-    const Tensor* any = nullptr;
-    for (const Tensor& t : g) {
-      if (t.defined()) any = &t;
-    }
-    if (any == nullptr) return {Tensor()};
-    for (const Tensor& t : g) leaves.push_back(t.defined() ? t : Tensor::zeros(any->shape(), any->dtype()));
-    return {tree::sum(leaves)};
-  }
-
- private:
-  int n_;
-};
-
 }  // namespace
 
 Tensor tree_reduce_from_region(const Tensor& x, const ProcessGroup& group) {
@@ -144,12 +124,6 @@ Tensor tree_reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& grou
 Tensor tree_reduce_grad(const Tensor& x, const ProcessGroup& group) {
   if (group.size() == 1) return x;
   return autograd::apply<TreeReduceGradFn>({x}, group)[0];
-}
-
-std::vector<Tensor> tree_fan_out(const Tensor& x, int n) {
-  MG_CHECK(tree::is_power_of_two(n), "tree_fan_out: {} uses; the fixed tree needs a power of two", n);
-  if (n == 1) return {x};
-  return autograd::apply<TreeFanOutFn>({x}, n);
 }
 
 }  // namespace meshgrad::dist

@@ -1,5 +1,7 @@
 #include "meshgrad/nn/invariant.hpp"
 
+#include <cmath>
+
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
@@ -301,10 +303,12 @@ class InvariantLayerNormFn final : public autograd::Function {
     const Tensor x = in[0].contiguous();
     const Tensor& w = in[1];
     const Tensor& b = in[2];
-    MG_CHECK(x.dim() == 3 && w.dim() == 1 && b.dim() == 1 && w.size(0) == x.size(2) && b.size(0) == x.size(2) &&
+    MG_CHECK(w.defined() && b.defined() && x.dim() == 3 && w.dim() == 1 && b.dim() == 1 && w.size(0) == x.size(2) && b.size(0) == x.size(2) &&
                  w.dtype() == x.dtype() && b.dtype() == x.dtype(),
              "layer_norm: input {} ({}) with weight {} and bias {}: expected [T, B, C] and [C] of one dtype",
-             shape_str(x.shape()), x.dtype(), shape_str(w.shape()), shape_str(b.shape()));
+             shape_str(x.shape()), x.dtype(), w.defined() ? shape_str(w.shape()) : "none",
+             b.defined() ? shape_str(b.shape()) : "none");
+    MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps_);
     kernels::LayerNormForward f = kernels::layer_norm_forward(x, w.contiguous(), b.contiguous(), eps_);
     save_for_backward({x, w.contiguous(), f.mean, f.rstd});
     return {f.y};

@@ -70,7 +70,7 @@ std::string policy_text;   // set by the live ThreadsPerRank; empty outside one
 namespace {
 
 std::once_flag idle_wait_once;
-std::string idle_wait_text;   // for thread_policy(), set once
+std::string idle_wait_text;   // what idle_wait_policy() returns; set once
 
 // After a call, OpenBLAS's worker threads spin on sched_yield for 2^OPENBLAS_THREAD_TIMEOUT cycles
 // (default 2^28, about 0.1 s) before they sleep: between a rank's GEMMs, that is nearly always. When

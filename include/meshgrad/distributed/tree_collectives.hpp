@@ -34,9 +34,5 @@ Tensor tree_reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& grou
 // parallelism). forward: identity / backward: the gradient (this rank's subtree root) tree-all-reduced
 // over the group, so it leaves complete on the group's axes.
 Tensor tree_reduce_grad(const Tensor& x, const ProcessGroup& group);
-// n uses of one tensor whose n gradients are tree-summed (ops/tree_reduce.hpp), instead of being
-// accumulated one after the other: forward n identities / backward tree sum (an undefined gradient
-// counts as zeros). n a power of two.
-std::vector<Tensor> tree_fan_out(const Tensor& x, int n);
 
 }  // namespace meshgrad::dist
