@@ -490,10 +490,12 @@ struct CheckpointSaver::Job {
   bool done = false;
 };
 
-CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep)
+CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep, int files_per_rank)
     : root_(std::move(root)), mesh_(std::move(mesh)), keep_(keep) {
   MG_CHECK(mesh_ != nullptr, "checkpoint: no mesh");
   MG_CHECK(keep_ >= 0, "checkpoint: --keep must be >= 0 (0 keeps every checkpoint), got {}", keep_);
+  MG_CHECK(files_per_rank >= 0 && files_per_rank <= 64, "checkpoint: files per rank must be 0 (chosen from the cores) to 64, "
+           "got {}", files_per_rank);
   // Rank 0 prepares the root; the outcome is broadcast so every rank fails together.
   std::string problem;
   if (mesh_->rank() == 0) {
@@ -525,7 +527,8 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
   // Rank 0 decides so that every rank plans the same files.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
   std::int64_t decided[2] = {problem.empty() ? 0 : 1,
-                             std::clamp<std::int64_t>(static_cast<std::int64_t>(cores) / mesh_->size(), 1, 8)};
+                             files_per_rank > 0 ? files_per_rank
+                                                : std::clamp<std::int64_t>(static_cast<std::int64_t>(cores) / mesh_->size(), 1, 8)};
   mesh_->world()->broadcast(comm::MutableBuffer{decided, 2, DType::Int64}, 0);
   const std::int64_t failed = decided[0];
   files_per_rank_ = static_cast<int>(decided[1]);
@@ -592,6 +595,7 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
     snapshot_ = std::make_unique_for_overwrite<std::byte[]>(job->bytes);
     snapshot_capacity_ = job->bytes;
   }
+  std::uint64_t snapshot_used = 0;   // pieces lie back to back in the snapshot (p.offset is within p.file)
   for (std::size_t k : job->mine) {
     const PlannedPiece& p = job->plan[k];
     const StateTensor& t = tensors[p.tensor];
@@ -604,8 +608,9 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
         continue;
       const Tensor packed = local_view(t.local.detach(), lb).contiguous();
       if (async) {
-        std::memcpy(snapshot_.get() + p.offset, packed.raw_data(), p.bytes);
-        job->piece_data.push_back(snapshot_.get() + p.offset);
+        std::memcpy(snapshot_.get() + snapshot_used, packed.raw_data(), p.bytes);
+        job->piece_data.push_back(snapshot_.get() + snapshot_used);
+        snapshot_used += p.bytes;
       } else {
         job->piece_data.push_back(static_cast<const std::byte*>(packed.raw_data()));
         job->keep_alive.push_back(packed);

@@ -91,8 +91,10 @@ class CheckpointSaver {
   // Collective over the mesh (every rank constructs it, in the same order relative to other
   // collectives): creates root if needed, takes its lock (rank 0; refuses a root another run holds),
   // removes leftover temporaries, and splits a communicator for the saves. keep >= 1 keeps the newest
-  // `keep` checkpoints after each commit; 0 keeps all.
-  CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep);
+  // `keep` checkpoints after each commit; 0 keeps all. files_per_rank: how many files (each written
+  // and hashed by its own thread) every rank spreads its pieces over, 1 to 64; 0 lets rank 0 choose
+  // the cores each rank has to itself (hardware threads / ranks), 1 to 8.
+  CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep, int files_per_rank = 0);
   // Waits for a save in flight; its error, if any, is printed on stderr (call wait() to get it).
   ~CheckpointSaver();
   CheckpointSaver(const CheckpointSaver&) = delete;
@@ -117,7 +119,7 @@ class CheckpointSaver {
   std::string root_;
   dist::DeviceMeshPtr mesh_;
   int keep_;
-  int files_per_rank_ = 1;       // decided by rank 0 at construction (cores per rank, 1 to 8)
+  int files_per_rank_ = 1;       // given, or decided by rank 0 at construction (cores per rank, 1 to 8)
   comm::CommunicatorPtr comm_;   // the saves' own communicator (a split of the mesh's world)
   int lock_fd_ = -1;
   std::unique_ptr<Job> job_;
