@@ -53,15 +53,14 @@ std::string hex_of(const unsigned char* bytes, std::size_t n) {
   }
   return hex;
 }
+// An XXH3-128 digest in hex: what the manifest records per piece and every read checks. (The files'
+// SHA-256 is the content hash a user can check with sha256sum; a piece hash must be cheap enough to
+// compute on every save and every partial read.)
 std::string xxh3_hex(const XXH128_hash_t& h) {
   XXH128_canonical_t c;
   XXH128_canonicalFromHash(&c, h);
   return hex_of(c.digest, sizeof c.digest);
 }
-// The XXH3-128 of a piece's bytes: what the manifest records per piece and every read checks. (The
-// files' SHA-256 is the content hash a user can check with sha256sum; a piece hash must be cheap
-// enough to compute on every save and every partial read.)
-std::string xxh3_hex(const void* data, std::size_t n) { return xxh3_hex(XXH3_128bits(data, n)); }
 
 // ---- Boxes -------------------------------------------------------------------------------------------
 
@@ -140,6 +139,66 @@ void write_all(int fd, const std::byte* data, std::uint64_t n, const std::string
   }
 }
 
+// 8 MiB 4096-aligned staging buffers for O_DIRECT transfers, kept for the process's next save or
+// load. Why a pool: memory a process touches for the first time is expensive on some hosts (on the
+// paravirtualised VM these benchmarks ran on, a first write runs at 0.2-0.3 GB/s against ~17 GB/s
+// into the same pages again), and each file written or read takes two of these per save or load, in
+// threads that do not outlive it. Up to kKept buffers (64 MiB) stay; more are freed on release.
+class StagingPool {
+ public:
+  static constexpr std::size_t kAlign = 4096;
+  static constexpr std::size_t kBytes = 8u << 20;
+  static constexpr std::size_t kKept = 8;
+  struct Release {
+    void operator()(std::byte* b) const { StagingPool::instance().release(b); }
+  };
+  using Buffer = std::unique_ptr<std::byte, Release>;
+
+  static StagingPool& instance() {
+    // Never destroyed: a buffer may be released by a thread still running at exit (still reachable
+    // memory, not a leak report).
+    static StagingPool* pool = new StagingPool;
+    return *pool;
+  }
+  // Frees the buffers kept (those handed out come back and are kept again).
+  void release_kept() {
+    std::vector<std::byte*> kept;
+    {
+      std::lock_guard lock(m_);
+      kept.swap(free_);
+    }
+    for (std::byte* b : kept) std::free(b);
+  }
+  // A buffer of kBytes, or null when memory is exhausted.
+  Buffer acquire() {
+    {
+      std::lock_guard lock(m_);
+      if (!free_.empty()) {
+        std::byte* b = free_.back();
+        free_.pop_back();
+        return Buffer(b);
+      }
+    }
+    return Buffer(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBytes)));
+  }
+
+ private:
+  StagingPool() = default;
+  void release(std::byte* b) {
+    if (b == nullptr) return;
+    {
+      std::lock_guard lock(m_);
+      if (free_.size() < kKept) {
+        free_.push_back(b);
+        return;
+      }
+    }
+    std::free(b);
+  }
+  std::mutex m_;
+  std::vector<std::byte*> free_;
+};
+
 // Whether checkpoint files are written with O_DIRECT: MESHGRAD_CHECKPOINT_DIRECT=0 turns it off
 // (buffered writes + fsync, the same bytes); unset or 1 tries it.
 bool direct_writes_wanted() {
@@ -163,8 +222,8 @@ bool direct_writes_wanted() {
 // asks for buffered writes.
 class FileSink {
  public:
-  static constexpr std::size_t kAlign = 4096;
-  static constexpr std::size_t kStaging = 8u << 20;
+  static constexpr std::size_t kAlign = StagingPool::kAlign;
+  static constexpr std::size_t kStaging = StagingPool::kBytes;
   static constexpr std::size_t kSlice = 1u << 20;
 
   FileSink(std::string path, bool try_direct) : path_(std::move(path)) {
@@ -177,7 +236,7 @@ class FileSink {
     if (!direct_) fd_ = Fd(::open(path_.c_str(), flags, 0644));
     if (fd_.get() < 0) throw CheckpointError(fmt::format("checkpoint: cannot create '{}': {}", path_, errno_text(errno)));
     for (auto& b : buffers_) {
-      b.reset(static_cast<std::byte*>(std::aligned_alloc(kAlign, kStaging)));
+      b = StagingPool::instance().acquire();
       if (!b) throw CheckpointError(fmt::format("checkpoint: cannot allocate the {} MiB write buffers for '{}'", kStaging >> 20, path_));
     }
     io_ = std::thread([this] { io_loop(); });
@@ -283,9 +342,6 @@ class FileSink {
     }
   }
 
-  struct Free {
-    void operator()(std::byte* p) const { std::free(p); }
-  };
   struct Job {
     int buffer = 0;
     std::size_t bytes = 0;     // to write (rounded up to kAlign for the tail)
@@ -296,7 +352,7 @@ class FileSink {
   std::string path_;
   Fd fd_;
   bool direct_ = false;
-  std::unique_ptr<std::byte, Free> buffers_[2];
+  StagingPool::Buffer buffers_[2];
   int current_ = 0;              // the buffer being filled
   std::size_t fill_ = 0;         // bytes in it
   std::uint64_t queued_ = 0;     // content bytes handed to the I/O thread
@@ -796,6 +852,8 @@ void CheckpointSaver::run_job(Job& job) noexcept {
   job.done = true;
 }
 
+void release_staging_buffers() { StagingPool::instance().release_kept(); }
+
 // ---- Reading ---------------------------------------------------------------------------------------
 
 namespace {
@@ -851,91 +909,162 @@ bool same_box(const Box& a, const Box& b) {
          });
 }
 
-// Reads a saved piece's bytes into data and checks them against the manifest's hash.
+// One piece to read from a file: its bytes go to `target`, checked against the manifest's XXH3.
+struct PieceRead {
+  const ManifestTensor* tensor = nullptr;
+  const ManifestPiece* piece = nullptr;
+  std::byte* target = nullptr;
+};
+
+// Reads the pieces of one checkpoint file into their targets, checking each against its hash; the
+// pieces are sorted by offset here. Throws CheckpointError naming the file, the tensor and the offset
+// (a read error, a file that ends early, a hash mismatch) after any read in flight finished.
 //
-// With O_DIRECT where the filesystem allows it: the aligned span around the piece is read by DMA
-// into an 8 MiB 4096-aligned buffer per thread (reused, so its pages are resident) and copied out,
-// hashed while the slice is in the cache. Buffered reads through the page cache cost a kernel copy
-// from freshly allocated cache pages, and on this VM that was the load's bottleneck (0.3-0.6 GB/s
-// for a disk that reads at 1.2-2 GB/s). Elsewhere: buffered reads through a 1 MiB slice.
-void read_piece_into(CheckpointFiles& files, const ManifestTensor& t, const ManifestPiece& p, std::byte* data) {
-  const std::uint64_t bytes = p.bytes(t.dtype);
-  const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state(XXH3_createState(), XXH3_freeState);
-  if (!state) throw CheckpointError("checkpoint: cannot allocate an XXH3 state");
-  XXH3_128bits_reset(state.get());
-  static constexpr std::size_t kAlign = 4096, kBounce = 8u << 20;
-  struct Free {
-    void operator()(std::byte* b) const { std::free(b); }
+// With O_DIRECT where the filesystem allows it, the file is read as one stream: the byte ranges the
+// pieces need (rounded out to 4096, adjacent ones merged, so that a file read whole is read front to
+// back) go in spans of up to 8 MiB by DMA into two pooled aligned buffers, and while one span is
+// hashed and copied out to the pieces it holds, the next one is already being read. Streaming the
+// file rather than each piece on its own keeps the disk busy across the many small pieces of a
+// model (biases, LayerNorms, attention blocks of one or two spans): read piece by piece, the load ran
+// at half the speed of a plain read of the same files. Buffered reads through the page cache cost a
+// kernel copy into freshly allocated cache pages, which on the VM this was measured on were slower
+// than the disk. Elsewhere, or when the filesystem refuses O_DIRECT: buffered reads through a 1 MiB
+// slice, piece by piece.
+void read_file_pieces(CheckpointFiles& files, std::size_t file, std::vector<PieceRead>& pieces) {
+  std::sort(pieces.begin(), pieces.end(), [](const PieceRead& a, const PieceRead& b) { return a.piece->offset < b.piece->offset; });
+  const std::string path = files.path(file);
+  struct Progress {
+    std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> hash{XXH3_createState(), XXH3_freeState};
+    std::uint64_t begin = 0, end = 0, done = 0;   // the piece's bytes in the file; how many are in its target
   };
-  // Two buffers: while one is hashed and copied out, the next span is already being read into the
-  // other (by a short-lived thread), so the disk is not idle during the copy, which writes fresh
-  // destination pages and costs about as much as the transfer.
-  thread_local std::unique_ptr<std::byte, Free> bounce[2] = {
-      std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBounce))),
-      std::unique_ptr<std::byte, Free>(static_cast<std::byte*>(std::aligned_alloc(kAlign, kBounce)))};
-  const int direct = bounce[0] && bounce[1] ? files.direct_fd(p.file) : -1;
-  const std::uint64_t end = p.offset + bytes;
-  std::uint64_t copied = 0;   // bytes of the piece in data (and hashed)
+  std::vector<Progress> progress(pieces.size());
+  for (std::size_t i = 0; i < pieces.size(); ++i) {
+    if (!progress[i].hash) throw CheckpointError("checkpoint: cannot allocate an XXH3 state");
+    XXH3_128bits_reset(progress[i].hash.get());
+    progress[i].begin = pieces[i].piece->offset;
+    progress[i].end = progress[i].begin + pieces[i].piece->bytes(pieces[i].tensor->dtype);
+  }
+  // Feeds bytes [at, at + n) of the file, which lie inside piece i, to its hash and its target, in
+  // slices that stay in the core's cache between the two: the bytes come from memory once.
+  const auto feed = [&](std::size_t i, const std::byte* bytes, std::uint64_t at, std::uint64_t n) {
+    constexpr std::uint64_t kCached = 128u << 10;
+    Progress& pr = progress[i];
+    for (std::uint64_t off = 0; off < n; off += kCached) {
+      const std::size_t k = static_cast<std::size_t>(std::min(kCached, n - off));
+      XXH3_128bits_update(pr.hash.get(), bytes + off, k);
+      std::memcpy(pieces[i].target + (at - pr.begin) + off, bytes + off, k);
+    }
+    pr.done += n;
+  };
+  const auto check = [&](std::size_t i) {
+    if (xxh3_hex(XXH3_128bits_digest(progress[i].hash.get())) != pieces[i].piece->xxh3)
+      throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its hash (XXH3-128; the "
+                                        "file is corrupt)", pieces[i].tensor->name, box_str(pieces[i].piece->box), path,
+                                        pieces[i].piece->offset));
+  };
+
+  static constexpr std::uint64_t kAlign = StagingPool::kAlign, kSpan = StagingPool::kBytes;
+  const StagingPool::Buffer buffers[2] = {StagingPool::instance().acquire(), StagingPool::instance().acquire()};
+  const int direct = buffers[0] && buffers[1] ? files.direct_fd(file) : -1;
+  std::size_t first_open = 0;   // pieces before it are read and checked (they complete in offset order)
   if (direct >= 0) {
-    // One O_DIRECT pread of the aligned span at pos into buf: bytes read, or -errno.
-    const auto read_span = [direct, end](std::byte* buf, std::uint64_t pos) -> ssize_t {
-      const std::size_t want = static_cast<std::size_t>(std::min<std::uint64_t>(kBounce, (end - pos + kAlign - 1) / kAlign * kAlign));
-      for (;;) {
-        const ssize_t r = ::pread(direct, buf, want, static_cast<off_t>(pos));
-        if (r >= 0) return r;
-        if (errno != EINTR) return -errno;
+    // The spans: the pieces' ranges rounded out to kAlign, merged where they touch, cut at kSpan.
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> ranges;   // [lo, hi)
+    for (const Progress& pr : progress) {
+      const std::uint64_t lo = pr.begin / kAlign * kAlign, hi = (pr.end + kAlign - 1) / kAlign * kAlign;
+      if (!ranges.empty() && lo <= ranges.back().second) ranges.back().second = std::max(ranges.back().second, hi);
+      else ranges.emplace_back(lo, hi);
+    }
+    std::vector<std::pair<std::uint64_t, std::uint64_t>> spans;    // (position, length)
+    for (const auto& [lo, hi] : ranges) {
+      for (std::uint64_t pos = lo; pos < hi; pos += kSpan) spans.emplace_back(pos, std::min(kSpan, hi - pos));
+    }
+    // One O_DIRECT pread of a span into a buffer: the bytes read (short at the end of the file), or -errno.
+    const auto read_span = [direct](std::byte* buf, std::pair<std::uint64_t, std::uint64_t> span) -> ssize_t {
+      std::uint64_t got = 0;
+      while (got < span.second) {
+        const ssize_t r = ::pread(direct, buf + got, span.second - got, static_cast<off_t>(span.first + got));
+        if (r < 0 && errno == EINTR) continue;
+        if (r < 0) return got > 0 ? static_cast<ssize_t>(got) : -errno;
+        if (r == 0) break;
+        got += static_cast<std::uint64_t>(r);
       }
+      return static_cast<ssize_t>(got);
     };
-    std::uint64_t pos = p.offset / kAlign * kAlign;
     int current = 0;
-    std::future<ssize_t> next = std::async(std::launch::deferred, read_span, bounce[0].get(), pos);
-    while (pos < end) {
+    std::future<ssize_t> next;
+    if (!spans.empty()) next = std::async(std::launch::deferred, read_span, buffers[0].get(), spans[0]);
+    for (std::size_t k = 0; k < spans.size(); ++k) {
       const ssize_t r = next.get();
-      if (r == -EINVAL) {   // O_DIRECT accepted at open, not for I/O: buffered from here
-        files.refuse_direct(p.file);
+      if (r == -EINVAL) {   // O_DIRECT accepted at open, not for I/O: the rest buffered, below
+        files.refuse_direct(file);
         break;
       }
-      if (r < 0) throw CheckpointError(fmt::format("checkpoint: reading '{}' at offset {} failed: {}", files.path(p.file), pos, errno_text(static_cast<int>(-r))));
-      const std::uint64_t lo = std::max(pos, p.offset + copied), hi = std::min(pos + static_cast<std::uint64_t>(r), end);
-      if (hi <= lo) throw CheckpointError(fmt::format("checkpoint: '{}' ends before offset {} (truncated)", files.path(p.file), lo));
-      const std::uint64_t next_pos = pos + static_cast<std::uint64_t>(r);
-      if (next_pos < end) {   // the other buffer's read runs while this one is copied out
+      if (r < 0)
+        throw CheckpointError(fmt::format("checkpoint: reading '{}' at offset {} failed: {}", path, spans[k].first,
+                                          errno_text(static_cast<int>(-r))));
+      const std::uint64_t pos = spans[k].first, got_end = pos + static_cast<std::uint64_t>(r);
+      if (k + 1 < spans.size()) {   // the next span is read while this one is copied out
         try {
-          next = std::async(std::launch::async, read_span, bounce[1 - current].get(), next_pos);
+          next = std::async(std::launch::async, read_span, buffers[1 - current].get(), spans[k + 1]);
         } catch (const std::system_error&) {   // no thread to be had: read it when it is needed
-          next = std::async(std::launch::deferred, read_span, bounce[1 - current].get(), next_pos);
+          next = std::async(std::launch::deferred, read_span, buffers[1 - current].get(), spans[k + 1]);
         }
       }
-      const std::byte* buf = bounce[current].get();
-      XXH3_128bits_update(state.get(), buf + (lo - pos), hi - lo);
-      std::memcpy(data + (lo - p.offset), buf + (lo - pos), hi - lo);
-      copied = hi - p.offset;
-      pos = next_pos;
+      const std::byte* buf = buffers[current].get();
+      try {
+        for (std::size_t i = first_open; i < pieces.size() && progress[i].begin < got_end; ++i) {
+          Progress& pr = progress[i];
+          const std::uint64_t lo = std::max(pos, pr.begin + pr.done), hi = std::min(got_end, pr.end);
+          if (hi > lo) feed(i, buf + (lo - pos), lo, hi - lo);
+          if (pr.done == pr.end - pr.begin && i == first_open) {
+            check(i);
+            ++first_open;
+          }
+        }
+        if (got_end < pos + spans[k].second && first_open < pieces.size() && progress[first_open].begin < pos + spans[k].second)
+          throw CheckpointError(fmt::format("checkpoint: '{}' ends before offset {} (truncated)", path,
+                                            std::max(got_end, progress[first_open].begin + progress[first_open].done)));
+      } catch (...) {
+        if (next.valid()) next.wait();   // the read in flight writes a buffer this frame owns
+        throw;
+      }
       current = 1 - current;
     }
   }
+  // Buffered: whatever O_DIRECT did not read (everything when it is not used).
   constexpr std::size_t kSlice = 1u << 20;
   thread_local std::vector<std::byte> slice(kSlice);
-  const int fd = files.fd(p.file);
-  while (copied < bytes) {
-    const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(bytes - copied, kSlice));
-    read_exact(fd, slice.data(), k, p.offset + copied, files.path(p.file));
-    XXH3_128bits_update(state.get(), slice.data(), k);
-    std::memcpy(data + copied, slice.data(), k);
-    copied += k;
+  const int fd = files.fd(file);
+  for (std::size_t i = first_open; i < pieces.size(); ++i) {
+    Progress& pr = progress[i];
+    while (pr.begin + pr.done < pr.end) {
+      const std::uint64_t at = pr.begin + pr.done;
+      const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>(pr.end - at, kSlice));
+      read_exact(fd, slice.data(), k, at, path);
+      feed(i, slice.data(), at, k);
+    }
+    check(i);
   }
-  if (xxh3_hex(XXH3_128bits_digest(state.get())) != p.xxh3)
-    throw CheckpointError(fmt::format("checkpoint: tensor '{}' box {} in '{}' at offset {} fails its hash (XXH3-128; the "
-                                      "file is corrupt)", t.name, box_str(p.box), files.path(p.file), p.offset));
 }
 
 }  // namespace
 
-std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest, const std::vector<PieceRequest>& requests) {
+void read_pieces_into(const std::string& dir, const Manifest& manifest, const std::vector<PieceRequest>& requests,
+                      const std::vector<Tensor>& targets) {
+  MG_CHECK(targets.size() == requests.size(), "read_pieces_into: {} targets for {} requests", targets.size(), requests.size());
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const Tensor& t = targets[i];
+    MG_CHECK(t.defined() && t.is_contiguous() && t.shape() == requests[i].layout.local_shape && t.dtype() == requests[i].dtype,
+             "read_pieces_into: the target of '{}' is {}{}, but the request is a contiguous {} of shape {}", requests[i].name,
+             t.defined() ? t.str() : std::string("undefined"), t.defined() && !t.is_contiguous() ? " (not contiguous)" : "",
+             dtype_name(requests[i].dtype), shape_str(requests[i].layout.local_shape));
+  }
   CheckpointFiles files(dir, manifest);
   // 1. What to read: every saved piece that overlaps one of this rank's boxes, into the local tensor
   // itself when it is exactly the box (same mesh, or a replica), else into a piece-shaped tensor whose
-  // overlap is copied over after every read passed its check.
+  // overlap is copied over after every read passed its check. The local tensor is the target, or,
+  // when the checkpoint holds another floating dtype, a tensor of the saved one converted at the end.
   struct Read {
     const ManifestTensor* tensor;
     const ManifestPiece* piece;
@@ -946,7 +1075,8 @@ std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest
   std::vector<Read> reads;
   std::vector<Tensor> locals;
   locals.reserve(requests.size());
-  for (const PieceRequest& req : requests) {
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    const PieceRequest& req = requests[i];
     const ManifestTensor* t = manifest.find(req.name);
     if (t == nullptr) throw CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, req.name));
     if (t->shape != req.full_shape)
@@ -956,7 +1086,7 @@ std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest
     if (saved_int != wanted_int)
       throw CheckpointError(fmt::format("checkpoint '{}': tensor '{}' is {} but the model needs {}", dir, req.name,
                                         dtype_name(t->dtype), dtype_name(req.dtype)));
-    Tensor local = Tensor::empty(req.layout.local_shape, t->dtype);
+    Tensor local = t->dtype == req.dtype ? targets[i] : Tensor::empty(req.layout.local_shape, t->dtype);
     for (const LocalBox& lb : local_boxes(req.layout)) {
       if (box_volume(lb.box) == 0) continue;
       const Tensor dst_box = local_view(local, lb);
@@ -981,16 +1111,20 @@ std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest
     }
     locals.push_back(local);
   }
-  // 2. The reads, one thread per file in offset order (sequential streams the kernel reads ahead
-  // on; at tp=1 a rank reads all of a checkpoint's files at once), each piece checked against its
-  // XXH3 as it lands. The first error (in file order) is thrown after every thread finished.
-  std::map<std::size_t, std::vector<const Read*>> by_file;
-  for (const Read& r : reads) by_file[r.piece->file].push_back(&r);
+  // 2. The reads, one thread per file, each file read as one stream in offset order
+  // (read_file_pieces; at tp=1 a rank reads all of a checkpoint's files at once), each piece checked
+  // against its XXH3 as it lands. The first error (in file order) is thrown after every thread finished.
+  std::map<std::size_t, std::vector<PieceRead>> by_file;
+  for (const Read& r : reads) by_file[r.piece->file].push_back({r.tensor, r.piece, r.target});
+  // Every file opened and its size checked against the manifest before any target is written: a
+  // missing or truncated file leaves the targets as they were.
+  for (const auto& [file, list] : by_file) files.fd(file);
+  // The reads write through raw pointers: a graph that saved a target's values refuses to use them.
+  for (const Tensor& t : targets) t.bump_version();
   std::vector<std::exception_ptr> errors(by_file.size());
-  const auto read_file = [&](std::size_t slot, std::vector<const Read*>& list) {
+  const auto read_file = [&](std::size_t slot, std::size_t file, std::vector<PieceRead>& list) {
     try {
-      std::sort(list.begin(), list.end(), [](const Read* a, const Read* b) { return a->piece->offset < b->piece->offset; });
-      for (const Read* r : list) read_piece_into(files, *r->tensor, *r->piece, r->target);
+      read_file_pieces(files, file, list);
     } catch (...) {
       errors[slot] = std::current_exception();
     }
@@ -1000,28 +1134,34 @@ std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest
     std::size_t slot = 0;
     try {
       for (auto& [file, list] : by_file) {
-        if (slot > 0) readers.emplace_back(read_file, slot, std::ref(list));
+        if (slot > 0) readers.emplace_back(read_file, slot, file, std::ref(list));
         ++slot;
       }
     } catch (...) {   // no thread for this file (system limits): the started ones finish first
       for (std::thread& t : readers) t.join();
       throw;
     }
-    if (!by_file.empty()) read_file(0, by_file.begin()->second);
+    if (!by_file.empty()) read_file(0, by_file.begin()->first, by_file.begin()->second);
     for (std::thread& t : readers) t.join();
   }
   for (const std::exception_ptr& e : errors) {
     if (e) std::rethrow_exception(e);
   }
-  // 3. Overlaps of pieces that are not exactly this rank's boxes.
+  // 3. Overlaps of pieces that are not exactly this rank's boxes, then conversions of other dtypes.
   for (const Read& r : reads) {
     if (r.overlap_dst.defined()) Tensor(r.overlap_dst).copy_from(r.overlap_src);
   }
+  for (std::size_t i = 0; i < requests.size(); ++i) {
+    if (locals[i].dtype() != requests[i].dtype) Tensor(targets[i]).copy_from(locals[i].to(requests[i].dtype));
+  }
+}
+
+std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest, const std::vector<PieceRequest>& requests) {
+  // New tensors as the targets: whatever fails, the caller gets nothing, so nothing is half-loaded.
   std::vector<Tensor> out;
   out.reserve(requests.size());
-  for (std::size_t i = 0; i < requests.size(); ++i) {
-    out.push_back(locals[i].dtype() == requests[i].dtype ? locals[i] : locals[i].to(requests[i].dtype));
-  }
+  for (const PieceRequest& req : requests) out.push_back(Tensor::empty(req.layout.local_shape, req.dtype));
+  read_pieces_into(dir, manifest, requests, out);
   return out;
 }
 

@@ -139,6 +139,25 @@ void AdamW::load_state(std::int64_t steps, std::vector<Tensor> exp_avg, std::vec
   }
 }
 
+std::vector<Tensor> AdamW::materialize_moments() {
+  std::vector<Tensor> out(2 * params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    const nn::Parameter& p = *params_[i];
+    if (!m_[i].defined()) {
+      m_[i] = Tensor::zeros(p.value.shape(), p.value.dtype());
+      v_[i] = Tensor::zeros(p.value.shape(), p.value.dtype());
+    }
+    out[i] = m_[i];
+    out[params_.size() + i] = v_[i];
+  }
+  return out;
+}
+
+void AdamW::set_steps(std::int64_t steps) {
+  MG_CHECK(steps >= 0, "AdamW::set_steps: step count {} is negative", steps);
+  t_ = steps;
+}
+
 void AdamW::zero_grad() {
   for (nn::Parameter* p : params_) p->value.zero_grad();
 }

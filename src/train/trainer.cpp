@@ -191,10 +191,7 @@ std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*
   return out;
 }
 
-// Loads parameters, AdamW state and the random stream from checkpoint dir (any mesh: each rank reads
-// the pieces of its own layout). Everything is read and checked before anything changes. Returns the
-// number of steps the checkpoint was taken after.
-int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& opt) {
+int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& opt, StateLoad how) {
   const std::vector<nn::Parameter*> params = model.parameters();
   std::vector<PieceRequest> requests;
   for (const nn::Parameter* p : params) requests.push_back({p->name, p->full_shape, p->layout(), p->value.dtype()});
@@ -202,7 +199,7 @@ int load_training_state(const std::string& dir, const Manifest& manifest, nn::Mo
     for (const nn::Parameter* p : params)
       requests.push_back({fmt::format("optimizer.{}.{}", kind, p->name), p->full_shape, p->layout(), p->value.dtype()});
   }
-  const std::vector<Tensor> loaded = read_pieces(dir, manifest, requests);
+  // The scalars first: a checkpoint without them is refused before any tensor is read.
   const nlohmann::json& state = manifest.state;
   std::int64_t optimizer_steps = 0, step = 0;
   std::uint64_t random_state = 0;
@@ -215,12 +212,26 @@ int load_training_state(const std::string& dir, const Manifest& manifest, nn::Mo
   }
   MG_CHECK(step == manifest.step && step >= 0 && step <= INT32_MAX, "checkpoint '{}': state step {} differs from the manifest's {}",
            dir, step, manifest.step);
+  MG_CHECK(optimizer_steps >= 0, "checkpoint '{}': optimizer step count {} is negative", dir, optimizer_steps);
   const std::size_t n = params.size();
-  std::vector<Tensor> m(loaded.begin() + static_cast<std::ptrdiff_t>(n), loaded.begin() + static_cast<std::ptrdiff_t>(2 * n));
-  std::vector<Tensor> v(loaded.begin() + static_cast<std::ptrdiff_t>(2 * n), loaded.end());
-  opt.load_state(optimizer_steps, m, v);   // checks before it changes anything
   autograd::NoGradGuard no_grad;
-  for (std::size_t i = 0; i < n; ++i) params[i]->value.detach().copy_from(loaded[i]);
+  if (how == StateLoad::in_place) {
+    std::vector<Tensor> targets;
+    targets.reserve(3 * n);
+    for (const nn::Parameter* p : params) {
+      MG_CHECK(p->value.is_contiguous(), "load_training_state: parameter '{}' is not contiguous", p->name);
+      targets.push_back(p->value.detach());
+    }
+    for (Tensor& moment : opt.materialize_moments()) targets.push_back(std::move(moment));
+    read_pieces_into(dir, manifest, requests, targets);
+    opt.set_steps(optimizer_steps);
+  } else {
+    const std::vector<Tensor> loaded = read_pieces(dir, manifest, requests);
+    std::vector<Tensor> m(loaded.begin() + static_cast<std::ptrdiff_t>(n), loaded.begin() + static_cast<std::ptrdiff_t>(2 * n));
+    std::vector<Tensor> v(loaded.begin() + static_cast<std::ptrdiff_t>(2 * n), loaded.end());
+    opt.load_state(optimizer_steps, m, v);   // checks before it changes anything
+    for (std::size_t i = 0; i < n; ++i) params[i]->value.detach().copy_from(loaded[i]);
+  }
   model.set_random_state(random_state);
   return static_cast<int>(step);
 }
@@ -469,7 +480,9 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
 
   TrainResult result;
-  if (resume) result.first_step = load_training_state(options.resume_dir, *resume, *model, opt);
+  // In place: the model and optimizer were built for this resume, and an error stops the run before
+  // its first step, so a half-read state is never used.
+  if (resume) result.first_step = load_training_state(options.resume_dir, *resume, *model, opt, StateLoad::in_place);
   const int first_step = result.first_step;
   std::unique_ptr<CheckpointSaver> saver;
   if (!options.checkpoint_dir.empty()) saver = std::make_unique<CheckpointSaver>(options.checkpoint_dir, mesh, options.keep);

@@ -25,6 +25,7 @@
 #include "meshgrad/train/safetensors.hpp"
 #include "meshgrad/train/sample.hpp"
 #include "meshgrad/train/jobs.hpp"
+#include "meshgrad/train/optimizer.hpp"
 #include "meshgrad/train/resume.hpp"
 #include "meshgrad/train/trainer.hpp"
 
@@ -39,6 +40,18 @@ struct MeshSpec {
     return rows > 0 ? fmt::format("dp={},tp={}x{}", dp, rows, cols) : fmt::format("dp={},tp={}", dp, tp);
   }
 };
+
+// Flips the bits of `mask` in the byte at `offset` of a file, as a corrupt disk or a stray write would.
+void flip_byte(const fs::path& file, std::uint64_t offset, unsigned char mask) {
+  std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
+  ASSERT_TRUE(f) << "cannot open " << file;
+  f.seekg(static_cast<std::streamoff>(offset));
+  char c = 0;
+  ASSERT_TRUE(f.read(&c, 1)) << file << " has no byte at offset " << offset;
+  c = static_cast<char>(c ^ static_cast<char>(mask));
+  f.seekp(static_cast<std::streamoff>(offset));
+  ASSERT_TRUE(f.write(&c, 1)) << "cannot write " << file;
+}
 
 RunOnMesh on_threads(const MeshSpec& m) {
   return [m](const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
@@ -242,15 +255,7 @@ TEST_F(CheckpointStoreTest, CorruptionIsRefusedNamingTheFileAndTheTensor) {
   ASSERT_NE(t, nullptr);
   const ManifestPiece& p = t->pieces.at(0);
   const fs::path file = fs::path(ck) / m.files[p.file].name;
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    f.seekg(static_cast<std::streamoff>(p.offset + 5));
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x10);
-    f.seekp(static_cast<std::streamoff>(p.offset + 5));
-    f.write(&c, 1);
-  }
+  flip_byte(file, p.offset + 5, 0x10);
   try {
     verify_checkpoint(ck);
     ADD_FAILURE() << "verified a corrupt checkpoint";
@@ -267,6 +272,101 @@ TEST_F(CheckpointStoreTest, CorruptionIsRefusedNamingTheFileAndTheTensor) {
   } catch (const std::exception& e) {
     EXPECT_NE(std::string(e.what()).find("h.1.mlp.c_fc.weight"), std::string::npos) << e.what();
     EXPECT_NE(std::string(e.what()).find("fails its hash"), std::string::npos) << e.what();
+  }
+}
+
+// A rank's training state as bytes: every parameter and both moments (zeros when not created),
+// with the optimizer's step count and the model's random stream.
+std::string state_bytes(nn::Model& model, const AdamW& opt) {
+  std::string out = fmt::format("{}/{}/", opt.steps(), model.random_state());
+  for (const StateTensor& t : training_state_tensors(model.parameters(), opt)) {
+    const Tensor c = t.local.contiguous();
+    out += t.name;
+    out.append(static_cast<const char*>(c.raw_data()), static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype()));
+  }
+  return out;
+}
+
+// train --resume reads the checkpoint straight into the model's parameters and the optimizer's
+// moments (StateLoad::in_place); a load into a live model reads into new tensors first
+// (all_or_nothing). Both give the same state bit for bit, on the checkpoint's mesh and resharded.
+// A corrupt piece leaves an all-or-nothing load's model and optimizer exactly as they were; in place,
+// the same error names the tensor and the file. Errors found before reading (a tensor the checkpoint
+// lacks) change nothing in place either.
+TEST_F(CheckpointStoreTest, InPlaceAndAllOrNothingLoadsGiveTheSameStateAndRefuseTheSameCorruption) {
+  TrainOptions o = options(2);
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 2});
+  const std::string ck = list_checkpoints(path("ck")).back();
+  const Manifest good = read_manifest(ck);
+  const nn::ModelConfig config = checkpoint_model_config(good, ck);
+  const auto build = [&](const dist::DeviceMeshPtr& mesh, std::uint64_t seed) {
+    auto model = nn::make_model(config, {}, mesh, seed);
+    auto opt = std::make_unique<AdamW>(model->parameters(), mesh);
+    return std::make_pair(std::move(model), std::move(opt));
+  };
+  for (const MeshSpec& m : std::vector<MeshSpec>{{1, 2}, {1, 3}, {1, 1}}) {
+    SCOPED_TRACE("loaded on " + m.str());
+    on_threads(m)([&](const dist::DeviceMeshPtr& mesh) {
+      auto [a, opt_a] = build(mesh, 5);
+      auto [b, opt_b] = build(mesh, 6);
+      const std::string before = state_bytes(*b, *opt_b);
+      EXPECT_EQ(load_training_state(ck, good, *a, *opt_a, StateLoad::all_or_nothing), 2);
+      EXPECT_EQ(load_training_state(ck, good, *b, *opt_b, StateLoad::in_place), 2);
+      EXPECT_EQ(opt_b->steps(), 2);
+      EXPECT_TRUE(state_bytes(*a, *opt_a) == state_bytes(*b, *opt_b)) << "in place and all-or-nothing differ on rank " << mesh->rank();
+      EXPECT_FALSE(state_bytes(*b, *opt_b) == before);
+    });
+  }
+  // A tensor the checkpoint lacks: refused before anything is read, in place too.
+  Manifest lacking = good;
+  lacking.tensors.erase(std::find_if(lacking.tensors.begin(), lacking.tensors.end(),
+                                     [](const ManifestTensor& t) { return t.name == "optimizer.exp_avg_sq.ln_f.weight"; }));
+  on_threads({1, 2})([&](const dist::DeviceMeshPtr& mesh) {
+    auto [model, opt] = build(mesh, 5);
+    const std::string before = state_bytes(*model, *opt);
+    try {
+      load_training_state(ck, lacking, *model, *opt, StateLoad::in_place);
+      ADD_FAILURE() << "loaded a checkpoint without optimizer.exp_avg_sq.ln_f.weight";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("optimizer.exp_avg_sq.ln_f.weight"), std::string::npos) << e.what();
+    }
+    EXPECT_TRUE(state_bytes(*model, *opt) == before) << "the parameters changed although nothing was read";
+  });
+  // A flipped byte in the last piece of the first file.
+  const ManifestTensor* victim = nullptr;
+  const ManifestPiece* piece = nullptr;
+  for (const ManifestTensor& t : good.tensors) {
+    for (const ManifestPiece& p : t.pieces) {
+      if (p.file == 0 && (piece == nullptr || p.offset > piece->offset)) {
+        victim = &t;
+        piece = &p;
+      }
+    }
+  }
+  ASSERT_NE(piece, nullptr);
+  flip_byte(fs::path(ck) / good.files[0].name, piece->offset + piece->bytes(victim->dtype) - 1, 0x40);
+  for (const StateLoad how : {StateLoad::all_or_nothing, StateLoad::in_place}) {
+    on_threads({1, 2})([&](const dist::DeviceMeshPtr& mesh) {
+      auto [model, opt] = build(mesh, 5);
+      const std::string before = state_bytes(*model, *opt);
+      bool refused = false;
+      try {
+        load_training_state(ck, good, *model, *opt, how);
+      } catch (const CheckpointError& e) {
+        refused = true;
+        EXPECT_NE(std::string(e.what()).find("fails its hash"), std::string::npos) << e.what();
+        EXPECT_NE(std::string(e.what()).find(good.files[0].name), std::string::npos) << e.what();
+      }
+      // File 0 holds pieces rank 0 wrote, so rank 0 holds (and reads) the corrupt one on this mesh;
+      // rank 1 reads it only when it is a replicated piece. A refused all-or-nothing load changed nothing.
+      if (mesh->rank() == 0) {
+        EXPECT_TRUE(refused) << "rank 0 loaded a corrupt piece";
+      }
+      if (refused && how == StateLoad::all_or_nothing) {
+        EXPECT_TRUE(state_bytes(*model, *opt) == before) << "a refused all-or-nothing load changed the state";
+      }
+    });
   }
 }
 
@@ -469,16 +569,7 @@ TEST_F(CheckpointStoreTest, PiecesLargerThanTheReadBuffersRoundTripAndAreChecked
   EXPECT_EQ(std::memcmp(got[0].raw_data(), originals[1].raw_data(), static_cast<std::size_t>(sizes[1]) * 4), 0);
   const ManifestPiece& p = m.find("t1")->pieces.at(0);
   const fs::path file = fs::path(ck) / m.files[p.file].name;
-  {
-    std::fstream f(file, std::ios::in | std::ios::out | std::ios::binary);
-    const auto at = static_cast<std::streamoff>(p.offset + (std::uint64_t{17} << 20));   // the third 8 MiB span
-    f.seekg(at);
-    char c = 0;
-    f.read(&c, 1);
-    c = static_cast<char>(c ^ 0x01);
-    f.seekp(at);
-    f.write(&c, 1);
-  }
+  flip_byte(file, p.offset + (std::uint64_t{17} << 20), 0x01);   // the third 8 MiB span
   try {
     read_pieces(ck, m, request());
     ADD_FAILURE() << "read a corrupt piece";

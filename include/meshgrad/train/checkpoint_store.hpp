@@ -149,6 +149,22 @@ struct PieceRequest {
 std::vector<Tensor> read_pieces(const std::string& dir, const Manifest& manifest,
                                 const std::vector<PieceRequest>& requests);
 
+// The same reads straight into targets[i] (contiguous, of requests[i]'s local shape and dtype; a
+// checkpoint of another floating dtype is converted), so that a resume fills memory the model
+// already holds instead of new tensors plus a copy. Errors found from the manifest and the files'
+// sizes (a missing tensor, another shape or dtype, a missing or truncated file) are thrown before
+// any target is written. A hash mismatch or a read error found while reading is thrown after the
+// other reads finished, and the targets are then partly overwritten: use it for state the caller
+// drops when it throws (read_pieces when it must stay as it was). Bumps every target's version.
+void read_pieces_into(const std::string& dir, const Manifest& manifest, const std::vector<PieceRequest>& requests,
+                      const std::vector<Tensor>& targets);
+
+// Saves and loads stage O_DIRECT transfers through 8 MiB aligned buffers that the process keeps for
+// the next save or load (up to 64 MiB): memory a process touches for the first time is slow on
+// some hosts. This frees them (a job that saved its last checkpoint, or a benchmark that wants the
+// cost of a new process).
+void release_staging_buffers();
+
 // Checks every file of the checkpoint against its size and SHA-256 and every piece against its hash.
 // Throws CheckpointError naming the first bad file or tensor. Returns the bytes checked.
 std::uint64_t verify_checkpoint(const std::string& dir);

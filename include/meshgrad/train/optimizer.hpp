@@ -57,6 +57,13 @@ class AdamW {
   // shard, one per parameter in order, each of the parameter's shape and dtype; an undefined pair
   // means "no update yet", the same as zeros). Checks everything before changing anything.
   void load_state(std::int64_t steps, std::vector<Tensor> exp_avg, std::vector<Tensor> exp_avg_sq);
+  // For a resume that reads saved moments straight into the optimizer's memory (no second copy):
+  // creates the moments of every parameter that has none yet (zeros, what its first update starts
+  // from) and returns them, every parameter's exp_avg in order, then every exp_avg_sq, as handles
+  // on the optimizer's own storage: writing into them is writing the optimizer's state.
+  std::vector<Tensor> materialize_moments();
+  // Sets the number of updates taken (the t of the bias corrections), for a resume; >= 0.
+  void set_steps(std::int64_t steps);
 
  private:
   void check_gradients() const;
