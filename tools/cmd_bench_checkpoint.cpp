@@ -4,26 +4,30 @@
 // against a synchronous one. Prints one table.
 //
 // What each figure is (bytes = parameters + both AdamW moments, float32):
-//   disk write   one stream writing the same number of bytes, then fsync
-//   disk read    one stream reading them back after the page cache dropped them (posix_fadvise)
+//   disk write   one stream writing the same number of bytes, then fsync; and with O_DIRECT
+//   disk read    one stream reading them back after the page cache dropped them (posix_fadvise);
+//                and with O_DIRECT. Saves and loads are compared with the faster way each.
 //   save         a synchronous save: snapshot, every rank writing and hashing its file, fsync,
 //                manifest, rename (wall time of the slowest rank); the second of the process (the
-//                first also writes the snapshot buffer's fresh pages: MESHGRAD_BENCH_VERBOSE=1)
+//                first also writes the staging buffers' fresh pages: MESHGRAD_BENCH_VERBOSE=1)
 //   stall        how long an asynchronous save held training up (the in-memory snapshot; the second
 //                save of the run: the first one also faults in the snapshot buffer's pages)
-//   load         every rank reading and checking its pieces after the cache dropped the files, into
-//                new tensors, twice: the first load of the process writes memory it never touched
-//                before, the second (the files dropped from the cache again) reuses the first one's
-//                memory through the caching allocator, as a resume's moments and parameters reuse
-//                memory the model already holds. On a VM that backs guest memory lazily the first
-//                writes to fresh pages cost more than the disk: `fresh memory` is a memcpy into
-//                never-touched pages, measured in the same run, which bounds the first load.
+//   build        a resume's model and AdamW moments built in memory the process never touched (the
+//                saved model is freed and the allocator's cache emptied first), as in a new process
+//   load         train --resume's load after the page cache dropped the files: every rank reading
+//                and checking its pieces straight into that model and those moments (in place); the
+//                loaded state is checked against a fingerprint of the saved one
+//   new tensors  an all-or-nothing load of the same pieces into new tensors (fresh memory)
+// On a VM that backs guest memory lazily the first writes to fresh pages cost more than the disk:
+// `fresh memory` is a memcpy into never-touched pages, measured in the same run, which bounds the
+// build and the new-tensor load (a run from scratch builds the same model and moments).
 #include <fcntl.h>
 #include <sys/mman.h>
 #include <fmt/core.h>
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <cstdlib>
@@ -31,6 +35,7 @@
 #include <memory>
 #include <mutex>
 #include <vector>
+#include <thread>
 
 #include "command.hpp"
 #include "launch.hpp"
@@ -63,60 +68,161 @@ void drop_cache(const std::string& path) {
   ::close(fd);
 }
 
-// The disk's own speed for `bytes` through one stream, three ways: buffered write() + fsync (through
-// the page cache), O_DIRECT writes of 8 MiB from an aligned buffer (DMA, what the checkpoint writer
-// uses where the filesystem allows it), and a sequential read after the pages were dropped. A save
-// is compared with the faster of the two writes, so that choosing a write path cannot flatter it.
+// The disk's own speed through one stream, four ways: buffered write() + fsync (through the page
+// cache), O_DIRECT writes of 8 MiB from an aligned buffer (DMA, what the checkpoint writer uses where
+// the filesystem allows it), and reading the file back buffered (after its pages were dropped) and
+// with O_DIRECT (what the reader uses). A save or load is compared with the faster way, so that
+// choosing an I/O path cannot flatter it. Speeds in bytes per second; 0 where O_DIRECT is refused.
 struct DiskSpeed {
-  double buffered_write = 0, direct_write = 0, read = 0;   // bytes per second (direct 0: refused)
+  double buffered_write = 0, direct_write = 0, buffered_read = 0, direct_read = 0;
   double best_write() const { return std::max(buffered_write, direct_write); }
+  double best_read() const { return std::max(buffered_read, direct_read); }
+  // The faster of each figure: several probes taken between the measurements they stand for.
+  void keep_best(const DiskSpeed& o) {
+    buffered_write = std::max(buffered_write, o.buffered_write);
+    direct_write = std::max(direct_write, o.direct_write);
+    buffered_read = std::max(buffered_read, o.buffered_read);
+    direct_read = std::max(direct_read, o.direct_read);
+  }
 };
 
-DiskSpeed disk_speed(const std::string& dir, std::uint64_t bytes) {
-  const std::string path = (fs::path(dir) / "disk_probe.bin").string();
-  constexpr std::size_t kChunk = 8 << 20;
-  std::unique_ptr<char, decltype(&std::free)> chunk(static_cast<char*>(std::aligned_alloc(4096, kChunk)), &std::free);
-  MG_CHECK(chunk != nullptr, "bench checkpoint: cannot allocate the probe buffer");
-  for (std::size_t i = 0; i < kChunk; ++i) chunk.get()[i] = static_cast<char>((i * 2654435761u) >> 13);
-  DiskSpeed speed;
-  // Buffered + fsync, then direct (rounded up to whole chunks: same order of bytes).
-  for (const bool direct : {false, true}) {
-    fs::remove(path);
-    const int fd = ::open(path.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
-    if (fd < 0 && direct) continue;   // the filesystem refuses O_DIRECT: only the buffered figure
-    MG_CHECK(fd >= 0, "bench checkpoint: cannot create '{}'", path);
-    const Clock::time_point t0 = Clock::now();
-    bool ok = true;
-    std::uint64_t done = 0;
-    while (done < bytes && ok) {
-      const std::size_t n = direct ? kChunk : static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, bytes - done));
-      ok = ::pwrite(fd, chunk.get(), n, static_cast<off_t>(done)) == static_cast<ssize_t>(n);
-      done += n;
-    }
-    MG_CHECK(ok || direct, "bench checkpoint: writing '{}' failed", path);
-    MG_CHECK(::fsync(fd) == 0, "bench checkpoint: fsync of '{}' failed", path);
-    const double write_s = since(t0);
-    ::close(fd);
-    if (ok) (direct ? speed.direct_write : speed.buffered_write) = static_cast<double>(done) / write_s;
+class DiskProbe {
+ public:
+  static constexpr std::size_t kChunk = 8u << 20;
+  DiskProbe(const std::string& dir, std::uint64_t bytes)
+      : path_((fs::path(dir) / "disk_probe.bin").string()), bytes_(bytes),
+        chunk_(static_cast<char*>(std::aligned_alloc(4096, kChunk)), &std::free) {
+    MG_CHECK(chunk_ != nullptr, "bench checkpoint: cannot allocate the probe buffer");
+    for (std::size_t i = 0; i < kChunk; ++i) chunk_.get()[i] = static_cast<char>((i * 2654435761u) >> 13);
   }
-  drop_cache(path);
-  const int rfd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
-  MG_CHECK(rfd >= 0, "bench checkpoint: cannot open '{}'", path);
-  const Clock::time_point t1 = Clock::now();
-  std::uint64_t got = 0;
-  for (ssize_t r; (r = ::read(rfd, chunk.get(), kChunk)) > 0 && got < bytes;) got += static_cast<std::uint64_t>(r);
-  const double read_s = since(t1);
-  ::close(rfd);
-  fs::remove(path);
-  speed.read = static_cast<double>(bytes) / read_s;
-  return speed;
-}
+  ~DiskProbe() {
+    std::error_code ec;
+    fs::remove(path_, ec);
+  }
+  // Writes the bytes buffered + fsync, then with O_DIRECT (rounded up to whole chunks); the file stays
+  // for reads().
+  DiskSpeed writes() {
+    DiskSpeed speed;
+    for (const bool direct : {false, true}) {
+      fs::remove(path_);
+      const int fd = ::open(path_.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC | (direct ? O_DIRECT : 0), 0644);
+      if (fd < 0 && direct) continue;   // the filesystem refuses O_DIRECT: only the buffered figure
+      MG_CHECK(fd >= 0, "bench checkpoint: cannot create '{}'", path_);
+      const Clock::time_point t0 = Clock::now();
+      bool ok = true;
+      std::uint64_t done = 0;
+      while (done < bytes_ && ok) {
+        const std::size_t n = direct ? kChunk : static_cast<std::size_t>(std::min<std::uint64_t>(kChunk, bytes_ - done));
+        ok = ::pwrite(fd, chunk_.get(), n, static_cast<off_t>(done)) == static_cast<ssize_t>(n);
+        done += n;
+      }
+      MG_CHECK(ok || direct, "bench checkpoint: writing '{}' failed", path_);
+      MG_CHECK(::fsync(fd) == 0, "bench checkpoint: fsync of '{}' failed", path_);
+      const double write_s = since(t0);
+      ::close(fd);
+      if (ok) (direct ? speed.direct_write : speed.buffered_write) = static_cast<double>(done) / write_s;
+    }
+    written_ = true;
+    return speed;
+  }
+  // Reads the file writes() left, buffered after dropping its pages, then with O_DIRECT.
+  DiskSpeed reads() {
+    if (!written_) writes();
+    DiskSpeed speed;
+    for (const bool direct : {false, true}) {
+      drop_cache(path_);
+      const int fd = ::open(path_.c_str(), O_RDONLY | O_CLOEXEC | (direct ? O_DIRECT : 0));
+      if (fd < 0 && direct) continue;
+      MG_CHECK(fd >= 0, "bench checkpoint: cannot open '{}'", path_);
+      const Clock::time_point t0 = Clock::now();
+      std::uint64_t got = 0;
+      ssize_t r = 0;
+      while (got < bytes_ && (r = ::read(fd, chunk_.get(), kChunk)) > 0) got += static_cast<std::uint64_t>(r);
+      const double read_s = since(t0);
+      ::close(fd);
+      MG_CHECK(got >= bytes_ || (direct && r < 0), "bench checkpoint: reading '{}' back failed after {} bytes", path_, got);
+      if (got >= bytes_) (direct ? speed.direct_read : speed.buffered_read) = static_cast<double>(got) / read_s;
+    }
+    return speed;
+  }
+
+ private:
+  std::string path_;
+  std::uint64_t bytes_;
+  std::unique_ptr<char, decltype(&std::free)> chunk_;
+  bool written_ = false;
+};
 
 struct TpFigures {
-  double save_s = 0, stall_s = 0, async_total_s = 0, load_s = 0, reload_s = 0;
+  double save_s = 0, stall_s = 0, async_total_s = 0;
+  double build_s = 0, first_load_s = 0, load_s = 0, raw_read_s = 0, new_tensors_load_s = 0;
   std::uint64_t bytes = 0;
+  DiskSpeed disk;   // the best of the probes taken between this degree's saves and loads
 };
 
+// Reads the files of checkpoint dir with O_DIRECT, one stream per file, all at once (what the loader
+// does, without checking or placing anything): the disk's own speed for exactly those bytes.
+// Returns 0 when the filesystem refuses O_DIRECT.
+double raw_read_seconds(const std::string& dir) {
+  std::vector<std::string> paths;
+  for (const auto& e : fs::directory_iterator(dir)) {
+    if (e.path().extension() == ".bin") paths.push_back(e.path().string());
+  }
+  std::atomic<bool> refused{false};
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> readers;
+  for (const std::string& path : paths) {
+    readers.emplace_back([&refused, path] {
+      constexpr std::size_t kChunk = 8u << 20;
+      const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_DIRECT);
+      std::unique_ptr<char, decltype(&std::free)> buf(static_cast<char*>(std::aligned_alloc(4096, kChunk)), &std::free);
+      if (fd < 0 || !buf) {
+        refused = true;
+      } else {
+        for (std::uint64_t at = 0;;) {
+          const ssize_t r = ::pread(fd, buf.get(), kChunk, static_cast<off_t>(at));
+          if (r <= 0) {
+            refused = refused || r < 0;
+            break;
+          }
+          at += static_cast<std::uint64_t>(r);
+        }
+      }
+      if (fd >= 0) ::close(fd);
+    });
+  }
+  for (std::thread& t : readers) t.join();
+  return refused ? 0 : since(t0);
+}
+
+// An order-sensitive fingerprint of a rank's training state (its bytes as 64-bit words), to check
+// that a load brought back exactly what was saved.
+std::uint64_t fingerprint(const std::vector<train::StateTensor>& state) {
+  std::uint64_t h = 0;
+  for (const train::StateTensor& t : state) {
+    const Tensor c = t.local.contiguous();
+    const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
+    const std::size_t n = static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype());
+    for (std::size_t i = 0; i + 8 <= n; i += 8) {
+      std::uint64_t w;
+      std::memcpy(&w, bytes + i, 8);
+      h = (h ^ w) * 0x100000001b3ull + 0x9e3779b97f4a7c15ull;
+    }
+  }
+  return h;
+}
+
+// The bytes a checkpoint of `state` holds: every tensor once, whatever its placements.
+std::uint64_t checkpoint_bytes(const std::vector<train::StateTensor>& state) {
+  std::uint64_t n = 0;
+  for (const train::StateTensor& t : state) n += static_cast<std::uint64_t>(shape_numel(t.full_shape)) * dtype_size(t.local.dtype());
+  return n;
+}
+
+// One degree: saves and loads of a checkpoint written at tp, with disk probes (rank 0, the other
+// ranks waiting) between them. The figures of repeated measurements are the best of each, the
+// probes' too: a shared virtual disk's speed changes from one second to the next, and the best of
+// several tries on both sides is what the code and the disk can do.
 TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& root) {
   nn::ModelConfig cfg;
   cfg.kind = "gpt";
@@ -126,94 +232,161 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
   cfg.vocab = o.vocab;
   cfg.positions = o.positions;
   cfg.seq = 64;
+  constexpr int kRepeats = 3;
   TpFigures f;
   std::mutex mu;
+  const bool verbose = std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr;
   run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", tp}});
-    auto model = nn::make_model(cfg, {}, mesh, 1);
-    const std::vector<nn::Parameter*> params = model->parameters();
-    train::AdamW opt(params, mesh);
-    std::vector<Tensor> m, v;
-    for (const nn::Parameter* p : params) {
-      m.push_back(p->value.detach().clone());
-      v.push_back(p->value.detach().clone());
-    }
-    opt.load_state(1, m, v);
-    const std::vector<train::StateTensor> state = train::training_state_tensors(params, opt);
+    // The state a checkpoint at `step` holds besides the tensors (what load_training_state reads).
+    const auto info = [](std::int64_t step) {
+      return nlohmann::json{{"step", step}, {"optimizer_steps", 1}, {"random_state", 7}};
+    };
+    std::unique_ptr<DiskProbe> probe;   // rank 0's
+    DiskSpeed disk;
+    const auto probe_disk = [&](bool writes) {
+      world->barrier();
+      if (world->rank() == 0) disk.keep_best(writes ? probe->writes() : probe->reads());
+      world->barrier();
+    };
     train::CheckpointSaver saver(root, mesh, 0);
-    const nlohmann::json info{{"bench", true}};
+    double save_s = 1e30, stall_s = 0, async_total_s = 0;
+    std::uint64_t bytes = 0, saved_fingerprint = 0;
+    std::int64_t step = 0;
+    {
+      auto model = nn::make_model(cfg, {}, mesh, 1);
+      const std::vector<nn::Parameter*> params = model->parameters();
+      train::AdamW opt(params, mesh);
+      std::vector<Tensor> m, v;
+      for (const nn::Parameter* p : params) {
+        m.push_back(p->value.detach().clone());
+        v.push_back(p->value.detach().clone());
+      }
+      opt.load_state(1, m, v);
+      const std::vector<train::StateTensor> state = train::training_state_tensors(params, opt);
+      saved_fingerprint = fingerprint(state);
+      if (world->rank() == 0) probe = std::make_unique<DiskProbe>(fs::path(root).parent_path().string(), checkpoint_bytes(state));
 
-    // Two synchronous saves: the first also writes the snapshot buffer's fresh pages (once per
-    // process); the second is what every later save costs, and is the one in the table.
-    world->barrier();
-    Clock::time_point t0 = Clock::now();
-    const train::SaveTimes first_times = saver.save(1, state, info, /*async=*/false);
-    world->barrier();
-    const double first_save_s = since(t0);
-    if (std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr)
-      fmt::print(stderr, "tp={} rank {}: first save: snapshot {:.2f} s, write+hash {:.2f} s, commit {:.2f} s, save {:.2f} s\n",
-                 tp, world->rank(), first_times.snapshot_s, first_times.write_s, first_times.commit_s, first_save_s);
-    world->barrier();
-    t0 = Clock::now();
-    const train::SaveTimes sync_times = saver.save(2, state, info, /*async=*/false);
-    world->barrier();
-    const double save_s = since(t0);
-    if (std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr)
-      fmt::print(stderr, "tp={} rank {}: snapshot {:.2f} s, write+hash {:.2f} s, commit {:.2f} s, save {:.2f} s\n", tp, world->rank(), sync_times.snapshot_s, sync_times.write_s, sync_times.commit_s, save_s);
+      // Synchronous saves: the first also writes the staging buffers' fresh pages (once per process);
+      // then kRepeats, each right after a write probe.
+      const auto sync_save = [&](const char* which) {
+        world->barrier();
+        const Clock::time_point t0 = Clock::now();
+        ++step;
+        const train::SaveTimes times = saver.save(step, state, info(step), /*async=*/false);
+        world->barrier();
+        const double s = since(t0);
+        if (verbose)
+          fmt::print(stderr, "tp={} rank {}: {} save: snapshot {:.2f} s, write+hash {:.2f} s, commit {:.2f} s, save {:.2f} s\n",
+                     tp, world->rank(), which, times.snapshot_s, times.write_s, times.commit_s, s);
+        return s;
+      };
+      sync_save("first");
+      for (int rep = 0; rep < kRepeats; ++rep) {
+        probe_disk(/*writes=*/true);
+        save_s = std::min(save_s, sync_save("next"));
+      }
 
-    // Two async saves: the first also pays for the snapshot buffer's fresh pages (once per run);
-    // the second's stall is what every later save costs.
-    saver.save(3, state, info, /*async=*/true);
-    saver.wait();
-    world->barrier();
-    t0 = Clock::now();
-    const train::SaveTimes times = saver.save(4, state, info, /*async=*/true);
-    const double stall_s = since(t0);
-    saver.wait();
-    world->barrier();
-    const double async_total_s = since(t0);
+      // Two async saves: the first also pays for the snapshot buffer's fresh pages (once per run);
+      // the second's stall is what every later save costs.
+      ++step;
+      saver.save(step, state, info(step), /*async=*/true);
+      saver.wait();
+      world->barrier();
+      const Clock::time_point t0 = Clock::now();
+      ++step;
+      const train::SaveTimes times = saver.save(step, state, info(step), /*async=*/true);
+      stall_s = since(t0);
+      saver.wait();
+      world->barrier();
+      async_total_s = since(t0);
+      bytes = times.bytes_written;
+    }   // the saved model and optimizer are gone: the resume below builds its own, as a new process does
 
-    const std::string ck = (fs::path(root) / train::checkpoint_dir_name(4)).string();
-    // One load of every rank's pieces after the files left the page cache: wall time of all ranks.
-    const auto load = [&](const char* which) {
+    const std::string ck = (fs::path(root) / train::checkpoint_dir_name(step)).string();
+    const auto drop_checkpoint_cache = [&] {
       if (world->rank() == 0) {
         for (const auto& e : fs::directory_iterator(ck)) drop_cache(e.path().string());
       }
       world->barrier();
+    };
+    // The allocator's cache holds the saved model's blocks, and the staging pool the saves' buffers:
+    // both emptied, so that the resume's model, moments and buffers are memory the process never
+    // touched, as in a new process.
+    world->barrier();
+    if (world->rank() == 0) {
+      memory::release_cached();
+      train::release_staging_buffers();
+    }
+    drop_checkpoint_cache();
+
+    // The resume as train --resume does it: build the model (another seed: a load that did nothing
+    // fails the check below) and the optimizer with its moments, then read the checkpoint into them.
+    Clock::time_point t0 = Clock::now();
+    auto model = nn::make_model(cfg, {}, mesh, 2);
+    const std::vector<nn::Parameter*> params = model->parameters();
+    train::AdamW opt(params, mesh);
+    opt.materialize_moments();
+    world->barrier();
+    const double build_s = since(t0);
+    const auto load_in_place = [&] {
+      drop_checkpoint_cache();
       const Clock::time_point start = Clock::now();
       const train::Manifest manifest = train::read_manifest(ck);
+      const int loaded_step = train::load_training_state(ck, manifest, *model, opt, train::StateLoad::in_place);
+      world->barrier();
+      MG_CHECK(loaded_step == step, "bench checkpoint: loaded step {}, saved step {}", loaded_step, step);
+      return since(start);
+    };
+    const double first_load_s = load_in_place();
+    const std::vector<train::StateTensor> loaded_state = train::training_state_tensors(params, opt);
+    MG_CHECK(opt.steps() == 1 && fingerprint(loaded_state) == saved_fingerprint,
+             "bench checkpoint: tp={} rank {}: the resumed state differs from the saved one", tp, world->rank());
+    // Then kRepeats loads, each right after a read probe and a plain read of the same files.
+    double load_s = 1e30, raw_read_s = 1e30;
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      probe_disk(/*writes=*/false);
+      drop_checkpoint_cache();
+      double raw = 0;
+      if (world->rank() == 0) raw = raw_read_seconds(ck);
+      world->barrier();
+      raw_read_s = std::min(raw_read_s, raw);
+      load_s = std::min(load_s, load_in_place());
+    }
+
+    // All-or-nothing into new tensors (what a load into a live model uses), with the resume's model
+    // alive: the new tensors are memory this process never touched.
+    drop_checkpoint_cache();
+    t0 = Clock::now();
+    {
+      const train::Manifest manifest = train::read_manifest(ck);
       std::vector<train::PieceRequest> requests;
-      for (const train::StateTensor& t : state) {
+      for (const train::StateTensor& t : loaded_state) {
         requests.push_back({t.name, t.full_shape, dist::piece_layout(t.full_shape, *mesh, t.placements, mesh->coordinates()),
                             t.local.dtype()});
       }
-      const double plan_s = since(start);
-      {
-        const std::vector<Tensor> loaded = train::read_pieces(ck, manifest, requests);
-      }   // freed: the next load's tensors reuse this memory (caching allocator)
-      const double read_s = since(start) - plan_s;
-      world->barrier();
-      const double all_s = since(start);
-      if (std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr)
-        fmt::print(stderr, "tp={} rank {}: {} load: manifest + layout {:.2f} s, read_pieces {:.2f} s, all ranks {:.2f} s\n",
-                   tp, world->rank(), which, plan_s, read_s, all_s);
-      return all_s;
-    };
-    // The allocator's cache holds blocks of earlier degrees and saves: emptied, so the first load's
-    // tensors are new memory at every degree and the second load finds exactly the first one's.
+      const std::vector<Tensor> loaded = train::read_pieces(ck, manifest, requests);
+    }
     world->barrier();
-    if (world->rank() == 0) memory::release_cached();
-    world->barrier();
-    const double load_s = load("first");
-    const double reload_s = load("second");
+    const double new_tensors_load_s = since(t0);
+    if (verbose)
+      fmt::print(stderr, "tp={} rank {}: resume: build {:.2f} s, first load in place {:.2f} s, best of {} {:.2f} s; load into "
+                 "new tensors {:.2f} s\n", tp, world->rank(), build_s, first_load_s, kRepeats, load_s, new_tensors_load_s);
+    probe.reset();
 
     const std::lock_guard<std::mutex> lock(mu);
     f.save_s = std::max(f.save_s, save_s);
     f.stall_s = std::max(f.stall_s, stall_s);
     f.async_total_s = std::max(f.async_total_s, async_total_s);
+    f.build_s = std::max(f.build_s, build_s);
+    f.first_load_s = std::max(f.first_load_s, first_load_s);
     f.load_s = std::max(f.load_s, load_s);
-    f.reload_s = std::max(f.reload_s, reload_s);
-    f.bytes += times.bytes_written;
+    f.new_tensors_load_s = std::max(f.new_tensors_load_s, new_tensors_load_s);
+    if (world->rank() == 0) {
+      f.raw_read_s = raw_read_s;
+      f.disk = disk;
+    }
+    f.bytes += bytes;
   });
   return f;
 }
@@ -243,51 +416,45 @@ int run(const BenchCheckpointOptions& o) {
       fs::remove_all(dir, ec);
     }
   } cleanup{o.dir};
-  // The disk's speed is measured right before and right after each degree's saves and loads (a
-  // shared virtual disk's speed drifts within minutes); the row compares against their mean.
-  struct Row {
-    int tp;
-    TpFigures f;
-    DiskSpeed disk;   // mean of before and after
-  };
-  std::vector<Row> rows;
-  std::uint64_t bytes = 0;
+  std::vector<std::pair<int, TpFigures>> rows;
   for (int tp : o.tps) {
-    Row row{tp, {}, {}};
-    DiskSpeed before;
-    if (bytes > 0) before = disk_speed(o.dir, bytes);
-    row.f = measure(o, tp, (fs::path(o.dir) / fmt::format("tp{}", tp)).string());
+    rows.emplace_back(tp, measure(o, tp, (fs::path(o.dir) / fmt::format("tp{}", tp)).string()));
     fs::remove_all(fs::path(o.dir) / fmt::format("tp{}", tp));
-    if (bytes == 0) {
-      bytes = row.f.bytes;
-      before = disk_speed(o.dir, bytes);
-    }
-    const DiskSpeed after = disk_speed(o.dir, bytes);
-    row.disk = {0.5 * (before.buffered_write + after.buffered_write), 0.5 * (before.direct_write + after.direct_write),
-                0.5 * (before.read + after.read)};
-    rows.push_back(row);
   }
+  const std::uint64_t bytes = rows.empty() ? 0 : rows.front().second.bytes;
   const double gb = 1e9;
   fmt::print("checkpoint of a GPT layers={} hidden={} heads={} vocab={} ({:.1f} M parameters; {:.2f} GB with AdamW "
              "moments, float32)\n", o.layers, o.hidden, o.heads, o.vocab, static_cast<double>(bytes) / 12 / 1e6,
              static_cast<double>(bytes) / gb);
   const double fresh = fresh_memory_speed(bytes);
-  fmt::print("disk = one stream of the same bytes, mean of before and after each row: write buffered+fsync and "
-             "O_DIRECT (a save is compared with the faster), read after dropping the page cache\n");
-  fmt::print("load: every rank's pieces after dropping the page cache, into new tensors; 1st = the process's first "
-             "load (memory never touched before: a memcpy into fresh pages runs at {:.2f} GB/s here), 2nd = the next "
-             "load, whose tensors reuse that memory; % of the disk's read\n\n", fresh / gb);
-  fmt::print("{:>3} | {:>9} | {:>9} | {:>9} | {:>9} | {:>10} | {:>8} | {:>9} | {:>8} | {:>5} | {:>8} | {:>5} | {:>7}\n", "tp",
-             "buf+fsync", "direct", "save GB/s", "% of disk", "stall s", "stall/save", "disk read", "load 1st", "%",
-             "load 2nd", "%", "save s");
-  for (const Row& r : rows) {
-    const double save_bw = static_cast<double>(bytes) / r.f.save_s, load_bw = static_cast<double>(bytes) / r.f.load_s,
-                 reload_bw = static_cast<double>(bytes) / r.f.reload_s;
-    fmt::print("{:>3} | {:>9.2f} | {:>9.2f} | {:>9.2f} | {:>8.0f}% | {:>10.3f} | {:>7.1f}% | {:>9.2f} | {:>8.2f} | {:>4.0f}% | "
-               "{:>8.2f} | {:>4.0f}% | {:>7.2f}\n",
-               r.tp, r.disk.buffered_write / gb, r.disk.direct_write / gb, save_bw / gb, 100 * save_bw / r.disk.best_write(),
-               r.f.stall_s, 100 * r.f.stall_s / r.f.save_s, r.disk.read / gb, load_bw / gb, 100 * load_bw / r.disk.read,
-               reload_bw / gb, 100 * reload_bw / r.disk.read, r.f.save_s);
+  fmt::print("disk = one stream of the same bytes, buffered (write + fsync; read after dropping the page cache) and "
+             "O_DIRECT, the best of 3 probes taken right before the 3 saves (writes) and the 3 loads (reads) of each "
+             "row, which are the best of 3 too; a save or load is compared with the faster way\n\n");
+  fmt::print("{:>3} | {:>10} | {:>10} | {:>9} | {:>14} | {:>7} | {:>8} | {:>10}\n", "tp", "write buf", "write dir",
+             "save GB/s", "% of the write", "save s", "stall s", "stall/save");
+  for (const auto& [tp, f] : rows) {
+    const double save_bw = static_cast<double>(bytes) / f.save_s;
+    fmt::print("{:>3} | {:>10.2f} | {:>10.2f} | {:>9.2f} | {:>13.0f}% | {:>7.2f} | {:>8.3f} | {:>9.1f}%\n", tp,
+               f.disk.buffered_write / gb, f.disk.direct_write / gb, save_bw / gb, 100 * save_bw / f.disk.best_write(),
+               f.save_s, f.stall_s, 100 * f.stall_s / f.save_s);
+  }
+  fmt::print("\nresume = what train --resume does in a new process: build the model and the optimizer's moments in "
+             "memory never touched before (a memcpy into fresh pages runs at {:.2f} GB/s here; a run from scratch "
+             "builds the same), then load the checkpoint into them in place; 1st = that first load (its staging buffers "
+             "fresh too), load = best of 3 more, each right after a plain O_DIRECT read of the same files (files = best "
+             "of those); % of write: against the save table's write probes; new tensors = an all-or-nothing load into memory "
+             "never touched before\n\n", fresh / gb);
+  fmt::print("{:>3} | {:>8} | {:>8} | {:>10} | {:>7} | {:>8} | {:>9} | {:>10} | {:>9} | {:>10} | {:>11}\n", "tp", "read buf",
+             "read dir", "files GB/s", "build s", "1st GB/s", "load GB/s", "% of files", "% of read", "% of write",
+             "new tensors");
+  for (const auto& [tp, f] : rows) {
+    const double b = static_cast<double>(bytes);
+    const double first_bw = b / f.first_load_s, load_bw = b / f.load_s, new_bw = b / f.new_tensors_load_s;
+    const double files_bw = f.raw_read_s > 0 ? b / f.raw_read_s : 0;
+    fmt::print("{:>3} | {:>8.2f} | {:>8.2f} | {:>10.2f} | {:>7.2f} | {:>8.2f} | {:>9.2f} | {:>9.0f}% | {:>8.0f}% | {:>9.0f}% | "
+               "{:>11.2f}\n", tp, f.disk.buffered_read / gb, f.disk.direct_read / gb, files_bw / gb, f.build_s, first_bw / gb,
+               load_bw / gb, files_bw > 0 ? 100 * load_bw / files_bw : 0.0, 100 * load_bw / f.disk.best_read(),
+               100 * load_bw / f.disk.best_write(), new_bw / gb);
   }
   return 0;
 }
