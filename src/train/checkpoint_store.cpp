@@ -102,6 +102,36 @@ Tensor local_view(const Tensor& local, const LocalBox& lb) {
   return local.narrow(lb.split_dim, lb.local_offset, lb.box[static_cast<std::size_t>(lb.split_dim)].size);
 }
 
+// Where a box's bytes lie in a contiguous local tensor, in the order the checkpoint stores them
+// (row-major over the box): `runs` runs of `run_bytes`, `stride` bytes apart. A box of a blocked dim
+// d is one run per index of the dims before d (each run: the block's extent of d times every later
+// dim); any other box is one run. Saves pack a box from this directly into the snapshot or the
+// write buffers, without a packed copy of the view first.
+struct BoxBytes {
+  const std::byte* base = nullptr;
+  std::uint64_t runs = 1, run_bytes = 0, stride = 0;
+  std::uint64_t bytes() const { return runs * run_bytes; }
+  // Calls fn(pointer, n) for each run in order.
+  template <class Fn>
+  void for_each_run(Fn&& fn) const {
+    for (std::uint64_t r = 0; r < runs; ++r) fn(base + r * stride, run_bytes);
+  }
+};
+BoxBytes box_bytes(const Tensor& local, const LocalBox& lb) {
+  MG_CHECK(local.is_contiguous(), "checkpoint: internal error: box bytes of a non-contiguous tensor");
+  const std::uint64_t item = dtype_size(local.dtype());
+  const auto* base = static_cast<const std::byte*>(local.raw_data());
+  if (lb.split_dim < 0) return {base, 1, static_cast<std::uint64_t>(local.numel()) * item, 0};
+  const Shape& shape = local.shape();
+  const auto d = static_cast<std::size_t>(lb.split_dim);
+  std::uint64_t outer = 1, inner = item;   // rows before d; bytes of one index of d
+  for (std::size_t k = 0; k < d; ++k) outer *= static_cast<std::uint64_t>(shape[k]);
+  for (std::size_t k = d + 1; k < shape.size(); ++k) inner *= static_cast<std::uint64_t>(shape[k]);
+  const auto block = static_cast<std::uint64_t>(lb.box[d].size);
+  return {base + static_cast<std::uint64_t>(lb.local_offset) * inner, outer, block * inner,
+          static_cast<std::uint64_t>(shape[d]) * inner};
+}
+
 // ---- Files -------------------------------------------------------------------------------------------
 
 class Fd {
@@ -252,6 +282,12 @@ class FileSink {
   FileSink(const FileSink&) = delete;
   FileSink& operator=(const FileSink&) = delete;
 
+  // Appends a box's bytes run by run, feeding them to the file's and the piece's hash.
+  void append(const BoxBytes& box, Sha256& file_hash, XXH3_state_t* piece_hash) {
+    box.for_each_run([&](const std::byte* data, std::uint64_t n) { append(data, n, file_hash, piece_hash); });
+  }
+
+ private:
   // Appends n bytes, feeding them to the file's and the piece's hash.
   void append(const std::byte* data, std::uint64_t n, Sha256& file_hash, XXH3_state_t* piece_hash) {
     while (n > 0) {
@@ -267,6 +303,7 @@ class FileSink {
     }
   }
 
+ public:
   // Writes what is left, cuts the file to its exact size and fsyncs it. Returns the file's size.
   std::uint64_t finish() {
     const std::uint64_t size = queued_ + fill_;
@@ -536,8 +573,8 @@ struct CheckpointSaver::Job {
   std::string tmp_dir, final_dir;
   std::vector<PlannedPiece> plan;
   std::vector<std::size_t> mine;             // indices into plan this rank writes, in file order
-  std::vector<const std::byte*> piece_data; // the bytes of each of `mine`: in the snapshot or a tensor
-  std::vector<Tensor> keep_alive;            // sync saves: the packed views piece_data points into
+  std::vector<BoxBytes> piece_data;         // the bytes of each of `mine`: in the snapshot or a tensor
+  std::vector<Tensor> keep_alive;            // sync saves: the tensors piece_data points into
   std::uint64_t bytes = 0;
   std::vector<StateTensor> meta;             // names, shapes, dtypes (no data) for the manifest
   nlohmann::json state;
@@ -639,7 +676,9 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
 
   // This rank's pieces. Async: copied into the saver's snapshot buffer (training may change the
   // tensors as soon as save() returns; the buffer is kept for the next save, so only the first one
-  // pays for fresh pages). Sync: written straight from the tensors (packed views), no copy.
+  // pays for fresh pages). Sync: written straight from the tensors, no copy. Either way a box of a
+  // blocked dim (the q, k and v blocks of an attention weight) is gathered run by run (BoxBytes)
+  // where it goes, never packed into a temporary first.
   for (std::size_t k = 0; k < job->plan.size(); ++k) {
     if (job->plan[k].writer == mesh.rank()) {
       job->mine.push_back(k);
@@ -662,14 +701,21 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
             return a.offset == b.offset && a.size == b.size;
           }))
         continue;
-      const Tensor packed = local_view(t.local.detach(), lb).contiguous();
+      const Tensor local = t.local.detach().contiguous();   // a parameter or moment is already
+      const BoxBytes box = box_bytes(local, lb);
+      MG_CHECK(box.bytes() == p.bytes, "checkpoint: internal error: box {} of '{}' is {} bytes, planned {}", box_str(p.box),
+               t.name, box.bytes(), p.bytes);
       if (async) {
-        std::memcpy(snapshot_.get() + snapshot_used, packed.raw_data(), p.bytes);
-        job->piece_data.push_back(snapshot_.get() + snapshot_used);
+        std::byte* dst = snapshot_.get() + snapshot_used;
+        box.for_each_run([&dst](const std::byte* run, std::uint64_t n) {
+          std::memcpy(dst, run, n);
+          dst += n;
+        });
+        job->piece_data.push_back({snapshot_.get() + snapshot_used, 1, p.bytes, 0});
         snapshot_used += p.bytes;
       } else {
-        job->piece_data.push_back(static_cast<const std::byte*>(packed.raw_data()));
-        job->keep_alive.push_back(packed);
+        job->piece_data.push_back(box);
+        job->keep_alive.push_back(local);
       }
       found = true;
       break;
@@ -717,7 +763,7 @@ void CheckpointSaver::run_job(Job& job) noexcept {
           const PlannedPiece& p = job.plan[job.mine[i]];
           if (p.file != file_index) continue;
           XXH3_128bits_reset(state.get());
-          sink.append(job.piece_data[i], p.bytes, whole, state.get());
+          sink.append(job.piece_data[i], whole, state.get());
           piece_hash[i] = xxh3_hex(XXH3_128bits_digest(state.get()));
         }
         file_bytes[sub] = sink.finish();
