@@ -10,6 +10,8 @@
 //   save         a synchronous save: snapshot, every rank writing and hashing its file, fsync,
 //                manifest, rename (wall time of the slowest rank); the second of the process (the
 //                first also writes the staging buffers' fresh pages: MESHGRAD_BENCH_VERBOSE=1)
+//   hash         copy + SHA-256 + XXH3 of the same bytes, one stream per core, no I/O: the CPU work
+//                a save does on every byte; on a disk faster than it, the bound of a save
 //   stall        how long an asynchronous save held training up (the in-memory snapshot; the second
 //                save of the run: the first one also faults in the snapshot buffer's pages)
 //   build        a resume's model and AdamW moments built in memory the process never touched (the
@@ -25,6 +27,7 @@
 #include <sys/mman.h>
 #include <fmt/core.h>
 #include <unistd.h>
+#include <xxhash.h>
 
 #include <algorithm>
 #include <atomic>
@@ -43,6 +46,7 @@
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/train/sha256.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "options.hpp"
 
@@ -157,6 +161,7 @@ struct TpFigures {
   double save_s = 0, stall_s = 0, async_total_s = 0;
   double build_s = 0, first_load_s = 0, load_s = 0, raw_read_s = 0, new_tensors_load_s = 0;
   std::uint64_t bytes = 0;
+  double hash_bound = 0;   // bytes per second: hash_bound_speed, the best of 3 taken after the row
   DiskSpeed disk;   // the best of the probes taken between this degree's saves and loads
 };
 
@@ -391,6 +396,44 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
   return f;
 }
 
+// Bytes per second of the work a save does on every byte besides writing it, with no I/O: copied in
+// 1 MiB slices into an 8 MiB staging buffer, then fed to a SHA-256 (the file's) and an XXH3-128 (the
+// piece's), as FileSink::append does, on one stream per core (a save's files are hashed in
+// parallel, one stream each, and a file's SHA-256 cannot be split). Where the disk writes faster
+// than this, it bounds the save, not the disk. The source is a resident buffer larger than the
+// caches, cycled.
+double hash_bound_speed(std::uint64_t bytes) {
+  constexpr std::size_t kSlice = 1u << 20, kStaging = 8u << 20, kSource = 64u << 20;
+  const unsigned streams = std::max(1u, std::thread::hardware_concurrency());
+  const std::uint64_t per_stream = bytes / streams / kSlice * kSlice;
+  std::vector<std::vector<std::byte>> sources;
+  for (unsigned i = 0; i < streams; ++i) sources.emplace_back(kSource, std::byte{static_cast<unsigned char>(i + 1)});
+  std::vector<std::string> digests(streams);
+  const Clock::time_point t0 = Clock::now();
+  std::vector<std::thread> threads;
+  for (unsigned i = 0; i < streams; ++i) {
+    threads.emplace_back([&, i] {
+      std::unique_ptr<std::byte, decltype(&std::free)> staging(static_cast<std::byte*>(std::aligned_alloc(4096, kStaging)), &std::free);
+      const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> piece(XXH3_createState(), XXH3_freeState);
+      if (!staging || !piece) return;
+      XXH3_128bits_reset(piece.get());
+      train::Sha256 file;
+      for (std::uint64_t done = 0; done < per_stream; done += kSlice) {
+        std::byte* dst = staging.get() + done % kStaging;
+        std::memcpy(dst, sources[i].data() + done % kSource, kSlice);
+        file.update(dst, kSlice);
+        XXH3_128bits_update(piece.get(), dst, kSlice);
+      }
+      const XXH128_hash_t h = XXH3_128bits_digest(piece.get());
+      digests[i] = file.hex() + fmt::format("{:016x}{:016x}", h.high64, h.low64);
+    });
+  }
+  for (std::thread& t : threads) t.join();
+  const double s = since(t0);
+  for (const std::string& d : digests) MG_CHECK(!d.empty(), "bench checkpoint: cannot allocate the hash probe's buffers");
+  return static_cast<double>(per_stream * streams) / s;
+}
+
 // Bytes per second of a memcpy from a resident 8 MiB buffer into `bytes` of memory this process
 // never touched (a fresh anonymous mapping): what writing the first load's new tensors can cost.
 double fresh_memory_speed(std::uint64_t bytes) {
@@ -418,7 +461,9 @@ int run(const BenchCheckpointOptions& o) {
   } cleanup{o.dir};
   std::vector<std::pair<int, TpFigures>> rows;
   for (int tp : o.tps) {
-    rows.emplace_back(tp, measure(o, tp, (fs::path(o.dir) / fmt::format("tp{}", tp)).string()));
+    TpFigures f = measure(o, tp, (fs::path(o.dir) / fmt::format("tp{}", tp)).string());
+    for (int rep = 0; rep < 3; ++rep) f.hash_bound = std::max(f.hash_bound, hash_bound_speed(f.bytes));
+    rows.emplace_back(tp, f);
     fs::remove_all(fs::path(o.dir) / fmt::format("tp{}", tp));
   }
   const std::uint64_t bytes = rows.empty() ? 0 : rows.front().second.bytes;
@@ -430,13 +475,17 @@ int run(const BenchCheckpointOptions& o) {
   fmt::print("disk = one stream of the same bytes, buffered (write + fsync; read after dropping the page cache) and "
              "O_DIRECT, the best of 3 probes taken right before the 3 saves (writes) and the 3 loads (reads) of each "
              "row, which are the best of 3 too; a save or load is compared with the faster way\n\n");
-  fmt::print("{:>3} | {:>10} | {:>10} | {:>9} | {:>14} | {:>7} | {:>8} | {:>10}\n", "tp", "write buf", "write dir",
-             "save GB/s", "% of the write", "save s", "stall s", "stall/save");
+  fmt::print("hash = copy + SHA-256 + XXH3 of the same bytes on {} streams (one per core), no I/O: what every byte of a "
+             "save costs besides its write, the best of 3 after each row; where it is slower than the disk it bounds the "
+             "save\n\n", std::max(1u, std::thread::hardware_concurrency()));
+  fmt::print("{:>3} | {:>10} | {:>10} | {:>9} | {:>9} | {:>14} | {:>9} | {:>7} | {:>8} | {:>10}\n", "tp", "write buf",
+             "write dir", "hash GB/s", "save GB/s", "% of the write", "% of hash", "save s", "stall s", "stall/save");
   for (const auto& [tp, f] : rows) {
     const double save_bw = static_cast<double>(bytes) / f.save_s;
-    fmt::print("{:>3} | {:>10.2f} | {:>10.2f} | {:>9.2f} | {:>13.0f}% | {:>7.2f} | {:>8.3f} | {:>9.1f}%\n", tp,
-               f.disk.buffered_write / gb, f.disk.direct_write / gb, save_bw / gb, 100 * save_bw / f.disk.best_write(),
-               f.save_s, f.stall_s, 100 * f.stall_s / f.save_s);
+    fmt::print("{:>3} | {:>10.2f} | {:>10.2f} | {:>9.2f} | {:>9.2f} | {:>13.0f}% | {:>8.0f}% | {:>7.2f} | {:>8.3f} | {:>9.1f}%\n",
+               tp, f.disk.buffered_write / gb, f.disk.direct_write / gb, f.hash_bound / gb, save_bw / gb,
+               100 * save_bw / f.disk.best_write(), 100 * save_bw / f.hash_bound, f.save_s, f.stall_s,
+               100 * f.stall_s / f.save_s);
   }
   fmt::print("\nresume = what train --resume does in a new process: build the model and the optimizer's moments in "
              "memory never touched before (a memcpy into fresh pages runs at {:.2f} GB/s here; a run from scratch "
