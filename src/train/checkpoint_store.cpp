@@ -619,16 +619,20 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
   // Files per rank: as many as the cores a rank has to itself (one hashing stream each), at most 8.
   // Rank 0 decides so that every rank plans the same files.
   const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
-  std::int64_t decided[2] = {problem.empty() ? 0 : 1,
+  // decided[0]: the length of rank 0's error (0: none), whose text follows in a second broadcast, so
+  // that every rank throws it (the threads backend reports whichever rank failed first).
+  std::int64_t decided[2] = {static_cast<std::int64_t>(problem.size()),
                              files_per_rank > 0 ? files_per_rank
                                                 : std::clamp<std::int64_t>(static_cast<std::int64_t>(cores) / mesh_->size(), 1, 8)};
   mesh_->world()->broadcast(comm::MutableBuffer{decided, 2, DType::Int64}, 0);
-  const std::int64_t failed = decided[0];
   files_per_rank_ = static_cast<int>(decided[1]);
-  if (failed != 0) {
+  if (decided[0] != 0) {
     if (lock_fd_ >= 0) ::close(lock_fd_);
-    throw CheckpointError(problem.empty() ? fmt::format("--checkpoint-dir '{}' could not be prepared (see rank 0's error)", root_)
-                                          : problem);
+    const auto length = static_cast<std::size_t>(decided[0]);
+    std::vector<std::int64_t> words((length + sizeof(std::int64_t) - 1) / sizeof(std::int64_t), 0);
+    if (mesh_->rank() == 0) std::memcpy(words.data(), problem.data(), length);
+    mesh_->world()->broadcast(comm::MutableBuffer{words.data(), words.size(), DType::Int64}, 0);
+    throw CheckpointError(std::string(reinterpret_cast<const char*>(words.data()), length));
   }
   comm_ = mesh_->world()->split(0, mesh_->rank());
 }

@@ -36,7 +36,8 @@ std::string type_of(mode_t mode) {
   if (S_ISBLK(mode)) return "a block device";
   if (S_ISFIFO(mode)) return "a FIFO";
   if (S_ISSOCK(mode)) return "a socket";
-  return "not a regular file";
+  if (S_ISREG(mode)) return "a regular file";
+  return "of an unknown file type";
 }
 
 std::string directory_of(const std::string& path) {
@@ -88,16 +89,34 @@ std::optional<FileId> id_of(const std::string& path) {
 
 }  // namespace
 
-void check_output_directory(const NamedPath& out, const std::vector<NamedPath>& inputs) {
+void check_output_directory(const NamedPath& out, const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& output_files) {
   const auto bad = [&](const std::string& what) { throw InvalidArgument(fmt::format("{} '{}': {}", out.option, out.path, what)); };
   if (out.path.empty()) throw InvalidArgument(fmt::format("{}: the path is empty", out.option));
+  // Compared as paths (neither needs to exist yet): the file would be created first and the
+  // directory then refused, or the directory created and the file's write fail at the end.
+  // "ck/" is the directory ck: without the trailing separator, its parent is what holds it.
+  const auto without_trailing_separator = [](const std::string& path) {
+    fs::path p = fs::path(path).lexically_normal();
+    if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+    return p;
+  };
+  const fs::path normal = without_trailing_separator(out.path);
+  std::error_code ec;
+  const fs::path dir_path = fs::weakly_canonical(normal, ec);
+  for (const NamedPath& file : output_files) {
+    if (file.path.empty() || ec) continue;
+    std::error_code file_ec;
+    const fs::path file_path = fs::weakly_canonical(without_trailing_separator(file.path), file_ec);
+    if (!file_ec && file_path == dir_path)
+      bad(fmt::format("is also the path of {} '{}': give the file and the directory different paths", file.option, file.path));
+  }
   struct stat st {};
   if (::lstat(out.path.c_str(), &st) == 0) {
     if (S_ISLNK(st.st_mode)) bad("is a symbolic link; meshgrad does not write through links (give the directory it points to)");
     if (!S_ISDIR(st.st_mode)) bad(fmt::format("is {}, not a directory", type_of(st.st_mode)));
     if (::access(out.path.c_str(), W_OK | X_OK) != 0) bad(fmt::format("is not writable: {}", errno_text(errno)));
   } else if (errno == ENOENT) {
-    const std::string parent = directory_of(fs::path(out.path).lexically_normal().string());
+    const std::string parent = directory_of(normal.string());
     struct stat pst {};
     if (::stat(parent.c_str(), &pst) != 0 || !S_ISDIR(pst.st_mode))
       bad(fmt::format("does not exist and its parent '{}' is not a directory", parent));

@@ -446,7 +446,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   if (!options.checkpoint_dir.empty()) {
     std::vector<NamedPath> dirs = inputs;
     if (!options.data_path.empty()) dirs.push_back({"--data", options.data_path});
-    check_output_directory({"--checkpoint-dir", options.checkpoint_dir}, dirs);
+    check_output_directory({"--checkpoint-dir", options.checkpoint_dir}, dirs, outputs);
   }
   // A resumed run: the checkpoint's manifest (its tensors load after the model is built).
   std::optional<Manifest> resume;

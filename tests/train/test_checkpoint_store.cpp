@@ -604,6 +604,38 @@ TEST_F(CheckpointStoreTest, CheckpointDirectoryThatCannotBeUsedIsRefusedBeforeSt
     }
     EXPECT_FALSE(fs::exists(path("metrics.jsonl"))) << "the run started before refusing " << dir;
   }
+  // --metrics naming the checkpoint directory (not there yet, or spelled another way) is refused
+  // before anything is written: neither a metrics file nor a directory appears.
+  for (const auto& [metrics, dir] : std::vector<std::pair<std::string, std::string>>{
+           {path("ck"), path("ck")}, {path("ck"), path("ck") + "/"}, {path("sub/../ck"), path("ck")}}) {
+    fs::create_directories(path("sub"));
+    TrainOptions o = options(1);
+    o.checkpoint_dir = dir;
+    o.metrics_path = metrics;
+    try {
+      run(o, {1, 2});
+      ADD_FAILURE() << "accepted --metrics " << metrics << " with --checkpoint-dir " << dir;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is also the path of --metrics"), std::string::npos) << e.what();
+    }
+    EXPECT_FALSE(fs::exists(path("ck"))) << "--metrics " << metrics << " / --checkpoint-dir " << dir << " left a file";
+  }
+}
+
+// The saver's own check of the directory runs on rank 0; every rank throws rank 0's message (the
+// threads backend reports whichever rank failed first, so a generic message on the others would
+// hide the cause).
+TEST_F(CheckpointStoreTest, EveryRankReportsWhyTheCheckpointDirectoryWasRefused) {
+  std::ofstream(path("file")) << "x";
+  on_threads({1, 3})([&](const dist::DeviceMeshPtr& mesh) {
+    try {
+      CheckpointSaver saver(path("file"), mesh, 0);
+      ADD_FAILURE() << "rank " << mesh->rank() << " accepted a file as the checkpoint directory";
+    } catch (const CheckpointError& e) {
+      EXPECT_NE(std::string(e.what()).find("exists and is not a directory"), std::string::npos)
+          << "rank " << mesh->rank() << ": " << e.what();
+    }
+  });
 }
 
 TEST_F(CheckpointStoreTest, SampleAndExportReadACheckpointLikeTheSavedFile) {

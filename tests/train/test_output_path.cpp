@@ -69,6 +69,20 @@ TEST_F(OutputPathTest, AbsentAndRegularTargetsInWritableDirectoriesPass) {
   EXPECT_NO_THROW(check_output_paths({{"--save", path("new.safetensors")}, {"--metrics", make_file("old.jsonl")}},
                                      {{"--data", make_file("data.txt")}, {"--data", path("missing.txt")}}));
   EXPECT_NO_THROW(check_output_paths({}, {}));
+  // An output directory that is not there yet, with or without a trailing separator; a file inside it.
+  EXPECT_NO_THROW(check_output_directory({"--checkpoint-dir", path("ck")}, {}, {{"--save", path("ck/w.safetensors")}}));
+  EXPECT_NO_THROW(check_output_directory({"--checkpoint-dir", path("ck") + "/"}, {}));
+}
+
+TEST_F(OutputPathTest, AnOutputFileAtTheOutputDirectorysPathIsRefused) {
+  for (const std::string& dir : {path("ck"), path("ck") + "/", path("x/../ck")}) {
+    try {
+      check_output_directory({"--checkpoint-dir", dir}, {}, {{"--metrics", path("ck")}});
+      ADD_FAILURE() << "accepted --metrics at --checkpoint-dir " << dir;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("is also the path of --metrics"), std::string::npos) << e.what();
+    }
+  }
 }
 
 TEST_F(OutputPathTest, UnusablePathsAreRefusedNamingTheOption) {

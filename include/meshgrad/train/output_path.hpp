@@ -36,8 +36,10 @@ struct NamedPath {
 void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs);
 
 // The same for an output directory (--checkpoint-dir): absent with a writable parent, or a writable
-// directory (not a symbolic link, a file or a device), and not the same directory as an input.
-void check_output_directory(const NamedPath& output, const std::vector<NamedPath>& inputs);
+// directory (not a symbolic link, a file or a device), not the same directory as an input, and not
+// the path of one of `output_files` (--metrics DIR beside --checkpoint-dir DIR).
+void check_output_directory(const NamedPath& output, const std::vector<NamedPath>& inputs,
+                            const std::vector<NamedPath>& output_files = {});
 
 // What went wrong writing an output file; the message names the file.
 class OutputFileError : public InvalidArgument {
