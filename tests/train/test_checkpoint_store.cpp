@@ -20,6 +20,7 @@
 #include <vector>
 
 #include "meshgrad/comm/threads.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/train/checkpoint_store.hpp"
 #include "meshgrad/train/hf_io.hpp"
 #include "meshgrad/train/safetensors.hpp"
@@ -479,7 +480,15 @@ TEST_F(CheckpointStoreTest, DirectAndBufferedWritesGiveTheSameFiles) {
 // load back exactly: on one rank, on two tp ranks (sharded pieces), and over dp (replicated pieces
 // spread over their holders).
 TEST_F(CheckpointStoreTest, SeveralFilesPerRankSaveTheSameBytesSyncAndAsync) {
-  const std::vector<std::int64_t> rows{7, 1000, 4099, 3};
+  // t4 makes every rank's snapshot larger than parallel::kMinElements, so that the async copy is
+  // split over the two threads set here (cut inside a piece and across pieces).
+  const std::vector<std::int64_t> rows{7, 1000, 4099, 3, 100001};
+  const int blas_threads = blas::num_threads();
+  blas::set_num_threads(2);
+  struct Restore {
+    int n;
+    ~Restore() { blas::set_num_threads(n); }
+  } restore{blas_threads};
   std::vector<Tensor> originals;
   for (std::size_t t = 0; t < rows.size(); ++t) {
     std::vector<double> v(static_cast<std::size_t>(rows[t] * 6));
