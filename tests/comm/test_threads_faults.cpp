@@ -335,6 +335,12 @@ TEST(ThreadsRanks, LeavesComputeSettingsToTheLauncher) {
 }
 
 TEST(ThreadsRanksDeathTest, ThreadThatCannotStartIsAnErrorNamingTheRank) {
+#if defined(__SANITIZE_THREAD__)
+  // The address-space cap that makes a thread stack fail to map also starves TSan's own allocator,
+  // which asks for 128 MB blocks while threads start and then ends the child itself (exit 66)
+  // before or after the first stack fails, by chance. The plain and ASan builds run this test.
+  GTEST_SKIP() << "thread creation under an address-space cap cannot be provoked reliably under TSan";
+#endif
   GTEST_FLAG_SET(death_test_style, "threadsafe");
   EXPECT_EXIT(start_ranks_under_address_limit(), ::testing::ExitedWithCode(3),
               "cannot start the thread of rank [0-9]+ of 256");
