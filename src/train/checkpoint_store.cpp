@@ -285,12 +285,12 @@ class FileSink {
 
   // Appends a box's bytes run by run, feeding them to the file's and the piece's hash.
   void append(const BoxBytes& box, Sha256& file_hash, XXH3_state_t* piece_hash) {
-    box.for_each_run([&](const std::byte* data, std::uint64_t n) { append(data, n, file_hash, piece_hash); });
+    box.for_each_run([&](const std::byte* data, std::uint64_t n) { append_bytes(data, n, file_hash, piece_hash); });
   }
 
  private:
   // Appends n bytes, feeding them to the file's and the piece's hash.
-  void append(const std::byte* data, std::uint64_t n, Sha256& file_hash, XXH3_state_t* piece_hash) {
+  void append_bytes(const std::byte* data, std::uint64_t n, Sha256& file_hash, XXH3_state_t* piece_hash) {
     while (n > 0) {
       const std::size_t k = static_cast<std::size_t>(std::min<std::uint64_t>({n, kSlice, kStaging - fill_}));
       std::byte* dst = buffers_[current_].get() + fill_;
@@ -726,7 +726,7 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
   }
   std::uint64_t snapshot_used = 0;   // pieces lie back to back in the snapshot (p.offset is within p.file)
   std::vector<SnapshotCopy> copies;  // async: the runs to copy into the snapshot, after the loop
-  std::vector<Tensor> sources;       // async: what the copies read
+  std::vector<Tensor> sources;       // async: keeps what the copies read alive until they ran
   for (std::size_t k : job->mine) {
     const PlannedPiece& p = job->plan[k];
     const StateTensor& t = tensors[p.tensor];
@@ -737,7 +737,7 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
             return a.offset == b.offset && a.size == b.size;
           }))
         continue;
-      const Tensor local = t.local.detach().contiguous();   // a parameter or moment is already
+      const Tensor local = t.local.detach().contiguous();   // itself: parameters and moments are contiguous
       const BoxBytes box = box_bytes(local, lb);
       MG_CHECK(box.bytes() == p.bytes, "checkpoint: internal error: box {} of '{}' is {} bytes, planned {}", box_str(p.box),
                t.name, box.bytes(), p.bytes);
