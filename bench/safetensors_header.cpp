@@ -12,7 +12,7 @@
 #include <fstream>
 #include <string>
 
-#include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/io/safetensors.hpp"
 
 namespace {
 
@@ -34,7 +34,7 @@ void BM_OpenHeader(benchmark::State& state) {
   const int n = static_cast<int>(state.range(0));
   const std::string path = write_file(n);
   for (auto _ : state) {
-    const meshgrad::train::SafetensorsFile file(path);
+    const meshgrad::io::SafetensorsFile file(path);
     benchmark::DoNotOptimize(file.names().size());
   }
   std::remove(path.c_str());

@@ -15,9 +15,10 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/trace.hpp"
-#include "meshgrad/train/explain.hpp"
-#include "meshgrad/train/grad_sync.hpp"
-#include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/diag/explain.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 using namespace meshgrad;
@@ -51,9 +52,9 @@ int main(int argc, char** argv) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 2}});
     auto model = nn::make_model(cfg, parallel, mesh, 1);
     const auto params = model->parameters();
-    train::GradientSynchronizer sync(params, mesh);
-    train::AdamW opt(params, mesh, train::AdamWOptions{});
-    const nn::Batch batch = train::make_synthetic_batch(cfg, 1, 0, 7);
+    optim::GradientSynchronizer sync(params, mesh);
+    optim::AdamW opt(params, mesh, optim::AdamWOptions{});
+    const nn::Batch batch = data::make_synthetic_batch(cfg, 1, 0, 7);
     for (int k = 0; k < 5; ++k) train::train_step(*model, batch, *mesh, sync, opt);   // warm-up
     for (int r = 0; r < rounds; ++r) {
       for (int j = 0; j < 2; ++j) {

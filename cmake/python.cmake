@@ -30,10 +30,8 @@ if(NOT pybind11_FOUND)
 endif()
 
 # NO_EXTRAS: no LTO (its serial link is slow and warns); the work is in the library anyway.
-# tools/launch.cpp: the CLI's rank launcher (--backend, --mesh); the module is a front-end like the CLI.
-pybind11_add_module(meshgrad_python NO_EXTRAS ${PROJECT_SOURCE_DIR}/python/meshgrad.cpp
-                    ${PROJECT_SOURCE_DIR}/tools/launch.cpp)
-target_include_directories(meshgrad_python PRIVATE ${PROJECT_SOURCE_DIR}/tools)
+# A front-end like the CLI: it starts ranks and runs jobs through the library's launch API.
+pybind11_add_module(meshgrad_python NO_EXTRAS ${PROJECT_SOURCE_DIR}/python/meshgrad.cpp)
 set_target_properties(meshgrad_python PROPERTIES OUTPUT_NAME meshgrad
                       LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/python)
 target_link_libraries(meshgrad_python PRIVATE meshgrad)

@@ -1,5 +1,5 @@
 // libFuzzer target: the checkpoint manifest reader (train/checkpoint_manifest.hpp).
 #include "file_reader_fuzz.hpp"
-#include "meshgrad/train/checkpoint_manifest.hpp"
+#include "meshgrad/checkpoint/manifest.hpp"
 
-MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::train::read_manifest_file(path); })
+MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::checkpoint::read_manifest_file(path); })

@@ -9,7 +9,7 @@
 //
 // A new target is one file, fuzz/<name>.cpp:
 //   #include "file_reader_fuzz.hpp"
-//   MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::train::read_x(path); })
+//   MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::io::read_x(path); })
 // plus `meshgrad_fuzz_target(<name>)` in fuzz/CMakeLists.txt and seed files in fuzz/corpus/<name>/
 // (.ci/run runs every fuzz/corpus/<name> with build-fuzz/fuzz/fuzz_<name>).
 #pragma once

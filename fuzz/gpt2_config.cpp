@@ -1,5 +1,5 @@
 // libFuzzer target: the GPT-2 config.json reader.
 #include "file_reader_fuzz.hpp"
-#include "meshgrad/train/gpt2_config.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
 
-MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::train::read_gpt2_config(path); })
+MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::interop::read_gpt2_config(path); })

@@ -1,5 +1,5 @@
 // libFuzzer target: the safetensors reader (header, layout checks, every tensor read).
 #include "file_reader_fuzz.hpp"
-#include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/io/safetensors.hpp"
 
-MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::train::read_safetensors(path); })
+MESHGRAD_FUZZ_FILE_READER([](const std::string& path) { (void)meshgrad::io::read_safetensors(path); })

@@ -30,11 +30,11 @@
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
-#include "meshgrad/train/explain.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
-#include "meshgrad/train/jobs.hpp"
-#include "meshgrad/train/sample.hpp"
-#include "mesh_runner.hpp"   // tools/: the CLI's --backend / --mesh launcher
+#include "meshgrad/diag/explain.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/launch/jobs.hpp"
+#include "meshgrad/generate/sample.hpp"
+#include "meshgrad/launch/launch.hpp"
 
 namespace py = pybind11;
 
@@ -232,7 +232,7 @@ py::list train_job(const py::kwargs& kwargs) {
     o.given_options.insert(key == "checkpoint-blocks" ? key : key);
   }
   if (!o.resume.empty() && !kwargs.contains("mesh")) {
-    mesh = train::read_manifest(train::resolve_checkpoint(o.resume)).state.value("mesh", mesh);
+    mesh = checkpoint::read_manifest(checkpoint::resolve_checkpoint(o.resume)).state.value("mesh", mesh);
   }
   o.model.dtype = parse_dtype(dtype);
   // As the CLI: with init_from, the sizes not given come from its config.json (0 = the file's).
@@ -248,7 +248,7 @@ py::list train_job(const py::kwargs& kwargs) {
   o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
   {
     py::gil_scoped_release release;
-    train::run_train_job(o, tools::mesh_runner(backend, mesh));
+    launch::run_train_job(o, launch::mesh_runner(backend, mesh));
   }
   py::list out;
   for (const auto& m : steps) {
@@ -265,7 +265,7 @@ py::list train_job(const py::kwargs& kwargs) {
 }
 
 py::dict grads_job(const py::kwargs& kwargs) {
-  train::GradsJob job;
+  launch::GradsJob job;
   std::string mesh = "tp=2", backend = "threads";
   job.model = small_gpt();
   Keywords k("grads", kwargs);
@@ -282,10 +282,10 @@ py::dict grads_job(const py::kwargs& kwargs) {
   k.finish();
 
   keep_mpi_initialised(backend);
-  train::GradsResult r;
+  launch::GradsResult r;
   {
     py::gil_scoped_release release;
-    r = train::run_grads_job(job, tools::mesh_runner(backend, mesh));
+    r = launch::run_grads_job(job, launch::mesh_runner(backend, mesh));
   }
   py::dict out;
   for (const auto& [name, grad] : r.gradients) out[py::str(name)] = to_numpy(grad);
@@ -320,10 +320,10 @@ py::list explain_job(const py::kwargs& kwargs) {
   MG_CHECK(c.ffn >= 0, "explain: ffn must be >= 0 (0 = 4 x hidden), got {}", c.ffn);
   const dist::Link link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
 
-  std::vector<train::ExplainRow> rows;
+  std::vector<diag::ExplainRow> rows;
   {
     py::gil_scoped_release release;
-    rows = train::explain_model(c, parallel, tools::mesh_axes_from_spec(mesh), link);
+    rows = diag::explain_model(c, parallel, dist::parse_mesh(mesh), link);
   }
   py::list out;
   for (const auto& r : rows) {
@@ -336,14 +336,14 @@ py::list explain_job(const py::kwargs& kwargs) {
     d["predicted_us"] = r.predicted_us;
     d["ranks"] = r.ranks;
     d["algorithm"] = r.algorithm;
-    d["source"] = train::explain_source_name(r.source);
+    d["source"] = diag::explain_source_name(r.source);
     out.append(d);
   }
   return out;
 }
 
 py::str sample_job(const py::kwargs& kwargs) {
-  train::SampleJob job;
+  generate::SampleJob job;
   std::string mesh = "tp=2", backend = "threads";
   std::optional<std::string> tokenizer;
   Keywords k("sample", kwargs);
@@ -367,10 +367,10 @@ py::str sample_job(const py::kwargs& kwargs) {
   if (tokenizer) job.tokenizer = *tokenizer;
 
   keep_mpi_initialised(backend);
-  train::SampleResult r;
+  generate::SampleResult r;
   {
     py::gil_scoped_release release;
-    r = train::run_sample_job(job, tools::mesh_runner(backend, mesh));
+    r = generate::run_sample_job(job, launch::mesh_runner(backend, mesh));
   }
   return py::str(r.text);   // valid UTF-8 by construction (invalid bytes became U+FFFD)
 }

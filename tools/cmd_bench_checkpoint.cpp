@@ -41,12 +41,12 @@
 #include <thread>
 
 #include "command.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/tensor/allocator.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
-#include "meshgrad/train/optimizer.hpp"
-#include "meshgrad/train/sha256.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/io/sha256.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "options.hpp"
 
@@ -202,9 +202,9 @@ double raw_read_seconds(const std::string& dir) {
 
 // An order-sensitive fingerprint of a rank's training state (its bytes as 64-bit words), to check
 // that a load brought back exactly what was saved.
-std::uint64_t fingerprint(const std::vector<train::StateTensor>& state) {
+std::uint64_t fingerprint(const std::vector<checkpoint::StateTensor>& state) {
   std::uint64_t h = 0;
-  for (const train::StateTensor& t : state) {
+  for (const checkpoint::StateTensor& t : state) {
     const Tensor c = t.local.contiguous();
     const auto* bytes = static_cast<const unsigned char*>(c.raw_data());
     const std::size_t n = static_cast<std::size_t>(c.numel()) * dtype_size(c.dtype());
@@ -218,9 +218,9 @@ std::uint64_t fingerprint(const std::vector<train::StateTensor>& state) {
 }
 
 // The bytes a checkpoint of `state` holds: every tensor once, whatever its placements.
-std::uint64_t checkpoint_bytes(const std::vector<train::StateTensor>& state) {
+std::uint64_t checkpoint_bytes(const std::vector<checkpoint::StateTensor>& state) {
   std::uint64_t n = 0;
-  for (const train::StateTensor& t : state) n += static_cast<std::uint64_t>(shape_numel(t.full_shape)) * dtype_size(t.local.dtype());
+  for (const checkpoint::StateTensor& t : state) n += static_cast<std::uint64_t>(shape_numel(t.full_shape)) * dtype_size(t.local.dtype());
   return n;
 }
 
@@ -241,7 +241,7 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
   TpFigures f;
   std::mutex mu;
   const bool verbose = std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr;
-  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", tp}});
     // The state a checkpoint at `step` holds besides the tensors (what load_training_state reads).
     const auto info = [](std::int64_t step) {
@@ -254,21 +254,21 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
       if (world->rank() == 0) disk.keep_best(writes ? probe->writes() : probe->reads());
       world->barrier();
     };
-    train::CheckpointSaver saver(root, mesh, 0);
+    checkpoint::CheckpointSaver saver(root, mesh, 0);
     double save_s = 1e30, stall_s = 0, async_total_s = 0;
     std::uint64_t bytes = 0, saved_fingerprint = 0;
     std::int64_t step = 0;
     {
       auto model = nn::make_model(cfg, {}, mesh, 1);
       const std::vector<nn::Parameter*> params = model->parameters();
-      train::AdamW opt(params, mesh);
+      optim::AdamW opt(params, mesh);
       std::vector<Tensor> m, v;
       for (const nn::Parameter* p : params) {
         m.push_back(p->value.detach().clone());
         v.push_back(p->value.detach().clone());
       }
       opt.load_state(1, m, v);
-      const std::vector<train::StateTensor> state = train::training_state_tensors(params, opt);
+      const std::vector<checkpoint::StateTensor> state = train::training_state_tensors(params, opt);
       saved_fingerprint = fingerprint(state);
       if (world->rank() == 0) probe = std::make_unique<DiskProbe>(fs::path(root).parent_path().string(), checkpoint_bytes(state));
 
@@ -278,7 +278,7 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
         world->barrier();
         const Clock::time_point t0 = Clock::now();
         ++step;
-        const train::SaveTimes times = saver.save(step, state, info(step), /*async=*/false);
+        const checkpoint::SaveTimes times = saver.save(step, state, info(step), /*async=*/false);
         world->barrier();
         const double s = since(t0);
         if (verbose)
@@ -300,7 +300,7 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
       world->barrier();
       const Clock::time_point t0 = Clock::now();
       ++step;
-      const train::SaveTimes times = saver.save(step, state, info(step), /*async=*/true);
+      const checkpoint::SaveTimes times = saver.save(step, state, info(step), /*async=*/true);
       stall_s = since(t0);
       saver.wait();
       world->barrier();
@@ -308,7 +308,7 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
       bytes = times.bytes_written;
     }   // the saved model and optimizer are gone: the resume below builds its own, as a new process does
 
-    const std::string ck = (fs::path(root) / train::checkpoint_dir_name(step)).string();
+    const std::string ck = (fs::path(root) / checkpoint::checkpoint_dir_name(step)).string();
     const auto drop_checkpoint_cache = [&] {
       if (world->rank() == 0) {
         for (const auto& e : fs::directory_iterator(ck)) drop_cache(e.path().string());
@@ -321,7 +321,7 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
     world->barrier();
     if (world->rank() == 0) {
       memory::release_cached();
-      train::release_staging_buffers();
+      checkpoint::release_staging_buffers();
     }
     drop_checkpoint_cache();
 
@@ -330,21 +330,21 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
     Clock::time_point t0 = Clock::now();
     auto model = nn::make_model(cfg, {}, mesh, 2);
     const std::vector<nn::Parameter*> params = model->parameters();
-    train::AdamW opt(params, mesh);
+    optim::AdamW opt(params, mesh);
     opt.materialize_moments();
     world->barrier();
     const double build_s = since(t0);
     const auto load_in_place = [&] {
       drop_checkpoint_cache();
       const Clock::time_point start = Clock::now();
-      const train::Manifest manifest = train::read_manifest(ck);
+      const checkpoint::Manifest manifest = checkpoint::read_manifest(ck);
       const int loaded_step = train::load_training_state(ck, manifest, *model, opt, train::StateLoad::in_place);
       world->barrier();
       MG_CHECK(loaded_step == step, "bench checkpoint: loaded step {}, saved step {}", loaded_step, step);
       return since(start);
     };
     const double first_load_s = load_in_place();
-    const std::vector<train::StateTensor> loaded_state = train::training_state_tensors(params, opt);
+    const std::vector<checkpoint::StateTensor> loaded_state = train::training_state_tensors(params, opt);
     MG_CHECK(opt.steps() == 1 && fingerprint(loaded_state) == saved_fingerprint,
              "bench checkpoint: tp={} rank {}: the resumed state differs from the saved one", tp, world->rank());
     // Then kRepeats loads, each right after a read probe and a plain read of the same files.
@@ -364,13 +364,13 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
     drop_checkpoint_cache();
     t0 = Clock::now();
     {
-      const train::Manifest manifest = train::read_manifest(ck);
-      std::vector<train::PieceRequest> requests;
-      for (const train::StateTensor& t : loaded_state) {
+      const checkpoint::Manifest manifest = checkpoint::read_manifest(ck);
+      std::vector<checkpoint::PieceRequest> requests;
+      for (const checkpoint::StateTensor& t : loaded_state) {
         requests.push_back({t.name, t.full_shape, dist::piece_layout(t.full_shape, *mesh, t.placements, mesh->coordinates()),
                             t.local.dtype()});
       }
-      const std::vector<Tensor> loaded = train::read_pieces(ck, manifest, requests);
+      const std::vector<Tensor> loaded = checkpoint::read_pieces(ck, manifest, requests);
     }
     world->barrier();
     const double new_tensors_load_s = since(t0);
@@ -417,7 +417,7 @@ double hash_bound_speed(std::uint64_t bytes) {
       const std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> piece(XXH3_createState(), XXH3_freeState);
       if (!staging || !piece) return;
       XXH3_128bits_reset(piece.get());
-      train::Sha256 file;
+      io::Sha256 file;
       for (std::uint64_t done = 0; done < per_stream; done += kSlice) {
         std::byte* dst = staging.get() + done % kStaging;
         std::memcpy(dst, sources[i].data() + done % kSource, kSlice);

@@ -11,7 +11,7 @@
 
 #include "command.hpp"
 #include "options.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/comm/collective_bench.hpp"
 #include "meshgrad/train/trace_file.hpp"
 
@@ -56,7 +56,7 @@ int run(const BenchCollectivesArgs& a) {
   int printed_world = 0;
   std::atomic<bool> wrong{false};
   train::TraceRecorder trace(a.trace);
-  run_on_backend(a.backend, world_size, [&](const comm::CommunicatorPtr& world) {
+  launch::run_on_backend(a.backend, world_size, [&](const comm::CommunicatorPtr& world) {
     if (!threads) {
       if (world->rank() == 0) memcpy_gbps = comm::measure_memcpy_gbps(std::size_t(64) << 20);
       world->barrier();

@@ -9,7 +9,7 @@
 #include <vector>
 
 #include "command.hpp"
-#include "mesh_runner.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 #include "meshgrad/train/trainer.hpp"
 
@@ -55,7 +55,7 @@ int run_bench_invariant(const BenchInvariantOptions& o) {
       run.parallel.tp_invariant = inv;
       run.parallel.invariant_blocks = o.blocks;
       double tps = 0;
-      mesh_runner("threads", o.mesh)([&](const dist::DeviceMeshPtr& mesh) {
+      launch::mesh_runner("threads", o.mesh)([&](const dist::DeviceMeshPtr& mesh) {
         const train::TrainResult result = train::train(run, mesh);
         if (mesh->rank() == 0) tps = result.tokens_per_s;
       });

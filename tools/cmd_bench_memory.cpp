@@ -33,14 +33,14 @@
 #include <vector>
 
 #include "command.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/tensor/random.hpp"
-#include "meshgrad/train/grad_sync.hpp"
-#include "meshgrad/train/optimizer.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::tools {
@@ -135,7 +135,7 @@ TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, int t
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = o.sequence_parallel;
   std::mutex mu;
-  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     const int r = world->rank();
     // Domain r + 1: 0 is every other thread's (the launcher's, the executor's).
     const memory::ScopedDomain domain(r + 1);
@@ -157,8 +157,8 @@ TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, int t
         }
       }
       const nn::Batch batch{Tensor::from_int64(in, {cfg.batch, cfg.seq}), Tensor::from_int64(tg, {cfg.batch, cfg.seq})};
-      train::GradientSynchronizer sync(params, mesh);
-      train::AdamW optimizer(params, mesh);
+      optim::GradientSynchronizer sync(params, mesh);
+      optim::AdamW optimizer(params, mesh);
       for (int step = 0; step + 1 < o.steps; ++step) train::train_step(*model, batch, *mesh, sync, optimizer);
       // The last step, measured from what it keeps across steps (parameters, AdamW's m and v):
       // train_step drops the previous gradients first too.

@@ -12,7 +12,7 @@
 
 #include "command.hpp"
 #include "options.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/nn/model.hpp"
@@ -50,7 +50,7 @@ StepFigures time_steps(const BenchMlpOptions& o, int tp, bool overlap) {
   parallel.overlap = overlap;
   StepFigures result;
   std::mutex mu;
-  run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", tp}});
     auto model = nn::make_model(cfg, parallel, mesh, 1);
     const nn::Batch batch{Tensor::zeros({1, o.tokens}, DType::Int64), Tensor::zeros({1, o.tokens}, DType::Int64)};
@@ -86,11 +86,12 @@ StepFigures time_steps(const BenchMlpOptions& o, int tp, bool overlap) {
 }
 
 int run_bench_mlp(const BenchMlpOptions& o) {
-  const auto axes = dist::parse_mesh_spec(o.mesh);
-  MG_CHECK(axes.size() == 1 && axes[0].name == "tp", "bench mlp: --mesh must be tp=N, got '{}'", o.mesh);
+  const auto axes = dist::parse_mesh(o.mesh);
+  MG_CHECK(axes.size() == 2 && axes[0].size == 1 && axes[1].name == "tp", "bench mlp: --mesh must be tp=N, got '{}'",
+           o.mesh);
   MG_CHECK(o.steps >= 1 && o.warmup >= 0 && o.tokens >= 1 && o.hidden >= 1 && o.ffn >= 1,
            "bench mlp: steps, tokens, hidden and ffn must be positive");
-  const int tp = axes[0].size;
+  const int tp = axes[1].size;
   // Forward: two GEMMs of 2*T*H*F flops; backward: twice the forward (dX and dW of each).
   const double flops = 3.0 * 2.0 * 2.0 * o.tokens * static_cast<double>(o.hidden) * o.ffn;
   fmt::print("meshgrad bench mlp: tp={} tokens={} hidden={} ffn={} {} {}, threads backend, median of {} steps\n", tp,

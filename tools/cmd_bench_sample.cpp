@@ -13,7 +13,7 @@
 #include <sstream>
 
 #include "command.hpp"
-#include "mesh_runner.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "options.hpp"
@@ -66,7 +66,7 @@ int run(BenchSampleArgs& a) {
   std::vector<Row> rows;
   std::string mesh_name;
   std::mutex mu;
-  mesh_runner(a.backend, a.mesh)([&](const dist::DeviceMeshPtr& mesh) {
+  launch::mesh_runner(a.backend, a.mesh)([&](const dist::DeviceMeshPtr& mesh) {
     auto model = nn::make_model(a.model, {}, mesh, 1);
     model->set_training(false);
     const std::vector<std::int64_t> all = random::randint({a.model.positions}, 7, a.model.vocab).to_int64_vector();

@@ -8,34 +8,34 @@
 
 #include "command.hpp"
 #include "options.hpp"
-#include "launch.hpp"
-#include "meshgrad/train/equivalence.hpp"
+#include "meshgrad/launch/launch.hpp"
+#include "meshgrad/diag/equivalence.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
 struct CheckArgs {
-  train::EquivalenceOptions options;
+  diag::EquivalenceOptions options;
   std::string dtype = "float64";
   bool recompute = false;
 };
 
 int run_check(CheckArgs& a) {
-  train::EquivalenceOptions& o = a.options;
+  diag::EquivalenceOptions& o = a.options;
   o.model.dtype = parse_dtype(a.dtype);
   o.parallel.recompute_allgather = a.recompute;
   MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
            "check: --regather re-gathers the sequence-parallel input in backward; it needs --sequence-parallel");
-  const train::EquivalenceReport report = train::check_equivalence(o, [&](const auto& fn) {
-    run_on_backend(o.backend, o.backend == "mpi" ? 0 : mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
-      fn(make_mesh(world, o.mesh));
+  const diag::EquivalenceReport report = diag::check_equivalence(o, [&](const auto& fn) {
+    launch::run_on_backend(o.backend, o.backend == "mpi" ? 0 : dist::mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
+      fn(launch::make_mesh(world, o.mesh));
     });
   });
   if (!report.compared) return 0;   // an mpi rank other than 0: rank 0 prints the verdict and sets the exit status
   fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
              "{} steps, {}\n",
              o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
-             a.dtype, mesh_spec_str(mesh_axes_from_spec(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
+             a.dtype, dist::mesh_spec(dist::parse_mesh(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
              o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.backend);
   if (o.parallel.tp_invariant) fmt::print("tp-invariant mode, {} blocks per split dimension\n", o.parallel.invariant_blocks);
   fmt::print("tolerance (max |mesh - reference| / max |reference| per parameter): gradients {:.0e}, weights {:.0e}\n\n",

@@ -10,7 +10,7 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
+#include "meshgrad/checkpoint/store.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -22,10 +22,10 @@ struct CheckpointArgs {
 
 int run_checkpoint(const CheckpointArgs& a) {
   if (a.action == "list") {
-    const std::vector<std::string> all = train::list_checkpoints(a.path);
-    if (all.empty()) throw train::CheckpointError(fmt::format("'{}' holds no committed checkpoint", a.path));
+    const std::vector<std::string> all = checkpoint::list_checkpoints(a.path);
+    if (all.empty()) throw checkpoint::CheckpointError(fmt::format("'{}' holds no committed checkpoint", a.path));
     for (const std::string& dir : all) {
-      const train::Manifest m = train::read_manifest(dir);
+      const checkpoint::Manifest m = checkpoint::read_manifest(dir);
       std::uint64_t bytes = 0;
       for (const auto& f : m.files) bytes += f.bytes;
       fmt::print("{}  step {}  mesh {}  {:.1f} MB in {} files\n", dir, m.step, m.mesh, static_cast<double>(bytes) / 1e6,
@@ -33,15 +33,15 @@ int run_checkpoint(const CheckpointArgs& a) {
     }
     return 0;
   }
-  const std::string dir = train::resolve_checkpoint(a.path);
+  const std::string dir = checkpoint::resolve_checkpoint(a.path);
   if (a.action == "verify") {
     const auto t0 = std::chrono::steady_clock::now();
-    const std::uint64_t bytes = train::verify_checkpoint(dir);
+    const std::uint64_t bytes = checkpoint::verify_checkpoint(dir);
     const double s = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     fmt::print("{}: OK, {} bytes match their SHA-256 ({:.0f} MB/s)\n", dir, bytes, static_cast<double>(bytes) / 1e6 / std::max(s, 1e-9));
     return 0;
   }
-  const train::Manifest m = train::read_manifest(dir);
+  const checkpoint::Manifest m = checkpoint::read_manifest(dir);
   fmt::print("checkpoint {}\nstep {} written on {}\n", dir, m.step, m.mesh);
   if (m.state.contains("config")) fmt::print("configuration: {}\n", m.state["config"].dump());
   for (const auto& f : m.files) fmt::print("file {}  {} bytes  sha256 {}\n", f.name, f.bytes, f.sha256);

@@ -13,9 +13,9 @@
 #include "command.hpp"
 #include "options.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/distributed/rule.hpp"
-#include "meshgrad/train/explain.hpp"
+#include "meshgrad/diag/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::tools {
@@ -41,12 +41,12 @@ int run_explain(const ExplainArgs& a) {
                dist::format_rule_table());
     return 0;
   }
-  const std::vector<dist::MeshAxis> axes = mesh_axes_from_spec(a.mesh);
-  const std::vector<train::ExplainRow> rows = train::explain_model(a.config, a.parallel, axes, link);
+  const std::vector<dist::MeshAxis> axes = dist::parse_mesh(a.mesh);
+  const std::vector<diag::ExplainRow> rows = diag::explain_model(a.config, a.parallel, axes, link);
   if (a.format == "json") {
-    fmt::print("{}", train::format_explain_json(rows));
+    fmt::print("{}", diag::format_explain_json(rows));
   } else {
-    fmt::print("{}", train::format_explain_table(rows, {a.config, a.parallel, axes, link}));
+    fmt::print("{}", diag::format_explain_table(rows, {a.config, a.parallel, axes, link}));
   }
   return 0;
 }

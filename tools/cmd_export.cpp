@@ -8,13 +8,13 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/train/hf_io.hpp"
+#include "meshgrad/interop/hf_io.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
-int run_export(const train::ExportOptions& o) {
-  const train::ExportResult r = train::export_hf(o);
+int run_export(const interop::ExportOptions& o) {
+  const interop::ExportResult r = interop::export_hf(o);
   std::string files;
   for (const auto& f : r.files) files += (files.empty() ? "" : ", ") + f;
   fmt::print("wrote {} ({} parameters, {}): {}\n", o.out_dir, r.parameters, o.dtype, files);
@@ -28,7 +28,7 @@ int run_export(const train::ExportOptions& o) {
 MESHGRAD_REGISTER_COMMAND(
     export, {"", "export", "Write a checkpoint as a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer)",
              [](CLI::App& app) -> std::function<int()> {
-               auto o = std::make_shared<train::ExportOptions>();
+               auto o = std::make_shared<interop::ExportOptions>();
                app.add_option("--checkpoint", o->checkpoint, "Parameters written by `meshgrad train --save`")->required();
                app.add_option("--out", o->out_dir, "The directory to write (must not exist, or be empty)")->required();
                app.add_option("--dtype", o->dtype, "Storage dtype of the weights")

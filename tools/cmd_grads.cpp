@@ -14,10 +14,10 @@
 #include <vector>
 
 #include "command.hpp"
-#include "mesh_runner.hpp"
-#include "meshgrad/train/jobs.hpp"
-#include "meshgrad/train/output_path.hpp"
-#include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/launch/launch.hpp"
+#include "meshgrad/launch/jobs.hpp"
+#include "meshgrad/io/output_path.hpp"
+#include "meshgrad/io/safetensors.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -33,11 +33,11 @@ struct GradsArgs {
 };
 
 // Reading and checking the files and computing the gradients is the library's job
-// (train::run_grads_job, shared with the Python module); this writes rank 0's result.
+// (launch::run_grads_job, shared with the Python module); this writes rank 0's result.
 int run(const GradsArgs& a) {
   // Before any work: --out must be writable and must not be one of the inputs.
-  train::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
-  train::GradsJob job;
+  io::check_output_paths({{"--out", a.out}}, {{"--config", a.config}, {"--weights", a.weights}, {"--batch", a.batch}});
+  launch::GradsJob job;
   job.config = a.config;
   job.weights = a.weights;
   job.batch = a.batch;
@@ -45,11 +45,11 @@ int run(const GradsArgs& a) {
   job.sequence_parallel = a.sequence_parallel;
   job.tp_invariant = a.tp_invariant;
   job.invariant_blocks = a.invariant_blocks;
-  const train::GradsResult r = train::run_grads_job(job, mesh_runner(a.backend, a.mesh));
+  const launch::GradsResult r = launch::run_grads_job(job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
   tensors.emplace_back("loss", Tensor::scalar(r.loss, r.dtype));
-  train::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
+  io::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
   fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", r.loss, r.gradients.size(),
              dtype_name(r.dtype), a.out, r.mesh, r.backend, a.sequence_parallel ? ", sequence-parallel" : "");
   return 0;

@@ -6,8 +6,8 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/train/output_path.hpp"
-#include "meshgrad/train/plot.hpp"
+#include "meshgrad/io/output_path.hpp"
+#include "meshgrad/diag/plot.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -18,10 +18,10 @@ struct PlotArgs {
 };
 
 int run_plot(const PlotArgs& a) {
-  train::check_output_paths({{"-o", a.out}}, {{"METRICS", a.metrics}});
-  const train::MetricsSeries series = train::read_metrics(a.metrics);
-  const std::string svg = train::metrics_svg(series, a.metrics);
-  train::AtomicFileWriter writer(a.out);
+  io::check_output_paths({{"-o", a.out}}, {{"METRICS", a.metrics}});
+  const diag::MetricsSeries series = diag::read_metrics(a.metrics);
+  const std::string svg = diag::metrics_svg(series, a.metrics);
+  io::AtomicFileWriter writer(a.out);
   writer.write(svg.data(), svg.size(), "the plot");
   writer.commit();
   fmt::print("{} steps ({} evaluations) drawn to {}\n", series.step.size(), series.val_step.size(), a.out);

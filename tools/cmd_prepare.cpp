@@ -10,13 +10,13 @@
 #include <memory>
 
 #include "command.hpp"
-#include "meshgrad/train/prepare.hpp"
+#include "meshgrad/data/prepare.hpp"
 
 namespace meshgrad::tools {
 namespace {
 
 struct PrepareArgs {
-  train::PrepareOptions options;
+  data::PrepareOptions options;
   bool quiet = false;
 };
 
@@ -50,7 +50,7 @@ class ByteProgress {
 
 int run(PrepareArgs& a) {
   if (!a.quiet) a.options.progress = ByteProgress();
-  const train::PrepareResult r = train::prepare_dataset(a.options);
+  const data::PrepareResult r = data::prepare_dataset(a.options);
   fmt::print("prepared {}: {} train + {} val tokens (vocab {}) from {} input file(s), {:.1f} MB\n", a.options.out_dir,
              r.train_tokens, r.val_tokens, r.vocab_size, a.options.inputs.size(), static_cast<double>(r.bytes) / 1e6);
   return 0;

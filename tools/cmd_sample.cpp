@@ -10,8 +10,8 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/train/sample.hpp"
-#include "mesh_runner.hpp"
+#include "meshgrad/generate/sample.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 
 namespace meshgrad::tools {
@@ -20,7 +20,7 @@ namespace {
 struct SampleArgs {
   std::string mesh = "tp=2";
   std::string backend = "threads";
-  train::SampleJob job;
+  generate::SampleJob job;
 };
 
 int run(SampleArgs& a) {
@@ -28,7 +28,7 @@ int run(SampleArgs& a) {
     std::fwrite(text.data(), 1, text.size(), stdout);
     std::fflush(stdout);   // streaming: each token as it is produced
   };
-  const train::SampleResult r = train::run_sample_job(a.job, mesh_runner(a.backend, a.mesh));
+  const generate::SampleResult r = generate::run_sample_job(a.job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.leader) return 0;   // another process (mpi) printed
   if (!r.text.empty() && r.text.back() != '\n') std::fputc('\n', stdout);
   std::fflush(stdout);

@@ -9,8 +9,8 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/train/output_path.hpp"
-#include "meshgrad/train/trace_report.hpp"
+#include "meshgrad/io/output_path.hpp"
+#include "meshgrad/diag/trace_report.hpp"
 #include "options.hpp"
 
 namespace meshgrad::tools {
@@ -25,24 +25,24 @@ struct TraceArgs {
 };
 
 int run_summary(const TraceArgs& a) {
-  const train::TraceData trace = train::read_trace(a.trace);
-  const auto rows = train::summarize_trace(trace, a.step);
+  const diag::TraceData trace = diag::read_trace(a.trace);
+  const auto rows = diag::summarize_trace(trace, a.step);
   MG_CHECK(!rows.empty(), "trace summary: '{}' has no rank lanes (\"rank N\"): was it written by --trace?", a.trace);
-  fmt::print("{}", train::format_trace_summary(rows));
+  fmt::print("{}", diag::format_trace_summary(rows));
   fmt::print("comm: time with a collective of the rank in flight; exposed: the part of it the rank waited or was off "
              "the CPU after launching one; hidden: the rest, overlapped with compute (docs/tracing.md)\n");
   return 0;
 }
 
 int run_svg(const TraceArgs& a) {
-  train::check_output_paths({{"-o", a.out}}, {{"TRACE", a.trace}});
-  const train::TraceData trace = train::read_trace(a.trace);
-  train::TraceSvgOptions options;
+  io::check_output_paths({{"-o", a.out}}, {{"TRACE", a.trace}});
+  const diag::TraceData trace = diag::read_trace(a.trace);
+  diag::TraceSvgOptions options;
   options.step = a.step;
   options.width = a.width;
   options.title = a.title.empty() ? (a.step > 0 ? fmt::format("{}, step {}", a.trace, a.step) : a.trace) : a.title;
-  const std::string svg = train::trace_svg(trace, options);
-  train::AtomicFileWriter writer(a.out);
+  const std::string svg = diag::trace_svg(trace, options);
+  io::AtomicFileWriter writer(a.out);
   writer.write(svg.data(), svg.size(), "the SVG");
   writer.commit();
   fmt::print("{} lanes drawn to {}\n", trace.lanes.size(), a.out);

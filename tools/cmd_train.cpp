@@ -11,9 +11,9 @@
 
 #include "command.hpp"
 #include "json_config.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
-#include "meshgrad/train/jobs.hpp"
-#include "mesh_runner.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/launch/jobs.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 
 #ifndef MESHGRAD_VERSION   // set by CMake for this file (the metrics header records them)
@@ -47,7 +47,7 @@ struct TrainArgs {
   }
 };
 
-// The checks and the loop are the library's (train::run_train_job), shared with the Python module.
+// The checks and the loop are the library's (launch::run_train_job), shared with the Python module.
 int run(TrainArgs& a, const CLI::App& app) {
   a.options.model.dtype = parse_dtype(a.dtype);
   a.options.provenance = {{"meshgrad_version", MESHGRAD_VERSION}, {"git_commit", MESHGRAD_GIT_COMMIT},
@@ -63,10 +63,10 @@ int run(TrainArgs& a, const CLI::App& app) {
   std::string mesh = a.mesh;
   if (!a.options.resume.empty() && a.options.given_options.count("mesh") == 0) {
     // The checkpoint's mesh, unless another one is asked for (any mesh loads it).
-    const train::Manifest manifest = train::read_manifest(train::resolve_checkpoint(a.options.resume));
+    const checkpoint::Manifest manifest = checkpoint::read_manifest(checkpoint::resolve_checkpoint(a.options.resume));
     mesh = manifest.state.value("mesh", a.mesh);
   }
-  train::run_train_job(a.options, mesh_runner(a.backend, mesh));
+  launch::run_train_job(a.options, launch::mesh_runner(a.backend, mesh));
   return 0;
 }
 

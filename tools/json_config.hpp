@@ -17,7 +17,7 @@
 #include <vector>
 
 #include "meshgrad/tensor/error.hpp"
-#include "meshgrad/train/json_input.hpp"
+#include "meshgrad/io/json_input.hpp"
 
 namespace meshgrad::tools {
 
@@ -55,7 +55,7 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
   text << in.rdbuf();
   nlohmann::json j;
   try {
-    j = train::parse_untrusted_json(text.str(), /*max_depth=*/2);
+    j = io::parse_untrusted_json(text.str(), /*max_depth=*/2);
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("--config '{}': not a JSON object of options: {}", path, e.what()));
   }
@@ -70,18 +70,18 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
     if (v.is_string()) return v.get<std::string>();
     if (v.is_number()) return v.dump();
     throw InvalidArgument(fmt::format("--config '{}': the value of {} must be a number, a string, true/false or an "
-                                      "array of them, got {}", path, train::json_quote(key), train::json_excerpt(v)));
+                                      "array of them, got {}", path, io::json_quote(key), io::json_excerpt(v)));
   };
   std::vector<std::string> inserted;
   for (const auto& [key, value] : j.items()) {
     const std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
     const CLI::Option* option = command->get_option_no_throw(flag);
     MG_CHECK(option != nullptr && flag != "--config", "--config '{}': {} is not an option of `meshgrad {}`", path,
-             train::json_quote(key), args[1]);
+             io::json_quote(key), args[1]);
     if (given(flag)) continue;   // the command line wins
     if (value.is_boolean()) {
       MG_CHECK(option->get_expected_min() == 0, "--config '{}': {} takes a value, not true/false", path,
-               train::json_quote(key));
+               io::json_quote(key));
       if (value.get<bool>()) inserted.push_back(flag);
       continue;
     }

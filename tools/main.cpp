@@ -9,7 +9,7 @@
 
 #include "command.hpp"
 #include "json_config.hpp"
-#include "launch.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 // Set by CMake for this file at configure time (the commit goes stale until cmake runs again).
@@ -46,12 +46,12 @@ std::string normalized(const std::string& text) {
 // The parsed configuration of command `sub` (e.g. `bench collectives`), for the start-up agreement
 // of MPI ranks: the command, the binary's version, every option's effective value (given, else its
 // default), and the environment variables that change the communication protocol.
-std::vector<OptionValue> parsed_options(const CLI::App& sub, const std::string& version) {
+std::vector<launch::OptionValue> parsed_options(const CLI::App& sub, const std::string& version) {
   std::string command = sub.get_name();
   for (const CLI::App* p = sub.get_parent(); p != nullptr && p->get_parent() != nullptr; p = p->get_parent()) {
     command = p->get_name() + " " + command;
   }
-  std::vector<OptionValue> out{{"command", command}, {"meshgrad version", version}};
+  std::vector<launch::OptionValue> out{{"command", command}, {"meshgrad version", version}};
   for (const CLI::Option* opt : sub.get_options()) {
     if (opt->get_name() == "--help" || opt->get_name() == "--help-all") continue;
     std::string value;
@@ -114,11 +114,11 @@ int main(int argc, char** argv) {
   try {
     for (auto& [sub, run] : runners) {
       if (!sub->parsed()) continue;
-      set_launch_options(parsed_options(*sub, version));
+      meshgrad::launch::set_launch_options(parsed_options(*sub, version));
       return run();
     }
   } catch (const std::exception& e) {
-    fmt::print(stderr, "meshgrad: error: {}\n", error_message(e));
+    fmt::print(stderr, "meshgrad: error: {}\n", meshgrad::launch::error_message(e));
     return 1;
   }
   fmt::print(stderr, "meshgrad: no command given (see --help)\n");

@@ -1,45 +1,103 @@
 #include "meshgrad/distributed/mesh.hpp"
 
 #include <algorithm>
+#include <cctype>
 #include <charconv>
 #include <cstdint>
+#include <string_view>
 
 namespace meshgrad::dist {
 
-std::vector<MeshAxis> parse_mesh_spec(const std::string& spec) {
-  std::vector<MeshAxis> axes;
+namespace {
+
+constexpr const char* kMeshExamples = "e.g. tp=2, dp=2,tp=2 or dp=2,tp=2x2";
+
+// One size of a --mesh item: a positive integer, at most kMaxMeshRanks (so products of a few stay
+// far from overflow; the product is checked separately).
+std::int64_t parse_mesh_size(std::string_view text, const std::string& item, const std::string& spec) {
+  const bool digits = !text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; });
+  std::int64_t value = 0;
+  const auto [end, ec] = std::from_chars(text.data(), text.data() + text.size(), value);
+  MG_CHECK(digits && (ec == std::errc::result_out_of_range || value >= 1),
+           "--mesh '{}': the size in '{}' must be a positive integer, got '{}' ({})", spec, item, text, kMeshExamples);
+  MG_CHECK(ec == std::errc() && value <= kMaxMeshRanks, "--mesh '{}': the size in '{}' is {}; meshgrad runs at most {} "
+           "ranks", spec, item, text, kMaxMeshRanks);
+  return value;
+}
+
+}  // namespace
+
+std::vector<MeshAxis> parse_mesh(const std::string& spec) {
+  MG_CHECK(!spec.empty(), "--mesh is empty ({})", kMeshExamples);
+  std::int64_t dp = 0, tp_row = 0, tp_col = 0;   // 0 = not given
+  bool two_d = false;
   std::size_t pos = 0;
-  MG_CHECK(!spec.empty(), "mesh: empty spec (expected e.g. tp=4 or dp=2,tp=2)");
   while (pos <= spec.size()) {
     const std::size_t comma = std::min(spec.find(',', pos), spec.size());
     const std::string item = spec.substr(pos, comma - pos);
-    const std::size_t eq = item.find('=');
-    MG_CHECK(eq != std::string::npos && eq > 0 && eq + 1 < item.size(),
-             "mesh: '{}' in '{}' is not name=size (expected e.g. tp=4 or dp=2,tp=2)", item, spec);
-    MeshAxis axis{item.substr(0, eq), 0};
-    const char* first = item.data() + eq + 1;
-    const char* last = item.data() + item.size();
-    auto [end, ec] = std::from_chars(first, last, axis.size);
-    MG_CHECK(ec == std::errc() && end == last && axis.size >= 1, "mesh: size of axis '{}' in '{}' must be a positive "
-             "integer, got '{}'", axis.name, spec, item.substr(eq + 1));
-    for (const auto& a : axes) MG_CHECK(a.name != axis.name, "mesh: axis '{}' appears twice in '{}'", axis.name, spec);
-    axes.push_back(axis);
     pos = comma + 1;
+    const std::size_t eq = item.find('=');
+    MG_CHECK(eq != std::string::npos && eq > 0,
+             "--mesh '{}': '{}' is not axis=size; the axes are dp and tp ({})", spec, item, kMeshExamples);
+    const std::string name = item.substr(0, eq);
+    const std::string_view value = std::string_view(item).substr(eq + 1);
+    if (name != "dp" && name != "tp") {
+      std::string lower = name;
+      for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
+      const bool miscased = lower == "dp" || lower == "tp";
+      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are dp and tp (names are "
+                                        "case-sensitive; {})", spec, name,
+                                        miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshExamples));
+    }
+    std::int64_t& first = name == "dp" ? dp : tp_row;
+    MG_CHECK(first == 0, "--mesh '{}': axis '{}' appears twice", spec, name);
+    const std::size_t x = value.find('x');
+    if (name == "tp" && x != std::string_view::npos) {   // tp=RxC: a 2-D tensor-parallel grid
+      tp_row = parse_mesh_size(value.substr(0, x), item, spec);
+      tp_col = parse_mesh_size(value.substr(x + 1), item, spec);
+      two_d = true;
+    } else {
+      first = parse_mesh_size(value, item, spec);
+    }
+  }
+  if (dp == 0) dp = 1;
+  if (tp_row == 0) tp_row = 1;
+  if (tp_col == 0) tp_col = 1;
+  // Each size is <= kMaxMeshRanks (checked above), so this product of three fits in int64.
+  const std::int64_t ranks = dp * tp_row * tp_col;
+  MG_CHECK(ranks <= kMaxMeshRanks, "--mesh '{}' needs {} ranks; meshgrad runs at most {}", spec, ranks, kMaxMeshRanks);
+  std::vector<MeshAxis> axes{{"dp", static_cast<int>(dp)}};
+  if (two_d) {
+    axes.push_back({"tp_row", static_cast<int>(tp_row)});
+    axes.push_back({"tp_col", static_cast<int>(tp_col)});
+  } else {
+    axes.push_back({"tp", static_cast<int>(tp_row)});
   }
   return axes;
 }
 
-std::vector<MeshAxis> canonical_mesh_order(std::vector<MeshAxis> axes) {
-  auto rank_of_name = [](const MeshAxis& a) { return a.name == "dp" ? 0 : a.name == "tp" ? 2 : 1; };
-  std::stable_sort(axes.begin(), axes.end(),
-                   [&](const MeshAxis& a, const MeshAxis& b) { return rank_of_name(a) < rank_of_name(b); });
-  return axes;
+int mesh_world_size(const std::string& spec) {
+  int n = 1;
+  for (const auto& a : parse_mesh(spec)) n *= a.size;   // <= kMaxMeshRanks, checked
+  return n;
 }
 
-std::string mesh_spec_str(const std::vector<MeshAxis>& axes) {
+std::string mesh_spec(const std::vector<MeshAxis>& axes) {
+  // The grammar's layouts: [dp,] tp or [dp,] tp_row, tp_col, in that order.
+  std::vector<std::string> names;
+  for (const MeshAxis& a : axes) names.push_back(a.name);
+  const std::size_t t = !names.empty() && names.front() == "dp" ? 1 : 0;
+  const std::vector<std::string> rest(names.begin() + static_cast<std::ptrdiff_t>(t), names.end());
+  const bool one_d = rest == std::vector<std::string>{"tp"};
+  const bool two_d = rest == std::vector<std::string>{"tp_row", "tp_col"};
   std::string s;
-  for (const auto& a : axes) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
-  return s;
+  if (!one_d && !two_d) {
+    for (const auto& a : axes) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
+    return s;
+  }
+  if (t == 1 && axes.front().size != 1) s = fmt::format("dp={},", axes.front().size);
+  if (two_d) return s + fmt::format("tp={}x{}", axes[t].size, axes[t + 1].size);
+  return s + fmt::format("tp={}", axes[t].size);
 }
 
 DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)
@@ -51,10 +109,10 @@ DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)
   for (const auto& a : axes_) {
     MG_CHECK(a.size >= 1, "DeviceMesh: axis '{}' has size {}", a.name, a.size);
     MG_CHECK(!__builtin_mul_overflow(product, std::int64_t{a.size}, &product) && product <= world_->size(),
-             "DeviceMesh: mesh {} has more ranks than the communicator's {}", mesh_spec_str(axes_), world_->size());
+             "DeviceMesh: mesh {} has more ranks than the communicator's {}", mesh_spec(axes_), world_->size());
   }
   MG_CHECK(product == world_->size(), "DeviceMesh: mesh {} has {} ranks but the communicator has {}",
-           mesh_spec_str(axes_), product, world_->size());
+           mesh_spec(axes_), product, world_->size());
   coords_ = coordinates_of(world_->rank());
   // One split per axis: ranks that agree on every other coordinate form the group; the color is
   // the rank with this axis' coordinate set to 0, the key the coordinate along the axis.
@@ -135,10 +193,6 @@ int DeviceMesh::rank_of(const std::vector<int>& coords) const {
   return rank;
 }
 
-std::string DeviceMesh::str() const {
-  std::string s = "mesh(";
-  for (std::size_t i = 0; i < axes_.size(); ++i) s += fmt::format("{}{}={}", i ? ", " : "", axes_[i].name, axes_[i].size);
-  return s + ")";
-}
+std::string DeviceMesh::str() const { return mesh_spec(axes_); }
 
 }  // namespace meshgrad::dist

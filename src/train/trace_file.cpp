@@ -9,7 +9,7 @@
 
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/trace.hpp"
-#include "meshgrad/train/output_path.hpp"
+#include "meshgrad/io/output_path.hpp"
 
 namespace meshgrad::train {
 
@@ -38,7 +38,7 @@ TraceRecorder::TraceRecorder(std::string path, std::string option,
                              std::vector<std::pair<std::string, std::string>> about, bool announce)
     : path_(std::move(path)), about_(std::move(about)), announce_(announce) {
   if (path_.empty()) return;
-  check_output_paths({{std::move(option), path_}}, {});
+  io::check_output_paths({{std::move(option), path_}}, {});
   trace::start();
 }
 
@@ -47,7 +47,7 @@ TraceRecorder::~TraceRecorder() {
 }
 
 void TraceRecorder::write(const std::string& text) const {
-  AtomicFileWriter out(path_);
+  io::AtomicFileWriter out(path_);
   out.write(text.data(), text.size(), "the trace");
   out.commit();
   if (trace::dropped_events() > 0) {

@@ -3,7 +3,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
-#include "meshgrad/train/grad_norm.hpp"
+#include "meshgrad/optim/grad_norm.hpp"
 
 #include <fcntl.h>
 #include <sys/stat.h>
@@ -30,16 +30,16 @@
 #include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/trace.hpp"
-#include "meshgrad/train/checkpoint.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
-#include "meshgrad/train/resume.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/train/run_config.hpp"
 #include "meshgrad/train/stop_signal.hpp"
-#include "meshgrad/train/data.hpp"
-#include "meshgrad/train/gpt2_config.hpp"
-#include "meshgrad/train/grad_sync.hpp"
-#include "meshgrad/train/hf_io.hpp"
-#include "meshgrad/train/optimizer.hpp"
-#include "meshgrad/train/output_path.hpp"
+#include "meshgrad/data/dataset.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/interop/hf_io.hpp"
+#include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/io/output_path.hpp"
 
 namespace meshgrad::train {
 
@@ -65,8 +65,8 @@ DpPlace dp_place(const dist::DeviceMesh& mesh) {
 // The metrics file's first line: {"type": "header", the provenance, "mesh", "data", "config": every
 // option that shapes the run}. Step lines follow, one object each.
 nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, const dist::DeviceMesh& mesh,
-                              const TokenDataset& data) {
-  nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", data.source()}};
+                              const data::TokenDataset& dataset) {
+  nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", dataset.source()}};
   for (const auto& [key, value] : o.provenance) h[key] = value;
   h["blas_kernels"] = blas::kernel_core();   // the bits of a run depend on the GEMM kernels
   h["config"] = {{"model",
@@ -177,8 +177,8 @@ std::string signal_name(int sig) { return sig == SIGTERM ? "SIGTERM" : sig == SI
 
 // The training state a checkpoint holds as tensors: every parameter's piece and its AdamW moments
 // (zeros before the first update: the same as AdamW's lazily created ones), by name.
-std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const AdamW& opt) {
-  std::vector<StateTensor> out;
+std::vector<checkpoint::StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const optim::AdamW& opt) {
+  std::vector<checkpoint::StateTensor> out;
   for (const nn::Parameter* p : params) out.push_back({p->name, p->full_shape, p->placements, p->value});
   for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -191,9 +191,9 @@ std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*
   return out;
 }
 
-int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& opt, StateLoad how) {
+int load_training_state(const std::string& dir, const checkpoint::Manifest& manifest, nn::Model& model, optim::AdamW& opt, StateLoad how) {
   const std::vector<nn::Parameter*> params = model.parameters();
-  std::vector<PieceRequest> requests;
+  std::vector<checkpoint::PieceRequest> requests;
   for (const nn::Parameter* p : params) requests.push_back({p->name, p->full_shape, p->layout(), p->value.dtype()});
   for (const char* kind : {"exp_avg", "exp_avg_sq"}) {
     for (const nn::Parameter* p : params)
@@ -208,7 +208,7 @@ int load_training_state(const std::string& dir, const Manifest& manifest, nn::Mo
     step = state.at("step").get<std::int64_t>();
     random_state = state.at("random_state").get<std::uint64_t>();
   } catch (const std::exception& e) {
-    throw CheckpointError(fmt::format("checkpoint '{}': its state lacks the optimizer step, the step or the random state: {}", dir, e.what()));
+    throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': its state lacks the optimizer step, the step or the random state: {}", dir, e.what()));
   }
   MG_CHECK(step == manifest.step && step >= 0 && step <= INT32_MAX, "checkpoint '{}': state step {} differs from the manifest's {}",
            dir, step, manifest.step);
@@ -223,10 +223,10 @@ int load_training_state(const std::string& dir, const Manifest& manifest, nn::Mo
       targets.push_back(p->value.detach());
     }
     for (Tensor& moment : opt.materialize_moments()) targets.push_back(std::move(moment));
-    read_pieces_into(dir, manifest, requests, targets);
+    checkpoint::read_pieces_into(dir, manifest, requests, targets);
     opt.set_steps(optimizer_steps);
   } else {
-    const std::vector<Tensor> loaded = read_pieces(dir, manifest, requests);
+    const std::vector<Tensor> loaded = checkpoint::read_pieces(dir, manifest, requests);
     std::vector<Tensor> m(loaded.begin() + static_cast<std::ptrdiff_t>(n), loaded.begin() + static_cast<std::ptrdiff_t>(2 * n));
     std::vector<Tensor> v(loaded.begin() + static_cast<std::ptrdiff_t>(2 * n), loaded.end());
     opt.load_state(optimizer_steps, m, v);   // checks before it changes anything
@@ -282,21 +282,21 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
 // TP-invariant mode: each replica's rows in micro_batches pieces whose losses are added in the
 // fixed tree, then the tree over dp, as train_step does (the same bits for every dp x tp with the
 // same dp x micro_batches).
-double evaluate(nn::Model& model, const TokenDataset& data, int batches, int dp_rank, int dp_size,
+double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches, int dp_rank, int dp_size,
                 const dist::ProcessGroup* dp_group, int micro_batches) {
   trace::Span span("evaluate", "evaluate");
   autograd::NoGradGuard no_grad;
   model.set_training(false);
-  const std::int64_t n = std::min<std::int64_t>(batches, data.validation_batches());
+  const std::int64_t n = std::min<std::int64_t>(batches, dataset.validation_batches());
   double total = 0;
   for (std::int64_t k = 0; k < n; ++k) {
-    const nn::Batch global_batch = data.validation_batch(k);
-    const nn::Batch share = dp_shard(global_batch, dp_rank, dp_size);
+    const nn::Batch global_batch = dataset.validation_batch(k);
+    const nn::Batch share = data::dp_shard(global_batch, dp_rank, dp_size);
     const std::int64_t targets = count_loss_targets(global_batch.targets);
     Tensor local;
     if (model.tp_invariant()) {
       tree::StreamingSum losses;
-      for (int k = 0; k < micro_batches; ++k) losses.push({model.loss(dp_shard(share, k, micro_batches), targets)});
+      for (int k = 0; k < micro_batches; ++k) losses.push({model.loss(data::dp_shard(share, k, micro_batches), targets)});
       local = losses.root().front();
     } else {
       local = model.loss(share, targets);
@@ -333,7 +333,7 @@ namespace {
 // mesh: dp=2 with K=1 adds the same two micro-batches in the same order as dp=1 with K=2. Returns
 // the tree sum of the micro-batches' losses (this replica's share of the global loss).
 Tensor accumulate_in_tree(nn::Model& model, const nn::Batch& batch, std::int64_t targets,
-                          const std::vector<nn::Parameter*>& params, GradientSynchronizer& sync, int grad_accum) {
+                          const std::vector<nn::Parameter*>& params, optim::GradientSynchronizer& sync, int grad_accum) {
   if (grad_accum == 1) {   // one micro-batch: the hooks reduce during backward, as in the normal mode
     sync.set_accumulating(false);
     const Tensor loss = model.loss(batch, targets);
@@ -348,7 +348,7 @@ Tensor accumulate_in_tree(nn::Model& model, const nn::Batch& batch, std::int64_t
   const std::uint64_t dropout_start = model.random_state();
   for (int k = 0; k < grad_accum; ++k) {
     model.set_random_state(dropout_start);
-    const Tensor loss = model.loss(dp_shard(batch, k, grad_accum), targets);
+    const Tensor loss = model.loss(data::dp_shard(batch, k, grad_accum), targets);
     backward(loss);
     std::vector<Tensor> micro(params.size());
     for (std::size_t i = 0; i < params.size(); ++i) {
@@ -372,11 +372,11 @@ Tensor accumulate_in_tree(nn::Model& model, const nn::Batch& batch, std::int64_t
 }  // namespace
 
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip, int grad_accum) {
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip, int grad_accum) {
   const int dp_rank = mesh.has_axis("dp") ? mesh.coordinate("dp") : 0;
   const int dp_size = mesh.has_axis("dp") ? mesh.axis_size("dp") : 1;
   optimizer.zero_grad();
-  const nn::Batch batch = dp_shard(global_batch, dp_rank, dp_size);
+  const nn::Batch batch = data::dp_shard(global_batch, dp_rank, dp_size);
   MG_CHECK(grad_accum >= 1 && grad_accum <= batch.inputs.size(0),
            "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
            "over dp={})", grad_accum, batch.inputs.size(0), global_batch.inputs.size(0), dp_size);
@@ -390,7 +390,7 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   } else {
     const std::uint64_t dropout_start = model.random_state();
     for (int k = 0; k < grad_accum; ++k) {
-      const nn::Batch micro = grad_accum == 1 ? batch : dp_shard(batch, k, grad_accum);
+      const nn::Batch micro = grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum);
       model.set_random_state(dropout_start);   // the global batch's masks (see accumulate_in_tree)
       sync.set_accumulating(k + 1 < grad_accum);   // reduce once, after the last micro-batch
       const Tensor loss = model.loss(micro, targets);
@@ -399,8 +399,8 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
     }
   }
   sync.finish();
-  out.grad_norm = grad_clip > 0 ? clip_grad_norm(params, mesh, grad_clip, model.tp_invariant())
-                                : global_grad_norm(params, mesh, model.tp_invariant());
+  out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, model.tp_invariant())
+                                : optim::global_grad_norm(params, mesh, model.tp_invariant());
   optimizer.step();
   return out;
 }
@@ -419,44 +419,44 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   // Everything that can fail on a user's input fails before the first step: the data (only read),
   // then the outputs (a run must not train for hours and then find that --save cannot be written,
   // or overwrite a file it reads: every file behind --data counts).
-  const TokenDataset data(options.data_path, config.batch, config.seq, options.seed);
+  const data::TokenDataset dataset(options.data_path, config.batch, config.seq, options.seed);
   MG_CHECK(options.init_from.empty() || options.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");
-  if (!options.init_from.empty()) config = hf_init_config(options.init_from, config, leader && options.progress);
-  if (config.vocab <= 0) config.vocab = static_cast<int>(data.vocab());
+  if (!options.init_from.empty()) config = interop::hf_init_config(options.init_from, config, leader && options.progress);
+  if (config.vocab <= 0) config.vocab = static_cast<int>(dataset.vocab());
   MG_CHECK(options.grad_clip >= 0 && std::isfinite(options.grad_clip),
            "train: --grad-clip must be >= 0 (0 = off), got {}", options.grad_clip);
   MG_CHECK(options.eval_every >= 0 && options.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "
            "got {} and {}", options.eval_every, options.eval_steps);
-  MG_CHECK(options.eval_every == 0 || data.has_validation(),
+  MG_CHECK(options.eval_every == 0 || dataset.has_validation(),
            "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
-           "`meshgrad prepare` (its val.bin)", data.source());
-  data.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
-  std::vector<NamedPath> outputs;
+           "`meshgrad prepare` (its val.bin)", dataset.source());
+  dataset.require_tokens_below(config.vocab, fmt::format("the model's vocabulary size {}", config.vocab));
+  std::vector<io::NamedPath> outputs;
   if (!options.save_path.empty()) outputs.push_back({"--save", options.save_path});
   if (!options.metrics_path.empty()) outputs.push_back({"--metrics", options.metrics_path});
   if (!options.trace_path.empty()) outputs.push_back({"--trace", options.trace_path});
-  std::vector<NamedPath> inputs;
-  for (const std::string& f : data.input_files()) inputs.push_back({"--data", f});
-  check_output_paths(outputs, inputs);
+  std::vector<io::NamedPath> inputs;
+  for (const std::string& f : dataset.input_files()) inputs.push_back({"--data", f});
+  io::check_output_paths(outputs, inputs);
   MG_CHECK(options.save_every >= 0 && options.keep >= 0, "train: --save-every and --keep must be >= 0, got {} and {}",
            options.save_every, options.keep);
   MG_CHECK(options.save_every == 0 || !options.checkpoint_dir.empty(), "train: --save-every needs --checkpoint-dir");
   MG_CHECK(options.keep == 0 || !options.checkpoint_dir.empty(), "train: --keep needs --checkpoint-dir");
   if (!options.checkpoint_dir.empty()) {
-    std::vector<NamedPath> dirs = inputs;
+    std::vector<io::NamedPath> dirs = inputs;
     if (!options.data_path.empty()) dirs.push_back({"--data", options.data_path});
-    check_output_directory({"--checkpoint-dir", options.checkpoint_dir}, dirs, outputs);
+    io::check_output_directory({"--checkpoint-dir", options.checkpoint_dir}, dirs, outputs);
   }
   // A resumed run: the checkpoint's manifest (its tensors load after the model is built).
-  std::optional<Manifest> resume;
+  std::optional<checkpoint::Manifest> resume;
   if (!options.resume_dir.empty()) {
-    resume = read_manifest(options.resume_dir);
+    resume = checkpoint::read_manifest(options.resume_dir);
     const nlohmann::json& saved_data = resume->state.value("data", nlohmann::json::object());
     const std::int64_t saved_tokens = saved_data.value("tokens", std::int64_t{-1});
-    MG_CHECK(options.given_options.count("data") > 0 || saved_tokens == data.size(),
+    MG_CHECK(options.given_options.count("data") > 0 || saved_tokens == dataset.size(),
              "train: the data {} holds {} training tokens but checkpoint '{}' was trained on {} tokens of {}: the file "
-             "changed; give --data explicitly to go on with other data", data.source(), data.size(), options.resume_dir,
+             "changed; give --data explicitly to go on with other data", dataset.source(), dataset.size(), options.resume_dir,
              saved_tokens, saved_data.value("source", std::string("?")));
     MG_CHECK(resume->step < options.steps, "train: checkpoint '{}' was taken after step {}, and --steps is {}: nothing "
              "left to train (give a larger --steps)", options.resume_dir, resume->step, options.steps);
@@ -464,7 +464,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   std::unique_ptr<MetricsWriter> metrics;
   if (leader && !options.metrics_path.empty()) {
     metrics = std::make_unique<MetricsWriter>(options.metrics_path, resume.has_value());
-    nlohmann::json header = metrics_header(options, config, *mesh, data);
+    nlohmann::json header = metrics_header(options, config, *mesh, dataset);
     if (resume) {
       header["resumed_from"] = options.resume_dir;
       header["first_step"] = resume->step + 1;
@@ -475,17 +475,17 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
   std::unique_ptr<nn::Model> model = nn::make_model(config, options.parallel, mesh, options.seed);
   model->set_training(true);
   const std::vector<nn::Parameter*> params = model->parameters();
-  if (!options.init_from.empty()) hf_load_parameters(options.init_from, params, nn::tensor_parallel_group(*mesh));
-  GradientSynchronizer sync(params, mesh, {.tree_dp = options.parallel.tp_invariant});
-  AdamW opt(params, mesh, AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
+  if (!options.init_from.empty()) interop::hf_load_parameters(options.init_from, params, nn::tensor_parallel_group(*mesh));
+  optim::GradientSynchronizer sync(params, mesh, {.tree_dp = options.parallel.tp_invariant});
+  optim::AdamW opt(params, mesh, optim::AdamWOptions{options.lr, 0.9, 0.95, 1e-8, options.weight_decay});
 
   TrainResult result;
   // In place: the model and optimizer were built for this resume, and an error stops the run before
   // its first step, so a half-read state is never used.
   if (resume) result.first_step = load_training_state(options.resume_dir, *resume, *model, opt, StateLoad::in_place);
   const int first_step = result.first_step;
-  std::unique_ptr<CheckpointSaver> saver;
-  if (!options.checkpoint_dir.empty()) saver = std::make_unique<CheckpointSaver>(options.checkpoint_dir, mesh, options.keep);
+  std::unique_ptr<checkpoint::CheckpointSaver> saver;
+  if (!options.checkpoint_dir.empty()) saver = std::make_unique<checkpoint::CheckpointSaver>(options.checkpoint_dir, mesh, options.keep);
   std::optional<StopSignalScope> signals;
   if (saver && options.handle_signals) signals.emplace();
   result.parameters = count_parameters(params);
@@ -504,7 +504,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                dtype_name(config.dtype), mesh->str(), options.parallel.sequence_parallel ? "sequence-parallel" : "all-reduce",
                options.parallel.overlap ? ", overlap" : "", options.parallel.checkpoint_blocks ? ", checkpoint-blocks" : "",
                options.parallel.tp_invariant ? ", tp-invariant" : "",
-               options.steps, options.lr, data.source(), data.description(), data.size(), data.vocab());
+               options.steps, options.lr, dataset.source(), dataset.description(), dataset.size(), dataset.vocab());
     fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
                blas::kernel_description());   // policy set by whoever launched the ranks
     if (resume) fmt::print(stderr, "resumed from {} (after step {})\n", options.resume_dir, first_step);
@@ -517,16 +517,16 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
                          {"optimizer_steps", opt.steps()},
                          {"random_state", model->random_state()},
                          {"lr", lr},
-                         {"mesh", cli_mesh_spec(*mesh)},
-                         {"data", {{"source", data.source()}, {"tokens", data.size()}, {"vocab", data.vocab()},
-                                   {"description", data.description()}, {"next_batch", done}}}};
+                         {"mesh", mesh->str()},
+                         {"data", {{"source", dataset.source()}, {"tokens", dataset.size()}, {"vocab", dataset.vocab()},
+                                   {"description", dataset.description()}, {"next_batch", done}}}};
     // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
-    for (const std::string& f : data.input_files()) {
+    for (const std::string& f : dataset.input_files()) {
       if (fs::path(f).filename() == "meta.json") state["data"]["meta"] = fs::absolute(f).lexically_normal().string();
     }
     for (const auto& [key, value] : options.provenance) state["provenance"][key] = value;
     const Clock::time_point t0 = Clock::now();
-    const SaveTimes times = saver->save(done, training_state_tensors(params, opt), state, !sync && !options.checkpoint_sync);
+    const checkpoint::SaveTimes times = saver->save(done, training_state_tensors(params, opt), state, !sync && !options.checkpoint_sync);
     result.checkpoint_stall_s += seconds_since(t0);
     ++result.checkpoints;
     return times;
@@ -540,13 +540,13 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
     step_span.arg("step", std::int64_t{step + 1});
     const double lr = learning_rate(options, step);
     opt.set_lr(lr);
-    const nn::Batch global_batch = data.next_batch(step);
+    const nn::Batch global_batch = dataset.next_batch(step);
     const StepOutcome outcome = train_step(*model, global_batch, *mesh, sync, opt, options.grad_clip, options.grad_accum);
     const double global = global_loss(outcome.loss, dp, options.parallel.tp_invariant);
     result.losses.push_back(global);
     MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
     if (options.eval_every > 0 && ((step + 1) % options.eval_every == 0 || step + 1 == options.steps)) {
-      result.val_losses.emplace_back(step + 1, evaluate(*model, data, options.eval_steps, dp.rank, dp.size, dp.group,
+      result.val_losses.emplace_back(step + 1, evaluate(*model, dataset, options.eval_steps, dp.rank, dp.size, dp.group,
                                                             options.parallel.tp_invariant ? options.grad_accum : 1));
     }
 
@@ -615,7 +615,7 @@ TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) 
 
   if (!options.save_path.empty() && dp.rank == 0) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
-    save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0, hf_checkpoint_metadata(config, data));
+    checkpoint::save_parameters(options.save_path, params, nn::tensor_parallel_group(*mesh), 0, interop::hf_checkpoint_metadata(config, dataset));
   }
   if (leader && options.progress) {
     fmt::print(stderr,
@@ -660,15 +660,15 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   for (const nn::Parameter* p : params) {
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
   }
-  GradientSynchronizer sync(params, mesh, {.tree_dp = model.tp_invariant()});
+  optim::GradientSynchronizer sync(params, mesh, {.tree_dp = model.tp_invariant()});
   const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
-  const nn::Batch local = dp_shard(global_batch, dp.rank, dp.size);
+  const nn::Batch local = data::dp_shard(global_batch, dp.rank, dp.size);
   const Tensor loss = model.loss(local, global_tokens);
   backward(loss);
   sync.finish();
   GradientDump dump;
   dump.loss = global_loss(loss, dp, model.tp_invariant());
-  dump.gradients = gather_gradients(params, nn::tensor_parallel_group(*mesh));
+  dump.gradients = checkpoint::gather_gradients(params, nn::tensor_parallel_group(*mesh));
   return dump;
 }
 

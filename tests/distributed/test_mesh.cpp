@@ -7,28 +7,94 @@
 #include "dist_test_util.hpp"
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/tensor/error.hpp"
+
+#include <fmt/format.h>
+#include <string>
+#include <vector>
 
 using namespace meshgrad;
 using namespace meshgrad::dist;
 using meshgrad::testing::run_on_mesh;
 
-TEST(MeshSpec, ParsesAndRejects) {
-  auto axes = parse_mesh_spec("tp=4,dp=2");
-  ASSERT_EQ(axes.size(), 2u);
-  EXPECT_EQ(axes[0].name, "tp");
-  EXPECT_EQ(axes[1].size, 2);
-  auto canon = canonical_mesh_order(axes);
-  EXPECT_EQ(mesh_spec_str(canon), "dp=2,tp=4");
-  EXPECT_THROW(parse_mesh_spec("tp"), InvalidArgument);
-  EXPECT_THROW(parse_mesh_spec("tp=0"), InvalidArgument);
-  EXPECT_THROW(parse_mesh_spec("tp=2,tp=2"), InvalidArgument);
-  EXPECT_THROW(parse_mesh_spec("tp=2x"), InvalidArgument);
+namespace {
+
+// The error message of parse_mesh(spec), or "" when it is accepted.
+std::string mesh_error(const std::string& spec) {
   try {
-    parse_mesh_spec("tp=two");
-    FAIL();
+    parse_mesh(spec);
   } catch (const InvalidArgument& e) {
-    EXPECT_NE(std::string(e.what()).find("tp=two"), std::string::npos) << e.what();
+    return e.what();
   }
+  return "";
+}
+
+std::string axes_str(const std::vector<MeshAxis>& axes) {
+  std::string s;
+  for (const auto& a : axes) s += fmt::format("{}{}={}", s.empty() ? "" : " ", a.name, a.size);
+  return s;
+}
+
+}  // namespace
+
+TEST(MeshSpec, OneDimensionalGivesDpAndTp) {
+  EXPECT_EQ(axes_str(parse_mesh("tp=2")), "dp=1 tp=2");
+  EXPECT_EQ(axes_str(parse_mesh("dp=3")), "dp=3 tp=1");
+  EXPECT_EQ(axes_str(parse_mesh("tp=2,dp=3")), "dp=3 tp=2");
+  EXPECT_EQ(mesh_world_size("dp=3,tp=2"), 6);
+}
+
+TEST(MeshSpec, TwoDimensionalGivesDpRowCol) {
+  EXPECT_EQ(axes_str(parse_mesh("tp=2x3")), "dp=1 tp_row=2 tp_col=3");
+  EXPECT_EQ(axes_str(parse_mesh("tp=2x3,dp=2")), "dp=2 tp_row=2 tp_col=3");
+  EXPECT_EQ(mesh_world_size("dp=2,tp=2x3"), 12);
+  EXPECT_NE(mesh_error("tp=2x"), "");
+  EXPECT_NE(mesh_error("tp=x2"), "");
+  EXPECT_NE(mesh_error("tp=2x2x2").find("'2x2'"), std::string::npos) << mesh_error("tp=2x2x2");
+  EXPECT_NE(mesh_error("tp=0x2").find("positive integer"), std::string::npos);
+  EXPECT_NE(mesh_error("dp=2x2").find("'2x2'"), std::string::npos) << "only tp is 2-D";
+}
+
+TEST(MeshSpec, OnlyDpAndTpCaseSensitive) {
+  for (const std::string spec : {"pp=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2"}) {
+    const std::string msg = mesh_error(spec);
+    EXPECT_NE(msg.find("valid axes are dp and tp"), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find(spec), std::string::npos) << "names the spec: " << msg;
+  }
+  EXPECT_NE(mesh_error("TP=2").find("did you mean 'tp'"), std::string::npos);
+  EXPECT_NE(mesh_error("tp=2,tp=2").find("appears twice"), std::string::npos);
+  EXPECT_NE(mesh_error("tp=2x2,tp=2").find("appears twice"), std::string::npos);
+}
+
+TEST(MeshSpec, MalformedSizes) {
+  for (const std::string spec : {"", "tp", "tp=", "=2", "tp=0", "tp=-1", "tp=1e3", "tp= 2", "tp=2,", "tp=+2", "tp=two"}) {
+    EXPECT_NE(mesh_error(spec), "") << "'" << spec << "' was accepted";
+  }
+  EXPECT_NE(mesh_error("tp=two").find("tp=two"), std::string::npos) << mesh_error("tp=two");
+}
+
+TEST(MeshSpec, RankCountBoundedWithoutOverflow) {
+  // The int product of 4 x 1073741825 wraps to 4: it must be refused, not run on 4 ranks.
+  EXPECT_NE(mesh_error("dp=4,tp=1073741825").find("at most 4096"), std::string::npos);
+  EXPECT_NE(mesh_error("dp=65536,tp=65536").find("at most 4096"), std::string::npos);
+  EXPECT_NE(mesh_error("tp=99999999999999999999999").find("at most 4096"), std::string::npos);
+  EXPECT_NE(mesh_error("dp=64,tp=8x16").find("needs 8192 ranks"), std::string::npos) << mesh_error("dp=64,tp=8x16");
+  EXPECT_EQ(mesh_world_size("dp=64,tp=8x8"), kMaxMeshRanks);
+}
+
+// mesh_spec is the one way a mesh is written (checkpoints, metrics, messages): it is the inverse of
+// parse_mesh, and the canonical spelling of every equivalent spec.
+TEST(MeshSpec, WritingIsTheInverseOfReading) {
+  for (const std::string spec : {"tp=1", "tp=2", "dp=2,tp=4", "tp=2x2", "dp=2,tp=2x3", "dp=3,tp=1", "tp=3x1"}) {
+    EXPECT_EQ(mesh_spec(parse_mesh(spec)), spec);
+    EXPECT_EQ(axes_str(parse_mesh(mesh_spec(parse_mesh(spec)))), axes_str(parse_mesh(spec))) << spec;
+  }
+  EXPECT_EQ(mesh_spec(parse_mesh("tp=4,dp=2")), "dp=2,tp=4");
+  EXPECT_EQ(mesh_spec(parse_mesh("dp=1,tp=2")), "tp=2");
+  EXPECT_EQ(mesh_spec({{"tp", 3}}), "tp=3");
+  // A hand-built mesh outside the grammar is written name=size in its order.
+  EXPECT_EQ(mesh_spec({{"rows", 2}, {"cols", 3}}), "rows=2,cols=3");
+  EXPECT_EQ(mesh_spec({{"tp", 2}, {"dp", 2}}), "tp=2,dp=2");
 }
 
 TEST(DeviceMesh, CoordinatesAndAxisGroups) {

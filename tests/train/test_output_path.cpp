@@ -16,9 +16,9 @@
 #include <vector>
 
 #include "meshgrad/comm/threads.hpp"
-#include "meshgrad/train/checkpoint.hpp"
-#include "meshgrad/train/output_path.hpp"
-#include "meshgrad/train/safetensors.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/io/output_path.hpp"
+#include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::train {
@@ -52,10 +52,10 @@ class OutputPathTest : public ::testing::Test {
     return out;
   }
   // Expects check_output_paths to throw InvalidArgument whose message holds every needle.
-  static void expect_refused(const std::vector<NamedPath>& outputs, const std::vector<NamedPath>& inputs,
+  static void expect_refused(const std::vector<io::NamedPath>& outputs, const std::vector<io::NamedPath>& inputs,
                              const std::vector<std::string>& needles) {
     try {
-      check_output_paths(outputs, inputs);
+      io::check_output_paths(outputs, inputs);
       ADD_FAILURE() << "accepted " << (outputs.empty() ? "" : outputs.back().path);
     } catch (const InvalidArgument& e) {
       for (const auto& n : needles)
@@ -66,18 +66,18 @@ class OutputPathTest : public ::testing::Test {
 };
 
 TEST_F(OutputPathTest, AbsentAndRegularTargetsInWritableDirectoriesPass) {
-  EXPECT_NO_THROW(check_output_paths({{"--save", path("new.safetensors")}, {"--metrics", make_file("old.jsonl")}},
+  EXPECT_NO_THROW(io::check_output_paths({{"--save", path("new.safetensors")}, {"--metrics", make_file("old.jsonl")}},
                                      {{"--data", make_file("data.txt")}, {"--data", path("missing.txt")}}));
-  EXPECT_NO_THROW(check_output_paths({}, {}));
+  EXPECT_NO_THROW(io::check_output_paths({}, {}));
   // An output directory that is not there yet, with or without a trailing separator; a file inside it.
-  EXPECT_NO_THROW(check_output_directory({"--checkpoint-dir", path("ck")}, {}, {{"--save", path("ck/w.safetensors")}}));
-  EXPECT_NO_THROW(check_output_directory({"--checkpoint-dir", path("ck") + "/"}, {}));
+  EXPECT_NO_THROW(io::check_output_directory({"--checkpoint-dir", path("ck")}, {}, {{"--save", path("ck/w.safetensors")}}));
+  EXPECT_NO_THROW(io::check_output_directory({"--checkpoint-dir", path("ck") + "/"}, {}));
 }
 
 TEST_F(OutputPathTest, AnOutputFileAtTheOutputDirectorysPathIsRefused) {
   for (const std::string& dir : {path("ck"), path("ck") + "/", path("x/../ck")}) {
     try {
-      check_output_directory({"--checkpoint-dir", dir}, {}, {{"--metrics", path("ck")}});
+      io::check_output_directory({"--checkpoint-dir", dir}, {}, {{"--metrics", path("ck")}});
       ADD_FAILURE() << "accepted --metrics at --checkpoint-dir " << dir;
     } catch (const InvalidArgument& e) {
       EXPECT_NE(std::string(e.what()).find("is also the path of --metrics"), std::string::npos) << e.what();
@@ -121,7 +121,7 @@ TEST_F(OutputPathTest, TwoOutputsNamingOneFileAreRefused) {
 TEST_F(OutputPathTest, AnExceptionMidWriteLeavesTheOldFileAndNoTemporary) {
   const std::string p = make_file("out.bin", "old");
   try {
-    AtomicFileWriter w(p);
+    io::AtomicFileWriter w(p);
     w.write("new", 3, "the first part");
     EXPECT_TRUE(fs::exists(w.temp_path()));
     EXPECT_TRUE(fs::path(w.temp_path()).filename().string().starts_with(".out.bin.tmp-"));
@@ -132,7 +132,7 @@ TEST_F(OutputPathTest, AnExceptionMidWriteLeavesTheOldFileAndNoTemporary) {
   EXPECT_EQ(listing(), std::vector<std::string>{"out.bin"});
 
   {
-    AtomicFileWriter w(p);
+    io::AtomicFileWriter w(p);
     w.write("new", 3, "all");
     w.commit();
   }
@@ -144,13 +144,13 @@ TEST_F(OutputPathTest, AnExceptionMidWriteLeavesTheOldFileAndNoTemporary) {
 TEST_F(OutputPathTest, ATargetThatBecameADirectoryIsNotReplacedAtCommit) {
   const std::string p = path("out.bin");
   {
-    AtomicFileWriter w(p);
+    io::AtomicFileWriter w(p);
     w.write("x", 1, "x");
     fs::create_directories(p);
     try {
       w.commit();
       ADD_FAILURE() << "commit replaced a directory";
-    } catch (const OutputFileError& e) {
+    } catch (const io::OutputFileError& e) {
       EXPECT_NE(std::string(e.what()).find("is a directory"), std::string::npos) << e.what();
     }
   }
@@ -178,14 +178,14 @@ TEST_F(OutputPathTest, StaleTemporariesOfDeadProcessesAreRemovedAtTheNextWrite) 
   const std::string other_target = fmt::format(".v.bin.tmp-{}-0000abcd-0@{}", dead, host);
   for (const auto& leaf : {dead_here, dead_legacy, alive_here, elsewhere, other_target}) make_file(leaf);
   {
-    AtomicFileWriter w(path("w.bin"));
+    io::AtomicFileWriter w(path("w.bin"));
     w.write("ok", 2, "ok");
     w.commit();
   }
   std::vector<std::string> expected{alive_here, elsewhere, other_target, "w.bin"};
   std::sort(expected.begin(), expected.end());
   EXPECT_EQ(listing(), expected);
-  EXPECT_EQ(remove_stale_temporaries(path("w.bin")), 0);
+  EXPECT_EQ(io::remove_stale_temporaries(path("w.bin")), 0);
 }
 
 // ---- the trainer --------------------------------------------------------------------------------
@@ -255,7 +255,7 @@ TEST_F(OutputPathTest, TrainSaveStillWritesTheFullNamedFile) {
   TrainOptions o = tiny_run(2);
   o.save_path = path("w.safetensors");
   train_on_two_ranks(o);
-  const SafetensorsFile file(o.save_path);
+  const io::SafetensorsFile file(o.save_path);
   EXPECT_TRUE(file.contains("wte.weight"));
   EXPECT_EQ(file.entry("wte.weight").shape, (Shape{256, 16}));
   EXPECT_EQ(file.entry("h.0.mlp.c_fc.weight").shape, (Shape{16, 64}));
@@ -266,7 +266,7 @@ TEST_F(OutputPathTest, TrainSaveStillWritesTheFullNamedFile) {
     const auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
     nn::ModelConfig config = o.model;
     auto model = nn::make_model(config, {}, mesh, 99);
-    load_parameters(o.save_path, model->parameters(), mesh->group("tp"));
+    checkpoint::load_parameters(o.save_path, model->parameters(), mesh->group("tp"));
     for (nn::Parameter* p : model->parameters())
       EXPECT_EQ(p->value.to_vector(), file.get(p->name).to_vector()) << p->name;
   });

@@ -12,9 +12,9 @@
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/text/tokenizer.hpp"
-#include "meshgrad/train/data.hpp"
-#include "meshgrad/train/sha256.hpp"
-#include "meshgrad/train/prepare.hpp"
+#include "meshgrad/data/dataset.hpp"
+#include "meshgrad/io/sha256.hpp"
+#include "meshgrad/data/prepare.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "text/gpt2_test_files.hpp"
 
@@ -54,7 +54,7 @@ TEST(Prepare, WritesTheTokensSplitByCountWithMetadata) {
   const std::string b = "Ünïcödé text: 日本語 👋 and numbers 12345.\n";
   { std::ofstream(d / "a.txt", std::ios::binary) << a; }
   { std::ofstream(d / "b.txt", std::ios::binary) << b; }
-  PrepareOptions o;
+  data::PrepareOptions o;
   o.vocab = gpt2_vocab();
   o.merges = gpt2_merges();
   o.out_dir = (d / "out").string();
@@ -67,7 +67,7 @@ TEST(Prepare, WritesTheTokensSplitByCountWithMetadata) {
     last_done = done;
     ++calls;
   };
-  const PrepareResult r = prepare_dataset(o);
+  const data::PrepareResult r = data::prepare_dataset(o);
   EXPECT_EQ(last_done, static_cast<std::int64_t>(a.size() + b.size()));
   EXPECT_GE(calls, 3);
 
@@ -96,15 +96,15 @@ TEST(Prepare, WritesTheTokensSplitByCountWithMetadata) {
   EXPECT_EQ(meta["sources"][0]["bytes"], a.size());
   EXPECT_EQ(meta["sources"][0]["tokens"], a_tokens);
   EXPECT_EQ(meta["sources"][1]["file"], fs::absolute(d / "b.txt").string());
-  EXPECT_EQ(meta["tokenizer"]["vocab"]["sha256"], sha256_file(gpt2_vocab()));
-  EXPECT_EQ(meta["tokenizer"]["merges"]["sha256"], sha256_file(gpt2_merges()));
+  EXPECT_EQ(meta["tokenizer"]["vocab"]["sha256"], io::sha256_file(gpt2_vocab()));
+  EXPECT_EQ(meta["tokenizer"]["merges"]["sha256"], io::sha256_file(gpt2_merges()));
   // The directory decodes its own tokens (copies of the tokenizer files) and has no temporaries left.
   EXPECT_EQ(text::Tokenizer::from_directory((d / "out").string()).decode({all.begin() + 1, all.begin() + static_cast<std::ptrdiff_t>(a_tokens)}), a);
   for (const auto& entry : fs::directory_iterator(d / "out")) {
     EXPECT_NE(entry.path().filename().string().front(), '.') << "left behind: " << entry.path();
   }
   // The data loader takes the directory: vocabulary from meta.json, validation from val.bin.
-  const TokenDataset data((d / "out").string(), 2, 16, 0);
+  const data::TokenDataset data((d / "out").string(), 2, 16, 0);
   EXPECT_EQ(data.vocab(), 50257);
   EXPECT_EQ(data.size(), r.train_tokens);
   EXPECT_TRUE(data.has_validation());
@@ -115,13 +115,13 @@ TEST(Prepare, Sha256MatchesTheStandardTestVector) {
   const fs::path d = fresh_dir("sha");
   { std::ofstream(d / "abc") << "abc"; }
   // FIPS 180-2 appendix B.1.
-  EXPECT_EQ(sha256_file((d / "abc").string()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(io::sha256_file((d / "abc").string()), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
   fs::remove_all(d);
 }
 
-std::string prepare_error(PrepareOptions o) {
+std::string prepare_error(data::PrepareOptions o) {
   try {
-    prepare_dataset(o);
+    data::prepare_dataset(o);
   } catch (const InvalidArgument& e) {
     return e.what();
   }
@@ -134,43 +134,43 @@ TEST(Prepare, BadInputsAreRefusedBeforeAnyOutput) {
   const fs::path d = fresh_dir("bad");
   { std::ofstream(d / "text.txt") << "some text\n"; }
   { std::ofstream(d / "empty.txt"); }
-  PrepareOptions o;
+  data::PrepareOptions o;
   o.vocab = gpt2_vocab();
   o.merges = gpt2_merges();
   o.out_dir = (d / "out").string();
   o.inputs = {(d / "text.txt").string()};
 
   auto with = [&](auto change) {
-    PrepareOptions c = o;
+    data::PrepareOptions c = o;
     change(c);
     return prepare_error(c);
   };
-  std::string m = with([](PrepareOptions& c) { c.val_fraction = 1.0; });
+  std::string m = with([](data::PrepareOptions& c) { c.val_fraction = 1.0; });
   EXPECT_NE(m.find("--val-fraction must be in [0, 1), got 1"), std::string::npos) << m;
-  m = with([](PrepareOptions& c) { c.val_fraction = -0.1; });
+  m = with([](data::PrepareOptions& c) { c.val_fraction = -0.1; });
   EXPECT_NE(m.find("--val-fraction"), std::string::npos) << m;
-  m = with([](PrepareOptions& c) { c.val_fraction = std::nan(""); });
+  m = with([](data::PrepareOptions& c) { c.val_fraction = std::nan(""); });
   EXPECT_NE(m.find("--val-fraction"), std::string::npos) << m;
-  m = with([](PrepareOptions& c) { c.inputs.clear(); });
+  m = with([](data::PrepareOptions& c) { c.inputs.clear(); });
   EXPECT_NE(m.find("no input files"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.inputs = {(d / "empty.txt").string()}; });
+  m = with([&](data::PrepareOptions& c) { c.inputs = {(d / "empty.txt").string()}; });
   EXPECT_NE(m.find("all empty"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.inputs.push_back((d / "missing.txt").string()); });
+  m = with([&](data::PrepareOptions& c) { c.inputs.push_back((d / "missing.txt").string()); });
   EXPECT_NE(m.find("missing.txt' cannot be opened for reading"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.inputs.push_back(d.string()); });
+  m = with([&](data::PrepareOptions& c) { c.inputs.push_back(d.string()); });
   EXPECT_NE(m.find("is a directory"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.inputs.push_back("/dev/zero"); });
+  m = with([&](data::PrepareOptions& c) { c.inputs.push_back("/dev/zero"); });
   EXPECT_NE(m.find("'/dev/zero' is a character device"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.out_dir = (d / "text.txt").string(); });
+  m = with([&](data::PrepareOptions& c) { c.out_dir = (d / "text.txt").string(); });
   EXPECT_NE(m.find("exists and is not a directory"), std::string::npos) << m;
-  m = with([&](PrepareOptions& c) { c.merges = (d / "text.txt").string(); });
+  m = with([&](data::PrepareOptions& c) { c.merges = (d / "text.txt").string(); });
   EXPECT_NE(m.find("text.txt' line 1"), std::string::npos) << m;
 
   // A vocabulary with an id beyond uint16: every byte symbol plus one id 70000.
   nlohmann::json big = nlohmann::json::parse(slurp(gpt2_vocab()));
   big["zzzz"] = 70000;
   { std::ofstream(d / "big.json") << big.dump(); }
-  m = with([&](PrepareOptions& c) { c.vocab = (d / "big.json").string(); });
+  m = with([&](data::PrepareOptions& c) { c.vocab = (d / "big.json").string(); });
   EXPECT_NE(m.find("has 70001 ids"), std::string::npos) << m;
 
   EXPECT_FALSE(fs::exists(d / "out")) << "nothing is written when the options are refused";
@@ -178,22 +178,22 @@ TEST(Prepare, BadInputsAreRefusedBeforeAnyOutput) {
 }
 
 // The README prepared with the GPT-2 tokenizer into d/out (the source text is d/a.txt).
-PrepareOptions prepare_readme(const fs::path& d, double val_fraction) {
+data::PrepareOptions prepare_readme(const fs::path& d, double val_fraction) {
   { std::ofstream(d / "a.txt") << slurp(fs::path(MESHGRAD_SOURCE_DIR) / "README.md"); }
-  PrepareOptions p;
+  data::PrepareOptions p;
   p.vocab = gpt2_vocab();
   p.merges = gpt2_merges();
   p.out_dir = (d / "out").string();
   p.inputs = {(d / "a.txt").string()};
   p.val_fraction = val_fraction;
-  prepare_dataset(p);
+  data::prepare_dataset(p);
   return p;
 }
 
 TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
   ASSERT_TRUE(gpt2_files_present());
   const fs::path d = fresh_dir("train");
-  const PrepareOptions p = prepare_readme(d, PrepareOptions{}.val_fraction);
+  const data::PrepareOptions p = prepare_readme(d, data::PrepareOptions{}.val_fraction);
 
   TrainOptions o;
   o.model.kind = "gpt";
@@ -240,7 +240,7 @@ TEST(Prepare, TrainRunsOnThePreparedDirectoryWithItsVocabulary) {
 TEST(Prepare, ValidationLossIsEvaluatedOnTheValSplitAtAnyMesh) {
   ASSERT_TRUE(gpt2_files_present());
   const fs::path d = fresh_dir("eval");
-  const PrepareOptions p = prepare_readme(d, 0.2);
+  const data::PrepareOptions p = prepare_readme(d, 0.2);
 
   TrainOptions o;
   o.model.vocab = 0;

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <deque>
+#include <functional>
 #include <memory>
 #include <string>
 #include <utility>
@@ -35,13 +36,30 @@ struct MeshAxis {
   int size;
 };
 
-// Parses "tp=4", "dp=2,tp=2", "rows=2,cols=3" into axes (order kept). Throws InvalidArgument
-// naming the text on a malformed spec, a repeated axis or a size < 1.
-std::vector<MeshAxis> parse_mesh_spec(const std::string& spec);
-// The canonical layout the CLI uses: dp outermost, tp innermost, other axes in between in the
-// order given ("tp=4,dp=2" -> dp=2,tp=4), so tp groups are adjacent ranks.
-std::vector<MeshAxis> canonical_mesh_order(std::vector<MeshAxis> axes);
-std::string mesh_spec_str(const std::vector<MeshAxis>& axes);
+// ---- the spelling of a mesh ----------------------------------------------------------------------
+// One grammar, read by parse_mesh and written by mesh_spec, for --mesh, Python's mesh=, checkpoints,
+// metrics files and messages: comma-separated axis=size items in any order.
+//   "tp=N"          the axes [dp=1, tp=N]
+//   "dp=M,tp=N"     [dp=M, tp=N]: dp outermost, tp innermost, so tp groups are adjacent ranks
+//   "tp=RxC"        [dp=1, tp_row=R, tp_col=C]: 2-D tensor parallelism (no plain "tp" axis then)
+//   "dp=M,tp=RxC"   [dp=M, tp_row=R, tp_col=C]
+// A missing dp or tp is size 1, so models always find both. The axis names are dp and tp
+// (case-sensitive): anything else is refused, since an unknown axis would be silently ignored.
+
+// The most ranks a mesh may have. Checked before anything is allocated (the threads backend
+// allocates P x P mailboxes), with every product computed in int64 with overflow checks.
+inline constexpr int kMaxMeshRanks = 4096;
+
+// The axes of a spec, in mesh order. Throws InvalidArgument naming the text and the valid axes on a
+// malformed spec, an unknown or miscased axis, a repeated axis, a size < 1, or more than
+// kMaxMeshRanks ranks.
+std::vector<MeshAxis> parse_mesh(const std::string& spec);
+// The number of ranks a spec needs (the product of its sizes, at most kMaxMeshRanks).
+int mesh_world_size(const std::string& spec);
+// The spec of a mesh's axes, the inverse of parse_mesh: "tp=2", "dp=2,tp=4", "dp=2,tp=2x2" (dp is
+// written when it is not 1). Axes outside the grammar (a mesh built by hand with other names) are
+// written name=size in their order.
+std::string mesh_spec(const std::vector<MeshAxis>& axes);
 
 class DeviceMesh {
  public:
@@ -76,7 +94,7 @@ class DeviceMesh {
   // The same, built on first use and kept (every rank asks in the same order, as for make_group).
   const ProcessGroup& flattened_group(const std::vector<int>& axes) const;
   const comm::CommunicatorPtr& world() const { return world_; }
-  std::string str() const;   // "mesh(dp=2, tp=2)"
+  std::string str() const;   // mesh_spec(axes()): "dp=2,tp=2"
 
  private:
   comm::CommunicatorPtr world_;
@@ -88,5 +106,11 @@ class DeviceMesh {
   mutable std::deque<ProcessGroup> flattened_;   // a deque: references stay valid as it grows
 };
 using DeviceMeshPtr = std::shared_ptr<const DeviceMesh>;
+
+// How a job gets its ranks: run_on_mesh(fn) calls fn(mesh) on every rank of a mesh it chose (the
+// launch API builds one from --backend and --mesh, tests start rank threads), and returns when
+// every rank has finished; a rank's error propagates as an exception. Jobs and checkers take one
+// of these instead of starting ranks themselves.
+using RunOnMesh = std::function<void(const std::function<void(const DeviceMeshPtr&)>&)>;
 
 }  // namespace meshgrad::dist

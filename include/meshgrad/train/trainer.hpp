@@ -17,95 +17,13 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
-#include "meshgrad/train/checkpoint_store.hpp"
-#include "meshgrad/train/gpt2_config.hpp"   // read_gpt2_config (used with compute_gradients)
+#include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/train/options.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"   // read_gpt2_config (used with compute_gradients)
 
 namespace meshgrad::train {
-
-// The figures of one optimizer step: one line of the metrics file, and what TrainOptions::on_step sees.
-struct StepMetrics {
-  int step = 0;              // 1-based
-  double loss = 0;           // global loss of the step's batch (before the update)
-  double tokens_per_s = 0;   // global tokens of the step / its wall time
-  double gflops = 0;         // tokens_per_s * model_flops_per_token
-  double elapsed_s = 0;      // since the first step started
-  double lr = 0;             // learning rate of the step
-  double grad_norm = 0;      // global L2 norm of the gradient, before clipping
-  bool evaluated = false;    // this step ran an evaluation (TrainOptions::eval_every)
-  double val_loss = 0;       // then: the mean global loss over the validation batches
-};
-
-struct TrainOptions {
-  // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
-  // (TokenDataset::vocab(): 256 for bytes); a data token >= vocab is an error naming its position.
-  nn::ModelConfig model;
-  nn::ParallelConfig parallel;
-  int steps = 200;
-  double lr = 3e-3;          // peak learning rate
-  int warmup_steps = 10;     // linear warmup from lr / warmup_steps to lr
-  double min_lr_ratio = 0.1; // cosine decay from lr down to lr * min_lr_ratio at the last step
-  double weight_decay = 0.1;
-  std::uint64_t seed = 1234; // model initialisation, data order and dropout
-  std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
-  std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
-  std::string save_path;     // safetensors of the full trained parameters; "" = none
-  // A Hugging Face GPT-2 directory (config.json + model.safetensors) to start from instead of a
-  // random initialisation (train/hf_io.hpp): the model's sizes come from its config.json, and a size
-  // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
-  std::string init_from;
-  std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
-  // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
-  // the model over the first eval_steps validation batches (all of them if fewer), without dropout
-  // and without recording a graph. Needs data with a validation split (a prepared directory).
-  int eval_every = 0;
-  // Clip the global gradient norm to this (0 = off); the norm is reported every step either way.
-  double grad_clip = 0;
-  // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
-  int grad_accum = 1;
-  int eval_steps = 20;
-  // Sharded checkpoints (train/checkpoint_store.hpp): every save_every steps and after the last step,
-  // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
-  // unless checkpoint_sync. "" = no checkpoints.
-  std::string checkpoint_dir;
-  int save_every = 0;
-  int keep = 0;
-  bool checkpoint_sync = false;
-  // Resume from a checkpoint directory, or the newest under a --checkpoint-dir (run_train_job turns
-  // it into resume_dir and the saved configuration; see train/resume.hpp).
-  std::string resume;
-  std::string resume_dir;
-  // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
-  // they override the checkpoint's configuration; the others come from it.
-  std::set<std::string> given_options;
-  // With checkpoint_dir: SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
-  // (TrainResult::stopped_by); a second SIGINT aborts. The CLI turns it on; library callers choose.
-  bool handle_signals = false;
-  bool progress = true;      // rank 0 shows progress on stderr
-  // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
-  // meshgrad version, the git commit it was built from, the command line).
-  std::vector<std::pair<std::string, std::string>> provenance;
-  // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
-  // fails the run like any other rank error.
-  std::function<void(const StepMetrics&)> on_step;
-};
-
-struct TrainResult {
-  std::vector<double> losses;   // global loss of every step (before its update), on every rank
-  std::vector<std::pair<int, double>> val_losses;   // (1-based step, validation loss) of each evaluation
-  double seconds = 0;           // wall time of the steps (rank 0's clock on rank 0)
-  double tokens_per_s = 0;      // global tokens / seconds
-  double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
-  std::int64_t parameters = 0;  // of the full model
-  int first_step = 0;           // 0-based step the run started at (the checkpoint's step when resumed)
-  std::string stopped_by;       // "SIGTERM" / "SIGINT" when a signal ended the run early, else ""
-  std::string last_checkpoint;  // the newest checkpoint this run committed (rank 0), else ""
-  int checkpoints = 0;          // how many this run wrote
-  double checkpoint_stall_s = 0;   // training time spent in saves (snapshots; whole saves when sync)
-  // Mean of the losses of the first / last quarter of the steps (1 to 10 steps): per-step losses
-  // are noisy (every step draws a different batch).
-  double start_loss() const;
-  double end_loss() const;
-};
 
 // The learning rate of step s (0-based): linear warmup over warmup_steps, then cosine decay to
 // lr * min_lr_ratio at step steps - 1.
@@ -141,8 +59,6 @@ inline constexpr std::int64_t kIgnoreIndex = -100;
 // mean over no tokens is undefined; PyTorch returns NaN).
 std::int64_t count_loss_targets(const Tensor& targets);
 
-class GradientSynchronizer;
-class AdamW;
 
 // One optimizer step, the loop body every training loop shares (train, the equivalence checker):
 // zero the gradients, this rank's loss on its dp share of global_batch (divided by the global count
@@ -159,7 +75,7 @@ struct StepOutcome {
 // included (every micro-batch draws the seeds of one forward of the whole batch, and masks are by
 // global row), with one dp reduction per step and the activations of one micro-batch at a time.
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       GradientSynchronizer& sync, AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
 // TP-invariant mode (the model's tp_invariant()): the K micro-batches' gradients and losses are added
 // in the fixed binary tree, and the synchroniser must be built with GradSyncOptions::tree_dp, so the
 // step is bitwise the same on every mesh with the same dp x K (docs/tp-invariance.md, "dp").
@@ -170,7 +86,7 @@ void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum)
 // The training state a checkpoint holds as tensors: every parameter's piece, then its AdamW moments
 // ("optimizer.exp_avg.NAME", "optimizer.exp_avg_sq.NAME"; zeros before the first update, which is
 // what AdamW's lazily created moments start from).
-std::vector<StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const AdamW& optimizer);
+std::vector<checkpoint::StateTensor> training_state_tensors(const std::vector<nn::Parameter*>& params, const optim::AdamW& optimizer);
 // How load_training_state treats the state it replaces.
 enum class StateLoad {
   // Read into new tensors and checked, then copied in: on any error the model and the optimizer are
@@ -187,7 +103,7 @@ enum class StateLoad {
 // mesh: each rank reads the pieces of its own layout), every piece checked against its hash. Returns
 // the number of steps the checkpoint was taken after. Not collective. Throws CheckpointError naming
 // the file and the tensor.
-int load_training_state(const std::string& dir, const Manifest& manifest, nn::Model& model, AdamW& optimizer,
+int load_training_state(const std::string& dir, const checkpoint::Manifest& manifest, nn::Model& model, optim::AdamW& optimizer,
                         StateLoad how = StateLoad::all_or_nothing);
 
 struct GradientDump {

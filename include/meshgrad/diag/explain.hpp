@@ -1,0 +1,101 @@
+// `meshgrad explain`: where a tensor-parallel model communicates, and what the alpha-beta model
+// (distributed/cost_model.hpp) predicts each collective costs on a chosen link.
+//
+// The counts are produced by running the model, not written down: explain_model starts the ranks,
+// builds the model, runs one forward (loss) and one backward on a synthetic batch with a
+// CommCounter active on rank 0's thread, and turns rank 0's records into rows. A drift between the
+// code and this report is therefore impossible; a drift between the code and the DESIGN table is
+// caught by tests/train/test_explain.cpp, which asserts the table's counts.
+//
+// The gradient synchronisation is not predicted either: the step runs with the trainer's
+// GradientSynchronizer (train/grad_sync.hpp), whose collectives (labelled "grad-sync:<parameter>"
+// for a tp reduction, "grad-sync:bucket<i>" for a dp bucket) become rows of source GradSync:
+//   - a parameter whose gradient is partial over a tp axis (a replicated parameter used on
+//     sequence-sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over that axis;
+//   - with dp > 1, one in-place all_reduce over dp per bucket of gradients.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+
+namespace meshgrad::diag {
+
+using nn::Batch;
+using nn::ModelConfig;
+using nn::ParallelConfig;
+
+enum class ExplainSource {
+  Graph,     // recorded by the CommCounter while the model's forward and backward ran
+  GradSync,  // the gradient synchronizer's all-reduces (not part of the graph; see above)
+};
+const char* explain_source_name(ExplainSource source);   // "graph", "grad-sync"
+
+struct ExplainRow {
+  std::string layer;        // the CommLabelScope label ("h.0.mlp.c_proj"); GradSync: the parameter or "bucket<i>"
+  std::string phase;        // "forward", "backward", "recompute", "optimizer" (GradSync: "backward")
+  std::string op;           // as recorded: "all_reduce", "all_gather", ... (a qualified "all_gather(sizes)" costs as all_gather)
+  std::string axis;         // mesh axis ("tp", "dp")
+  std::int64_t bytes = 0;   // nccl-tests size: the whole gathered / unreduced buffer
+  double predicted_us = 0;  // dist::predict_collective(op, ranks, bytes, link)
+  int ranks = 1;            // size of the axis' group (n of the cost model)
+  std::string algorithm;    // the cost model's choice ("ring", "tree", ...)
+  ExplainSource source = ExplainSource::Graph;
+};
+
+// Rows for collective records (rank 0's), costed on link with n = the size of the record's axis
+// in `axes` (throws naming the axis when the mesh has no such axis).
+std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveRecord>& records,
+                                          const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
+
+// Runs the model's forward and backward once, with the gradient synchroniser, on world = product
+// of the mesh sizes rank threads (see the top of this file) and returns the rows in the order rank
+// 0 issued them. axes: the mesh (the CLI's --mesh parsed; needs "dp" and "tp", or "tp_row" and
+// "tp_col"). Every rank runs the same step; only rank 0 is counted. Throws (from the ranks) on an
+// invalid configuration, naming what was wrong.
+std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
+
+// Aggregates. Layers appear in the order of their first row; phases in Phase order.
+struct PhaseTotals {
+  int count = 0;
+  std::int64_t bytes = 0;
+  double predicted_us = 0;
+  void add(const ExplainRow& row);
+};
+struct LayerSummary {
+  std::string layer;
+  ExplainSource source = ExplainSource::Graph;
+  PhaseTotals forward, backward, other;   // other: recompute / optimizer
+};
+std::vector<LayerSummary> summarize_layers(const std::vector<ExplainRow>& rows);
+struct PhaseSummary {
+  std::string phase;
+  ExplainSource source = ExplainSource::Graph;
+  PhaseTotals totals;
+};
+// Totals per (source, phase), graph first.
+std::vector<PhaseSummary> summarize_phases(const std::vector<ExplainRow>& rows);
+
+// "1.5 KiB", "12 B", "3.0 MiB" (powers of 1024).
+std::string human_bytes(std::int64_t bytes);
+
+// What the report says about the run (printed in the table's header).
+struct ExplainHeader {
+  ModelConfig config;
+  ParallelConfig parallel;
+  std::vector<dist::MeshAxis> axes;
+  dist::Link link;
+};
+// The table: per layer its collectives (phase, op, axis, n, bytes human-readable and exact,
+// algorithm, predicted us), then the per-layer and per-phase totals and the link used.
+std::string format_explain_table(const std::vector<ExplainRow>& rows, const ExplainHeader& header);
+// The json: a list of objects with exactly the keys layer, phase, op, axis, bytes, predicted_us.
+std::string format_explain_json(const std::vector<ExplainRow>& rows);
+
+}  // namespace meshgrad::diag

@@ -1,0 +1,135 @@
+// Hugging Face GPT-2 in and out: `meshgrad train --init-from DIR` starts from a Hugging Face GPT-2
+// directory, `meshgrad export` writes one from a meshgrad checkpoint.
+//
+// A Hugging Face GPT-2 directory (what GPT2LMHeadModel.save_pretrained writes and from_pretrained
+// reads):
+//   DIR/config.json         GPT2Config (gpt2_config.hpp reads and writes it)
+//   DIR/model.safetensors   the parameters, full tensors, F32 / F16 / BF16, named
+//                             wte.weight, wpe.weight, h.<i>.{ln_1, attn.c_attn, attn.c_proj, ln_2,
+//                             mlp.c_fc, mlp.c_proj}.{weight, bias}, ln_f.{weight, bias}
+//                           with Conv1D weights stored [in, out] (meshgrad's layout too), either as
+//                           is (GPT2Model's names, and the hub's openai-community/gpt2 file) or under
+//                           "transformer." (GPT2LMHeadModel.save_pretrained). A tied
+//                           "lm_head.weight" (equal to wte.weight) and the attention-mask buffers of
+//                           older files ("h.<i>.attn.bias", "h.<i>.attn.masked_bias", any dtype) are
+//                           not parameters and are not loaded.
+//   DIR/vocab.json, merges.txt, tokenizer_config.json   the GPT-2 BPE tokenizer (optional)
+//
+// meshgrad export writes the names without the prefix, as the hub's gpt2 file has them: every
+// version of transformers loads that file into GPT2LMHeadModel and GPT2Model alike (from_pretrained
+// adds or strips the base model prefix "transformer." as the class needs), and it is what
+// `meshgrad grads --weights` and `train --save` use too.
+#pragma once
+
+#include <cstdint>
+#include <map>
+#include <optional>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/nn/parameter.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+#include "meshgrad/io/safetensors.hpp"
+
+namespace meshgrad::data {
+class TokenDataset;
+}
+
+namespace meshgrad::interop {
+
+inline constexpr const char* kHfConfigFile = "config.json";
+inline constexpr const char* kHfWeightsFile = "model.safetensors";
+
+// ---- in: train --init-from DIR -------------------------------------------------------------------
+
+// A GPT-2 weights file checked against a model configuration.
+struct HfWeights {
+  std::string prefix;              // "" or "transformer.": what the file's names start with
+  std::vector<std::string> dtypes; // the stored dtypes of the parameters, e.g. {"BF16"}
+  bool tied_head = false;          // it holds an lm_head.weight (equal to wte.weight)
+};
+
+// Checks that `weights` holds meshgrad's GPT-2 for config (`config_origin` names the config in
+// messages): every parameter of gpt2_parameter_shapes(config), all with or all without the
+// "transformer." prefix, with that full shape and a floating dtype meshgrad reads (F32, F64, F16,
+// BF16); no block beyond n_layer ("h.<n_layer>..."); an lm_head.weight, when present, of wte's
+// shape and bitwise equal to wte.weight (meshgrad's output layer is wte transposed; an untied head
+// would be silently dropped). Everything else in the file is ignored. Reads the header only, and
+// lm_head.weight and wte.weight when there is an lm_head. Throws InvalidArgument naming the file,
+// the tensors (every missing one, up to 8) and both shapes.
+HfWeights check_hf_weights(const io::SafetensorsFile& weights, const nn::ModelConfig& config,
+                           const std::string& config_origin);
+
+// The model `train --init-from DIR` builds: `requested` (TrainOptions::model) with its sizes taken
+// from DIR/config.json (read_gpt2_config): n_layer, n_embd, n_head, vocab_size, n_positions,
+// n_inner and layer_norm_epsilon. A size the request sets (> 0: layers, hidden, heads, vocab,
+// positions, ffn) must agree with the file: otherwise InvalidArgument naming the option and the key
+// with both values (0 takes the file's; the CLI passes 0 for the options not on its command line).
+// seq must be <= n_positions. Then DIR/model.safetensors is checked whole (check_hf_weights), so
+// everything is checked before a model is built or a file written. `report`: print one line on
+// stderr saying what was found.
+nn::ModelConfig hf_init_config(const std::string& dir, const nn::ModelConfig& requested, bool report);
+
+// Loads DIR/model.safetensors into the model's parameters (load_parameters with the file's prefix:
+// every rank reads the full tensors and keeps its shard, at any tp; F16 / BF16 widen exactly,
+// float32 -> float64 too). Call after hf_init_config with the model built from its config.
+void hf_load_parameters(const std::string& dir, const std::vector<nn::Parameter*>& params,
+                        const dist::ProcessGroup& tp);
+
+// ---- out: train --save metadata, meshgrad export ---------------------------------------------------
+
+// The __metadata__ of a `train --save` file: "format": "pt" (Hugging Face tools load the file),
+// "producer", "gpt2_config" (gpt2_config_json(config): what the parameters are, read back by
+// parse_gpt2_config), "data" (TokenDataset::source), "data_tokens" (TokenDataset::description) and,
+// for prepared data, "data_meta" (the absolute path of its meta.json: where export finds the
+// tokenizer).
+std::map<std::string, std::string> hf_checkpoint_metadata(const nn::ModelConfig& config, const data::TokenDataset& data);
+
+// A checkpoint's full parameters with what describes them.
+struct FullParameters {
+  nn::ModelConfig config;                               // from its gpt2_config (dropout kept)
+  std::vector<std::pair<std::string, Tensor>> tensors;  // gpt2_parameter_shapes' names and order
+  std::map<std::string, std::string> metadata;          // the --save file's (data_meta, ...)
+};
+
+// Reads a checkpoint: today a safetensors file of full tensors written by `train --save`, its
+// model described by its "gpt2_config" metadata, or by config_path (a config.json) when that is
+// given or the file has none (files of older versions, Hugging Face files). Its tensors are
+// checked with check_hf_weights. Anything else (a directory: sharded checkpoints are not read
+// here yet) throws InvalidArgument naming the path and what it is.
+FullParameters read_full_parameters(const std::string& checkpoint, const std::string& config_path = "");
+
+struct ExportOptions {
+  std::string checkpoint;           // read_full_parameters
+  std::string out_dir;              // absent, or an empty directory
+  std::string dtype = "float32";    // float32, float16 or bfloat16 (parse_float_storage)
+  std::string config;               // optional config.json for a checkpoint without gpt2_config
+  std::string tokenizer;            // optional directory with vocab.json + merges.txt (or encoder.json + vocab.bpe)
+};
+
+struct ExportResult {
+  std::vector<std::string> files;   // written into out_dir, in order
+  std::int64_t parameters = 0;      // elements
+  std::string tokenizer;            // where the tokenizer files came from, or "" when none
+  std::string note;                 // why there are no tokenizer files, or ""
+};
+
+// Writes out_dir as a Hugging Face GPT-2 directory: config.json (gpt2_config_json with
+// torch_dtype = dtype and bos/eos = the tokenizer's <|endoftext|>), model.safetensors (names without
+// "transformer.", no lm_head, metadata {"format": "pt"}; float32: the parameters converted to
+// float32, bitwise equal for a float32 checkpoint; float16 / bfloat16: rounded to nearest even)
+// and, when a tokenizer is found, vocab.json + merges.txt (copied byte for byte) and
+// tokenizer_config.json. The tokenizer comes from options.tokenizer, else from the checkpoint's
+// data_meta (the prepared data's copies, checked against meta.json's sha256); byte-level data has
+// none. Its vocabulary must fit the model's.
+//
+// Never clobbers: out_dir must be absent or an empty directory (not a symbolic link), its parent a
+// writable directory; checked before anything is read. The files are written into a temporary
+// directory beside out_dir, flushed, and renamed to out_dir at the end; on any error the temporary
+// is removed and out_dir is as it was. Throws InvalidArgument naming the option and the path.
+ExportResult export_hf(const ExportOptions& options);
+
+}  // namespace meshgrad::interop

@@ -1,0 +1,102 @@
+// What a training run is asked to do (TrainOptions), what it reports per step (StepMetrics) and at
+// the end (TrainResult): the vocabulary the trainer (trainer.hpp), the run configuration a
+// checkpoint records (run_config.hpp), the jobs (launch/jobs.hpp), the CLI and Python share.
+#pragma once
+
+#include <cstdint>
+#include <functional>
+#include <set>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/nn/model.hpp"
+
+namespace meshgrad::train {
+
+// The figures of one optimizer step: one line of the metrics file, and what TrainOptions::on_step sees.
+struct StepMetrics {
+  int step = 0;              // 1-based
+  double loss = 0;           // global loss of the step's batch (before the update)
+  double tokens_per_s = 0;   // global tokens of the step / its wall time
+  double gflops = 0;         // tokens_per_s * model_flops_per_token
+  double elapsed_s = 0;      // since the first step started
+  double lr = 0;             // learning rate of the step
+  double grad_norm = 0;      // global L2 norm of the gradient, before clipping
+  bool evaluated = false;    // this step ran an evaluation (TrainOptions::eval_every)
+  double val_loss = 0;       // then: the mean global loss over the validation batches
+};
+
+struct TrainOptions {
+  // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
+  // (TokenDataset::vocab(): 256 for bytes); a data token >= vocab is an error naming its position.
+  nn::ModelConfig model;
+  nn::ParallelConfig parallel;
+  int steps = 200;
+  double lr = 3e-3;          // peak learning rate
+  int warmup_steps = 10;     // linear warmup from lr / warmup_steps to lr
+  double min_lr_ratio = 0.1; // cosine decay from lr down to lr * min_lr_ratio at the last step
+  double weight_decay = 0.1;
+  std::uint64_t seed = 1234; // model initialisation, data order and dropout
+  std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
+  std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
+  std::string save_path;     // safetensors of the full trained parameters; "" = none
+  // A Hugging Face GPT-2 directory (config.json + model.safetensors) to start from instead of a
+  // random initialisation (train/hf_io.hpp): the model's sizes come from its config.json, and a size
+  // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
+  std::string init_from;
+  std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
+  // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
+  // the model over the first eval_steps validation batches (all of them if fewer), without dropout
+  // and without recording a graph. Needs data with a validation split (a prepared directory).
+  int eval_every = 0;
+  // Clip the global gradient norm to this (0 = off); the norm is reported every step either way.
+  double grad_clip = 0;
+  // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
+  int grad_accum = 1;
+  int eval_steps = 20;
+  // Sharded checkpoints (train/checkpoint_store.hpp): every save_every steps and after the last step,
+  // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
+  // unless checkpoint_sync. "" = no checkpoints.
+  std::string checkpoint_dir;
+  int save_every = 0;
+  int keep = 0;
+  bool checkpoint_sync = false;
+  // Resume from a checkpoint directory, or the newest under a --checkpoint-dir (run_train_job turns
+  // it into resume_dir and the saved configuration; see train/resume.hpp).
+  std::string resume;
+  std::string resume_dir;
+  // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
+  // they override the checkpoint's configuration; the others come from it.
+  std::set<std::string> given_options;
+  // With checkpoint_dir: SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
+  // (TrainResult::stopped_by); a second SIGINT aborts. The CLI turns it on; library callers choose.
+  bool handle_signals = false;
+  bool progress = true;      // rank 0 shows progress on stderr
+  // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
+  // meshgrad version, the git commit it was built from, the command line).
+  std::vector<std::pair<std::string, std::string>> provenance;
+  // Called on rank 0 (its thread) after every step, after the metrics line was written. A throw
+  // fails the run like any other rank error.
+  std::function<void(const StepMetrics&)> on_step;
+};
+
+struct TrainResult {
+  std::vector<double> losses;   // global loss of every step (before its update), on every rank
+  std::vector<std::pair<int, double>> val_losses;   // (1-based step, validation loss) of each evaluation
+  double seconds = 0;           // wall time of the steps (rank 0's clock on rank 0)
+  double tokens_per_s = 0;      // global tokens / seconds
+  double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
+  std::int64_t parameters = 0;  // of the full model
+  int first_step = 0;           // 0-based step the run started at (the checkpoint's step when resumed)
+  std::string stopped_by;       // "SIGTERM" / "SIGINT" when a signal ended the run early, else ""
+  std::string last_checkpoint;  // the newest checkpoint this run committed (rank 0), else ""
+  int checkpoints = 0;          // how many this run wrote
+  double checkpoint_stall_s = 0;   // training time spent in saves (snapshots; whole saves when sync)
+  // Mean of the losses of the first / last quarter of the steps (1 to 10 steps): per-step losses
+  // are noisy (every step draws a different batch).
+  double start_loss() const;
+  double end_loss() const;
+};
+
+}  // namespace meshgrad::train

@@ -1,0 +1,29 @@
+// The run configuration as a checkpoint records it: the JSON a `--config` file holds (command-line
+// option names as keys), and the rules for resuming: which options a resumed run may change (steps,
+// lr, the checkpointing options, ...) and which it may not (the model's shape, whose keys are
+// interop::model_config_fields).
+#pragma once
+
+#include <nlohmann/json.hpp>
+#include <string>
+
+#include "meshgrad/train/options.hpp"
+
+namespace meshgrad::train {
+
+// The options of a run as {"layers": 4, "hidden": 128, ..., "lr": 0.003, "sequence-parallel": false,
+// "checkpoint-dir": "ck", ...}: every option that shapes the run, by its command-line name. The
+// model's vocabulary is the resolved one (the data's when options.model.vocab is 0).
+nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab);
+
+// The options of a run resumed from `checkpoint` (a path for messages) whose saved configuration is
+// `saved`: the saved value of every option, except those named in options.given_options, which keep
+// the caller's value (and are listed in *changed, with both values, when they differ). Throws
+// checkpoint::CheckpointError naming each model-shape option given with another value than the
+// checkpoint's.
+// An option the checkpoint does not record (it was written by a meshgrad that did not have it) keeps
+// the caller's value. Keeps the caller's run-time fields (progress, provenance, on_step, resume, ...).
+TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
+                            std::string* changed = nullptr);
+
+}  // namespace meshgrad::train

@@ -1,0 +1,329 @@
+#include "meshgrad/data/dataset.hpp"
+
+#include <fcntl.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <filesystem>
+#include <fstream>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <tuple>
+
+#include "meshgrad/tensor/random.hpp"
+#include "meshgrad/tensor/shard.hpp"
+
+namespace meshgrad::data {
+
+namespace {
+
+// Written for meshgrad and placed in the public domain. Plain ASCII prose with a small vocabulary
+// and repeated phrasing, so a small byte-level model learns spelling and common words within a
+// couple of hundred steps and its loss visibly falls from ln(256) ~ 5.55.
+constexpr std::string_view kCorpus = R"(The river begins in the hills above the town, where the snow lies late into the spring. In the morning the water is cold and clear, and the light comes down through the trees in long bright lines. The old miller used to say that the river has three voices: a small voice in the hills, a strong voice at the mill, and a slow voice by the sea. He said that a patient man could learn all three, and that a wise man would listen more than he spoke.
+
+The town is small. There is a bridge of grey stone, a market square, a school, a bakery, and a church with a clock that is always five minutes late. On market days the farmers come in from the valley with carts of apples, bread, cheese and wool. The children run between the stalls, and the dogs follow the children, and the baker stands at his door and laughs at all of them. In the evening the square is quiet again, and the only sound is the river under the bridge.
+
+In the autumn the rain comes from the west. It rains for a day, and then for a week, and the river rises until it runs brown and fast under the bridge. The people of the town watch the water from the windows. They have seen floods before, and they know what to do. They carry the sacks of grain up to the high rooms, they tie the boats to the trees, and they wait. When the rain stops, the river falls, and the town goes back to work as if nothing had happened.
+
+The teacher at the school was a tall woman with a quiet voice. She taught the children to read and to write, to add and to take away, and to draw the map of the valley from memory. She told them that a map is not the land, but a story about the land, and that every good story leaves something out. She asked them what the map of the river left out, and the children said: the cold, the sound, the fish, the light in the morning, and the smell of the rain.
+
+One winter the bridge was damaged by ice. Great plates of ice came down the river and struck the stone, and one of the arches cracked. The town met in the church to decide what to do. Some wanted to build a new bridge of iron, and some wanted to mend the old one. They talked for a long time. At last the old miller stood up and said that the stone bridge had stood for three hundred years, and that it had earned the right to be mended. So they mended it, stone by stone, and it stands there still.
+
+The work of mending took all of the spring. The masons came from the city with their tools, and the children of the town carried water and sand for them. Every evening the masons sat in the square and told stories of other bridges they had built, in other valleys, over other rivers. They said that every river is different, but that every bridge must do the same thing: it must carry the weight of the road and let the water pass beneath it. A bridge that fights the river will fall, they said, and a bridge that lets the river pass will stand.
+
+In the summer the river is low and warm. The children swim in the deep pool below the mill, and the old men fish from the bank and say very little. The farmers cut the hay in the fields along the water, and the air is full of the smell of it. At night the stars are bright over the valley, and from the bridge you can hear the river talking to itself in its slow summer voice.
+
+The baker rises before the sun. He lights the oven, he mixes the flour and the water and the salt, and he waits for the dough to rise. He says that bread cannot be hurried, and that the best bread is made by a man who knows how to wait. By the time the church clock strikes six, five minutes late, the first loaves are on the shelf, and the smell of them fills the square. The first customer is always the teacher, and the second is always the miller, and they always talk about the weather.
+
+Years passed. The children grew up and some of them left the valley to work in the city. Some came back, and some did not. The teacher grew old and another teacher took her place. The miller died, and his son kept the mill. But the river did not change. It came down from the hills in the spring, it rose in the autumn rain, it froze at the edges in the winter, and it ran low and warm in the summer, as it had always done, and as it always will.
+
+When the miller's son was asked what his father had taught him, he said that his father had taught him to listen to the river. He said that the river tells you when the rain is coming, when the ice is thin, and when the water is too high to cross. He said that if you listen long enough, the river will tell you everything you need to know, and that most people never learn to listen at all.
+)";
+
+}  // namespace
+
+std::string_view builtin_corpus() { return kCorpus; }
+
+namespace {
+
+// What a stat mode is, for messages about paths that are not regular files.
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a pipe or FIFO";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  if (S_ISSOCK(mode)) return "a socket";
+  return "not a regular file";
+}
+
+struct stat stat_path(const std::string& path, const std::string& what) {
+  struct stat st {};
+  MG_CHECK(::stat(path.c_str(), &st) == 0, "{} '{}' cannot be opened for reading: {}", what, path,
+           std::strerror(errno));
+  return st;
+}
+
+bool has_llmc_magic(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  std::int32_t magic = 0;
+  in.read(reinterpret_cast<char*>(&magic), 4);
+  return in.gcount() == 4 && magic == kTokenFileMagic;
+}
+
+// meta.json's vocab_size (written by meshgrad prepare).
+std::int64_t meta_vocab(const std::string& path) {
+  std::ifstream in(path);
+  MG_CHECK(in.good(), "data: '{}' cannot be opened for reading", path);
+  nlohmann::json j;
+  try {
+    j = nlohmann::json::parse(in);
+  } catch (const nlohmann::json::parse_error& e) {
+    throw InvalidArgument(fmt::format("data: '{}' is not valid JSON (byte offset {})", path, e.byte > 0 ? e.byte - 1 : 0));
+  }
+  MG_CHECK(j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer(),
+           "data: '{}' has no integer \"vocab_size\" (is it a meta.json written by meshgrad prepare?)", path);
+  const auto v = j["vocab_size"].get<std::int64_t>();
+  MG_CHECK(v >= 1 && v <= 65536, "data: '{}': vocab_size must be in [1, 65536] for uint16 tokens, got {}", path, v);
+  return v;
+}
+
+}  // namespace
+
+void require_regular_file(const std::string& path, const std::string& what) {
+  const struct stat st = stat_path(path, what);
+  MG_CHECK(S_ISREG(st.st_mode), "{} '{}' is {}, not a regular file", what, path, file_kind(st.st_mode));
+}
+
+MappedFile::MappedFile(const std::string& path, const std::string& what) : path_(path) {
+  const int fd = ::open(path.c_str(), O_RDONLY | O_CLOEXEC);
+  MG_CHECK(fd >= 0, "{} '{}' cannot be opened for reading: {}", what, path, std::strerror(errno));
+  struct stat st {};
+  const bool stat_ok = ::fstat(fd, &st) == 0;
+  const int stat_errno = errno;
+  if (!stat_ok || !S_ISREG(st.st_mode)) {
+    ::close(fd);
+    MG_CHECK(stat_ok, "{} '{}' cannot be inspected: {}", what, path, std::strerror(stat_errno));
+    throw InvalidArgument(fmt::format("{} '{}' is {}, not a regular file", what, path, file_kind(st.st_mode)));
+  }
+  size_ = static_cast<std::size_t>(st.st_size);
+  if (size_ > 0) {
+    data_ = ::mmap(nullptr, size_, PROT_READ, MAP_SHARED, fd, 0);
+    const int map_errno = errno;
+    ::close(fd);
+    if (data_ == MAP_FAILED) {
+      data_ = nullptr;
+      throw InvalidArgument(fmt::format("{} '{}' ({} bytes) cannot be mapped into memory: {}", what, path, size_,
+                                        std::strerror(map_errno)));
+    }
+  } else {
+    ::close(fd);
+  }
+}
+
+MappedFile::~MappedFile() {
+  if (data_) ::munmap(data_, size_);
+}
+
+TokenFile::TokenFile(const std::string& path, Format format) : file_(path, "data"), format_(format) {
+  const std::string_view b = file_.bytes();
+  if (format == Format::Bytes) {
+    tokens_ = b.data();
+    size_ = static_cast<std::int64_t>(b.size());
+  } else {
+    const auto file_bytes = static_cast<std::int64_t>(b.size());
+    MG_CHECK(file_bytes >= kTokenFileHeaderBytes, "data '{}': {} bytes, shorter than the {}-byte header of an llm.c "
+             "token file", path, file_bytes, kTokenFileHeaderBytes);
+    std::int32_t header[3];
+    std::memcpy(header, b.data(), sizeof header);
+    MG_CHECK(header[0] == kTokenFileMagic, "data '{}': byte offset 0: magic {} is not the llm.c token file magic {}",
+             path, header[0], kTokenFileMagic);
+    MG_CHECK(header[1] == kTokenFileVersion, "data '{}': byte offset 4: version {} is not supported (version {}: "
+             "uint16 tokens)", path, header[1], kTokenFileVersion);
+    const std::int64_t count = header[2];
+    const std::int64_t payload = file_bytes - kTokenFileHeaderBytes;
+    MG_CHECK(count >= 0 && payload == 2 * count, "data '{}': byte offset 8: the header says {} tokens ({} bytes) but "
+             "the file has {} bytes after the header", path, count, 2 * count, payload);
+    tokens_ = b.data() + kTokenFileHeaderBytes;
+    size_ = count;
+  }
+  if (format == Format::Bytes) {
+    max_token_ = size_ > 0 ? 255 : -1;   // a bound, not a scan: byte data is used as it is paged in
+  } else {
+    for (std::int64_t i = 0; i < size_; ++i) max_token_ = std::max(max_token_, token(i));
+  }
+}
+
+std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format format) {
+  // One mapping per (file identity, format) in the process, while anyone holds it.
+  using Key = std::tuple<dev_t, ino_t, off_t, std::int64_t, std::int64_t, int>;
+  static std::mutex mu;
+  static std::map<Key, std::weak_ptr<const TokenFile>> open_files;
+  require_regular_file(path, "data");
+  const struct stat st = stat_path(path, "data");
+  const Key key{st.st_dev, st.st_ino, st.st_size, st.st_mtim.tv_sec, st.st_mtim.tv_nsec, static_cast<int>(format)};
+  std::lock_guard<std::mutex> lock(mu);
+  if (auto it = open_files.find(key); it != open_files.end()) {
+    if (auto file = it->second.lock()) return file;
+  }
+  auto file = std::make_shared<const TokenFile>(path, format);
+  std::erase_if(open_files, [](const auto& entry) { return entry.second.expired(); });
+  open_files[key] = file;
+  return file;
+}
+
+std::optional<std::int64_t> TokenFile::first_token_at_least(std::int64_t limit) const {
+  if (max_token_ < limit) return std::nullopt;
+  for (std::int64_t i = 0; i < size_; ++i) {
+    if (token(i) >= limit) return i;
+  }
+  return std::nullopt;
+}
+
+std::int64_t TokenFile::byte_offset(std::int64_t i) const {
+  return format_ == Format::Bytes ? i : kTokenFileHeaderBytes + 2 * i;
+}
+
+void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  MG_CHECK(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "write_token_file '{}': {} tokens do not fit the "
+           "int32 count of the llm.c header", path, tokens.size());
+  std::int32_t header[256] = {kTokenFileMagic, kTokenFileVersion, static_cast<std::int32_t>(tokens.size())};
+  std::ofstream out(path, std::ios::binary | std::ios::trunc);
+  MG_CHECK(out.good(), "'{}' cannot be opened for writing: {}", path, std::strerror(errno));
+  out.write(reinterpret_cast<const char*>(header), sizeof header);
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
+  out.close();
+  MG_CHECK(out.good(), "'{}': write failed (disk full?)", path);
+}
+
+TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed)
+    : batch_(batch), seq_(seq), seed_(seed) {
+  namespace fs = std::filesystem;
+  MG_CHECK(batch >= 1 && seq >= 1, "TokenDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
+  std::string& meta = meta_;   // a meta.json giving the vocabulary, if any
+  if (path.empty()) {
+    source_ = "the built-in corpus";
+    description_ = "bytes";
+    train_.bytes = kCorpus;
+  } else {
+    source_ = "'" + path + "'";
+    const struct stat st = stat_path(path, "data");
+    if (S_ISDIR(st.st_mode)) {
+      const fs::path dir(path);
+      for (const char* name : {"train.bin", "val.bin", "meta.json"}) {
+        MG_CHECK(fs::exists(dir / name), "data '{}' is a directory without {}: a data directory is the output of "
+                 "`meshgrad prepare` (train.bin, val.bin, meta.json)", path, name);
+      }
+      train_.file = TokenFile::open((dir / "train.bin").string(), TokenFile::Format::LlmC);
+      val_.file = TokenFile::open((dir / "val.bin").string(), TokenFile::Format::LlmC);
+      meta = (dir / "meta.json").string();
+      description_ = "prepared directory";
+    } else {
+      MG_CHECK(S_ISREG(st.st_mode), "data '{}' is {}, not a regular file: --data takes a text file, an llm.c .bin "
+               "token file or a directory written by meshgrad prepare", path, file_kind(st.st_mode));
+      const bool llmc = fs::path(path).extension() == ".bin" || has_llmc_magic(path);
+      train_.file = TokenFile::open(path, llmc ? TokenFile::Format::LlmC : TokenFile::Format::Bytes);
+      description_ = llmc ? "llm.c tokens" : "bytes";
+      const fs::path beside = fs::path(path).parent_path() / "meta.json";
+      if (llmc && fs::is_regular_file(beside)) meta = beside.string();
+    }
+  }
+  if (!meta.empty()) {
+    vocab_ = meta_vocab(meta);
+    require_tokens_below(vocab_, "the vocabulary size " + std::to_string(vocab_) + " of '" + meta + "'");
+  } else if (train_.file && train_.file->format() == TokenFile::Format::LlmC) {
+    vocab_ = train_.file->max_token() + 1;
+  }
+  MG_CHECK(train_.size() >= static_cast<std::int64_t>(seq) + 1,
+           "data {} has {} {} but a training window needs seq + 1 = {} (T inputs and T shifted targets)", source_,
+           train_.size(), description_ == "bytes" ? "bytes" : "training tokens", seq + 1);
+}
+
+nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const {
+  const std::int64_t B = static_cast<std::int64_t>(starts.size()), T = seq_;
+  std::vector<std::int64_t> inputs(static_cast<std::size_t>(B * T)), targets(static_cast<std::size_t>(B * T));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const std::int64_t start = starts[static_cast<std::size_t>(b)];
+    for (std::int64_t t = 0; t < T; ++t) {
+      inputs[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t);
+      targets[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t + 1);
+    }
+  }
+  return {Tensor::from_int64(inputs, {B, T}), Tensor::from_int64(targets, {B, T})};
+}
+
+nn::Batch TokenDataset::next_batch(std::int64_t step) const {
+  MG_CHECK(step >= 0, "TokenDataset::next_batch: step must be >= 0, got {}", step);
+  const std::int64_t B = batch_, T = seq_;
+  // Window starts 0 .. size - T - 1 inclusive: the targets reach index start + T.
+  const std::int64_t starts = size() - T;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(B));
+  for (std::int64_t b = 0; b < B; ++b) {
+    const double u = random::uniform(seed_, static_cast<std::uint64_t>(step * B + b));
+    rows[static_cast<std::size_t>(b)] = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
+  }
+  return windows(train_, rows);
+}
+
+void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& what) const {
+  for (const Tokens* t : {&train_, &val_}) {
+    if (!t->file) {
+      MG_CHECK(t->bytes.empty() || limit >= 256, "data {}: byte tokens reach 255, not below {}", source_, what);
+      continue;
+    }
+    const std::optional<std::int64_t> bad = t->file->first_token_at_least(limit);
+    MG_CHECK(!bad, "data '{}': token {} at position {} (byte offset {}) is not below {}", t->file->path(),
+             bad ? t->file->token(*bad) : 0, bad.value_or(0), bad ? t->file->byte_offset(*bad) : 0, what);
+  }
+}
+
+std::vector<std::string> TokenDataset::input_files() const {
+  std::vector<std::string> files;
+  for (const Tokens* t : {&train_, &val_}) {
+    if (t->file) files.push_back(t->file->path());
+  }
+  if (!meta_.empty()) files.push_back(meta_);
+  return files;
+}
+
+bool TokenDataset::has_validation() const { return val_.size() >= static_cast<std::int64_t>(seq_) + 1; }
+
+std::int64_t TokenDataset::validation_batches() const {
+  if (!has_validation()) return 0;
+  const std::int64_t W = (val_.size() - 1) / seq_;
+  return (W + batch_ - 1) / batch_;
+}
+
+nn::Batch TokenDataset::validation_batch(std::int64_t index) const {
+  MG_CHECK(has_validation(), "data {}: no validation split with a window of seq + 1 = {} tokens ({}; a directory "
+           "written by meshgrad prepare with --val-fraction > 0 has one)", source_, seq_ + 1,
+           val_.file ? fmt::format("val.bin has {} tokens", val_.size()) : std::string("only prepared directories have one"));
+  MG_CHECK(index >= 0, "TokenDataset::validation_batch: index must be >= 0, got {}", index);
+  const std::int64_t W = (val_.size() - 1) / seq_;
+  std::vector<std::int64_t> rows(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = ((index * batch_ + b) % W) * seq_;
+  return windows(val_, rows);
+}
+
+nn::Batch dp_shard(const nn::Batch& batch, int dp_rank, int dp_size) {
+  MG_CHECK(batch.inputs.defined() && batch.targets.defined() && batch.inputs.dim() == 2 &&
+               batch.inputs.shape() == batch.targets.shape(),
+           "dp_shard: need inputs and targets of the same shape [B, T], got {} and {}",
+           batch.inputs.defined() ? batch.inputs.str() : "undefined",
+           batch.targets.defined() ? batch.targets.str() : "undefined");
+  const std::int64_t B = batch.inputs.size(0);
+  MG_CHECK(dp_size >= 1 && dp_size <= B, "dp_shard: a batch of {} rows cannot be split over dp={} (each rank "
+           "needs at least one row; use --batch >= dp)", B, dp_size);
+  const ShardRange rows = shard_range(B, dp_size, dp_rank);
+  // Slices compose: a micro-batch of a replica's rows knows its rows' place in the global batch.
+  const std::int64_t global_rows = batch.global_rows > 0 ? batch.global_rows : B;
+  const std::int64_t base = batch.global_rows > 0 ? batch.row_offset : 0;
+  return {batch.inputs.narrow(0, rows.offset, rows.size).clone(), batch.targets.narrow(0, rows.offset, rows.size).clone(),
+          base + rows.offset, global_rows};
+}
+
+}  // namespace meshgrad::data

@@ -1,0 +1,295 @@
+#include "meshgrad/diag/explain.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <map>
+#include <memory>
+#include <nlohmann/json.hpp>
+
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/tensor/random.hpp"
+
+namespace meshgrad::diag {
+
+using nn::Model;
+using nn::Parameter;
+
+namespace {
+
+constexpr std::uint64_t kModelSeed = 1234;   // any fixed seed: counts and bytes do not depend on values
+constexpr std::uint64_t kBatchSeed = 5678;
+
+// The size of the group a record names: one axis ("tp") or several ("tp_row+tp_col", the grid).
+int group_size_of(const std::vector<dist::MeshAxis>& axes, const std::string& group) {
+  int size = 1;
+  std::size_t pos = 0;
+  while (pos <= group.size()) {
+    const std::size_t plus = std::min(group.find('+', pos), group.size());
+    const std::string name = group.substr(pos, plus - pos);
+    auto it = std::find_if(axes.begin(), axes.end(), [&](const dist::MeshAxis& a) { return a.name == name; });
+    if (it == axes.end()) {
+      throw InvalidArgument(fmt::format("explain: a collective ran over mesh axis '{}' but the mesh {} has no such "
+                                        "axis", name, dist::mesh_spec(axes)));
+    }
+    size *= it->size;
+    pos = plus + 1;
+  }
+  return size;
+}
+
+
+// The cost-model op of a recorded op: distributed/ records some metadata exchanges with a qualifier,
+// e.g. "all_gather(sizes)" (the shard sizes of an uneven gather); they cost as the plain op.
+std::string base_op(const std::string& op) { return op.substr(0, op.find('(')); }
+
+ExplainRow make_row(std::string layer, std::string phase, std::string op, std::string axis, std::int64_t bytes,
+                    int ranks, const dist::Link& link, ExplainSource source) {
+  const dist::CollectiveCost cost = dist::predict_collective(base_op(op), ranks, static_cast<double>(bytes), link);
+  ExplainRow row;
+  row.layer = std::move(layer);
+  row.phase = std::move(phase);
+  row.op = std::move(op);
+  row.axis = std::move(axis);
+  row.bytes = bytes;
+  row.predicted_us = cost.time_us;
+  row.ranks = ranks;
+  row.algorithm = cost.algorithm;
+  row.source = source;
+  return row;
+}
+
+// Phase order for sorting within a layer: forward, backward, recompute, optimizer, then unknown.
+int phase_rank(const std::string& phase) {
+  for (int p = 0; p <= static_cast<int>(dist::Phase::Optimizer); ++p) {
+    if (phase == dist::phase_name(static_cast<dist::Phase>(p))) return p;
+  }
+  return 99;
+}
+
+// The synchroniser labels its collectives "grad-sync:<what>" (grad_sync.cpp).
+constexpr std::string_view kGradSyncPrefix = "grad-sync:";
+
+std::string on_off(bool b) { return b ? "on" : "off"; }
+
+}  // namespace
+
+const char* explain_source_name(ExplainSource source) {
+  switch (source) {
+    case ExplainSource::Graph: return "graph";
+    case ExplainSource::GradSync: return "grad-sync";
+  }
+  return "?";
+}
+
+std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveRecord>& records,
+                                          const std::vector<dist::MeshAxis>& axes, const dist::Link& link) {
+  std::vector<ExplainRow> rows;
+  rows.reserve(records.size());
+  for (const auto& r : records) {
+    const bool sync = r.label.rfind(kGradSyncPrefix, 0) == 0;
+    rows.push_back(make_row(sync ? r.label.substr(kGradSyncPrefix.size()) : r.label, dist::phase_name(r.phase), r.op,
+                            r.axis, r.bytes, group_size_of(axes, r.axis), link,
+                            sync ? ExplainSource::GradSync : ExplainSource::Graph));
+  }
+  return rows;
+}
+
+std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link) {
+  int world = 1;
+  for (const auto& axis : axes) world *= axis.size;
+  const auto dp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "dp"; });
+  const int dp_size = dp == axes.end() ? 1 : dp->size;
+  const std::int64_t global_tokens = static_cast<std::int64_t>(config.batch) * config.seq;
+  // Fail before starting ranks when the batch does not split (the same check every rank would make).
+  MG_CHECK(config.batch % dp_size == 0,
+           "explain: the global batch {} does not split over dp = {} ranks (make --batch a multiple of dp)",
+           config.batch, dp_size);
+
+  std::vector<dist::CollectiveRecord> records;   // written by rank 0 only
+  blas::ThreadsPerRank blas_policy(world);   // the rank threads share this process's cores
+  comm::run_ranks(world, [&](const comm::CommunicatorPtr& comm) {
+    auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
+    std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);
+    model->set_training(true);
+    optim::GradientSynchronizer sync(model->parameters(), mesh, {.tree_dp = model->tp_invariant()});
+    const int dp_rank = mesh->has_axis("dp") ? mesh->coordinate("dp") : 0;
+    const Batch batch = data::make_synthetic_batch(config, dp_size, dp_rank, kBatchSeed);
+
+    dist::CommCounter counter;
+    {
+      // Only rank 0 counts; every rank runs the same step so the collectives match up.
+      std::unique_ptr<dist::CountingScope> counting;
+      if (comm->rank() == 0) counting = std::make_unique<dist::CountingScope>(counter);
+      Tensor loss = model->loss(batch, global_tokens);
+      backward(loss);
+      sync.finish();
+    }
+    if (comm->rank() == 0) records = counter.records();
+  });
+  return rows_from_records(records, axes, link);
+}
+
+void PhaseTotals::add(const ExplainRow& row) {
+  ++count;
+  bytes += row.bytes;
+  predicted_us += row.predicted_us;
+}
+
+std::vector<LayerSummary> summarize_layers(const std::vector<ExplainRow>& rows) {
+  std::vector<LayerSummary> out;
+  std::map<std::pair<int, std::string>, std::size_t> index;   // (source, layer) -> position in out
+  for (const auto& row : rows) {
+    const auto key = std::make_pair(static_cast<int>(row.source), row.layer);
+    auto it = index.find(key);
+    if (it == index.end()) {
+      it = index.emplace(key, out.size()).first;
+      out.push_back({row.layer, row.source, {}, {}, {}});
+    }
+    LayerSummary& s = out[it->second];
+    if (row.phase == "forward") {
+      s.forward.add(row);
+    } else if (row.phase == "backward") {
+      s.backward.add(row);
+    } else {
+      s.other.add(row);
+    }
+  }
+  return out;
+}
+
+std::vector<PhaseSummary> summarize_phases(const std::vector<ExplainRow>& rows) {
+  std::vector<PhaseSummary> out;
+  for (ExplainSource source : {ExplainSource::Graph, ExplainSource::GradSync}) {
+    std::vector<PhaseSummary> mine;
+    for (const auto& row : rows) {
+      if (row.source != source) continue;
+      auto it = std::find_if(mine.begin(), mine.end(), [&](const PhaseSummary& s) { return s.phase == row.phase; });
+      if (it == mine.end()) {
+        mine.push_back({row.phase, source, {}});
+        it = mine.end() - 1;
+      }
+      it->totals.add(row);
+    }
+    std::stable_sort(mine.begin(), mine.end(),
+                     [](const PhaseSummary& a, const PhaseSummary& b) { return phase_rank(a.phase) < phase_rank(b.phase); });
+    out.insert(out.end(), mine.begin(), mine.end());
+  }
+  return out;
+}
+
+std::string human_bytes(std::int64_t bytes) {
+  if (bytes < 1024) return fmt::format("{} B", bytes);
+  static const char* units[] = {"KiB", "MiB", "GiB", "TiB"};
+  double value = static_cast<double>(bytes) / 1024.0;
+  int unit = 0;
+  while (value >= 1024.0 && unit < 3) {
+    value /= 1024.0;
+    ++unit;
+  }
+  return fmt::format("{:.1f} {}", value, units[unit]);
+}
+
+std::string format_explain_table(const std::vector<ExplainRow>& rows, const ExplainHeader& h) {
+  const ModelConfig& c = h.config;
+  int world = 1;
+  for (const auto& axis : h.axes) world *= axis.size;
+  std::string out;
+  out += fmt::format("meshgrad explain: model {}, layers {}, hidden {}, ffn {}, heads {}, vocab {}, seq {}, batch {}, {}\n",
+                     c.kind, c.layers, c.hidden, c.ffn_size(), c.heads, c.vocab, c.seq, c.batch, dtype_name(c.dtype));
+  out += fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on rank 0 over one forward + backward\n",
+                     dist::mesh_spec(h.axes), world, on_off(h.parallel.sequence_parallel));
+  out += fmt::format("link {}: alpha {:g} us per step, beta {:g} GB/s per rank ({})\n", h.link.name, h.link.alpha_us,
+                     h.link.beta_gbs, h.link.source);
+  out += "bytes: nccl-tests size (the whole gathered / unreduced buffer); n: ranks in the axis' group\n";
+
+  const auto print_rows = [&](ExplainSource source) {
+    std::string text;
+    // Layers in order of first appearance; within a layer, by phase, then in issue order.
+    std::vector<std::string> layers;
+    for (const auto& row : rows) {
+      if (row.source == source && std::find(layers.begin(), layers.end(), row.layer) == layers.end()) {
+        layers.push_back(row.layer);
+      }
+    }
+    text += fmt::format("{:<28} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13}\n", "layer", "phase", "op",
+                        "axis", "n", "bytes", "exact bytes", "algorithm", "predicted us");
+    for (const auto& layer : layers) {
+      std::vector<const ExplainRow*> mine;
+      for (const auto& row : rows) {
+        if (row.source == source && row.layer == layer) mine.push_back(&row);
+      }
+      std::stable_sort(mine.begin(), mine.end(), [](const ExplainRow* a, const ExplainRow* b) {
+        return phase_rank(a->phase) < phase_rank(b->phase);
+      });
+      bool first = true;
+      for (const ExplainRow* row : mine) {
+        text += fmt::format("{:<28} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13.2f}\n",
+                            first ? (layer.empty() ? "(unlabelled)" : layer) : "", row->phase, row->op, row->axis,
+                            row->ranks, human_bytes(row->bytes), row->bytes, row->algorithm, row->predicted_us);
+        first = false;
+      }
+    }
+    return text;
+  };
+
+  const bool any_graph = std::any_of(rows.begin(), rows.end(), [](const ExplainRow& r) { return r.source == ExplainSource::Graph; });
+  const bool any_sync = std::any_of(rows.begin(), rows.end(), [](const ExplainRow& r) { return r.source == ExplainSource::GradSync; });
+  out += "\ncollectives of the model's graph (recorded while it ran):\n";
+  out += any_graph ? print_rows(ExplainSource::Graph) : "  none (every axis has size 1)\n";
+  if (any_sync) {
+    out += "\ngradient synchronizer (not in the graph: issued by the trainer before the optimizer step;\n"
+           "one all-reduce per parameter's local gradient: over tp for gradients partial over tp, over dp for all):\n";
+    out += print_rows(ExplainSource::GradSync);
+  }
+
+  out += fmt::format("\n{:<28} {:>3} {:>10} {:>12} {:>9} {:>10} {:>12}\n", "per layer (graph)", "fwd", "fwd bytes",
+                     "fwd us", "bwd", "bwd bytes", "bwd us");
+  for (const LayerSummary& s : summarize_layers(rows)) {
+    if (s.source != ExplainSource::Graph) continue;
+    out += fmt::format("  {:<26} {:>3} {:>10} {:>12.2f} {:>9} {:>10} {:>12.2f}{}\n", s.layer.empty() ? "(unlabelled)" : s.layer,
+                       s.forward.count, human_bytes(s.forward.bytes), s.forward.predicted_us, s.backward.count,
+                       human_bytes(s.backward.bytes), s.backward.predicted_us,
+                       s.other.count > 0 ? fmt::format("  (+{} recompute/optimizer, {:.2f} us)", s.other.count,
+                                                       s.other.predicted_us)
+                                         : std::string());
+  }
+
+  out += fmt::format("\n{:<28} {:>11} {:>10} {:>12} {:>13}\n", "totals", "collectives", "bytes", "exact bytes",
+                     "predicted us");
+  PhaseTotals all;
+  for (const PhaseSummary& s : summarize_phases(rows)) {
+    out += fmt::format("  {:<26} {:>11} {:>10} {:>12} {:>13.2f}\n",
+                       fmt::format("{} {}", explain_source_name(s.source), s.phase), s.totals.count,
+                       human_bytes(s.totals.bytes), s.totals.bytes, s.totals.predicted_us);
+    all.count += s.totals.count;
+    all.bytes += s.totals.bytes;
+    all.predicted_us += s.totals.predicted_us;
+  }
+  out += fmt::format("  {:<26} {:>11} {:>10} {:>12} {:>13.2f}\n", "all", all.count, human_bytes(all.bytes), all.bytes,
+                     all.predicted_us);
+  out += fmt::format("(predicted on {}: collectives one after another, no overlap with compute)\n", h.link.name);
+  return out;
+}
+
+std::string format_explain_json(const std::vector<ExplainRow>& rows) {
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();   // keys in the documented order
+  for (const auto& row : rows) {
+    list.push_back({{"layer", row.layer},
+                    {"phase", row.phase},
+                    {"op", row.op},
+                    {"axis", row.axis},
+                    {"bytes", row.bytes},
+                    {"predicted_us", row.predicted_us}});
+  }
+  return list.dump(2) + "\n";
+}
+
+}  // namespace meshgrad::diag

@@ -1,0 +1,450 @@
+// Hugging Face GPT-2 directories in and out (contract in include/meshgrad/interop/hf_io.hpp).
+#include "meshgrad/interop/hf_io.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/interop/checkpoint_model.hpp"
+#include "meshgrad/io/sha256.hpp"
+
+#include <fcntl.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cerrno>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <random>
+#include <set>
+
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/text/tokenizer.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/data/dataset.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/io/json_input.hpp"
+#include "meshgrad/io/output_path.hpp"
+#include "meshgrad/data/prepare.hpp"
+
+namespace meshgrad::interop {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+constexpr const char* kPrefix = "transformer.";
+
+std::string join(const std::vector<std::string>& items, std::size_t max_items = 8) {
+  std::string out;
+  for (std::size_t i = 0; i < items.size() && i < max_items; ++i) out += (i ? ", '" : "'") + items[i] + "'";
+  if (items.size() > max_items) out += fmt::format(" and {} more", items.size() - max_items);
+  return out;
+}
+
+// "h.<i>.<rest>" -> i, for names of blocks; nullopt for anything else.
+std::optional<std::int64_t> block_index(const std::string& name) {
+  if (!name.starts_with("h.")) return std::nullopt;
+  const std::size_t dot = name.find('.', 2);
+  if (dot == std::string::npos || dot == 2 || dot > 12) return std::nullopt;
+  std::int64_t i = 0;
+  for (std::size_t k = 2; k < dot; ++k) {
+    if (name[k] < '0' || name[k] > '9') return std::nullopt;
+    i = i * 10 + (name[k] - '0');
+  }
+  return i;
+}
+
+// The prefix of a GPT-2 weights file: "" or "transformer.", from where its wte.weight is.
+std::string detect_prefix(const io::SafetensorsFile& f) {
+  const bool plain = f.contains("wte.weight");
+  const bool prefixed = f.contains(std::string(kPrefix) + "wte.weight");
+  MG_CHECK(!(plain && prefixed), "weights '{}' hold both 'wte.weight' and '{}wte.weight': which one is the model is "
+           "ambiguous", f.path(), kPrefix);
+  if (plain || prefixed) return prefixed ? kPrefix : "";
+  const std::vector<std::string> names = f.names();
+  throw InvalidArgument(fmt::format("weights '{}' have no 'wte.weight' (nor '{}wte.weight'): not GPT-2 weights (the "
+                                    "file has {} tensors{}{})",
+                                    f.path(), kPrefix, names.size(), names.empty() ? "" : ", e.g. ",
+                                    names.empty() ? "" : "'" + names.front() + "'"));
+}
+
+// A directory holding config.json and model.safetensors; the message says what is missing.
+void check_hf_dir(const std::string& dir, const char* option) {
+  struct stat st {};
+  MG_CHECK(!dir.empty(), "{}: the path is empty", option);
+  MG_CHECK(::stat(dir.c_str(), &st) == 0, "{} '{}': {}", option, dir, std::strerror(errno));
+  MG_CHECK(S_ISDIR(st.st_mode), "{} '{}' is not a directory: give a Hugging Face GPT-2 directory ({} + {})", option,
+           dir, kHfConfigFile, kHfWeightsFile);
+  for (const char* leaf : {kHfConfigFile, kHfWeightsFile}) {
+    MG_CHECK(fs::is_regular_file(fs::path(dir) / leaf), "{} '{}' has no {}: a Hugging Face GPT-2 directory holds {} "
+             "and {} (what save_pretrained or `meshgrad export` writes; pytorch_model.bin is not read)",
+             option, dir, leaf, kHfConfigFile, kHfWeightsFile);
+  }
+}
+
+std::string describe(const nn::ModelConfig& c) {
+  return fmt::format("n_layer {}, n_embd {}, n_head {}, vocab_size {}, n_positions {}", c.layers, c.hidden, c.heads,
+                     c.vocab, c.n_positions());
+}
+
+}  // namespace
+
+// ---- in -------------------------------------------------------------------------------------------
+
+HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& config, const std::string& config_origin) {
+  HfWeights out;
+  out.prefix = detect_prefix(f);
+  std::vector<std::string> missing;
+  std::set<std::string> expected;
+  for (const auto& [name, shape] : gpt2_parameter_shapes(config)) {
+    const std::string stored = out.prefix + name;
+    expected.insert(stored);
+    if (!f.contains(stored)) {
+      missing.push_back(stored);
+      continue;
+    }
+    const io::SafetensorsEntry& e = f.entry(stored);
+    MG_CHECK(e.shape == shape, "weights '{}': tensor '{}' has shape {} but config '{}' ({}) gives it {}", f.path(),
+             stored, shape_str(e.shape), config_origin, describe(config), shape_str(shape));
+    MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
+             "F16 or BF16", f.path(), stored, e.stored);
+    if (std::find(out.dtypes.begin(), out.dtypes.end(), e.stored) == out.dtypes.end()) out.dtypes.push_back(e.stored);
+  }
+  MG_CHECK(missing.empty(), "weights '{}' miss {} tensor{} of the GPT-2 that config '{}' describes ({}): {}", f.path(),
+           missing.size(), missing.size() == 1 ? "" : "s", config_origin, describe(config), join(missing));
+  for (const std::string& name : f.names()) {
+    if (expected.count(name) || !name.starts_with(out.prefix)) continue;
+    const std::optional<std::int64_t> block = block_index(name.substr(out.prefix.size()));
+    MG_CHECK(!block || *block < config.layers, "weights '{}' hold '{}' but config '{}' has n_layer = {} (blocks h.0 "
+             "to h.{})", f.path(), name, config_origin, config.layers, config.layers - 1);
+  }
+  // GPT2LMHeadModel's head is tied to wte; a file may still carry it (older save_pretrained,
+  // torch.save of the state dict). Loading wte alone is right only when the two are the same.
+  for (const std::string& head : {std::string("lm_head.weight"), out.prefix + "lm_head.weight"}) {
+    if (!f.contains(head) || out.tied_head) continue;
+    const std::string wte = out.prefix + "wte.weight";
+    const io::SafetensorsEntry& e = f.entry(head);
+    MG_CHECK(e.shape == f.entry(wte).shape, "weights '{}': '{}' has shape {} but '{}' has {}: meshgrad's output layer "
+             "is the token embedding, tied", f.path(), head, shape_str(e.shape), wte, shape_str(f.entry(wte).shape));
+    // Compared as read (float32 for F32 / F16 / BF16): equal values, whatever the two dtypes.
+    Tensor h = f.get(head), w = f.get(wte);
+    if (h.dtype() != w.dtype()) {
+      h = h.to(DType::Float64);
+      w = w.to(DType::Float64);
+    }
+    const std::int64_t cols = e.shape.size() == 2 ? e.shape[1] : 1;
+    dispatch_floating(h.dtype(), "check_hf_weights", [&]<class T>() {
+      const T* hp = h.data<T>();
+      const T* wp = w.data<T>();
+      for (std::int64_t i = 0; i < h.numel(); ++i) {
+        MG_CHECK(hp[i] == wp[i] || (std::isnan(hp[i]) && std::isnan(wp[i])),
+                 "weights '{}': '{}' differs from '{}' (first at [{}, {}]: {} vs {}): an untied output layer, which "
+                 "meshgrad's GPT-2 (output = wte transposed) cannot hold",
+                 f.path(), head, wte, i / cols, i % cols, hp[i], wp[i]);
+      }
+    });
+    out.tied_head = true;
+  }
+  return out;
+}
+
+nn::ModelConfig hf_init_config(const std::string& dir, const nn::ModelConfig& requested, bool report) {
+  check_hf_dir(dir, "--init-from");
+  const std::string config_path = (fs::path(dir) / kHfConfigFile).string();
+  const std::string weights_path = (fs::path(dir) / kHfWeightsFile).string();
+  const nn::ModelConfig file = read_gpt2_config(config_path);
+  const auto agree = [&](const char* option, int wanted, int found, const char* key) {
+    MG_CHECK(wanted <= 0 || wanted == found, "--init-from '{}': {} {} disagrees with {} = {} in '{}' (leave {} out, "
+             "or 0, to take the file's)", dir, option, wanted, key, found, config_path, option);
+  };
+  agree("--layers", requested.layers, file.layers, "n_layer");
+  agree("--hidden", requested.hidden, file.hidden, "n_embd");
+  agree("--heads", requested.heads, file.heads, "n_head");
+  agree("--vocab", requested.vocab, file.vocab, "vocab_size");
+  agree("--positions", requested.positions, file.positions, "n_positions");
+  agree("--ffn", requested.ffn, file.ffn_size(), "n_inner");
+  nn::ModelConfig c = requested;
+  c.kind = "gpt";
+  c.layers = file.layers;
+  c.hidden = file.hidden;
+  c.heads = file.heads;
+  c.vocab = file.vocab;
+  c.positions = file.positions;
+  c.ffn = file.ffn;
+  c.layer_norm_epsilon = file.layer_norm_epsilon;
+  MG_CHECK(c.seq <= c.positions, "--init-from '{}': --seq {} exceeds n_positions = {} in '{}'", dir, c.seq,
+           c.positions, config_path);
+  const io::SafetensorsFile weights(weights_path);
+  const HfWeights w = check_hf_weights(weights, c, config_path);
+  if (report) {
+    std::string dtypes;
+    for (const auto& d : w.dtypes) dtypes += (dtypes.empty() ? "" : "/") + d;
+    fmt::print(stderr, "meshgrad train: starting from '{}': GPT-2 {}, {} weights{}{}, loaded as {}\n", dir,
+               describe(c), dtypes, w.prefix.empty() ? "" : " named 'transformer.*'",
+               w.tied_head ? " (lm_head.weight tied to wte.weight, not loaded)" : "", dtype_name(c.dtype));
+  }
+  return c;
+}
+
+void hf_load_parameters(const std::string& dir, const std::vector<nn::Parameter*>& params, const dist::ProcessGroup& tp) {
+  const std::string weights_path = (fs::path(dir) / kHfWeightsFile).string();
+  const std::string prefix = detect_prefix(io::SafetensorsFile(weights_path));
+  checkpoint::load_parameters(weights_path, params, tp, prefix);
+}
+
+// ---- out ------------------------------------------------------------------------------------------
+
+std::map<std::string, std::string> hf_checkpoint_metadata(const nn::ModelConfig& config, const data::TokenDataset& data) {
+  std::map<std::string, std::string> m{{"format", "pt"},
+                                       {"producer", "meshgrad train"},
+                                       {"gpt2_config", gpt2_config_json(config)},
+                                       {"data", data.source()},
+                                       {"data_tokens", data.description()}};
+  for (const std::string& f : data.input_files()) {
+    if (fs::path(f).filename() == "meta.json") m["data_meta"] = fs::absolute(f).lexically_normal().string();
+  }
+  return m;
+}
+
+namespace {
+
+// The "gpt2_config" metadata of a checkpoint, or a config.json, as the model's configuration; the
+// dropout recorded in resid_pdrop is kept (parse_gpt2_config leaves it out).
+nn::ModelConfig checkpoint_config(const io::SafetensorsFile& f, const std::string& config_path) {
+  if (!config_path.empty()) return read_gpt2_config(config_path);
+  const auto it = f.metadata().find("gpt2_config");
+  MG_CHECK(it != f.metadata().end(), "checkpoint '{}' has no \"gpt2_config\" metadata (written by an older meshgrad, or "
+           "not by `meshgrad train --save`): give the model's config.json with --config", f.path());
+  const std::string origin = fmt::format("'{}' metadata \"gpt2_config\"", f.path());
+  nn::ModelConfig c = parse_gpt2_config(it->second, origin);
+  const nlohmann::json j = io::parse_untrusted_json(it->second, kMaxConfigDepth);
+  if (j.contains("resid_pdrop") && j.at("resid_pdrop").is_number()) c.dropout = j.at("resid_pdrop").get<double>();
+  if (j.contains("torch_dtype") && j.at("torch_dtype") == "float64") c.dtype = DType::Float64;
+  return c;
+}
+
+// A whole small file (a tokenizer file, meta.json), bounded.
+std::string read_small_file(const std::string& path, const char* what, std::uint64_t max_bytes = 64u << 20) {
+  std::error_code ec;
+  const auto size = fs::file_size(path, ec);
+  MG_CHECK(!ec && fs::is_regular_file(path), "{} '{}' cannot be read{}", what, path, ec ? ": " + ec.message() : "");
+  MG_CHECK(size <= max_bytes, "{} '{}' has {} bytes, more than the {} accepted", what, path, size, max_bytes);
+  std::ifstream in(path, std::ios::binary);
+  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  MG_CHECK(in.good() || in.eof(), "{} '{}': read error", what, path);
+  return text;
+}
+
+struct TokenizerFiles {
+  std::string vocab, merges;   // paths; empty when there is no tokenizer
+  std::string from;            // for the report
+  std::string note;            // why there is none
+};
+
+// vocab.json + merges.txt, or OpenAI's encoder.json + vocab.bpe (the same formats), in dir.
+TokenizerFiles tokenizer_in(const std::string& dir, const std::string& from) {
+  const fs::path d(dir);
+  for (const auto& [v, m] : {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
+    if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m)) return {(d / v).string(), (d / m).string(), from, ""};
+  }
+  throw InvalidArgument(fmt::format("{} '{}' has neither vocab.json + merges.txt nor encoder.json + vocab.bpe", from, dir));
+}
+
+// Where the tokenizer of a checkpoint is: --tokenizer, else the prepared data recorded in its
+// metadata (data_meta: the copies `meshgrad prepare` made, checked against meta.json's sha256).
+TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<std::string, std::string>& metadata) {
+  if (!tokenizer_dir.empty()) {
+    MG_CHECK(fs::is_directory(tokenizer_dir), "--tokenizer '{}' is not a directory", tokenizer_dir);
+    return tokenizer_in(tokenizer_dir, "--tokenizer");
+  }
+  const auto meta_it = metadata.find("data_meta");
+  if (meta_it == metadata.end()) {
+    const auto tokens = metadata.find("data_tokens");
+    if (tokens != metadata.end() && tokens->second == "bytes")
+      return {"", "", "", "the model was trained on bytes (token i is byte i): it has no BPE tokenizer"};
+    return {"", "", "", "the checkpoint records no prepared data (meta.json) to take the tokenizer from; give "
+                        "--tokenizer DIR"};
+  }
+  const std::string& meta_path = meta_it->second;
+  if (!fs::is_regular_file(meta_path))
+    return {"", "", "", fmt::format("the run's data description '{}' is gone; give --tokenizer DIR", meta_path)};
+  const nlohmann::json meta = [&] {
+    try {
+      return io::parse_untrusted_json(read_small_file(meta_path, "meta.json"), 8);
+    } catch (const io::JsonInputError& e) {
+      throw InvalidArgument(fmt::format("meta.json '{}' is not valid: {}", meta_path, e.what()));
+    }
+  }();
+  const fs::path dir = fs::path(meta_path).parent_path();
+  TokenizerFiles files;
+  files.from = fmt::format("the prepared data '{}'", dir.string());
+  for (const char* key : {"vocab", "merges"}) {
+    const bool described = meta.is_object() && meta.contains("tokenizer") && meta["tokenizer"].is_object() &&
+                           meta["tokenizer"].contains(key) && meta["tokenizer"][key].is_object() &&
+                           meta["tokenizer"][key].contains("copy") && meta["tokenizer"][key]["copy"].is_string();
+    if (!described)
+      return {"", "", "", fmt::format("'{}' names no tokenizer {} copy; give --tokenizer DIR", meta_path, key)};
+    const std::string path = (dir / meta["tokenizer"][key]["copy"].get<std::string>()).string();
+    if (!fs::is_regular_file(path))
+      return {"", "", "", fmt::format("the tokenizer file '{}' of the run's data is gone; give --tokenizer DIR", path)};
+    const nlohmann::json& sha = meta["tokenizer"][key].value("sha256", nlohmann::json());
+    MG_CHECK(sha.is_string() && sha.get<std::string>() == io::sha256_file(path),
+             "the tokenizer file '{}' does not match the sha256 '{}' recorded when the data was prepared (was it "
+             "replaced?); give --tokenizer DIR", path, io::json_excerpt(sha));
+    (std::string(key) == "vocab" ? files.vocab : files.merges) = path;
+  }
+  return files;
+}
+
+// The files of the export, written into a temporary directory beside the target and renamed to it
+// at the end; removed on failure.
+class StagedDirectory {
+ public:
+  explicit StagedDirectory(std::string target) : target_(std::move(target)) {
+    const fs::path t = fs::path(target_).lexically_normal();
+    const fs::path parent = t.parent_path().empty() ? fs::path(".") : t.parent_path();
+    for (int attempt = 0;; ++attempt) {
+      temp_ = (parent / fmt::format(".{}.tmp-{}-{:08x}", t.filename().string(), ::getpid(), std::random_device{}()))
+                  .string();
+      if (::mkdir(temp_.c_str(), 0777) == 0) break;
+      MG_CHECK(errno == EEXIST && attempt < 8, "--out '{}': cannot create the temporary directory '{}': {}", target_,
+               temp_, std::strerror(errno));
+    }
+  }
+  ~StagedDirectory() {
+    if (committed_) return;
+    std::error_code ec;
+    fs::remove_all(temp_, ec);
+  }
+  StagedDirectory(const StagedDirectory&) = delete;
+  StagedDirectory& operator=(const StagedDirectory&) = delete;
+
+  std::string path(const std::string& leaf) {
+    leaves_.push_back(leaf);
+    return (fs::path(temp_) / leaf).string();
+  }
+  void write(const std::string& leaf, const std::string& bytes) {
+    io::AtomicFileWriter w(path(leaf));
+    w.write(bytes.data(), bytes.size(), leaf);
+    w.commit();
+  }
+  // rename(2) onto the target: it succeeds when the target is absent or an empty directory, and
+  // fails (ENOTEMPTY / EEXIST / ENOTDIR) when something else appeared there meanwhile.
+  void commit() {
+    MG_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0, "--out '{}': cannot move the finished export '{}' into "
+             "place: {} (nothing was changed at '{}')", target_, temp_, std::strerror(errno), target_);
+    committed_ = true;
+    const fs::path parent = fs::path(target_).lexically_normal().parent_path();
+    const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
+    if (fd >= 0) {
+      (void)::fsync(fd);
+      ::close(fd);
+    }
+  }
+  const std::vector<std::string>& leaves() const { return leaves_; }
+
+ private:
+  std::string target_, temp_;
+  std::vector<std::string> leaves_;
+  bool committed_ = false;
+};
+
+// --out must be absent or an empty directory (not a link), in a writable directory.
+void check_export_target(const std::string& out) {
+  MG_CHECK(!out.empty(), "--out: the path is empty");
+  struct stat st {};
+  if (::lstat(out.c_str(), &st) == 0) {
+    MG_CHECK(!S_ISLNK(st.st_mode), "--out '{}' is a symbolic link; meshgrad does not write through links (give the "
+             "path of its target)", out);
+    MG_CHECK(S_ISDIR(st.st_mode), "--out '{}' exists and is not a directory: export writes a new directory", out);
+    MG_CHECK(fs::is_empty(out), "--out '{}' is a directory that is not empty: export never overwrites files (give a "
+             "new or empty directory)", out);
+  } else {
+    MG_CHECK(errno == ENOENT, "--out '{}': cannot check it: {}", out, std::strerror(errno));
+  }
+  const fs::path parent = fs::path(out).lexically_normal().parent_path();
+  const std::string dir = parent.empty() ? "." : parent.string();
+  MG_CHECK(fs::is_directory(dir), "--out '{}': its parent '{}' is not a directory", out, dir);
+  MG_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--out '{}': its parent '{}' is not writable: {}", out, dir,
+           std::strerror(errno));
+}
+
+std::string tokenizer_config_json(std::int64_t max_length, bool has_eot) {
+  const nlohmann::json eot = has_eot ? nlohmann::json("<|endoftext|>") : nlohmann::json(nullptr);
+  const nlohmann::json j = {{"add_bos_token", false},  {"add_prefix_space", false}, {"bos_token", eot},
+                            {"eos_token", eot},        {"errors", "replace"},       {"model_max_length", max_length},
+                            {"pad_token", nullptr},    {"tokenizer_class", "GPT2Tokenizer"},
+                            {"unk_token", eot}};
+  return j.dump(2) + "\n";
+}
+
+}  // namespace
+
+FullParameters read_full_parameters(const std::string& checkpoint, const std::string& config_path) {
+  struct stat st {};
+  MG_CHECK(::stat(checkpoint.c_str(), &st) == 0, "--checkpoint '{}': {}", checkpoint, std::strerror(errno));
+  if (S_ISDIR(st.st_mode)) {
+    MG_CHECK(checkpoint::is_checkpoint_path(checkpoint), "--checkpoint '{}' is a directory but not a training checkpoint (no "
+             "manifest.json, no step_XXXXXXXX/ in it); export reads those or a safetensors file written by `meshgrad "
+             "train --save`", checkpoint);
+    // A sharded training checkpoint: every parameter's full tensor from its pieces.
+    const std::string dir = checkpoint::resolve_checkpoint(checkpoint);
+    const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
+    FullParameters out;
+    out.config = config_path.empty() ? checkpoint_model_config(manifest, dir) : read_gpt2_config(config_path);
+    out.metadata = checkpoint_data_metadata(manifest);
+    out.tensors = checkpoint::read_full_tensors(dir, manifest, gpt2_parameter_shapes(out.config));
+    return out;
+  }
+  MG_CHECK(S_ISREG(st.st_mode), "--checkpoint '{}' is not a regular file", checkpoint);
+  const io::SafetensorsFile f(checkpoint);
+  FullParameters out;
+  out.config = checkpoint_config(f, config_path);
+  out.metadata = f.metadata();
+  const HfWeights w = check_hf_weights(f, out.config, config_path.empty() ? checkpoint + " metadata" : config_path);
+  for (const auto& [name, shape] : gpt2_parameter_shapes(out.config)) out.tensors.emplace_back(name, f.get(w.prefix + name));
+  return out;
+}
+
+ExportResult export_hf(const ExportOptions& o) {
+  const io::FloatStorage storage = io::parse_float_storage(o.dtype);
+  check_export_target(o.out_dir);
+  FullParameters ck = read_full_parameters(o.checkpoint, o.config);
+
+  ExportResult result;
+  const TokenizerFiles tok = find_tokenizer(o.tokenizer, ck.metadata);
+  std::optional<std::int64_t> eot;
+  if (!tok.vocab.empty()) {
+    const text::Tokenizer t = text::Tokenizer::from_files(tok.vocab, tok.merges);
+    MG_CHECK(t.vocab_size() <= ck.config.vocab, "the tokenizer of {} has {} ids but the model's vocabulary is {}: not "
+             "this model's tokenizer", tok.from, t.vocab_size(), ck.config.vocab);
+    if (t.eot_id()) eot = *t.eot_id();
+    result.tokenizer = tok.from;
+  } else {
+    result.note = tok.note;
+  }
+
+  std::vector<std::pair<std::string, Tensor>> tensors;
+  for (auto& [name, t] : ck.tensors) {
+    result.parameters += t.numel();
+    // float32: converted (a float64 run rounds to nearest); half: rounded once from the checkpoint's values.
+    tensors.emplace_back(name, storage == io::FloatStorage::Native ? t.to(DType::Float32) : t);
+  }
+  ck.tensors.clear();
+
+  StagedDirectory staged(o.out_dir);
+  staged.write(kHfConfigFile, gpt2_config_json(ck.config, {o.dtype, eot}));
+  io::write_safetensors(staged.path(kHfWeightsFile), tensors, {{"format", "pt"}}, storage);
+  if (!tok.vocab.empty()) {
+    staged.write("vocab.json", read_small_file(tok.vocab, "tokenizer file"));
+    staged.write("merges.txt", read_small_file(tok.merges, "tokenizer file"));
+    staged.write("tokenizer_config.json", tokenizer_config_json(ck.config.n_positions(), eot.has_value()));
+  }
+  staged.commit();
+  result.files = staged.leaves();
+  return result;
+}
+
+}  // namespace meshgrad::interop

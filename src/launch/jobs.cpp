@@ -1,0 +1,147 @@
+#include "meshgrad/launch/jobs.hpp"
+
+#include <fmt/core.h>
+
+#include <optional>
+
+#include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/nn/layers.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/train/run_config.hpp"
+#include "meshgrad/io/safetensors.hpp"
+#include "meshgrad/train/trace_file.hpp"
+
+namespace meshgrad::launch {
+namespace {
+
+void check_positive(const char* job, const char* option, int value) {
+  MG_CHECK(value >= 1, "{}: --{} must be >= 1, got {}", job, option, value);
+}
+
+// The batch file's int64 [B, T] tensor `name`.
+Tensor read_batch_tensor(const io::SafetensorsFile& file, const std::string& name) {
+  MG_CHECK(file.contains(name), "batch '{}': no tensor \"{}\" (expected int64 \"inputs\" and \"targets\" [B, T])",
+           file.path(), name);
+  Tensor t = file.get(name);
+  MG_CHECK(t.dtype() == DType::Int64 && t.dim() == 2, "batch '{}': \"{}\" must be int64 [B, T], got {}", file.path(),
+           name, t.str());
+  return t;
+}
+
+}  // namespace
+
+void check_train_options(const train::TrainOptions& o) {
+  MG_CHECK(o.model.kind == "gpt", "train: the model must be \"gpt\", got \"{}\"", o.model.kind);
+  check_positive("train", "steps", o.steps);
+  // With init_from, 0 takes the size from its config.json (hf_io.hpp).
+  for (const auto& [option, value] : {std::pair{"layers", o.model.layers}, std::pair{"hidden", o.model.hidden},
+                                      std::pair{"heads", o.model.heads}}) {
+    if (o.init_from.empty() || value != 0) check_positive("train", option, value);
+  }
+  check_positive("train", "seq", o.model.seq);
+  check_positive("train", "batch", o.model.batch);
+  MG_CHECK(o.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
+  MG_CHECK(o.model.dropout >= 0 && o.model.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.model.dropout);
+  MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
+}
+
+train::TrainOptions resolve_resume(const train::TrainOptions& given) {
+  if (given.resume.empty()) return given;
+  const std::string dir = checkpoint::resolve_checkpoint(given.resume);
+  const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
+  const auto config = manifest.state.find("config");
+  if (config == manifest.state.end())
+    throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': its state has no \"config\"", dir));
+  std::string changed;
+  train::TrainOptions options = train::resume_options(given, *config, dir, &changed);
+  options.resume_dir = dir;
+  if (options.progress && !changed.empty()) fmt::print(stderr, "meshgrad train: resuming {} with {}\n", dir, changed);
+  return options;
+}
+
+train::TrainResult run_train_job(const train::TrainOptions& given, const dist::RunOnMesh& run_on_mesh) {
+  const train::TrainOptions options = resolve_resume(given);
+  check_train_options(options);
+  train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
+  std::optional<train::TrainResult> result;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    train::TrainResult r = train::train(options, mesh);
+    trace.finish_rank(*mesh->world());
+    // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
+    // (the same losses on every rank; its own clock).
+    if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
+  });
+  MG_CHECK(result.has_value(), "train: no rank returned a result");
+  trace.finish();
+  return *std::move(result);
+}
+
+GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mesh) {
+  const bool from_files = !job.config.empty() || !job.weights.empty() || !job.batch.empty();
+  MG_CHECK(!from_files || (!job.config.empty() && !job.weights.empty() && !job.batch.empty()),
+           "grads: --config, --weights and --batch go together (got config '{}', weights '{}', batch '{}')",
+           job.config, job.weights, job.batch);
+  nn::ModelConfig config = job.model;
+  nn::Batch batch;
+  std::optional<io::SafetensorsFile> weights_file;
+  DType out_dtype = config.dtype;
+  if (from_files) {
+    config = interop::read_gpt2_config(job.config);
+    const io::SafetensorsFile batch_file(job.batch);
+    batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
+    MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
+             job.batch, batch.inputs.str(), batch.targets.str());
+    config.batch = static_cast<int>(batch.inputs.size(0));
+    config.seq = static_cast<int>(batch.inputs.size(1));
+    MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'",
+             job.batch, config.seq, config.n_positions(), job.config);
+    // Output dtype per parameter: the weights file's; the model computes in dtype (default: wte's).
+    weights_file.emplace(job.weights);
+    out_dtype = weights_file->entry("wte.weight").dtype;
+    MG_CHECK(out_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", job.weights);
+    // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+    interop::check_gpt2_config_against_weights(config, job.config, *weights_file);
+  } else {
+    MG_CHECK(config.kind == "gpt", "grads: the model must be \"gpt\", got \"{}\"", config.kind);
+    check_positive("grads", "layers", config.layers);
+    check_positive("grads", "hidden", config.hidden);
+    check_positive("grads", "heads", config.heads);
+    check_positive("grads", "vocab", config.vocab);
+    check_positive("grads", "seq", config.seq);
+    check_positive("grads", "batch", config.batch);
+    config.dropout = 0.0;
+    batch = data::make_synthetic_batch(config, 1, 0, job.seed);
+  }
+  if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
+  else if (from_files) config.dtype = out_dtype;
+  MG_CHECK(config.dtype != DType::Int64, "grads: --dtype must be float32 or float64");
+  if (!from_files) out_dtype = config.dtype;
+  nn::ParallelConfig parallel;
+  parallel.sequence_parallel = job.sequence_parallel;
+  parallel.tp_invariant = job.tp_invariant;
+  parallel.invariant_blocks = job.invariant_blocks;
+
+  GradsResult result;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
+    model->set_training(false);
+    if (from_files) checkpoint::load_parameters(job.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
+    train::GradientDump dump = train::compute_gradients(*model, batch, mesh);
+    if (mesh->rank() != 0) return;
+    result.loss = dump.loss;
+    for (auto& [name, grad] : dump.gradients) {
+      const DType out = weights_file && weights_file->contains(name) ? weights_file->entry(name).dtype : out_dtype;
+      result.gradients.emplace_back(name, grad.to(out));
+    }
+    result.dtype = out_dtype;
+    result.mesh = mesh->str();
+    result.backend = mesh->world()->backend();
+    result.has_result = true;
+  });
+  return result;
+}
+
+}  // namespace meshgrad::launch

@@ -1,0 +1,232 @@
+#include "meshgrad/optim/grad_norm.hpp"
+
+#include <bit>
+#include <cmath>
+#include <cstdint>
+#include <limits>
+#include <map>
+
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/layout.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
+
+namespace meshgrad::optim {
+
+namespace {
+
+// In float64 over kLanes independent partial sums (added pairwise at the end): one accumulator is a
+// chain of dependent adds, 4 cycles an element; independent lanes vectorise. The order differs from
+// a sequential sum only in float64 rounding (relative 1e-16 per term), far below float32 gradients'.
+double sum_of_squares(const Tensor& g) {
+  const Tensor c = g.contiguous();
+  constexpr std::int64_t kLanes = 16;
+  double lanes[kLanes] = {};
+  dispatch_floating(c.dtype(), "global_grad_norm", [&]<class T>() {
+    const T* p = c.data<T>();
+    const std::int64_t n = c.numel();
+    std::int64_t i = 0;
+    for (; i + kLanes <= n; i += kLanes) {
+      for (std::int64_t l = 0; l < kLanes; ++l) {
+        const double v = static_cast<double>(p[i + l]);
+        lanes[l] += v * v;
+      }
+    }
+    for (; i < n; ++i) lanes[i % kLanes] += static_cast<double>(p[i]) * static_cast<double>(p[i]);
+  });
+  for (std::int64_t width = kLanes / 2; width >= 1; width /= 2) {
+    for (std::int64_t l = 0; l < width; ++l) lanes[l] += lanes[l + width];
+  }
+  return lanes[0];
+}
+
+// An exact sum of non-negative finite doubles: bin e counts multiples of 2^(e - 1075) (e the biased
+// binary exponent; subnormals go to bin 1), so adding a value adds its integer significand to one
+// bin, exactly. A bin that grows past 2^62 carries into the next (twice the unit). Integer sums do
+// not depend on order: neither does the result.
+class ExactSum {
+ public:
+  static constexpr int kBins = 2048 + 80;
+  void add(double v) {
+    if (!std::isfinite(v)) {
+      special_ += v;
+      return;
+    }
+    const auto bits = std::bit_cast<std::uint64_t>(v);
+    int e = static_cast<int>((bits >> 52) & 0x7ff);
+    std::uint64_t mantissa = bits & ((std::uint64_t{1} << 52) - 1);
+    if (e != 0) {
+      mantissa |= std::uint64_t{1} << 52;
+    } else {
+      e = 1;
+    }
+    bins_[static_cast<std::size_t>(e)] += static_cast<std::int64_t>(mantissa);
+    if (bins_[static_cast<std::size_t>(e)] >= (std::int64_t{1} << 62)) carry_from(e);
+  }
+  // Every bin but the last becomes 0 or 1 (so that summing over up to 2^61 ranks cannot overflow).
+  void normalize() {
+    for (int e = 0; e + 1 < kBins; ++e) carry_one(e);
+  }
+  // Adds the integer m (< 2^62) times the unit of bin e: exact, like add().
+  void add_integer(int e, std::uint64_t m) {
+    bins_[static_cast<std::size_t>(e)] += static_cast<std::int64_t>(m);
+    if (bins_[static_cast<std::size_t>(e)] >= (std::int64_t{1} << 62)) carry_from(e);
+  }
+  std::vector<std::int64_t>& bins() { return bins_; }
+  double& special() { return special_; }
+  double value() {
+    normalize();
+    double total = 0;
+    for (int e = 1; e < kBins; ++e) {
+      if (bins_[static_cast<std::size_t>(e)] != 0) {
+        total += std::ldexp(static_cast<double>(bins_[static_cast<std::size_t>(e)]), e - 1075);
+      }
+    }
+    return total + special_;
+  }
+  void add_bins(const ExactSum& other) {
+    for (int e = 0; e < kBins; ++e) bins_[static_cast<std::size_t>(e)] += other.bins_[static_cast<std::size_t>(e)];
+    special_ += other.special_;
+  }
+
+ private:
+  void carry_one(int e) {
+    bins_[static_cast<std::size_t>(e) + 1] += bins_[static_cast<std::size_t>(e)] >> 1;
+    bins_[static_cast<std::size_t>(e)] &= 1;
+  }
+  void carry_from(int e) {
+    for (; e + 1 < kBins && bins_[static_cast<std::size_t>(e)] >= (std::int64_t{1} << 62); ++e) carry_one(e);
+  }
+  std::vector<std::int64_t> bins_ = std::vector<std::int64_t>(kBins, 0);
+  double special_ = 0;   // inf / NaN squares: the norm is then inf / NaN
+};
+
+// float32 gradients: g = m 2^(e - 150) with m < 2^24 an integer (e the biased float32 exponent,
+// 1 for subnormals), so g^2 = m^2 2^(2e - 300) exactly, with m^2 < 2^48: bin 2e + 775 of ExactSum
+// (whose bin b counts multiples of 2^(b - 1075)). The integers m^2 are first added per float32
+// exponent in kTables interleaved tables (consecutive elements usually share an exponent: one
+// table would chain every add through the same memory word), kChunk elements at a time so no
+// table word passes 2^61, and then moved into the ExactSum: the same exact integer sums as adding
+// every square to the ExactSum one by one, so the same result, several times faster.
+void add_squares_float32(ExactSum& acc, const float* p, std::int64_t n) {
+  constexpr int kTables = 4;
+  constexpr std::int64_t kChunk = std::int64_t{1} << 13;   // 2^13 * 2^48 = 2^61 per word at most
+  std::vector<std::uint64_t> tables(static_cast<std::size_t>(kTables) * 256, 0);
+  const auto flush = [&] {
+    for (int t = 0; t < kTables; ++t) {
+      for (int e = 1; e < 255; ++e) {
+        std::uint64_t& word = tables[static_cast<std::size_t>(t * 256 + e)];
+        if (word != 0) acc.add_integer(2 * e + 775, word);
+        word = 0;
+      }
+    }
+  };
+  for (std::int64_t start = 0; start < n; start += kChunk) {
+    const std::int64_t end = std::min(n, start + kChunk);
+    std::int64_t i = start;
+    const auto add_one = [&](std::int64_t j, int t) {
+      const auto bits = std::bit_cast<std::uint32_t>(p[j]);
+      const std::uint32_t e = (bits >> 23) & 0xff;
+      if (e == 255) {   // inf / NaN: the norm is inf / NaN
+        acc.special() += static_cast<double>(p[j]) * static_cast<double>(p[j]);
+        return;
+      }
+      const std::uint64_t m = (bits & 0x7fffff) | (e != 0 ? 0x800000u : 0u);
+      tables[static_cast<std::size_t>(t * 256) + (e != 0 ? e : 1)] += m * m;
+    };
+    for (; i + kTables <= end; i += kTables) {
+      for (int t = 0; t < kTables; ++t) add_one(i + t, t);
+    }
+    for (; i < end; ++i) add_one(i, 0);
+    flush();
+  }
+}
+
+void add_squares(ExactSum& acc, const Tensor& g) {
+  const Tensor c = g.contiguous();
+  if (c.dtype() == DType::Float32) return add_squares_float32(acc, c.data<float>(), c.numel());
+  dispatch_floating(c.dtype(), "global_grad_norm", [&]<class T>() {
+    const T* p = c.data<T>();
+    for (std::int64_t i = 0; i < c.numel(); ++i) acc.add(static_cast<double>(p[i]) * static_cast<double>(p[i]));
+  });
+}
+
+double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh) {
+  std::map<dist::AxisMask, ExactSum> sums;
+  for (const nn::Parameter* p : params) {
+    const Tensor g = p->value.grad();
+    ExactSum& acc = sums[dist::sharded_axes(p->placements)];
+    if (g.defined()) add_squares(acc, g);
+  }
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  ExactSum total;
+  for (auto& [mask, local] : sums) {
+    if (mask != 0) {
+      std::vector<int> axes;
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        if (mask & dist::axis_bit(a)) axes.push_back(a);
+      }
+      // Normalised bins are 0 or 1 (the last one small): their float64 sum over the group is an exact
+      // integer whatever the order the backend adds in.
+      local.normalize();
+      const dist::ProcessGroup& group = mesh.flattened_group(axes);
+      std::vector<double> counts(local.bins().begin(), local.bins().end());
+      group.comm->all_reduce(comm::MutableBuffer{counts.data(), counts.size(), DType::Float64}, comm::ReduceOp::Sum);
+      for (std::size_t e = 0; e < counts.size(); ++e) local.bins()[e] = static_cast<std::int64_t>(counts[e]);
+      // Inf / NaN squares are rare: one more scalar all-reduce keeps every rank's verdict the same.
+      local.special() = dist::all_reduce(Tensor::scalar(local.special(), DType::Float64), group).item();
+    }
+    total.add_bins(local);
+    total.normalize();
+  }
+  return std::sqrt(total.value());
+}
+
+}  // namespace
+
+double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact) {
+  trace::Span span("grad_norm", "optimizer");
+  // Sums of squares per set of sharding axes (0: replicated everywhere), in a fixed order.
+  std::map<dist::AxisMask, double> sums;
+  for (const nn::Parameter* p : params) {
+    MG_CHECK(static_cast<int>(p->placements.size()) == mesh.ndim(), "global_grad_norm: parameter '{}' has {} "
+             "placements for {}", p->name, p->placements.size(), mesh.str());
+    const Tensor g = p->value.grad();
+    MG_CHECK(!g.defined() || dist::partial_axes(g) == 0, "global_grad_norm: the gradient of '{}' is still partial: "
+             "run GradientSynchronizer::finish() first", p->name);
+    if (!exact) sums[dist::sharded_axes(p->placements)] += g.defined() ? sum_of_squares(g) : 0.0;
+  }
+  if (exact) return exact_grad_norm(params, mesh);
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  double total = 0;
+  for (const auto& [mask, local] : sums) {
+    if (mask == 0) {
+      total += local;
+      continue;
+    }
+    std::vector<int> axes;
+    for (int a = 0; a < mesh.ndim(); ++a) {
+      if (mask & dist::axis_bit(a)) axes.push_back(a);
+    }
+    total += dist::all_reduce(Tensor::scalar(local, DType::Float64), mesh.flattened_group(axes)).item();
+  }
+  return std::sqrt(total);
+}
+
+double clip_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, double max_norm,
+                      bool exact) {
+  MG_CHECK(max_norm > 0 && std::isfinite(max_norm), "clip_grad_norm: the maximum norm must be positive, got {}",
+           max_norm);
+  const double norm = global_grad_norm(params, mesh, exact);
+  if (!(norm > max_norm)) return norm;
+  const double factor = max_norm / (norm + 1e-6);
+  for (nn::Parameter* p : params) {
+    Tensor g = p->value.grad();
+    if (!g.defined()) continue;
+    g.copy_from(kernels::binary(kernels::Binary::Mul, g, Tensor::scalar(factor, g.dtype())));   // bumps its version
+  }
+  return norm;
+}
+
+}  // namespace meshgrad::optim

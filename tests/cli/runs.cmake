@@ -1,0 +1,46 @@
+# The command line's file handling, end to end (tests/cli/cli_files.sh). Included by
+# tests/CMakeLists.txt.
+add_test(NAME train_cli_files
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_files.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_files)
+set_tests_properties(train_cli_files PROPERTIES LABELS train TIMEOUT 120)
+
+# Checkpoints with real processes and signals: SIGKILL + bitwise resume, a kill during a save,
+# SIGTERM preemption, a second SIGINT, random kills (tests/cli/checkpoint_cli.py).
+add_test(NAME train_checkpoint_cli
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/checkpoint_cli.py $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_checkpoint_cli)
+set_tests_properties(train_checkpoint_cli PROPERTIES LABELS train TIMEOUT 300)
+if(MESHGRAD_WITH_MPI)
+  # The same under mpirun: bitwise MPI resume, an MPI checkpoint resharded onto rank threads, SIGTERM.
+  add_test(NAME train_checkpoint_cli_mpi
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/checkpoint_cli.py $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_checkpoint_cli_mpi --mpi
+                   "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
+  set_tests_properties(train_checkpoint_cli_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
+endif()
+# `meshgrad export` and `train --init-from` end to end (tests/cli/cli_hf.sh); with MPI, the same
+# loading at tp=2 across processes (label mpi).
+add_test(NAME train_cli_hf
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf)
+set_tests_properties(train_cli_hf PROPERTIES LABELS train TIMEOUT 120)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_hf_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_hf.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_hf_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_hf_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+endif()
+# --trace end to end (tests/cli/cli_trace.sh): train and the benches write a trace that
+# `meshgrad trace summary` / `trace svg` read back; bad paths are refused before the first step.
+add_test(NAME train_cli_trace
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_trace.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_trace)
+set_tests_properties(train_cli_trace PROPERTIES LABELS train TIMEOUT 120)
+if(MESHGRAD_WITH_MPI)
+  # Under mpirun: one file with a pid per process.
+  add_test(NAME train_cli_trace_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_trace.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_trace_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_trace_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 120)
+endif()

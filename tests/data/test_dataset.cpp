@@ -1,0 +1,300 @@
+// Training data: deterministic batches from (seed, step), targets shifted by one, dp shards that
+// cover the batch; llm.c token files and prepared directories (header validation naming the offset,
+// tokens below the vocabulary, the validation split); one mapping per process whatever the number of
+// rank threads; paths that are not regular files refused naming what they are.
+#include <gtest/gtest.h>
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <barrier>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <nlohmann/json.hpp>
+#include <string>
+#include <thread>
+
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/data/dataset.hpp"
+#include "text/gpt2_test_files.hpp"
+
+namespace meshgrad::data {
+namespace {
+
+TEST(Data, BatchesAreDeterministicAndShiftedByOne) {
+  TokenDataset a("", 4, 16, 7), b("", 4, 16, 7), other_seed("", 4, 16, 8);
+  ASSERT_GT(a.size(), 2000) << "the built-in corpus should be a few KB";
+  const nn::Batch x = a.next_batch(3);
+  EXPECT_EQ(x.inputs.shape(), (Shape{4, 16}));
+  EXPECT_EQ(x.inputs.dtype(), DType::Int64);
+  EXPECT_TRUE(bitwise_equal(x.inputs, b.next_batch(3).inputs));
+  EXPECT_TRUE(bitwise_equal(x.targets, b.next_batch(3).targets));
+  EXPECT_FALSE(bitwise_equal(x.inputs, a.next_batch(4).inputs));
+  EXPECT_FALSE(bitwise_equal(x.inputs, other_seed.next_batch(3).inputs));
+  const std::string_view text = builtin_corpus();
+  for (std::int64_t r = 0; r < 4; ++r) {
+    std::string row;
+    for (std::int64_t t = 0; t < 16; ++t) row.push_back(static_cast<char>(x.inputs.at({r, t})));
+    row.push_back(static_cast<char>(x.targets.at({r, 15})));
+    EXPECT_NE(text.find(row), std::string_view::npos) << "row " << r << " is not a window of the text: " << row;
+    for (std::int64_t t = 0; t + 1 < 16; ++t) EXPECT_EQ(x.inputs.at({r, t + 1}), x.targets.at({r, t}));
+  }
+}
+
+TEST(Data, WindowsReachTheEndOfTheText) {
+  // A 9-byte file with T = 8 has exactly one window: inputs bytes 0..7, targets 1..8.
+  const auto path = std::filesystem::temp_directory_path() / "meshgrad_test_data_small.txt";
+  { std::ofstream(path) << "abcdefghi"; }
+  TokenDataset d(path.string(), 3, 8, 1);
+  const nn::Batch x = d.next_batch(0);
+  for (std::int64_t r = 0; r < 3; ++r) {
+    EXPECT_EQ(x.inputs.at({r, 0}), 'a');
+    EXPECT_EQ(x.targets.at({r, 7}), 'i');
+  }
+  std::filesystem::remove(path);
+}
+
+TEST(Data, DpShardsCoverTheBatchInRankOrder) {
+  TokenDataset d("", 7, 5, 3);
+  const nn::Batch x = d.next_batch(11);
+  for (int dp : {1, 2, 3, 7}) {
+    TensorList inputs, targets;
+    for (int r = 0; r < dp; ++r) {
+      const nn::Batch s = dp_shard(x, r, dp);
+      EXPECT_EQ(s.inputs.size(0), shard_range(7, dp, r).size);
+      inputs.push_back(s.inputs);
+      targets.push_back(s.targets);
+    }
+    EXPECT_TRUE(bitwise_equal(cat(inputs, 0), x.inputs)) << "dp=" << dp;
+    EXPECT_TRUE(bitwise_equal(cat(targets, 0), x.targets)) << "dp=" << dp;
+  }
+  EXPECT_THROW(dp_shard(x, 0, 8), InvalidArgument);   // more replicas than rows
+}
+
+TEST(Data, ErrorsNameTheFile) {
+  const std::string missing = "/nonexistent/meshgrad/corpus.txt";
+  try {
+    TokenDataset d(missing, 2, 8, 0);
+    ADD_FAILURE() << "a missing file was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(missing), std::string::npos) << e.what();
+  }
+  const auto path = std::filesystem::temp_directory_path() / "meshgrad_test_data_short.txt";
+  { std::ofstream(path) << "short"; }
+  try {
+    TokenDataset d(path.string(), 2, 8, 0);
+    ADD_FAILURE() << "a file shorter than T + 1 bytes was accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+    EXPECT_NE(std::string(e.what()).find("5 bytes"), std::string::npos) << e.what();
+  }
+  std::filesystem::remove(path);
+}
+
+namespace fs = std::filesystem;
+
+fs::path fresh_dir(const std::string& name) { return meshgrad::testing::fresh_temp_dir("data_" + name); }
+
+// An llm.c token file written by hand (independently of write_token_file): header then uint16.
+void write_llmc(const fs::path& p, const std::vector<std::uint16_t>& tokens, std::int32_t magic = 20240520,
+                std::int32_t version = 1, std::int64_t count = -1, std::size_t header_bytes = 1024) {
+  std::vector<std::int32_t> header(256, 0);
+  header[0] = magic;
+  header[1] = version;
+  header[2] = static_cast<std::int32_t>(count < 0 ? static_cast<std::int64_t>(tokens.size()) : count);
+  std::ofstream out(p, std::ios::binary);
+  out.write(reinterpret_cast<const char*>(header.data()), static_cast<std::streamsize>(header_bytes));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
+}
+
+std::string error_of(const std::function<void()>& fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  ADD_FAILURE() << "no InvalidArgument was thrown";
+  return "";
+}
+
+std::vector<std::uint16_t> iota_tokens(std::size_t n, std::uint16_t mod) {
+  std::vector<std::uint16_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint16_t>((i * 7 + 3) % mod);
+  return t;
+}
+
+TEST(Data, LlmcTokenFileGivesWindowsOfItsTokens) {
+  const fs::path d = fresh_dir("llmc");
+  const std::vector<std::uint16_t> tokens = iota_tokens(500, 50000);
+  write_llmc(d / "toks.bin", tokens);
+  TokenDataset data((d / "toks.bin").string(), 4, 8, 5);
+  EXPECT_EQ(data.size(), 500);
+  EXPECT_EQ(data.vocab(), *std::max_element(tokens.begin(), tokens.end()) + 1) << "no meta.json: the token range";
+  EXPECT_EQ(data.description(), "llm.c tokens");
+  const nn::Batch x = data.next_batch(2);
+  for (std::int64_t r = 0; r < 4; ++r) {
+    // Find the window: tokens are distinct enough ((7i + 3) mod 50000 over 500 positions).
+    const auto first = static_cast<std::uint16_t>(x.inputs.at({r, 0}));
+    const auto start = static_cast<std::size_t>(std::find(tokens.begin(), tokens.end(), first) - tokens.begin());
+    ASSERT_LT(start + 8, tokens.size());
+    for (std::int64_t t = 0; t < 8; ++t) {
+      EXPECT_EQ(x.inputs.at({r, t}), tokens[start + static_cast<std::size_t>(t)]);
+      EXPECT_EQ(x.targets.at({r, t}), tokens[start + static_cast<std::size_t>(t) + 1]);
+    }
+  }
+  // The same file under another name (no .bin) is recognised by its magic.
+  fs::copy_file(d / "toks.bin", d / "toks.data");
+  EXPECT_EQ(TokenDataset((d / "toks.data").string(), 4, 8, 5).size(), 500);
+  // write_token_file gives the same bytes as the hand-written file.
+  write_token_file((d / "again.bin").string(), tokens);
+  std::ifstream a(d / "toks.bin", std::ios::binary), b(d / "again.bin", std::ios::binary);
+  EXPECT_EQ(std::string(std::istreambuf_iterator<char>(a), {}), std::string(std::istreambuf_iterator<char>(b), {}));
+  fs::remove_all(d);
+}
+
+TEST(Data, BadTokenFileHeadersNameTheFileAndOffset) {
+  const fs::path d = fresh_dir("header");
+  const std::vector<std::uint16_t> tokens = iota_tokens(100, 1000);
+  const auto open = [&](const char* name) { return [&d, name] { TokenDataset((d / name).string(), 1, 4, 0); }; };
+  write_llmc(d / "magic.bin", tokens, 12345);
+  std::string m = error_of(open("magic.bin"));
+  EXPECT_NE(m.find("magic.bin': byte offset 0: magic 12345"), std::string::npos) << m;
+  write_llmc(d / "version.bin", tokens, 20240520, 2);
+  m = error_of(open("version.bin"));
+  EXPECT_NE(m.find("byte offset 4: version 2"), std::string::npos) << m;
+  write_llmc(d / "count.bin", tokens, 20240520, 1, 101);
+  m = error_of(open("count.bin"));
+  EXPECT_NE(m.find("byte offset 8: the header says 101 tokens (202 bytes) but the file has 200 bytes"),
+            std::string::npos) << m;
+  write_llmc(d / "short.bin", {}, 20240520, 1, 0, 1000);
+  m = error_of(open("short.bin"));
+  EXPECT_NE(m.find("1000 bytes, shorter than the 1024-byte header"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+TEST(Data, PathsThatAreNotRegularFilesAreRefusedNamingWhatTheyAre) {
+  const fs::path d = fresh_dir("kinds");
+  const auto open = [](const std::string& p) { return [p] { TokenDataset(p, 1, 4, 0); }; };
+  std::string m = error_of(open("/dev/zero"));   // read naively, it never ends
+  EXPECT_NE(m.find("data '/dev/zero' is a character device"), std::string::npos) << m;
+  m = error_of(open(d.string()));
+  EXPECT_NE(m.find("is a directory without train.bin"), std::string::npos) << m;
+  ASSERT_EQ(::mkfifo((d / "fifo").c_str(), 0600), 0);
+  m = error_of(open((d / "fifo").string()));   // must not block waiting for a writer
+  EXPECT_NE(m.find("fifo' is a pipe or FIFO"), std::string::npos) << m;
+  int fds[2];
+  ASSERT_EQ(::pipe(fds), 0);
+  const std::string pipe_path = fmt::format("/dev/fd/{}", fds[0]);   // what `--data <(cmd)` passes
+  m = error_of(open(pipe_path));
+  EXPECT_NE(m.find(fmt::format("'{}' is a pipe or FIFO", pipe_path)), std::string::npos) << m;
+  ::close(fds[0]);
+  ::close(fds[1]);
+  m = error_of(open((d / "missing.txt").string()));
+  EXPECT_NE(m.find("missing.txt' cannot be opened for reading: No such file"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// A prepared directory written by hand: train.bin, val.bin, meta.json.
+fs::path prepared_dir(const std::string& name, const std::vector<std::uint16_t>& train_tokens,
+                      const std::vector<std::uint16_t>& val_tokens, std::int64_t vocab) {
+  const fs::path d = fresh_dir(name);
+  write_llmc(d / "train.bin", train_tokens);
+  write_llmc(d / "val.bin", val_tokens);
+  std::ofstream(d / "meta.json") << nlohmann::json{{"vocab_size", vocab}}.dump();
+  return d;
+}
+
+TEST(Data, PreparedDirectoryVocabularyAndValidationSplit) {
+  std::vector<std::uint16_t> val(101);
+  for (std::size_t i = 0; i < val.size(); ++i) val[i] = static_cast<std::uint16_t>(i);
+  const fs::path d = prepared_dir("prepared", iota_tokens(300, 77), val, 1000);
+  TokenDataset data(d.string(), 3, 10, 1);
+  EXPECT_EQ(data.vocab(), 1000) << "meta.json's vocab_size, not the token range";
+  EXPECT_EQ(data.input_files(), (std::vector<std::string>{(d / "train.bin").string(), (d / "val.bin").string(),
+                                                          (d / "meta.json").string()}));
+  EXPECT_EQ(data.validation_size(), 101);
+  ASSERT_TRUE(data.has_validation());
+  // W = (101 - 1) / 10 = 10 windows starting at 0, 10, ..., 90; batches of 3 rows: ceil(10 / 3) = 4.
+  EXPECT_EQ(data.validation_batches(), 4);
+  std::vector<int> seen(10, 0);
+  for (std::int64_t k = 0; k < 4; ++k) {
+    const nn::Batch v = data.validation_batch(k);
+    EXPECT_TRUE(bitwise_equal(v.inputs, data.validation_batch(k).inputs)) << "deterministic";
+    for (std::int64_t r = 0; r < 3; ++r) {
+      const std::int64_t start = v.inputs.at({r, 0});   // val token i == i
+      EXPECT_EQ(start % 10, 0);
+      EXPECT_EQ(start / 10, (k * 3 + r) % 10);
+      EXPECT_EQ(v.targets.at({r, 9}), start + 10);
+      if (k * 3 + r < 10) ++seen[static_cast<std::size_t>(start / 10)];
+    }
+  }
+  EXPECT_EQ(seen, std::vector<int>(10, 1)) << "the batches cover every window once";
+  // A token file alone has no validation split.
+  const TokenDataset alone((d / "train.bin").string(), 3, 10, 1);
+  EXPECT_FALSE(alone.has_validation());
+  EXPECT_EQ(alone.validation_batches(), 0);
+  EXPECT_EQ(alone.vocab(), 1000) << "meta.json beside a .bin gives its vocabulary";
+  const std::string m = error_of([&] { alone.validation_batch(0); });
+  EXPECT_NE(m.find("no validation split"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+TEST(Data, TokensAtOrAboveTheVocabularyAreRefusedNamingThePosition) {
+  std::vector<std::uint16_t> train = iota_tokens(300, 50);
+  train[123] = 50;   // == vocab_size
+  const fs::path d = prepared_dir("vocab", train, iota_tokens(50, 50), 50);
+  const std::string m = error_of([&] { TokenDataset(d.string(), 2, 8, 0); });
+  EXPECT_NE(m.find("train.bin': token 50 at position 123 (byte offset 1270) is not below the vocabulary size 50"),
+            std::string::npos) << m;
+  fs::remove_all(d);
+  const fs::path missing_val = prepared_dir("noval", iota_tokens(300, 50), {}, 50);
+  fs::remove(missing_val / "val.bin");
+  const std::string m2 = error_of([&] { TokenDataset(missing_val.string(), 2, 8, 0); });
+  EXPECT_NE(m2.find("without val.bin"), std::string::npos) << m2;
+  fs::remove_all(missing_val);
+}
+
+// Lines of /proc/self/maps that map `path`.
+int mappings_of(const fs::path& path) {
+  std::ifstream maps("/proc/self/maps");
+  int n = 0;
+  for (std::string line; std::getline(maps, line);) {
+    if (line.size() >= path.string().size() && line.ends_with(path.string())) ++n;
+  }
+  return n;
+}
+
+TEST(Data, RankThreadsShareOneMappingOfTheFile) {
+  const fs::path d = prepared_dir("shared", iota_tokens(100000, 50000), iota_tokens(1000, 50000), 50257);
+  const fs::path text = d / "text.txt";
+  { std::ofstream(text) << std::string(100000, 'x'); }
+  for (const fs::path& path : {d, text}) {
+    const fs::path mapped = path == d ? d / "train.bin" : text;
+    constexpr int kRanks = 4;
+    std::vector<std::shared_ptr<const TokenFile>> files(kRanks);
+    std::vector<int> mappings(kRanks, -1);
+    std::barrier sync(kRanks);
+    std::vector<std::thread> threads;
+    for (int r = 0; r < kRanks; ++r) {
+      threads.emplace_back([&, r] {
+        const TokenDataset data(path.string(), 2, 16, 0);
+        files[static_cast<std::size_t>(r)] = data.train_file();
+        sync.arrive_and_wait();   // every rank holds its dataset
+        mappings[static_cast<std::size_t>(r)] = mappings_of(mapped);
+        sync.arrive_and_wait();
+      });
+    }
+    for (std::thread& t : threads) t.join();
+    for (int r = 0; r < kRanks; ++r) {
+      EXPECT_EQ(files[static_cast<std::size_t>(r)].get(), files[0].get()) << "rank " << r << ", " << path;
+      EXPECT_EQ(mappings[static_cast<std::size_t>(r)], 1) << "rank " << r << " sees the file mapped "
+                                                           << mappings[static_cast<std::size_t>(r)] << " times";
+    }
+    files.clear();
+    EXPECT_EQ(mappings_of(mapped), 0) << "unmapped when the last user lets go";
+  }
+  fs::remove_all(d);
+}
+
+}  // namespace
+}  // namespace meshgrad::data

@@ -1,0 +1,402 @@
+// `meshgrad explain` (train/explain.hpp) against the code and against the DESIGN table.
+//
+// 1. explain's graph rows equal, row for row, what a CommCounter records on rank 0 when the same
+//    model runs the same step outside explain: explain reports the code, not a description of it.
+// 2. Those rows equal the collectives the DESIGN table prescribes for a 2-layer model, layer by
+//    layer (name, phase, op, axis, bytes): a drift between the code and the table fails here.
+// 3. The gradient-synchronizer rows, the cost of each row, and the json shape.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+#include <mutex>
+#include <nlohmann/json.hpp>
+#include <set>
+#include <string>
+#include <tuple>
+#include <vector>
+
+#include "../distributed/dist_test_util.hpp"
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/cost_model.hpp"
+#include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/diag/explain.hpp"
+#include "meshgrad/nn/model.hpp"
+
+namespace meshgrad::diag {
+namespace {
+
+using nn::make_model;
+
+// The mesh of a spec as the CLI builds it.
+std::vector<dist::MeshAxis> explain_mesh_axes(const std::string& spec) { return dist::parse_mesh(spec); }
+
+// One collective as both sides describe it.
+using Entry = std::tuple<std::string, std::string, std::string, std::string, std::int64_t>;   // layer phase op axis bytes
+
+ModelConfig small_config(const std::string& kind) {
+  ModelConfig c;
+  c.kind = kind;
+  c.layers = 2;
+  c.hidden = 16;
+  c.ffn = 32;
+  c.heads = 4;
+  c.vocab = 32;
+  c.seq = 8;
+  c.batch = 4;
+  return c;
+}
+
+const dist::Link kLink{"test", 2.0, 1.0, "closed-form test link"};
+
+std::vector<Entry> graph_entries(const std::vector<ExplainRow>& rows) {
+  std::vector<Entry> out;
+  for (const auto& r : rows) {
+    if (r.source == ExplainSource::Graph) out.emplace_back(r.layer, r.phase, r.op, r.axis, r.bytes);
+  }
+  return out;
+}
+
+// Rank 0's records of one forward + backward of the model, run here, independently of explain,
+// on the same mesh with the same synthetic batch.
+std::vector<Entry> counter_entries(const ModelConfig& config, const ParallelConfig& parallel,
+                                   const std::string& mesh_spec) {
+  const std::vector<dist::MeshAxis> axes = explain_mesh_axes(mesh_spec);
+  int world = 1;
+  for (const auto& a : axes) world *= a.size;
+  std::vector<Entry> out;
+  std::mutex mu;
+  testing::run_on_mesh(
+      world,
+      [&](const dist::DeviceMeshPtr& mesh) {
+        dist::CommCounter counter;
+        auto model = make_model(config, parallel, mesh, /*seed=*/42);
+        const int dp = mesh->axis_size("dp");
+        const Batch batch = data::make_synthetic_batch(config, dp, mesh->coordinate("dp"), /*seed=*/7);
+        {
+          dist::CountingScope counting(counter);
+          Tensor loss = model->loss(batch, static_cast<std::int64_t>(config.batch) * config.seq);
+          backward(loss);
+        }
+        if (mesh->rank() != 0) return;
+        std::lock_guard<std::mutex> lock(mu);
+        for (const auto& r : counter.records()) {
+          out.emplace_back(r.label, dist::phase_name(r.phase), r.op, r.axis, r.bytes);
+        }
+      },
+      axes);
+  return out;
+}
+
+// The DESIGN table applied to a GPT of `layers` blocks on tp > 1, rank 0's local batch of b rows:
+//   wte (vocab-parallel embedding): its partial sums reduced over tp = "reduce from TP region"
+//     (forward all-reduce) or, under SP, "reduce-scatter to SP region" (backward all-gather);
+//   per block: attn.c_attn and mlp.c_fc are column-parallel, attn.c_proj and mlp.c_proj row-parallel;
+//   lm_head: column-parallel (tied to wte); loss: vocab-parallel cross-entropy, three all-reduces of
+//     [N, 1] in forward (row max, sum of exps, target logit), none in backward.
+// act = the whole [T, B, C] activation in bytes (the nccl-tests size of every gather / reduction).
+std::vector<Entry> expected_gpt(const ModelConfig& c, std::int64_t b, bool sp) {
+  const std::int64_t act = c.seq * b * c.hidden * 4;
+  const std::int64_t rows = c.seq * b * 4;   // [N, 1] float32, N = T * B (every rank sees all positions)
+  std::vector<Entry> f, bw;
+  auto column = [&](const std::string& name) {
+    if (sp) {
+      f.emplace_back(name, "forward", "all_gather", "tp", act);
+      bw.emplace_back(name, "backward", "reduce_scatter", "tp", act);
+    } else {
+      bw.emplace_back(name, "backward", "all_reduce", "tp", act);
+    }
+  };
+  auto row = [&](const std::string& name) {
+    if (sp) {
+      f.emplace_back(name, "forward", "reduce_scatter", "tp", act);
+      bw.emplace_back(name, "backward", "all_gather", "tp", act);
+    } else {
+      f.emplace_back(name, "forward", "all_reduce", "tp", act);
+    }
+  };
+  if (sp) {
+    f.emplace_back("wte", "forward", "reduce_scatter", "tp", act);
+    bw.emplace_back("wte", "backward", "all_gather", "tp", act);
+  } else {
+    f.emplace_back("wte", "forward", "all_reduce", "tp", act);
+  }
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string h = "h." + std::to_string(i);
+    column(h + ".attn.c_attn");
+    row(h + ".attn.c_proj");
+    column(h + ".mlp.c_fc");
+    row(h + ".mlp.c_proj");
+  }
+  column("lm_head");
+  for (int k = 0; k < 3; ++k) f.emplace_back("loss", "forward", "all_reduce", "tp", rows);
+  f.insert(f.end(), bw.begin(), bw.end());
+  return f;
+}
+
+// The DESIGN table applied to the MLP model: `layers` (column c_fc, row c_proj) pairs on a random
+// input that requires grad (as the PyTorch peer benchmark does), so every c_fc, h.0's included,
+// communicates its dX in backward. Under SP the loss, a sum over this rank's tokens, is all-reduced.
+std::vector<Entry> expected_mlp(const ModelConfig& c, std::int64_t b, bool sp) {
+  const std::int64_t act = c.seq * b * c.hidden * 4;
+  std::vector<Entry> f, bw;
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string fc = "h." + std::to_string(i) + ".mlp.c_fc", proj = "h." + std::to_string(i) + ".mlp.c_proj";
+    if (sp) {
+      f.emplace_back(fc, "forward", "all_gather", "tp", act);
+      f.emplace_back(proj, "forward", "reduce_scatter", "tp", act);
+      bw.emplace_back(proj, "backward", "all_gather", "tp", act);
+      bw.emplace_back(fc, "backward", "reduce_scatter", "tp", act);
+    } else {
+      f.emplace_back(proj, "forward", "all_reduce", "tp", act);
+      bw.emplace_back(fc, "backward", "all_reduce", "tp", act);
+    }
+  }
+  if (sp) f.emplace_back("loss", "forward", "all_reduce", "tp", 4);
+  f.insert(f.end(), bw.begin(), bw.end());
+  return f;
+}
+
+std::vector<Entry> sorted(std::vector<Entry> v) {
+  std::sort(v.begin(), v.end());
+  return v;
+}
+
+std::string describe(const std::vector<Entry>& v) {
+  std::string s;
+  for (const auto& [layer, phase, op, axis, bytes] : v) {
+    s += "  " + layer + " " + phase + " " + op + " " + axis + " " + std::to_string(bytes) + "\n";
+  }
+  return s;
+}
+
+struct Case {
+  std::string kind;
+  bool sp;
+  std::string mesh;
+  int dp;
+};
+
+void PrintTo(const Case& c, std::ostream* os) {
+  *os << c.kind << (c.sp ? " sequence-parallel" : "") << " mesh " << c.mesh;
+}
+
+class ExplainMatchesCode : public ::testing::TestWithParam<Case> {};
+
+TEST_P(ExplainMatchesCode, CounterAndDesignTable) {
+  const Case& k = GetParam();
+  const ModelConfig config = small_config(k.kind);
+  ParallelConfig parallel;
+  parallel.sequence_parallel = k.sp;
+  const std::vector<ExplainRow> rows = explain_model(config, parallel, explain_mesh_axes(k.mesh), kLink);
+  const std::vector<Entry> got = graph_entries(rows);
+
+  // 1. Row for row what a counter records when the model runs outside explain.
+  const std::vector<Entry> counted = counter_entries(config, parallel, k.mesh);
+  EXPECT_EQ(got, counted) << "explain:\n" << describe(got) << "counter:\n" << describe(counted);
+
+  // 2. The DESIGN table's collectives, layer by layer (issue order is the engine's business).
+  const std::int64_t local_batch = config.batch / k.dp;
+  const std::vector<Entry> expected =
+      k.kind == "gpt" ? expected_gpt(config, local_batch, k.sp) : expected_mlp(config, local_batch, k.sp);
+  EXPECT_EQ(sorted(got), sorted(expected)) << "explain:\n" << describe(got) << "DESIGN table:\n" << describe(expected);
+
+  // Per phase / op counts, the figures a reader of the table checks first.
+  for (const std::string phase : {"forward", "backward"}) {
+    for (const std::string op : {"all_reduce", "all_gather", "reduce_scatter"}) {
+      const auto n_got = std::count_if(got.begin(), got.end(), [&](const Entry& e) {
+        return std::get<1>(e) == phase && std::get<2>(e) == op;
+      });
+      const auto n_expected = std::count_if(expected.begin(), expected.end(), [&](const Entry& e) {
+        return std::get<1>(e) == phase && std::get<2>(e) == op;
+      });
+      EXPECT_EQ(n_got, n_expected) << phase << " " << op;
+    }
+  }
+
+  // Every row is costed with n = its axis' size.
+  for (const auto& r : rows) {
+    const int n = r.axis == "dp" ? k.dp : 2;
+    EXPECT_EQ(r.ranks, n) << r.layer;
+    EXPECT_DOUBLE_EQ(r.predicted_us, dist::predict_collective(r.op, n, static_cast<double>(r.bytes), kLink).time_us)
+        << r.layer << " " << r.op;
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, ExplainMatchesCode,
+                         ::testing::Values(Case{"gpt", false, "tp=2", 1}, Case{"gpt", true, "tp=2", 1},
+                                           Case{"mlp", false, "tp=2", 1}, Case{"mlp", true, "tp=2", 1},
+                                           Case{"gpt", false, "dp=2,tp=2", 2}, Case{"gpt", true, "tp=2,dp=2", 2}),
+                         [](const ::testing::TestParamInfo<Case>& info) {
+                           std::string name = info.param.kind + (info.param.sp ? "_sp" : "") + "_tp2";
+                           if (info.param.dp > 1) name += "_dp" + std::to_string(info.param.dp);
+                           return name;
+                         });
+
+std::vector<const ExplainRow*> sync_rows(const std::vector<ExplainRow>& rows, const std::string& axis) {
+  std::vector<const ExplainRow*> out;
+  for (const auto& r : rows) {
+    if (r.source == ExplainSource::GradSync && r.axis == axis) out.push_back(&r);
+  }
+  return out;
+}
+
+TEST(ExplainGradSync, NoneWithoutDpOrSequenceParallelism) {
+  const auto rows = explain_model(small_config("gpt"), {}, explain_mesh_axes("tp=2"), kLink);
+  EXPECT_TRUE(sync_rows(rows, "tp").empty());
+  EXPECT_TRUE(sync_rows(rows, "dp").empty());
+}
+
+// Under SP the replicated parameters that meet sequence-sharded data (DESIGN: LayerNorm; layers.hpp
+// adds the row-parallel bias and the position embedding) have gradients partial over tp, which the
+// synchronizer all-reduces over tp; sharded parameters never are.
+TEST(ExplainGradSync, SequenceParallelReducesReplicatedParametersOverTp) {
+  const ModelConfig c = small_config("gpt");
+  ParallelConfig sp;
+  sp.sequence_parallel = true;
+  const auto rows = explain_model(c, sp, explain_mesh_axes("tp=2"), kLink);
+  std::set<std::string> got;
+  for (const ExplainRow* r : sync_rows(rows, "tp")) {
+    got.insert(r->layer);
+    EXPECT_EQ(r->op, "all_reduce");
+    EXPECT_EQ(r->phase, "backward");
+  }
+  std::set<std::string> expected{"wpe.weight", "ln_f.weight", "ln_f.bias"};
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string h = "h." + std::to_string(i);
+    for (const char* p : {".ln_1.weight", ".ln_1.bias", ".ln_2.weight", ".ln_2.bias", ".attn.c_proj.bias",
+                          ".mlp.c_proj.bias"}) {
+      expected.insert(h + p);
+    }
+  }
+  EXPECT_EQ(got, expected);
+  for (const ExplainRow* r : sync_rows(rows, "tp")) {
+    const std::int64_t want = r->layer == "wpe.weight" ? c.seq * c.hidden * 4 : c.hidden * 4;
+    EXPECT_EQ(r->bytes, want) << r->layer;
+  }
+  EXPECT_TRUE(sync_rows(rows, "dp").empty());
+}
+
+// With dp = 2 the synchroniser's buckets carry every parameter's local gradient once: one in-place
+// all-reduce over dp per bucket (a small model fits one bucket), whose bytes are the sum of the
+// local gradients' bytes.
+TEST(ExplainGradSync, DataParallelReducesEveryParameterShardInBuckets) {
+  const ModelConfig c = small_config("gpt");
+  const auto rows = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), kLink);
+  const auto dp_rows = sync_rows(rows, "dp");
+  ASSERT_EQ(dp_rows.size(), 1u);
+  EXPECT_EQ(dp_rows[0]->layer, "bucket0");
+  EXPECT_EQ(dp_rows[0]->ranks, 2);
+  EXPECT_EQ(dp_rows[0]->phase, "backward");
+  const std::int64_t C = c.hidden, F = c.ffn_size(), V = c.vocab, T = c.seq;
+  // rank 0's pieces: wte half the rows, wpe whole; per block ln x4, c_attn (w, b) half, c_proj w half
+  // + bias whole, c_fc (w, b) half, mlp.c_proj w half + bias whole; ln_f x2.
+  const std::int64_t block = 4 * C + (C * 3 * C / 2 + 3 * C / 2) + (C / 2 * C + C) + (C * F / 2 + F / 2) + (F / 2 * C + C);
+  EXPECT_EQ(dp_rows[0]->bytes, 4 * (V / 2 * C + T * C + c.layers * block + 2 * C));
+  EXPECT_TRUE(sync_rows(rows, "tp").empty());
+}
+
+TEST(ExplainAggregates, LayersAndPhasesAddUp) {
+  const auto rows = explain_model(small_config("gpt"), {}, explain_mesh_axes("tp=2"), kLink);
+  double total_us = 0;
+  int total = 0;
+  for (const auto& r : rows) {
+    total_us += r.predicted_us;
+    ++total;
+  }
+  int layer_count = 0;
+  double layer_us = 0;
+  for (const LayerSummary& s : summarize_layers(rows)) {
+    layer_count += s.forward.count + s.backward.count + s.other.count;
+    layer_us += s.forward.predicted_us + s.backward.predicted_us + s.other.predicted_us;
+  }
+  EXPECT_EQ(layer_count, total);
+  EXPECT_NEAR(layer_us, total_us, 1e-9 * total_us);
+  const auto phases = summarize_phases(rows);
+  ASSERT_EQ(phases.size(), 2u);
+  EXPECT_EQ(phases[0].phase, "forward");
+  EXPECT_EQ(phases[1].phase, "backward");
+  EXPECT_EQ(phases[0].totals.count, 1 + 2 * 2 + 3);   // wte, 2 per block, 3 in the loss
+  EXPECT_EQ(phases[1].totals.count, 1 + 2 * 2);       // lm_head, 2 per block
+}
+
+TEST(ExplainFormat, JsonHasExactlyTheDocumentedKeys) {
+  ParallelConfig sp;
+  sp.sequence_parallel = true;
+  const auto rows = explain_model(small_config("gpt"), sp, explain_mesh_axes("dp=2,tp=2"), kLink);
+  const nlohmann::json j = nlohmann::json::parse(format_explain_json(rows));
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), rows.size());
+  const std::set<std::string> keys{"layer", "phase", "op", "axis", "bytes", "predicted_us"};
+  for (std::size_t i = 0; i < j.size(); ++i) {
+    std::set<std::string> got;
+    for (const auto& [key, value] : j[i].items()) got.insert(key);
+    EXPECT_EQ(got, keys) << j[i].dump();
+    EXPECT_TRUE(j[i]["bytes"].is_number_integer());
+    EXPECT_TRUE(j[i]["predicted_us"].is_number());
+    EXPECT_EQ(j[i]["layer"], rows[i].layer);
+    EXPECT_EQ(j[i]["bytes"].get<std::int64_t>(), rows[i].bytes);
+    EXPECT_DOUBLE_EQ(j[i]["predicted_us"].get<double>(), rows[i].predicted_us);
+  }
+}
+
+TEST(ExplainFormat, TableNamesLayersLinkAndTotals) {
+  const ModelConfig c = small_config("gpt");
+  const dist::Link link = dist::link_preset("nvlink4");
+  const auto rows = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), link);
+  const std::string table = format_explain_table(rows, {c, {}, explain_mesh_axes("dp=2,tp=2"), link});
+  for (const char* needle : {"h.0.attn.c_proj", "h.1.mlp.c_fc", "lm_head", "wte", "loss", "nvlink4", "dp=2,tp=2",
+                             "gradient synchronizer", "bucket0", "graph forward", "graph backward",
+                             "grad-sync backward"}) {
+    EXPECT_NE(table.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << table;
+  }
+}
+
+// explain counts per axis on a 2-D grid: the grid layers' collectives over tp_row and tp_col, the
+// vocabulary-parallel ones over the whole grid (tp_row+tp_col, n = 4).
+TEST(ExplainMesh, TwoDimensionalGridCountsPerAxis) {
+  const ModelConfig c = small_config("gpt");
+  const auto rows = explain_model(c, {}, {{"dp", 1}, {"tp_row", 2}, {"tp_col", 2}}, kLink);
+  std::map<std::string, int> per_axis;
+  for (const auto& r : rows) {
+    ++per_axis[r.axis];
+    const int expected_ranks = r.axis == "tp_row+tp_col" ? 4 : r.axis == "dp" ? 1 : 2;
+    EXPECT_EQ(r.ranks, expected_ranks) << r.axis;
+  }
+  // Per block: forward 2 all-reduces + 2 all-gathers over tp_row and 2 all-reduces over tp_col;
+  // backward 2 all-reduces + 2 all-gathers over tp_row (c_proj inputs, the input slices' duals)
+  // and 2 all-reduces over tp_col (c_attn / c_fc inputs).
+  EXPECT_EQ(per_axis["tp_row"], 8 * c.layers);
+  EXPECT_EQ(per_axis["tp_col"], 4 * c.layers);
+  EXPECT_EQ(per_axis["tp_row+tp_col"], 1 + 3 + 1);   // wte, loss (3), lm_head dX
+}
+
+TEST(ExplainErrors, BatchThatDoesNotSplitOverDp) {
+  ModelConfig c = small_config("gpt");
+  c.batch = 3;
+  try {
+    explain_model(c, {}, explain_mesh_axes("dp=2,tp=1"), kLink);
+    FAIL() << "batch 3 over dp 2 accepted";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("batch 3"), std::string::npos) << e.what();
+  }
+}
+
+TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
+  const ModelConfig c = small_config("gpt");
+  const Batch b = data::make_synthetic_batch(c, 2, 1, 3);
+  ASSERT_EQ(b.inputs.shape(), (Shape{2, c.seq}));
+  const auto in = b.inputs.to_int64_vector();
+  const auto tg = b.targets.to_int64_vector();
+  for (std::int64_t r = 0; r < 2; ++r) {
+    for (std::int64_t t = 0; t + 1 < c.seq; ++t) EXPECT_EQ(tg[r * c.seq + t], in[r * c.seq + t + 1]);
+  }
+  for (auto v : in) {
+    EXPECT_GE(v, 0);
+    EXPECT_LT(v, c.vocab);
+  }
+}
+
+}  // namespace
+}  // namespace meshgrad::diag

@@ -1,0 +1,126 @@
+// The jobs the CLI and the Python module share (train/jobs.hpp) and the trainer's per-step
+// callback: options are checked with the option's name before any rank starts, the callback sees
+// every step on rank 0, and the seed-mode gradients do not depend on the mesh.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <string>
+#include <vector>
+
+#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/tensor/error.hpp"
+#include "meshgrad/launch/jobs.hpp"
+
+namespace meshgrad::launch {
+namespace {
+
+nn::ModelConfig tiny_gpt(int vocab) {
+  return {.kind = "gpt", .layers = 1, .hidden = 16, .heads = 4, .vocab = vocab, .seq = 8, .batch = 4};
+}
+
+// The job's ranks as dp x tp rank threads.
+dist::RunOnMesh threads_mesh(int dp, int tp) {
+  return [dp, tp](const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+    comm::run_ranks(dp * tp, [&](const comm::CommunicatorPtr& world) {
+      fn(std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}}));
+    });
+  };
+}
+
+train::TrainOptions tiny_job(int steps) {
+  train::TrainOptions o;
+  o.model = tiny_gpt(256);   // byte tokens
+  o.steps = steps;
+  o.progress = false;
+  return o;
+}
+
+// The message of the InvalidArgument fn throws ("" when it does not throw).
+template <class Fn>
+std::string error_of(Fn fn) {
+  try {
+    fn();
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(Jobs, OnStepSeesEveryStepOnRankZeroWithTheResultsLosses) {
+  train::TrainOptions o = tiny_job(4);
+  std::vector<train::StepMetrics> seen;   // only rank 0's thread calls on_step
+  o.on_step = [&](const train::StepMetrics& m) { seen.push_back(m); };
+  const train::TrainResult result = run_train_job(o, threads_mesh(2, 2));
+  ASSERT_EQ(seen.size(), 4u);
+  ASSERT_EQ(result.losses.size(), 4u);
+  for (int i = 0; i < 4; ++i) {
+    EXPECT_EQ(seen[i].step, i + 1);
+    EXPECT_EQ(seen[i].loss, result.losses[i]);
+    EXPECT_DOUBLE_EQ(seen[i].lr, learning_rate(o, i));
+    EXPECT_GT(seen[i].tokens_per_s, 0);
+  }
+}
+
+TEST(Jobs, TrainOptionsAreCheckedByTheirCliName) {
+  struct Case {
+    void (*change)(train::TrainOptions&);
+    const char* message;
+  };
+  const std::vector<Case> cases = {
+      {[](train::TrainOptions& o) { o.steps = 0; }, "train: --steps must be >= 1, got 0"},
+      {[](train::TrainOptions& o) { o.model.layers = 0; }, "train: --layers must be >= 1, got 0"},
+      {[](train::TrainOptions& o) { o.model.heads = -2; }, "train: --heads must be >= 1, got -2"},
+      {[](train::TrainOptions& o) { o.model.dropout = 1.0; }, "train: --dropout must be in [0, 1), got 1"},
+      {[](train::TrainOptions& o) { o.model.dtype = DType::Int64; }, "train: --dtype must be float32 or float64"},
+      {[](train::TrainOptions& o) { o.lr = 0; }, "train: --lr must be > 0, got 0"},
+  };
+  for (const Case& c : cases) {
+    train::TrainOptions o = tiny_job(1);
+    c.change(o);
+    bool ran = false;   // the checks come before any rank starts
+    const std::string message = error_of([&] { run_train_job(o, [&](const auto&) { ran = true; }); });
+    EXPECT_FALSE(ran) << c.message;
+    EXPECT_NE(message.find(c.message), std::string::npos) << "got: '" << message << "', expected '" << c.message << "'";
+  }
+}
+
+TEST(Jobs, GradsFilesGoTogether) {
+  GradsJob job;
+  job.config = "config.json";
+  EXPECT_NE(error_of([&] { run_grads_job(job, threads_mesh(1, 1)); }).find("--config, --weights and --batch go together"),
+            std::string::npos);
+}
+
+TEST(Jobs, GradsFromASeedAreTheSameOnEveryMesh) {
+  GradsJob job;
+  job.model = tiny_gpt(37);   // not divisible by tp: uneven vocabulary shards
+  job.dtype = "float64";
+  job.seed = 9;
+  const GradsResult ref = run_grads_job(job, threads_mesh(1, 1));
+  ASSERT_TRUE(ref.has_result);
+  ASSERT_FALSE(ref.gradients.empty());
+  EXPECT_EQ(ref.dtype, DType::Float64);
+  for (const auto& [dp, tp] : {std::pair{1, 2}, std::pair{2, 2}}) {
+    const std::string mesh = fmt::format("dp={},tp={}", dp, tp);
+    const GradsResult got = run_grads_job(job, threads_mesh(dp, tp));
+    ASSERT_EQ(got.gradients.size(), ref.gradients.size()) << mesh;
+    EXPECT_NEAR(got.loss, ref.loss, 1e-12 * std::abs(ref.loss)) << mesh;
+    for (std::size_t i = 0; i < ref.gradients.size(); ++i) {
+      const auto a = got.gradients[i].second.to_vector();
+      const auto b = ref.gradients[i].second.to_vector();
+      ASSERT_EQ(a.size(), b.size()) << ref.gradients[i].first;
+      double scale = 0, err = 0;
+      for (std::size_t k = 0; k < b.size(); ++k) {
+        scale = std::max(scale, std::abs(b[k]));
+        err = std::max(err, std::abs(a[k] - b[k]));
+      }
+      EXPECT_GT(scale, 0.0) << ref.gradients[i].first;
+      EXPECT_LE(err, 1e-12 * scale) << mesh << " " << ref.gradients[i].first;
+    }
+  }
+  job.seed = 10;
+  EXPECT_NE(run_grads_job(job, threads_mesh(1, 1)).loss, ref.loss) << "another seed must give another model and batch";
+}
+
+}  // namespace
+}  // namespace meshgrad::launch
