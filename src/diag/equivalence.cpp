@@ -7,7 +7,6 @@
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/collectives.hpp"
-#include "meshgrad/distributed/tree_collectives.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/data/synthetic.hpp"
@@ -36,11 +35,10 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   auto model = nn::make_model(o.model, o.parallel, mesh, model_seed);
   model->set_training(false);   // the comparison runs without dropout noise
   auto params = model->parameters();
-  optim::GradientSynchronizer sync(params, mesh, {.tree_dp = o.parallel.tp_invariant});
+  optim::GradientSynchronizer sync(params, mesh, {.order = model->reduce_order()});
   optim::AdamWOptions adam;
   adam.lr = o.lr;
   optim::AdamW optimizer(params, mesh, adam);
-  const auto& dp = mesh->group("dp");
   std::vector<double> losses;
   dist::CommCounter counter;
   for (int step = 0; step < o.steps; ++step) {
@@ -52,8 +50,7 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
     // The global loss: each dp rank's share summed (outside the counted phases).
     dist::CommCounter ignored;
     dist::CountingScope not_counted(ignored);
-    losses.push_back((o.parallel.tp_invariant ? dist::tree_all_reduce(loss.detach(), dp)
-                                              : dist::all_reduce(loss.detach(), dp)).item());
+    losses.push_back(train::global_loss(loss, *mesh, model->reduce_order()));
   }
   std::map<std::string, Tensor> grads, weights;
   std::vector<std::string> order;

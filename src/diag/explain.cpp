@@ -119,7 +119,7 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
     auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
     std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);
     model->set_training(true);
-    optim::GradientSynchronizer sync(model->parameters(), mesh, {.tree_dp = model->tp_invariant()});
+    optim::GradientSynchronizer sync(model->parameters(), mesh, {.order = model->reduce_order()});
     const int dp_rank = mesh->has_axis("dp") ? mesh->coordinate("dp") : 0;
     const Batch batch = data::make_synthetic_batch(config, dp_size, dp_rank, kBatchSeed);
 

@@ -336,14 +336,20 @@ AxisMask replicated_axes(const DTensor& p) {
 }
 }  // namespace
 
-void reduce_partial_grads(const std::vector<DTensor>& params) {
+void reduce_partial_grads(const std::vector<DTensor>& params, ReduceOrder order) {
   for (const DTensor& p : params) {
     Tensor grad = p.local().grad();
     if (!grad.defined()) continue;
-    const AxisMask partial = partial_axes(grad) & replicated_axes(p);
     Tensor reduced = grad;
     for (int axis = 0; axis < p.mesh()->ndim(); ++axis) {
-      if (partial & bit(axis)) reduced = all_reduce(reduced, p.mesh()->group(axis));
+      if (!(replicated_axes(p) & bit(axis))) continue;   // a shard's gradient is complete for its shard
+      const Placement arriving = arriving_placement(reduced, Placement::replicate(), bit(axis), "reduce_partial_grads");
+      const BackwardStep step = backward_step(Placement::replicate(), Placement::replicate(), arriving);
+      StepArgs args;
+      args.order = order;
+      const AxisMask marks = partial_axes(reduced);
+      reduced = run_primitive(step.op, reduced, p.mesh()->group(axis), args);
+      set_partial_axes(reduced, marks & ~bit(axis));
     }
     if (!reduced.same_as(grad)) grad.copy_from(reduced);
     set_partial_axes(grad, 0);

@@ -21,9 +21,9 @@ std::string step_name(Placement from, Placement to) {
 // x placed `from` on group -> placed `to`. Shard dims are normalised to [0, x.dim()).
 class ChangePlacementFn final : public autograd::Function {
  public:
-  ChangePlacementFn(ProcessGroup group, Placement from, Placement to, std::int64_t full_size)
-      : group_(std::move(group)), from_(from), to_(to), full_size_(full_size), name_(step_name(from, to)),
-        label_(current_comm_label()) {}
+  ChangePlacementFn(ProcessGroup group, Placement from, Placement to, std::int64_t full_size, ReduceOrder order)
+      : group_(std::move(group)), from_(from), to_(to), full_size_(full_size), order_(order),
+        name_(step_name(from, to)), label_(current_comm_label()) {}
   std::string_view name() const override { return name_; }
   // The gradient's placement on this group is decided here (by the rule), not inherited.
   bool decides_gradient_placement() const override { return true; }
@@ -31,6 +31,7 @@ class ChangePlacementFn final : public autograd::Function {
   TensorList forward(const TensorList& x) override {
     const Primitive p = forward_primitive(from_, to_);
     StepArgs args;
+    args.order = order_;
     switch (p) {
       case Primitive::AllGather:   // S(d) -> R: gather d
         args.dim = from_.dim;
@@ -61,6 +62,7 @@ class ChangePlacementFn final : public autograd::Function {
     const Placement incoming = arriving_placement(g[0], to_, group_.axes, name_);
     const BackwardStep step = backward_step(from_, to_, incoming);
     StepArgs args;
+    args.order = order_;
     switch (step.op) {
       case Primitive::AllGather:       // back from R -> S(d) or P -> S(d)
         args.dim = to_.dim;
@@ -93,6 +95,7 @@ class ChangePlacementFn final : public autograd::Function {
   ProcessGroup group_;
   Placement from_, to_;
   std::int64_t full_size_;
+  ReduceOrder order_;
   std::string name_, label_;
   std::vector<std::int64_t> gathered_;    // every coordinate's extent along the gathered dim
   std::vector<std::int64_t> scattered_;   // ... along the dim that forward sharded
@@ -127,7 +130,7 @@ const Mapping kMappings[] = {
 }  // namespace
 
 Tensor change_placement(const Tensor& x, const ProcessGroup& group, Placement from, Placement to,
-                        std::int64_t full_size) {
+                        std::int64_t full_size, ReduceOrder order) {
   check_floating(x, "change_placement");
   MG_CHECK(group.size() == 1 || group.axes != 0, "change_placement over '{}': the group is not a mesh group (no "
            "mesh axes), so gradient placements cannot be read on it", group.axis);
@@ -136,11 +139,15 @@ Tensor change_placement(const Tensor& x, const ProcessGroup& group, Placement fr
   // Nothing moves; bit-identical, nothing recorded. R -> R is a step of its own (identity forward,
   // all-reduce of a partial gradient backward), never folded away.
   if (group.size() == 1 || (from == to && !from.is_replicate())) return x;
-  return autograd::apply<ChangePlacementFn>({x}, group, from, to, full_size)[0];
+  return autograd::apply<ChangePlacementFn>({x}, group, from, to, full_size, order)[0];
 }
 
-Tensor copy_to_region(const Tensor& x, const ProcessGroup& group) { return change_placement(x, group, kR, kR); }
-Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group) { return change_placement(x, group, kP, kR); }
+Tensor copy_to_region(const Tensor& x, const ProcessGroup& group, ReduceOrder order) {
+  return change_placement(x, group, kR, kR, -1, order);
+}
+Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group, ReduceOrder order) {
+  return change_placement(x, group, kP, kR, -1, order);
+}
 Tensor scatter_to_region(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
   return change_placement(x, group, kR, Placement::shard(static_cast<int>(dim)));
 }
@@ -153,8 +160,8 @@ Tensor scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int6
 Tensor gather_from_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim, std::int64_t full_size) {
   return change_placement(x, group, Placement::shard(static_cast<int>(dim)), kR, full_size);
 }
-Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim) {
-  return change_placement(x, group, kP, Placement::shard(static_cast<int>(dim)));
+Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim, ReduceOrder order) {
+  return change_placement(x, group, kP, Placement::shard(static_cast<int>(dim)), -1, order);
 }
 Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
                   std::int64_t cat_full_size) {

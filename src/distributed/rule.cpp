@@ -3,6 +3,8 @@
 
 #include <fmt/format.h>
 
+#include "meshgrad/distributed/tree_collectives.hpp"
+
 #include <numeric>
 
 namespace meshgrad::dist {
@@ -107,16 +109,23 @@ std::string format_rule_table() {
 
 // ---- running a step ------------------------------------------------------------------------------
 
+const char* reduce_order_name(ReduceOrder order) {
+  return order == ReduceOrder::FixedTree ? "fixed tree" : "rank order";
+}
+
 PendingTensor run_primitive_async(Primitive p, const Tensor& x, const ProcessGroup& group, const StepArgs& args,
                                   bool in_place) {
+  const bool tree = args.order == ReduceOrder::FixedTree && group.size() > 1;
   switch (p) {
     case Primitive::Identity:
       return PendingTensor::ready(x);
     case Primitive::AllReduce:
+      if (tree) return tree_all_reduce_async(x, group);
       return in_place ? all_reduce_in_place_async(x, group) : all_reduce_async(x, group);
     case Primitive::AllGather:
       return all_gather_async(x, group, args.dim, args.sizes);
     case Primitive::ReduceScatter:
+      if (tree) return tree_reduce_scatter_async(x, group, args.dim, args.sizes);
       return reduce_scatter_async(x, group, args.dim, args.sizes);
     case Primitive::Slice: {
       if (group.size() == 1) return PendingTensor::ready(x);
@@ -138,12 +147,26 @@ PendingTensor run_primitive_async(Primitive p, const Tensor& x, const ProcessGro
 }
 
 Tensor run_primitive(Primitive p, const Tensor& x, const ProcessGroup& group, const StepArgs& args) {
-  switch (p) {
-    case Primitive::AllReduce: return all_reduce(x, group);
-    case Primitive::AllGather: return all_gather(x, group, args.dim, args.sizes);
-    case Primitive::ReduceScatter: return reduce_scatter(x, group, args.dim, args.sizes);
-    default: return run_primitive_async(p, x, group, args).wait();
+  if (args.order == ReduceOrder::RankOrder) {
+    switch (p) {
+      case Primitive::AllReduce: return all_reduce(x, group);
+      case Primitive::AllGather: return all_gather(x, group, args.dim, args.sizes);
+      case Primitive::ReduceScatter: return reduce_scatter(x, group, args.dim, args.sizes);
+      default: break;
+    }
   }
+  return run_primitive_async(p, x, group, args).wait();
+}
+
+Tensor sum_over(const Tensor& x, const ProcessGroup& group, ReduceOrder order) {
+  StepArgs args;
+  args.order = order;
+  return run_primitive(Primitive::AllReduce, x, group, args);
+}
+
+double sum_scalar_over(const Tensor& x, const ProcessGroup& group, ReduceOrder order) {
+  MG_CHECK(x.numel() == 1, "sum_scalar_over '{}': expected one element, got {}", group.axis, shape_str(x.shape()));
+  return sum_over(x.detach(), group, order).item();
 }
 
 }  // namespace meshgrad::dist

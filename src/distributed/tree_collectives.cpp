@@ -2,9 +2,6 @@
 
 #include <memory>
 
-#include "meshgrad/autograd/function.hpp"
-#include "meshgrad/distributed/comm_counter.hpp"
-#include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/ops/tree_reduce.hpp"
 
 namespace meshgrad::dist {
@@ -12,14 +9,14 @@ namespace meshgrad::dist {
 namespace {
 
 void check_group(const ProcessGroup& group) {
-  MG_CHECK(tree::is_power_of_two(group.size()), "tree collective: a group of {} ranks; the fixed tree needs a power "
-           "of two", group.size());
+  MG_CHECK(tree::is_power_of_two(group.size()), "tree collective over '{}': a group of {} ranks; the fixed tree needs "
+           "a power of two", group.axis, group.size());
 }
 
-// [P, ...] -> tree sum over dim 0.
+// [P, ...] -> the tree sum over dim 0.
 Tensor sum_leading(const Tensor& stacked) {
   std::vector<Tensor> leaves;
-  Shape leaf_shape(stacked.shape().begin() + 1, stacked.shape().end());
+  const Shape leaf_shape(stacked.shape().begin() + 1, stacked.shape().end());
   for (std::int64_t i = 0; i < stacked.size(0); ++i) leaves.push_back(stacked.narrow(0, i, 1).view(leaf_shape));
   return tree::sum(leaves);
 }
@@ -50,80 +47,21 @@ PendingTensor tree_all_reduce_async(const Tensor& root, const ProcessGroup& grou
   return PendingTensor(nullptr, [gathered] { return sum_leading(gathered->wait()); });
 }
 
-Tensor tree_reduce_scatter(const Tensor& root, const ProcessGroup& group) {
-  if (group.size() == 1) return root;
+PendingTensor tree_reduce_scatter_async(const Tensor& root, const ProcessGroup& group, std::int64_t dim,
+                                        const std::vector<std::int64_t>& sizes) {
+  if (group.size() == 1) return PendingTensor::ready(root);
   check_group(group);
+  dim = normalize_dim(dim, root.shape(), "tree_reduce_scatter");
   // Two roots: r0 + r1 per element is the backend's reduce-scatter (see tree_all_reduce_async).
-  if (group.size() == 2) return reduce_scatter(root, group, 0, shard_sizes(root.size(0), 2));
+  if (group.size() == 2) return reduce_scatter_async(root, group, dim, sizes);
+  MG_CHECK(sizes == shard_sizes(root.size(dim), group.size()), "tree_reduce_scatter over '{}': the shards {} of dim "
+           "{} (extent {}) are not the shard rule's", group.axis, shape_str(sizes), dim, root.size(dim));
+  // [1, ...] split along dim by the shard rule, gathered along the new leading dim: [P, ..., shard, ...],
+  // every rank's piece of this rank's shard; the tree sums them in rank order.
   const Tensor one = root.contiguous().view(with_leading_one(root.shape()));
   const Tensor pieces =
-      all_to_all(one, group, 1, 0, std::vector<std::int64_t>(static_cast<std::size_t>(group.size()), 1));
-  return sum_leading(pieces);
-}
-
-namespace {
-
-// Marks on the group's axes are settled here; marks on other axes (dp) pass through.
-void pass_other_marks(const Tensor& out, AxisMask incoming, const ProcessGroup& group) {
-  if (out.defined()) set_partial_axes(out, incoming & ~group.axes);
-}
-
-class TreeReduceFn final : public autograd::Function {
- public:
-  TreeReduceFn(ProcessGroup group, bool scatter) : group_(std::move(group)), scatter_(scatter) {}
-  std::string_view name() const override { return scatter_ ? "tree_reduce_scatter (P -> S(0))" : "tree_all_reduce (P -> R)"; }
-  bool decides_gradient_placement() const override { return true; }
-  TensorList forward(const TensorList& x) override {
-    if (scatter_) full_ = x[0].size(0);
-    return {scatter_ ? tree_reduce_scatter(x[0], group_) : tree_all_reduce(x[0], group_)};
-  }
-  TensorList backward(const TensorList& g) override {
-    const AxisMask incoming = partial_axes(g[0]);
-    MG_CHECK((incoming & group_.axes) == 0 || group_.size() == 1, "{}: the gradient arrives partial on the group; "
-             "tp-invariant mode expects it replicated", name());
-    Tensor dx = g[0];
-    if (scatter_ && group_.size() > 1) dx = all_gather(g[0].contiguous(), group_, 0, shard_sizes(full_, group_.size()));
-    pass_other_marks(dx, incoming, group_);
-    return {dx};
-  }
-
- private:
-  ProcessGroup group_;
-  bool scatter_;
-  std::int64_t full_ = 0;
-};
-
-class TreeReduceGradFn final : public autograd::Function {
- public:
-  explicit TreeReduceGradFn(ProcessGroup group) : group_(std::move(group)) {}
-  std::string_view name() const override { return "tree_reduce_grad (R -> R)"; }
-  bool decides_gradient_placement() const override { return true; }
-  TensorList forward(const TensorList& x) override { return {x[0]}; }
-  TensorList backward(const TensorList& g) override {
-    const AxisMask incoming = partial_axes(g[0]);
-    Tensor dx = tree_all_reduce(g[0], group_);
-    if (dx.storage() == g[0].storage()) dx = dx.contiguous();
-    pass_other_marks(dx, incoming, group_);
-    return {dx};
-  }
-
- private:
-  ProcessGroup group_;
-};
-
-}  // namespace
-
-Tensor tree_reduce_from_region(const Tensor& x, const ProcessGroup& group) {
-  return autograd::apply<TreeReduceFn>({x}, group, false)[0];
-}
-
-Tensor tree_reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group) {
-  return autograd::apply<TreeReduceFn>({x}, group, true)[0];
-}
-
-Tensor tree_reduce_grad(const Tensor& x, const ProcessGroup& group) {
-  if (group.size() == 1) return x;
-  return autograd::apply<TreeReduceGradFn>({x}, group)[0];
+      all_to_all(one, group, dim + 1, 0, std::vector<std::int64_t>(static_cast<std::size_t>(group.size()), 1));
+  return PendingTensor::ready(sum_leading(pieces));
 }
 
 }  // namespace meshgrad::dist

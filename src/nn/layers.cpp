@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <functional>
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
@@ -10,8 +11,7 @@
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/distributed/rule.hpp"
-#include "meshgrad/distributed/tree_collectives.hpp"
-#include "meshgrad/nn/invariant.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
@@ -21,100 +21,6 @@ namespace meshgrad::nn {
 
 using autograd::Function;
 using dist::Placement;
-
-// ---- context --------------------------------------------------------------------------------------
-
-Tensor GatherBuffers::reusable(const Shape& shape, DType dtype) const {
-  for (const Tensor& b : buffers_) {
-    if (b.shape() == shape && b.dtype() == dtype && b.storage().use_count() == 1) return b;
-  }
-  return Tensor();
-}
-
-void GatherBuffers::keep(const Tensor& t) {
-  for (const Tensor& b : buffers_) {
-    if (b.storage() == t.storage()) return;
-  }
-  // One buffer per (shape, dtype) is what the layers need; a second appears only while the first
-  // is held (two forwards before a backward) and then stays for reuse too.
-  buffers_.push_back(t);
-}
-
-const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh) {
-  if (mesh.has_axis("tp_row") && mesh.has_axis("tp_col")) {
-    return mesh.flattened_group({mesh.axis_index("tp_row"), mesh.axis_index("tp_col")});
-  }
-  return mesh.group("tp");
-}
-
-std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
-  MG_CHECK(mesh != nullptr, "model: no mesh given");
-  auto ctx = std::make_shared<ParallelContext>();
-  ctx->config = config;
-  ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
-  if (mesh->has_axis("tp_row") || mesh->has_axis("tp_col")) {
-    MG_CHECK(mesh->has_axis("tp_row") && mesh->has_axis("tp_col") && !mesh->has_axis("tp"),
-             "model: a 2-D tensor-parallel mesh has axes tp_row and tp_col (and no tp), got {}", mesh->str());
-    ctx->two_d = true;
-    ctx->row_axis = mesh->axis_index("tp_row");
-    ctx->col_axis = mesh->axis_index("tp_col");
-    ctx->tp = tensor_parallel_group(*mesh);
-    const bool grid = mesh->axis_size(ctx->row_axis) > 1 || mesh->axis_size(ctx->col_axis) > 1;
-    MG_CHECK(!(grid && config.sequence_parallel),
-             "model: sequence parallelism is not supported on a 2-D tensor-parallel mesh ({}); use tp=N", mesh->str());
-    MG_CHECK(!(grid && (config.overlap || config.recompute_allgather)),
-             "model: --overlap and --regather apply to the 1-D column-parallel layers, not to a 2-D mesh ({})",
-             mesh->str());
-  } else {
-    MG_CHECK(mesh->has_axis("tp"), "model: the mesh {} has no tensor-parallel axis (tp, or tp_row and tp_col)",
-             mesh->str());
-    ctx->tp_axis = mesh->axis_index("tp");
-    ctx->tp = mesh->group(ctx->tp_axis);
-  }
-  if (config.tp_invariant) {
-    MG_CHECK(!ctx->two_d, "model: --tp-invariant applies to a 1-D tp axis, not to a 2-D grid ({})", mesh->str());
-    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
-             "of two (1, 2, 4, 8, ...)", config.invariant_blocks);
-    // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one
-    // thread per rank makes a GEMM's result a function of its shape and data only.
-    blas::set_num_threads(1);
-  }
-  ctx->mesh = std::move(mesh);
-  return ctx;
-}
-
-dist::Placements ParallelContext::replicated() const {
-  return dist::Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate());
-}
-
-dist::Placements ParallelContext::on_tp(Placement p) const {
-  dist::Placements out = replicated();
-  if (two_d) {
-    out[static_cast<std::size_t>(row_axis)] = p;
-    out[static_cast<std::size_t>(col_axis)] = p;
-  } else {
-    out[static_cast<std::size_t>(tp_axis)] = p;
-  }
-  return out;
-}
-
-dist::Placements ParallelContext::on_grid(Placement p_row, Placement p_col) const {
-  MG_CHECK(two_d, "on_grid: the mesh {} is not a 2-D tensor-parallel mesh", mesh->str());
-  dist::Placements out = replicated();
-  out[static_cast<std::size_t>(row_axis)] = p_row;
-  out[static_cast<std::size_t>(col_axis)] = p_col;
-  return out;
-}
-
-Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
-  if (tp.size() == 1) return x;
-  return dist::mark_partial_grad(x, tp.axes);
-}
-
-Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
-  if (dp_axis < 0 || mesh->axis_size(dp_axis) == 1) return loss;
-  return dist::mark_partial_grad(loss, dist::axis_bit(dp_axis));
-}
 
 Parameter make_parameter(const std::string& name, const Shape& full_shape, dist::Placements placements,
                          const ParallelContext& ctx, std::uint64_t seed, double std, double constant, DType dtype) {
@@ -135,12 +41,15 @@ namespace {
 
 // ---- column-parallel linear: one Function, both modes, optional overlap and regather ------------
 //
-// Inputs {x, W, b}: x [T(_local), B, in], W [in, out_local], b [out_local] or undefined.
+// Inputs {x, W, b}: x [T(_local), B, in], W [in, out_local], b [out_local] or undefined; plan: the
+// blocks of the local output features (SplitPlan::whole in the normal mode: one block, one GEMM).
 //   forward:  X = x (all-reduce mode: the step R -> R on tp) or all_gather_seq(x) (sequence
-//             parallel: the step S(0) -> R); Y = X W + b
-//   backward: dX = dY W^T is partial over tp (W is split by output features), so the one rule
-//             answers for that step: all-reduce (R -> R) or reduce-scatter along the sequence
-//             (S(0) -> R); dW = X^T dY; db = sum of dY rows.
+//             parallel: the step S(0) -> R); Y[:, s] = X W[:, s] + b[s] per plan segment s
+//   backward: dX = dY W^T is partial over tp (W is split by output features): per local block the
+//             sum over its segments of dY[:, s] W[:, s]^T, the blocks added in the tree, and the one
+//             rule answers for the input's step in the context's order: all-reduce (R -> R) or
+//             reduce-scatter along the sequence (S(0) -> R); dW[:, s] = X^T dY[:, s];
+//             db[s] = column sums of dY[:, s].
 // With overlap the backward issues its communication asynchronously and computes meanwhile:
 //
 //   regather:   [all-gather x ......]                 (re-gather the input, SP only)
@@ -156,7 +65,18 @@ struct ColumnConfig {
   bool regather = false;
   std::int64_t seq_len = 0;
   std::string label;
+  tree::SplitPlan plan;
+  dist::ReduceOrder order = dist::ReduceOrder::RankOrder;
 };
+
+Tensor columns(const Tensor& m, const tree::Segment& s) { return m.narrow(1, s.local_offset, s.size); }
+
+// Rows of an activation [T, B..., C] per token: the product of the dims between the first and last.
+std::int64_t rows_per_token(const Tensor& x) {
+  std::int64_t n = 1;
+  for (int d = 1; d + 1 < x.dim(); ++d) n *= x.size(d);
+  return n;
+}
 
 class ColumnLinearFn final : public Function {
  public:
@@ -168,14 +88,24 @@ class ColumnLinearFn final : public Function {
     const Tensor& x = in[0];
     const Tensor& w = in[1];
     const Tensor& b = in[2];
-    MG_CHECK(x.dim() == 3 && w.dim() == 2 && x.size(2) == w.size(0),
-             "{}: input {} and weight {} do not match ([T, B, in] and [in, out_local])", c_.label,
-             shape_str(x.shape()), shape_str(w.shape()));
-    Tensor x_full = keep_gathered(gather_input(x).wait());
-    Tensor y = meshgrad::linear(x_full, w, b);   // recording is off inside forward
+    MG_CHECK(x.dim() == 3 && w.dim() == 2 && x.size(2) == w.size(0) && w.size(1) == c_.plan.local_extent(),
+             "{}: input {} and weight {} do not match ([T, B, in] and [in, out_local = {}])", c_.label,
+             shape_str(x.shape()), shape_str(w.shape()), c_.plan.local_extent());
+    const Tensor x_full = keep_gathered(gather_input(x).wait());
+    const std::int64_t in_f = w.size(0), n = w.size(1);
+    const Tensor x_rows = x_full.contiguous().view({-1, in_f});
+    Tensor y = Tensor::empty({x_rows.size(0), n}, x.dtype());
+    // With a bias, y starts as the bias rows and each GEMM adds into it (as ops' linear does).
+    if (b.defined()) y.copy_from(b);
+    for (const tree::Segment& s : c_.plan.segments) {
+      Tensor ys = columns(y, s);
+      kernels::matmul_into(ys, x_rows, columns(w, s), b.defined());
+    }
     const bool keep_local = c_.sequence_parallel && c_.regather;
     save_for_backward({keep_local ? x : x_full, w});
-    return {y};
+    Shape out_shape = x_full.shape();
+    out_shape.back() = n;
+    return {y.view(out_shape)};
   }
 
   TensorList backward(const TensorList& grads) override {
@@ -186,41 +116,32 @@ class ColumnLinearFn final : public Function {
     const std::int64_t out = dy.size(-1), in = w.size(0);
     const Tensor dy_rows = dy.view({-1, out});
     const bool regather = c_.sequence_parallel && c_.regather;
-    const bool need_w_grad = needs_input_grad(1);
     const dist::AxisMask incoming = dist::partial_axes(grads[0]);
 
     dist::PendingTensor x_full_pending;
-    if (regather && need_w_grad) x_full_pending = launch(gather_input(s[0]));
-
-    Tensor dx;
+    if (regather && needs_input_grad(1)) x_full_pending = launch(gather_input(s[0]));
     dist::PendingTensor dx_pending;
     if (needs_input_grad(0)) {
       Shape full_shape = dy.shape();
       full_shape.back() = in;
-      const Tensor dx_full = kernels::matmul(dy_rows, w.transpose(0, 1)).view(full_shape);
+      const Tensor dx_full = input_gradient(dy_rows, w).view(full_shape);
       // dX is partial over tp: the rule decides how this layer's input step is undone.
       const dist::BackwardStep step =
           dist::backward_step(input_placement(), Placement::replicate(), Placement::partial());
-      dist::StepArgs args{0, 0, seq_sizes()};
+      dist::StepArgs args{0, 0, seq_sizes(), c_.order};
       // dx_full is ours alone: an all-reduce may reduce it in place (no buffer per call).
       dx_pending = launch(dist::run_primitive_async(step.op, dx_full, c_.tp, args, /*in_place=*/true));
     }
     Tensor dw, db;
-    if (need_w_grad) {
+    if (needs_input_grad(1)) {
       const Tensor x_full = regather ? keep_gathered(x_full_pending.wait()) : s[0];
-      const Tensor x_rows = x_full.reshape({-1, in});
-      if (is_transposed_matrix(w)) {
-        // w is the transpose of a row-major [out_local, in] parameter (the tied LM head's wte^T):
-        // one GEMM computes the gradient in that parameter's layout, dW^T = dY^T X, so it reaches
-        // the parameter contiguous, with no [in, out_local] -> [out_local, in] transposed copy.
-        dw = kernels::matmul(dy_rows.transpose(0, 1), x_rows).transpose(0, 1);
-      } else {
-        dw = kernels::matmul(x_rows.transpose(0, 1), dy_rows);
-      }
+      dw = weight_gradient(dy_rows, x_full.reshape({-1, in}), w);
     }
-    if (needs_input_grad(2)) db = kernels::sum(dy_rows, {0}, false);
+    if (needs_input_grad(2)) db = bias_gradient(dy_rows);
+    Tensor dx;
     if (dx_pending.valid()) {
       dx = dx_pending.wait();
+      if (dx.storage() == dy.storage()) dx = dx.contiguous();
       dist::set_partial_axes(dx, incoming & ~c_.tp.axes);   // reduced over tp; other marks pass through
     }
     for (Tensor* g : {&dw, &db}) {
@@ -230,6 +151,51 @@ class ColumnLinearFn final : public Function {
   }
 
  private:
+  // dY W^T, this rank's root of the tree over its local blocks (each block: the sum over its
+  // segments, one per fused part). One block in the normal mode: one GEMM.
+  Tensor input_gradient(const Tensor& dy_rows, const Tensor& w) const {
+    tree::PairwiseSum<Tensor, AddTensors> blocks;
+    for (int i = 0; i < c_.plan.local_blocks; ++i) {
+      Tensor leaf = Tensor::empty({dy_rows.size(0), w.size(0)}, dy_rows.dtype());
+      bool first = true;
+      for (const tree::Segment& s : c_.plan.block_segments(i)) {
+        kernels::matmul_into(leaf, columns(dy_rows, s), columns(w, s).transpose(0, 1), !first);
+        first = false;
+      }
+      blocks.push(leaf);
+    }
+    return blocks.root();
+  }
+
+  // X^T dY per segment. For the tied LM head's wte^T (w is the transpose of a row-major matrix)
+  // each segment's gradient is computed in that matrix's own layout, dW^T[s, :] = dY[:, s]^T X, so
+  // it reaches wte contiguous, with no [in, out_local] -> [out_local, in] transposed copy.
+  Tensor weight_gradient(const Tensor& dy_rows, const Tensor& x_rows, const Tensor& w) const {
+    const std::int64_t in = w.size(0), n = w.size(1);
+    if (is_transposed_matrix(w)) {
+      Tensor dwt = Tensor::empty({n, in}, dy_rows.dtype());
+      for (const tree::Segment& s : c_.plan.segments) {
+        Tensor ws = dwt.narrow(0, s.local_offset, s.size);
+        kernels::matmul_into(ws, columns(dy_rows, s).transpose(0, 1), x_rows, false);
+      }
+      return dwt.transpose(0, 1);
+    }
+    Tensor dw = Tensor::empty({in, n}, dy_rows.dtype());
+    for (const tree::Segment& s : c_.plan.segments) {
+      Tensor ws = columns(dw, s);
+      kernels::matmul_into(ws, x_rows.transpose(0, 1), columns(dy_rows, s), false);
+    }
+    return dw;
+  }
+
+  // Column sums of dY per segment.
+  Tensor bias_gradient(const Tensor& dy_rows) const {
+    if (c_.plan.segments.size() == 1) return kernels::sum(dy_rows, {0}, false);
+    std::vector<Tensor> parts;
+    for (const tree::Segment& s : c_.plan.segments) parts.push_back(kernels::sum(columns(dy_rows, s), {0}, false));
+    return kernels::cat(parts, 0);
+  }
+
   Placement input_placement() const {
     return c_.sequence_parallel ? Placement::shard(0) : Placement::replicate();
   }
@@ -258,6 +224,10 @@ class ColumnLinearFn final : public Function {
     return full;
   }
 
+  struct AddTensors {
+    Tensor operator()(const Tensor& a, const Tensor& b) const { return kernels::binary(kernels::Binary::Add, a, b); }
+  };
+
   ColumnConfig c_;
   ParallelContextPtr ctx_;
 };
@@ -278,10 +248,9 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t
   const auto b_spec = ctx_->on_tp(Placement::shard(0, options.blocks, options.unit));
   if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
-  if (ctx_->config.tp_invariant) {
-    plan_ = tree::plan_split(name + " output features", out, options.blocks, options.unit,
-                             ctx_->config.invariant_blocks, ctx_->tp_size(), ctx_->tp_rank());
-  }
+  const std::int64_t local_out =
+      dist::piece_layout({out}, *ctx_->mesh, b_spec, ctx_->mesh->coordinates()).local_shape[0];
+  plan_ = ctx_->feature_plan(name + " output features", out, options.blocks, options.unit, local_out);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
@@ -293,13 +262,8 @@ Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len,
                                           const Tensor& b) const {
   dist::CommLabelScope label(name_);
   trace::Scope scope(name_);
-  if (plan_) {
-    Tensor y = invariant::column_linear(x, w, b, ctx_, *plan_, seq_len, name_);
-    if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
-    return y;
-  }
-  ColumnConfig config{ctx_->tp, ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
-                      seq_len, name_};
+  ColumnConfig config{ctx_->tp,   ctx_->sequence_parallel(), ctx_->config.overlap, ctx_->config.recompute_allgather,
+                      seq_len,    name_,                     plan_,                ctx_->reduce_order()};
   Tensor y = autograd::apply<ColumnLinearFn>({x, w, b}, std::move(config), ctx_)[0];
   if (options_.gather_output) y = dist::gather_from_region(y, ctx_->tp, -1, out_);
   return y;
@@ -312,28 +276,26 @@ RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, s
   weight = make_parameter(name + ".weight", {in, out}, ctx_->on_tp(Placement::shard(0, 1, options.unit)), *ctx_, seed,
                           options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, ctx_->replicated(), *ctx_, seed, 0.0, 0.0, dtype);
-  if (ctx_->config.tp_invariant) {
-    plan_ = tree::plan_split(name + " input features", in, 1, options.unit, ctx_->config.invariant_blocks,
-                             ctx_->tp_size(), ctx_->tp_rank());
-  }
+  const std::int64_t local_in = weight.value.size(0);
+  plan_ = ctx_->feature_plan(name + " input features", in, 1, options.unit, local_in);
 }
 
 Tensor RowParallelLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
   trace::Scope scope(name_);
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
-  if (plan_) {
-    // x holds the whole sequence here (the column layer before it gathered it).
-    const Tensor y = invariant::row_linear(x_local, weight.value, *ctx_, *plan_, name_);
-    return bias.value.defined() ? invariant::add_bias(y, bias.value, *ctx_, x_local.size(0)) : y;
-  }
-  const Tensor partial = meshgrad::linear(x_local, weight.value);
-  Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
-                                       : dist::reduce_from_region(partial, ctx_->tp);
+  // This rank's share of Y, summed over its input blocks: partial over tp (P), made replicated by
+  // an all-reduce, or sequence-sharded by a reduce-scatter under SP, in the context's order.
+  const Tensor partial = tree::linear_over_input_blocks(x_local, weight.value, plan_);
+  const dist::ReduceOrder order = ctx_->reduce_order();
+  Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0, order)
+                                       : dist::reduce_from_region(partial, ctx_->tp, order);
   if (bias.value.defined()) {
-    // Added once, after the reduction. Under SP each rank adds it to its own tokens only: the
-    // bias gradient is then a partial sum over tp.
-    y = meshgrad::add(y, ctx_->sequence_parallel() ? ctx_->partial_over_tp(bias.value) : bias.value);
+    // Added once, after the reduction. Under SP each rank adds it to its own tokens only: its
+    // gradient is a partial sum over tp. x holds the whole sequence (the column layer gathered it).
+    const std::int64_t seq = x_local.size(0);
+    y = tree::add_bias(y, ctx_->replicated_on_sequence_shard(bias.value),
+                       ctx_->token_row_blocks(seq, y.size(0), rows_per_token(y)));
   }
   return y;
 }
@@ -384,16 +346,14 @@ LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps,
 
 Tensor LayerNorm::forward(const Tensor& x, std::int64_t seq) const {
   trace::Scope scope(name_);
-  if (ctx_->config.tp_invariant) {
-    MG_CHECK(seq > 0 || !ctx_->sequence_parallel(), "layer_norm: TP-invariant mode under sequence parallelism needs "
-             "the global sequence length");
-    return invariant::layer_norm(x, weight.value, bias.value, eps_, *ctx_, seq > 0 ? seq : x.size(0));
-  }
-  if (ctx_->sequence_parallel()) {
-    // Replicated parameters on sequence-sharded rows: their gradients are partial over tp.
-    return meshgrad::layer_norm(x, ctx_->partial_over_tp(weight.value), ctx_->partial_over_tp(bias.value), eps_);
-  }
-  return meshgrad::layer_norm(x, weight.value, bias.value, eps_);
+  MG_CHECK(x.dim() >= 2, "{}: input {} must be [T, ..., C]", name_, shape_str(x.shape()));
+  MG_CHECK(seq > 0 || !ctx_->sequence_parallel(), "{}: under sequence parallelism the input holds one shard of the "
+           "sequence, so the global sequence length must be given", name_);
+  // Replicated parameters on this rank's rows: their gradients are summed over the token blocks,
+  // and over tp under SP (ParallelContext::replicated_on_sequence_shard).
+  return meshgrad::layer_norm(x, ctx_->replicated_on_sequence_shard(weight.value),
+                              ctx_->replicated_on_sequence_shard(bias.value), eps_,
+                              ctx_->token_row_blocks(seq > 0 ? seq : x.size(0), x.size(0), rows_per_token(x)));
 }
 
 VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
@@ -435,9 +395,10 @@ namespace {
 class VocabParallelCrossEntropyFn final : public Function {
  public:
   VocabParallelCrossEntropyFn(Tensor targets, std::int64_t offset, std::int64_t vocab, dist::ProcessGroup tp,
-                              double divisor, std::int64_t ignore_index, const tree::SplitPlan* blocks)
+                              double divisor, std::int64_t ignore_index, const tree::SplitPlan* blocks,
+                              dist::ReduceOrder order)
       : targets_(std::move(targets)), offset_(offset), vocab_(vocab), tp_(std::move(tp)), divisor_(divisor),
-        ignore_(ignore_index) {
+        ignore_(ignore_index), order_(order) {
     if (blocks != nullptr) blocks_ = *blocks;
   }
   std::string_view name() const override { return "vocab_parallel_cross_entropy"; }
@@ -457,18 +418,12 @@ class VocabParallelCrossEntropyFn final : public Function {
       T* tl = target_logit.data<T>();
       for (std::int64_t i = 0; i < n; ++i) {
         if (blocks_) {
-          // Per fixed vocabulary block, then the tree (each rank holds whole subtrees).
-          T level[64];
-          const std::size_t count = blocks_->segments.size();
-          MG_CHECK(count <= 64, "vocab_parallel_cross_entropy: at most 64 local vocabulary blocks, got {}", count);
-          for (std::size_t k = 0; k < count; ++k) {
-            const tree::Segment& s = blocks_->segments[k];
-            level[k] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl + s.local_offset, s.size, m[i]));
+          // Per vocabulary block of the plan, added in the tree (each rank holds whole subtrees).
+          tree::PairwiseSum<T, std::plus<T>> sums;
+          for (const tree::Segment& seg : blocks_->segments) {
+            sums.push(static_cast<T>(kernels::sum_exp_shifted(l + i * vl + seg.local_offset, seg.size, m[i])));
           }
-          for (std::size_t width = count; width > 1; width /= 2) {
-            for (std::size_t k = 0; k < width / 2; ++k) level[k] = level[2 * k] + level[2 * k + 1];
-          }
-          se[i] = level[0];
+          se[i] = sums.root();
         } else {
           se[i] = static_cast<T>(kernels::sum_exp_shifted(l + i * vl, vl, m[i]));
         }
@@ -479,7 +434,7 @@ class VocabParallelCrossEntropyFn final : public Function {
         if (target >= offset_ && target < offset_ + vl) tl[i] = l[i * vl + (target - offset_)] - m[i];
       }
     });
-    const Tensor total_exp = blocks_ ? dist::tree_all_reduce(sum_exp, tp_) : dist::all_reduce(sum_exp, tp_);
+    const Tensor total_exp = dist::sum_over(sum_exp, tp_, order_);
     const Tensor shifted_target = dist::all_reduce(target_logit, tp_);
     // loss = sum over kept rows of log(sum exp) - (target logit - max), / divisor.
     Tensor lse = Tensor::empty({n, 1}, logits.dtype());
@@ -530,6 +485,7 @@ class VocabParallelCrossEntropyFn final : public Function {
   dist::ProcessGroup tp_;
   double divisor_;
   std::int64_t ignore_;
+  dist::ReduceOrder order_;
   std::optional<tree::SplitPlan> blocks_;
 };
 
@@ -549,7 +505,8 @@ class GlobalDropoutFn final : public Function {
 
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
-                                    std::int64_t ignore_index, const tree::SplitPlan* vocab_blocks) {
+                                    std::int64_t ignore_index, const tree::SplitPlan* vocab_blocks,
+                                    dist::ReduceOrder order) {
   check_floating(logits_local, "vocab_parallel_cross_entropy");
   check_dtype(targets, DType::Int64, "vocab_parallel_cross_entropy", "targets");
   MG_CHECK(logits_local.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits_local.size(0),
@@ -559,7 +516,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
   dist::CommLabelScope label("loss");
   trace::Scope scope("loss");
   return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
-                                                      divisor, ignore_index, vocab_blocks)[0];
+                                                      divisor, ignore_index, vocab_blocks, order)[0];
 }
 
 Tensor dropout_global(const Tensor& x, double p, std::uint64_t seed, const Shape& global_shape,

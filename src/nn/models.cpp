@@ -312,8 +312,8 @@ class Gpt final : public Model {
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
                                                      wte_.vocab_offset(), cfg_.vocab, ctx.tp,
-                                                     static_cast<double>(global_tokens), -100,
-                                                     lm_head_->invariant_plan());
+                                                     static_cast<double>(global_tokens), -100, &lm_head_->plan(),
+                                                     ctx.reduce_order());
     return ctx.loss_partial_over_dp(loss);
   }
 
@@ -327,7 +327,7 @@ class Gpt final : public Model {
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool training) override { dropout_->training = training; }
   std::uint64_t random_state() const override { return dropout_->gen.counter(); }
-  bool tp_invariant() const override { return ctx_->config.tp_invariant; }
+  dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
 
   KvCache new_cache(std::int64_t batch) override {
@@ -436,12 +436,13 @@ class MlpModel final : public Model {
       trace::Scope scope(name);
       h = mlps_[i]->forward(h, seq);
     }
-    Tensor sq = ctx.config.tp_invariant ? invariant::token_sum(mul(h, h), ctx, seq) : sum(mul(h, h));
-    if (ctx.sequence_parallel() && !ctx.config.tp_invariant) {
+    // Per token block, the blocks added in the tree (one block normally).
+    Tensor sq = tree::sum_over_blocks(mul(h, h), ctx.token_row_blocks(seq, h.size(0), 1));
+    if (ctx.sequence_parallel()) {
       // Each rank holds its own tokens: the loss is the sum over tp of the local sums.
       dist::CommLabelScope label("loss");
       trace::Scope scope("loss");
-      sq = dist::reduce_from_region(sq, ctx.tp);
+      sq = dist::reduce_from_region(sq, ctx.tp, ctx.reduce_order());
     }
     return ctx.loss_partial_over_dp(scale(sq, 1.0 / static_cast<double>(global_tokens * hdim)));
   }
@@ -452,7 +453,7 @@ class MlpModel final : public Model {
   }
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool) override {}
-  bool tp_invariant() const override { return ctx_->config.tp_invariant; }
+  dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
 
  private:
   ModelConfig cfg_;

@@ -14,6 +14,7 @@
 
 #include "meshgrad/ops/gradcheck.hpp"
 #include "meshgrad/ops/ops.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
@@ -337,6 +338,47 @@ const std::vector<Spec>& table() {
        [](Draw& d) {
          return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}),
                       [](const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), 1e-5); });
+       }},
+      // Four row blocks (sizes 1..2 each): the weight and bias gradients are the tree of the blocks'
+      // column sums.
+      {"layer_norm.row_blocks", "layer_norm",
+       [](Draw& d) {
+         std::vector<std::int64_t> blocks;
+         for (int i = 0; i < 4; ++i) blocks.push_back(d.dim(1, 2));
+         std::int64_t rows = 0;
+         for (std::int64_t b : blocks) rows += b;
+         auto c = d.dim(2, 4);
+         return Built{{d.normal({rows, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
+                      [blocks](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5, blocks); }};
+       }},
+
+      // ---- computed per fixed block, summed in the tree (tree_reduce.hpp) --------------------------
+      // Four input-feature segments of 1..2 features: one GEMM per segment, the products in the tree.
+      {"linear_over_input_blocks", "linear_over_input_blocks",
+       [](Draw& d) {
+         tree::SplitPlan plan;
+         std::int64_t in = 0;
+         for (int b = 0; b < 4; ++b) {
+           const std::int64_t size = d.dim(1, 2);
+           plan.segments.push_back({in, size, 0, b});
+           in += size;
+         }
+         plan.full = in, plan.blocks = 4, plan.local_blocks = 4;
+         auto n = d.dim(1, 3), out = d.dim(1, 4);
+         return Built{{d.normal({n, 2, in}), d.normal({in, out})}, {"x", "w"},
+                      [plan](const TensorList& in) { return tree::linear_over_input_blocks(in[0], in[1], plan); }};
+       }},
+      // y [2t, 2, c] as 4t rows in 4 blocks of t.
+      {"add_bias.row_blocks", "add_bias",
+       [](Draw& d) {
+         auto t = d.dim(1, 2), c = d.dim(1, 4);
+         return Built{{d.normal({2 * t, 2, c}), d.normal({c})}, {"y", "bias"},
+                      [t](const TensorList& in) { return tree::add_bias(in[0], in[1], {t, t, t, t}); }};
+       }},
+      {"sum_over_blocks", "sum_over_blocks",
+       [](Draw& d) {
+         auto a = d.dim(1, 2), b = d.dim(1, 2), c = d.dim(1, 3);
+         return unary(d.normal({a + b, c}), [a, b](const Tensor& x) { return tree::sum_over_blocks(x, {a, b}); });
        }},
 
       // ---- embedding and loss ----------------------------------------------------------------------

@@ -13,6 +13,7 @@
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/ops/ops.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/iter.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
@@ -122,7 +123,7 @@ class LogSoftmaxFn final : public Function {
 //   dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
 class LayerNormFn final : public Function {
  public:
-  explicit LayerNormFn(double eps) : eps_(eps) {}
+  LayerNormFn(double eps, std::vector<std::int64_t> row_blocks) : eps_(eps), row_blocks_(std::move(row_blocks)) {}
   std::string_view name() const override { return "layer_norm"; }
 
   TensorList forward(const TensorList& in) override {
@@ -142,10 +143,12 @@ class LayerNormFn final : public Function {
   TensorList backward(const TensorList& g) override {
     const TensorList& s = saved();
     const Tensor& weight = s[1];
+    // Several row blocks: one column sum per block ([blocks, C]), added in the fixed tree.
+    const std::vector<std::int64_t> blocks = row_blocks_.size() > 1 ? row_blocks_ : std::vector<std::int64_t>{};
     kernels::LayerNormGrads grads =
         kernels::layer_norm_backward(g[0], s[0], weight, s[2], s[3], needs_input_grad(0),
-                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2));
-    return {grads.dx, grads.dweight, grads.dbias};
+                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2), blocks);
+    return {grads.dx, tree_over_rows(grads.dweight), tree_over_rows(grads.dbias)};
   }
 
  private:
@@ -158,7 +161,16 @@ class LayerNormFn final : public Function {
     return t.contiguous();
   }
 
+  // [blocks, C] -> the tree sum of its rows; a [C] gradient (one block) as it is.
+  Tensor tree_over_rows(const Tensor& per_block) const {
+    if (!per_block.defined() || per_block.dim() == 1) return per_block;
+    std::vector<Tensor> leaves;
+    for (std::int64_t i = 0; i < per_block.size(0); ++i) leaves.push_back(per_block.select(0, i));
+    return tree::sum(leaves);
+  }
+
   double eps_;
+  std::vector<std::int64_t> row_blocks_;   // empty or one entry: a single block
   bool has_bias_ = false;
 };
 
@@ -352,8 +364,9 @@ Tensor log(const Tensor& a) { return autograd::apply<LogFn>({a})[0]; }
 Tensor softmax(const Tensor& x) { return autograd::apply<SoftmaxFn>({x})[0]; }
 Tensor log_softmax(const Tensor& x) { return autograd::apply<LogSoftmaxFn>({x})[0]; }
 
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps) {
-  return autograd::apply<LayerNormFn>({x, weight, bias}, eps)[0];
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                  const std::vector<std::int64_t>& row_blocks) {
+  return autograd::apply<LayerNormFn>({x, weight, bias}, eps, row_blocks)[0];
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

@@ -1,9 +1,10 @@
 #include "meshgrad/ops/tree_reduce.hpp"
 
 #include <algorithm>
+#include <numeric>
 
+#include "meshgrad/autograd/function.hpp"
 #include "meshgrad/ops/ops.hpp"
-#include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/shard.hpp"
 
@@ -13,60 +14,66 @@ bool is_power_of_two(std::int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 
 namespace {
 
+struct AddTensors {
+  Tensor operator()(const Tensor& a, const Tensor& b) const { return kernels::binary(kernels::Binary::Add, a, b); }
+};
+struct AddOps {
+  Tensor operator()(const Tensor& a, const Tensor& b) const { return meshgrad::add(a, b); }
+};
+
 template <class Add>
-Tensor pairwise(std::vector<Tensor> level, Add&& add) {
-  MG_CHECK(is_power_of_two(static_cast<std::int64_t>(level.size())),
-           "tree sum: {} leaves; the fixed tree needs a power of two", level.size());
-  while (level.size() > 1) {
-    std::vector<Tensor> next;
-    next.reserve(level.size() / 2);
-    for (std::size_t i = 0; i < level.size(); i += 2) next.push_back(add(level[i], level[i + 1]));
-    level = std::move(next);
-  }
-  return level.front();
+Tensor sum_with(const std::vector<Tensor>& leaves) {
+  MG_CHECK(!leaves.empty(), "tree sum: no leaves");
+  PairwiseSum<Tensor, Add> s;
+  for (const Tensor& leaf : leaves) s.push(leaf);
+  return s.root();
 }
 
 }  // namespace
 
-Tensor sum(const std::vector<Tensor>& leaves) {
-  return pairwise(leaves, [](const Tensor& a, const Tensor& b) { return kernels::binary(kernels::Binary::Add, a, b); });
-}
+Tensor sum(const std::vector<Tensor>& leaves) { return sum_with<AddTensors>(leaves); }
 
-Tensor sum_op(const std::vector<Tensor>& leaves) {
-  return pairwise(leaves, [](const Tensor& a, const Tensor& b) { return meshgrad::add(a, b); });
-}
+Tensor sum_op(const std::vector<Tensor>& leaves) { return sum_with<AddOps>(leaves); }
 
-void StreamingSum::push(std::vector<Tensor> leaf) {
-  stack_.push_back({0, std::move(leaf)});
-  ++leaves_;
-  // Two partial sums of the same level are siblings in the tree (the earlier one on the left).
-  while (stack_.size() >= 2 && stack_[stack_.size() - 2].level == stack_.back().level) {
-    Partial right = std::move(stack_.back());
-    stack_.pop_back();
-    Partial& left = stack_.back();
-    MG_CHECK(left.values.size() == right.values.size(), "StreamingSum: a leaf of {} tensors after leaves of {}",
-             right.values.size(), left.values.size());
-    for (std::size_t i = 0; i < left.values.size(); ++i) {
-      const Tensor& a = left.values[i];
-      const Tensor& b = right.values[i];
-      if (!b.defined()) continue;
-      left.values[i] = a.defined() ? kernels::binary(kernels::Binary::Add, a, b) : b;
+std::vector<Tensor> StreamingSum::AddLists::operator()(const std::vector<Tensor>& a, const std::vector<Tensor>& b) const {
+  MG_CHECK(a.size() == b.size(), "StreamingSum: a leaf of {} tensors after leaves of {}", b.size(), a.size());
+  std::vector<Tensor> out(a.size());
+  for (std::size_t i = 0; i < a.size(); ++i) {
+    if (!b[i].defined()) {
+      out[i] = a[i];
+    } else {
+      out[i] = a[i].defined() ? kernels::binary(kernels::Binary::Add, a[i], b[i]) : b[i];
     }
-    ++left.level;
   }
+  return out;
 }
 
-const std::vector<Tensor>& StreamingSum::root() const {
-  MG_CHECK(stack_.size() == 1, "StreamingSum: {} leaves pushed; the fixed tree needs a power of two (>= 1)", leaves_);
-  return stack_.front().values;
+// ---- plans -------------------------------------------------------------------------------------
+
+SplitPlan SplitPlan::whole(std::int64_t local_extent) {
+  MG_CHECK(local_extent >= 0, "SplitPlan::whole: extent {}", local_extent);
+  SplitPlan plan;
+  plan.full = local_extent;
+  plan.segments = {Segment{0, local_extent, 0, 0}};
+  return plan;
 }
 
 std::vector<Segment> SplitPlan::block_segments(int i) const {
   std::vector<Segment> out;
   for (const Segment& s : segments) {
-    if (s.block == first_block() + i) out.push_back(s);
+    if (s.block == first_block + i) out.push_back(s);
   }
   return out;
+}
+
+std::vector<std::int64_t> SplitPlan::sizes() const {
+  std::vector<std::int64_t> out;
+  for (const Segment& s : segments) out.push_back(s.size);
+  return out;
+}
+
+std::int64_t SplitPlan::local_extent() const {
+  return segments.empty() ? 0 : segments.back().local_offset + segments.back().size;
 }
 
 namespace {
@@ -82,14 +89,15 @@ std::string try_plan(SplitPlan& plan) {
   const std::int64_t units = per_part / plan.unit;
   const ShardRange mine = shard_range(units, plan.tp, plan.rank);
   const int first = plan.rank * plan.blocks / plan.tp, count = plan.blocks / plan.tp;
-  const ShardRange covered{shard_range(units, plan.blocks, first).offset,
-                           shard_range(units, plan.blocks, first + count - 1).offset +
-                               shard_range(units, plan.blocks, first + count - 1).size -
-                               shard_range(units, plan.blocks, first).offset};
+  const ShardRange first_range = shard_range(units, plan.blocks, first);
+  const ShardRange last_range = shard_range(units, plan.blocks, first + count - 1);
+  const ShardRange covered{first_range.offset, last_range.offset + last_range.size - first_range.offset};
   if (covered.offset != mine.offset || covered.size != mine.size) {
     return fmt::format("rank {} of tp={} holds units [{}, {}) of {}, which is not blocks {}..{} of {}", plan.rank,
                        plan.tp, mine.offset, mine.offset + mine.size, units, first, first + count - 1, plan.blocks);
   }
+  plan.first_block = first;
+  plan.local_blocks = count;
   plan.segments.clear();
   std::int64_t local = 0;
   for (int p = 0; p < plan.parts; ++p) {
@@ -106,7 +114,8 @@ std::string try_plan(SplitPlan& plan) {
 
 bool nests(std::int64_t full, int parts, std::int64_t unit, int blocks, int tp) {
   for (int r = 0; r < tp; ++r) {
-    SplitPlan plan{full, parts, unit, blocks, tp, r, {}};
+    SplitPlan plan;
+    plan.full = full, plan.parts = parts, plan.unit = unit, plan.blocks = blocks, plan.tp = tp, plan.rank = r;
     if (!try_plan(plan).empty()) return false;
   }
   return true;
@@ -126,7 +135,8 @@ SplitPlan plan_split(const std::string& what, std::int64_t full, int parts, std:
   MG_CHECK(parts >= 1 && unit >= 1 && blocks >= 1 && tp >= 1 && rank >= 0 && rank < tp,
            "tree plan for {}: bad arguments (parts {}, unit {}, blocks {}, tp {}, rank {})", what, parts, unit, blocks,
            tp, rank);
-  SplitPlan plan{full, parts, unit, blocks, tp, rank, {}};
+  SplitPlan plan;
+  plan.full = full, plan.parts = parts, plan.unit = unit, plan.blocks = blocks, plan.tp = tp, plan.rank = rank;
   const std::string why = try_plan(plan);
   MG_CHECK(why.empty(), "--tp-invariant: {} ({} elements) cannot keep the fixed tree of {} blocks at tp={}: {}. "
            "Degrees that work for this model dimension: {}", what, full, blocks, tp, why,
@@ -134,50 +144,135 @@ SplitPlan plan_split(const std::string& what, std::int64_t full, int parts, std:
   return plan;
 }
 
+// ---- ops ---------------------------------------------------------------------------------------
+
 namespace {
 
-struct Operand {
-  bool trans = false;
-  std::int64_t ld = 0;
+Tensor cols(const Tensor& m, const Segment& s) { return m.narrow(1, s.local_offset, s.size); }
+
+// Inputs {x [..., in_local], w [in_local, out]} -> the tree over in segments s of x[:, s] w[s, :].
+class LinearOverInputBlocksFn final : public autograd::Function {
+ public:
+  explicit LinearOverInputBlocksFn(SplitPlan plan) : plan_(std::move(plan)) {}
+  std::string_view name() const override { return "linear_over_input_blocks"; }
+
+  TensorList forward(const TensorList& in) override {
+    const Tensor& x = in[0];
+    const Tensor& w = in[1];
+    MG_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(0) && plan_.local_extent() == w.size(0),
+             "linear_over_input_blocks: input {} and weight {} do not match the plan of {} input features",
+             shape_str(x.shape()), shape_str(w.shape()), plan_.local_extent());
+    const Tensor x2 = x.contiguous().view({-1, w.size(0)});
+    PairwiseSum<Tensor, AddTensors> products;
+    for (const Segment& s : plan_.segments) {
+      Tensor leaf = Tensor::empty({x2.size(0), w.size(1)}, x.dtype());
+      kernels::matmul_into(leaf, cols(x2, s), w.narrow(0, s.local_offset, s.size), false);
+      products.push(leaf);
+    }
+    save_for_backward({x2, w});
+    x_shape_ = x.shape();
+    Shape out_shape = x.shape();
+    out_shape.back() = w.size(1);
+    return {products.root().view(out_shape)};
+  }
+
+  TensorList backward(const TensorList& g) override {
+    const Tensor& x2 = saved()[0];
+    const Tensor& w = saved()[1];
+    const Tensor dy = g[0].contiguous().view({-1, w.size(1)});
+    Tensor dx, dw;
+    if (needs_input_grad(0)) {
+      dx = Tensor::empty({dy.size(0), w.size(0)}, dy.dtype());
+      for (const Segment& s : plan_.segments) {
+        Tensor d = cols(dx, s);
+        kernels::matmul_into(d, dy, w.narrow(0, s.local_offset, s.size).transpose(0, 1), false);
+      }
+      dx = dx.view(x_shape_);
+    }
+    if (needs_input_grad(1)) {
+      dw = Tensor::empty(w.shape(), dy.dtype());
+      for (const Segment& s : plan_.segments) {
+        Tensor d = dw.narrow(0, s.local_offset, s.size);
+        kernels::matmul_into(d, cols(x2, s).transpose(0, 1), dy, false);
+      }
+    }
+    return {dx, dw};
+  }
+
+ private:
+  SplitPlan plan_;
+  Shape x_shape_;
 };
 
-Operand layout_of(const Tensor& t, const char* what) {
-  const std::int64_t rows = t.size(0), cols = t.size(1), s0 = t.strides()[0], s1 = t.strides()[1];
-  if ((s1 == 1 || cols == 1) && (s0 >= std::max<std::int64_t>(1, cols) || rows == 1)) {
-    return {false, std::max<std::int64_t>({s0, cols, 1})};
+std::vector<std::int64_t> checked_blocks(const std::vector<std::int64_t>& blocks, std::int64_t rows, const char* op) {
+  if (blocks.empty()) return {rows};
+  std::int64_t total = 0;
+  for (const std::int64_t b : blocks) {
+    MG_CHECK(b >= 0, "{}: a row block of {} rows", op, b);
+    total += b;
   }
-  if ((s0 == 1 || rows == 1) && (s1 >= std::max<std::int64_t>(1, rows) || cols == 1)) {
-    return {true, std::max<std::int64_t>({s1, rows, 1})};
-  }
-  throw InvalidArgument(fmt::format("tree::gemm_into: operand {} {} has no BLAS layout", what, t.str()));
+  MG_CHECK(total == rows, "{}: the row blocks cover {} rows, the input has {}", op, total, rows);
+  MG_CHECK(is_power_of_two(static_cast<std::int64_t>(blocks.size())), "{}: {} row blocks; the fixed tree needs a power "
+           "of two", op, blocks.size());
+  return blocks;
 }
 
-template <class T>
-T* base(const Tensor& t) {
-  return reinterpret_cast<T*>(t.storage()->data()) + t.offset();
-}
+// Inputs {y [..., C], b [C]}: y + b; db = the tree over row blocks of the column sums of dy.
+class AddBiasFn final : public autograd::Function {
+ public:
+  explicit AddBiasFn(std::vector<std::int64_t> row_blocks) : blocks_(std::move(row_blocks)) {}
+  std::string_view name() const override { return "add_bias"; }
+  TensorList forward(const TensorList& in) override {
+    MG_CHECK(in[0].dim() >= 1 && in[1].dim() == 1 && in[0].size(-1) == in[1].size(0),
+             "add_bias: activation {} and bias {} must be [..., C] and [C]", shape_str(in[0].shape()),
+             shape_str(in[1].shape()));
+    blocks_ = checked_blocks(blocks_, in[0].numel() / std::max<std::int64_t>(1, in[0].size(-1)), "add_bias");
+    return {kernels::binary(kernels::Binary::Add, in[0], in[1])};
+  }
+  TensorList backward(const TensorList& g) override {
+    Tensor db;
+    if (needs_input_grad(1)) {
+      const Tensor dy = g[0].contiguous();
+      const Tensor rows = dy.view({-1, dy.size(-1)});
+      PairwiseSum<Tensor, AddTensors> sums;
+      std::int64_t offset = 0;
+      for (const std::int64_t n : blocks_) {
+        sums.push(kernels::sum(rows.narrow(0, offset, n), {0}, false));
+        offset += n;
+      }
+      db = sums.root();
+    }
+    return {needs_input_grad(0) ? g[0] : Tensor(), db};
+  }
+
+ private:
+  std::vector<std::int64_t> blocks_;
+};
 
 }  // namespace
 
-void gemm_into(Tensor& c, const Tensor& a, const Tensor& b, bool accumulate) {
-  MG_CHECK(a.dim() == 2 && b.dim() == 2 && c.dim() == 2 && a.size(1) == b.size(0) && c.size(0) == a.size(0) &&
-               c.size(1) == b.size(1),
-           "tree::gemm_into: shapes {} @ {} -> {} do not match", shape_str(a.shape()), shape_str(b.shape()),
-           shape_str(c.shape()));
-  MG_CHECK(a.dtype() == b.dtype() && a.dtype() == c.dtype(), "tree::gemm_into: dtypes differ");
-  MG_CHECK(c.size(1) <= 1 || c.strides()[1] == 1, "tree::gemm_into: output {} needs unit column stride", c.str());
-  const std::int64_t m = a.size(0), k = a.size(1), n = b.size(1);
-  if (m == 0 || n == 0) return;
-  if (k == 0) {
-    MG_CHECK(accumulate, "tree::gemm_into: empty inner dimension");
-    return;
-  }
-  const Operand la = layout_of(a, "a"), lb = layout_of(b, "b");
-  const std::int64_t ldc = std::max<std::int64_t>({c.strides()[0], n, 1});
-  dispatch_floating(a.dtype(), "tree::gemm_into", [&]<class T>() {
-    blas::gemm(la.trans, lb.trans, m, n, k, T(1), base<T>(a), la.ld, base<T>(b), lb.ld, accumulate ? T(1) : T(0),
-               base<T>(c), ldc);
-  });
+Tensor linear_over_input_blocks(const Tensor& x, const Tensor& w, const SplitPlan& in_plan) {
+  check_floating(x, "linear_over_input_blocks");
+  check_same_dtype(x, w, "linear_over_input_blocks");
+  if (in_plan.segments.size() == 1) return meshgrad::linear(x, w);   // one block: the plain product
+  return autograd::apply<LinearOverInputBlocksFn>({x, w}, in_plan)[0];
+}
+
+Tensor add_bias(const Tensor& y, const Tensor& bias, const std::vector<std::int64_t>& row_blocks) {
+  check_floating(y, "add_bias");
+  check_same_dtype(y, bias, "add_bias");
+  return autograd::apply<AddBiasFn>({y, bias}, row_blocks)[0];
+}
+
+Tensor sum_over_blocks(const Tensor& x, const std::vector<std::int64_t>& row_blocks) {
+  check_floating(x, "sum_over_blocks");
+  MG_CHECK(x.dim() >= 1, "sum_over_blocks: input {} has no leading dim", shape_str(x.shape()));
+  const std::vector<std::int64_t> blocks = checked_blocks(row_blocks, x.size(0), "sum_over_blocks");
+  if (blocks.size() == 1) return meshgrad::sum(x);
+  const TensorList pieces = meshgrad::split(x, 0, blocks);
+  std::vector<Tensor> leaves;
+  for (const Tensor& p : pieces) leaves.push_back(meshgrad::sum(p));
+  return sum_op(leaves);
 }
 
 }  // namespace meshgrad::tree

@@ -12,7 +12,6 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
-#include "meshgrad/distributed/tree_collectives.hpp"
 #include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
@@ -28,7 +27,7 @@ struct Bucket {
   Tensor flat;                          // [sum of members' numel], the members' dtype
   std::vector<std::size_t> members;     // entry indices, in slot order
   int ready = 0;                        // members whose gradient is in this step
-  dist::PendingTensor reduce;           // the dp all-reduce in flight: in place, or (tree_dp) into a new tensor
+  dist::PendingTensor reduce;           // the dp all-reduce in flight: in place (rank order) or into a new tensor
 };
 
 // Per-parameter progress of one step.
@@ -51,9 +50,16 @@ struct GradientSynchronizer::State {
   std::vector<std::size_t> deferred;   // entries whose non-dp reduction is in flight, in launch order
   int launched = 0;
   bool accumulating = false;   // set_accumulating: hooks do nothing
-  bool tree_dp = false;        // GradSyncOptions::tree_dp
+  dist::ReduceOrder order = dist::ReduceOrder::RankOrder;   // GradSyncOptions::order
 
   bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
+
+  // The arguments of every reduction here: the order of the policy.
+  dist::StepArgs args() const {
+    dist::StepArgs a;
+    a.order = order;
+    return a;
+  }
 
   // The rule for a replicated parameter on one axis: R -> R forward, the gradient arriving as marked.
   bool needs_reduction(const Tensor& grad, int axis) const {
@@ -84,8 +90,8 @@ struct GradientSynchronizer::State {
     if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
     if (++b.ready == static_cast<int>(b.members.size())) {
       dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
-      b.reduce = tree_dp ? dist::tree_all_reduce_async(b.flat, mesh->group(dp_axis))
-                         : dist::all_reduce_in_place_async(b.flat, mesh->group(dp_axis));
+      b.reduce = dist::run_primitive_async(dist::Primitive::AllReduce, b.flat, mesh->group(dp_axis), args(),
+                                           /*in_place=*/true);
       ++launched;
     }
   }
@@ -100,7 +106,7 @@ struct GradientSynchronizer::State {
       // Partial over more than one non-dp axis: the rest is reduced at once.
       for (std::size_t k = 1; k < e.pending_axes.size(); ++k) {
         dist::CommLabelScope label(fmt::format("{}:{}", kLabel, e.param->name));
-        g = dist::all_reduce(g, mesh->group(e.pending_axes[k]));
+        g = dist::run_primitive(dist::Primitive::AllReduce, g, mesh->group(e.pending_axes[k]), args());
         ++launched;
       }
       e.pending_axes.clear();
@@ -153,7 +159,8 @@ struct GradientSynchronizer::State {
     // Partial over a tp axis (LayerNorm weights under sequence parallelism): sum over it first.
     // Launched now, waited at the next hook, so it too overlaps backward compute.
     dist::CommLabelScope label(fmt::format("{}:{}", kLabel, e.param->name));
-    e.axis_reduce = dist::all_reduce_async(grad, mesh->group(e.pending_axes.front()));
+    e.axis_reduce = dist::run_primitive_async(dist::Primitive::AllReduce, grad, mesh->group(e.pending_axes.front()),
+                                              args());
     ++launched;
     deferred.push_back(i);
   }
@@ -191,8 +198,8 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   MG_CHECK(options.bucket_bytes > 0, "GradientSynchronizer: bucket_bytes must be positive, got {}", options.bucket_bytes);
   state_->mesh = std::move(mesh);
   state_->dp_axis = state_->mesh->has_axis("dp") ? state_->mesh->axis_index("dp") : -1;
-  state_->tree_dp = options.tree_dp;
-  MG_CHECK(!options.tree_dp || !state_->dp_active() ||
+  state_->order = options.order;
+  MG_CHECK(options.order != dist::ReduceOrder::FixedTree || !state_->dp_active() ||
                tree::is_power_of_two(state_->mesh->axis_size(state_->dp_axis)),
            "GradientSynchronizer: TP-invariant mode sums the dp replicas' gradients in a fixed binary tree, so dp must "
            "be a power of two (1, 2, 4, ...); this mesh has dp={}", state_->mesh->axis_size(state_->dp_axis));
@@ -260,10 +267,9 @@ void GradientSynchronizer::finish() {
   }
   // A bucket with a missing member never launched: no rank launched it (same graph everywhere).
   for (Bucket& b : s.buckets) {
-    if (b.reduce.valid()) {
-      Tensor sum = b.reduce.wait();   // bounded by the communicator's deadline
-      if (s.tree_dp) b.flat = sum;    // the tree sum is a new tensor; the slots are views of it from now on
-    }
+    // Bounded by the communicator's deadline. In place (rank order) the result is the bucket itself;
+    // the tree's is a new tensor, and the slots are views of it from now on.
+    if (b.reduce.valid()) b.flat = b.reduce.wait();
     b.reduce = {};
   }
   for (Entry& e : s.entries) {

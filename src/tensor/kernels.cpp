@@ -289,7 +289,11 @@ void matmul_into(Tensor& c, const Tensor& a_in, const Tensor& b_in, bool accumul
   const std::int64_t m = a_in.size(0), k = a_in.size(1), n = b_in.size(1);
   MG_CHECK(b_in.size(0) == k && c.size(0) == m && c.size(1) == n, "matmul: shapes {} @ {} -> {} do not match",
            shape_str(a_in.shape()), shape_str(b_in.shape()), shape_str(c.shape()));
-  MG_CHECK(c.is_contiguous(), "matmul_into: output {} must be contiguous", c.str());
+  // The output may be a column slice of a wider matrix (a segment of a layer's output features):
+  // unit column stride, rows at least n apart.
+  MG_CHECK((n <= 1 || c.strides()[1] == 1) && (m <= 1 || c.strides()[0] >= n),
+           "matmul_into: output {} needs unit column stride and rows at least {} apart", c.str(), n);
+  const std::int64_t ldc = std::max<std::int64_t>({m > 1 ? c.strides()[0] : n, n, 1});
   c.bump_version();
   if (m == 0 || n == 0) return;
   if (k == 0) {
@@ -309,7 +313,7 @@ void matmul_into(Tensor& c, const Tensor& a_in, const Tensor& b_in, bool accumul
   }
   dispatch_floating(a.dtype(), "matmul", [&]<class T>() {
     blas::gemm(la.trans, lb.trans, m, n, k, T(1), base_ptr<T>(a), la.ld, base_ptr<T>(b), lb.ld,
-               accumulate ? T(1) : T(0), c.data<T>(), std::max<std::int64_t>(n, 1));
+               accumulate ? T(1) : T(0), base_ptr<T>(c), ldc);
   });
 }
 

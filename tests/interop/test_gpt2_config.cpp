@@ -137,5 +137,39 @@ TEST(Gpt2ConfigJson, RoundTripsAndNamesItsSource) {
   }
 }
 
+TEST(Gpt2Config, ErrorsNameTheFileAndKey) {
+  const auto path = std::filesystem::temp_directory_path() / "meshgrad_test_config.json";
+  auto write = [&](const std::string& text) { std::ofstream(path) << text; };
+  write(R"({"n_layer": 2, "n_head": 4, "n_embd": 64, "vocab_size": 50257, "n_positions": 1024,
+            "layer_norm_epsilon": 1e-5, "model_type": "gpt2"})");
+  const nn::ModelConfig c = interop::read_gpt2_config(path.string());
+  EXPECT_EQ(c.layers, 2);
+  EXPECT_EQ(c.heads, 4);
+  EXPECT_EQ(c.hidden, 64);
+  EXPECT_EQ(c.vocab, 50257);
+  EXPECT_EQ(c.n_positions(), 1024);
+  EXPECT_DOUBLE_EQ(c.layer_norm_epsilon, 1e-5);
+  auto expect_error = [&](const std::string& text, const std::string& key) {
+    write(text);
+    try {
+      interop::read_gpt2_config(path.string());
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(path.string()), std::string::npos) << e.what();
+      EXPECT_NE(std::string(e.what()).find(key), std::string::npos) << e.what();
+    }
+  };
+  expect_error(R"({"n_head": 4, "n_embd": 64, "vocab_size": 9, "n_positions": 8, "layer_norm_epsilon": 1e-5})",
+               "n_layer");
+  expect_error(R"({"n_layer": 2, "n_head": "4", "n_embd": 64, "vocab_size": 9, "n_positions": 8,
+                   "layer_norm_epsilon": 1e-5})",
+               "n_head");
+  expect_error(R"({"n_layer": 2, "n_head": 4, "n_embd": 64.5, "vocab_size": 9, "n_positions": 8,
+                   "layer_norm_epsilon": 1e-5})",
+               "n_embd");
+  expect_error("{not json", "JSON");
+  std::filesystem::remove(path);
+}
+
 }  // namespace
 }  // namespace meshgrad::interop

@@ -258,18 +258,19 @@ TEST(GradientSynchronizer, ParameterAccumulatedTwiceInOneBackward) {
   });
 }
 
-// TP-invariant mode's dp sum (GradSyncOptions::tree_dp) is the fixed tree (r0 + r1) + (r2 + r3),
+// TP-invariant mode's dp sum (GradSyncOptions::order = FixedTree) is the fixed tree (r0 + r1) + (r2 + r3),
 // not the rank order ((r0 + r1) + r2) + r3. Per-rank gradients 1e16, 1, -1e16, 1 (float64) tell
 // them apart: 1e16 + 1 rounds to 1e16, so the tree gives 1e16 + -1e16 = 0 and the rank order gives
 // (1e16 + -1e16) + 1 = 1.
 TEST(GradSyncTree, TreeDpAddsTheReplicasInTheFixedTree) {
   const std::vector<double> per_rank{1e16, 1.0, -1e16, 1.0};
   for (const bool tree : {true, false}) {
-    SCOPED_TRACE(tree ? "tree_dp" : "backend all-reduce");
+    SCOPED_TRACE(tree ? "fixed tree" : "rank order");
     std::vector<double> got(4, -7.0);
     run_mesh(4, 1, [&](const dist::DeviceMeshPtr& mesh) {
       nn::Parameter w = make_param("w", {1}, mesh);
-      GradientSynchronizer sync({&w}, mesh, {.tree_dp = tree});
+      GradientSynchronizer sync({&w}, mesh,
+                                {.order = tree ? dist::ReduceOrder::FixedTree : dist::ReduceOrder::RankOrder});
       const double x = per_rank[static_cast<std::size_t>(mesh->coordinate("dp"))];
       backward(replica_loss(sum(mul(w.value, Tensor::from_values({x}, {1}, DType::Float64))), mesh));
       sync.finish();
@@ -284,7 +285,7 @@ TEST(GradSyncTree, RefusesADpThatIsNotAPowerOfTwo) {
   run_mesh(3, 1, [&](const dist::DeviceMeshPtr& mesh) {
     nn::Parameter w = make_param("w", {1}, mesh);
     try {
-      GradientSynchronizer sync({&w}, mesh, {.tree_dp = true});
+      GradientSynchronizer sync({&w}, mesh, {.order = dist::ReduceOrder::FixedTree});
     } catch (const InvalidArgument& e) {
       messages[static_cast<std::size_t>(mesh->rank())] = e.what();
     }

@@ -18,6 +18,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
 namespace meshgrad::dist {
@@ -81,10 +82,12 @@ DTensor sum(const DTensor& x, const std::vector<std::int64_t>& dims = {}, bool k
 
 // ---- gradients of distributed parameters -------------------------------------------------------
 // A Replicate parameter whose gradient is partial on an axis (it was used on sharded data) must be
-// summed over that axis before an optimizer step. reduce_partial_grads does it (all-reduce over the
-// axes the gradient is partial on, where the parameter is replicated) and marks them complete;
-// check_grads_complete refuses (naming the parameter and axis) if any is still partial.
-void reduce_partial_grads(const std::vector<DTensor>& params);
+// summed over that axis before an optimizer step. reduce_partial_grads does it by the one rule: the
+// parameter entered the computation as R -> R on each axis where it is replicated, so a gradient
+// arriving P there is reduced as the rule's backward says (an all-reduce, in `order`), and marked
+// complete; check_grads_complete refuses (naming the parameter and axis) if any is still partial.
+// (nn models use optim::GradientSynchronizer, which asks the same rule, overlapped with backward.)
+void reduce_partial_grads(const std::vector<DTensor>& params, ReduceOrder order = ReduceOrder::RankOrder);
 void check_grads_complete(const std::vector<DTensor>& params, const std::vector<std::string>& names = {});
 
 }  // namespace meshgrad::dist

@@ -10,6 +10,8 @@
 // dims: the feature dim is the last (-1) and the sequence dim is given by the caller (default 0).
 // Uneven shards follow the shard rule. Where a forward gathers, full_size is the extent of the
 // gathered dim; -1 = learn the shards' extents with exchange_sizes (one small extra collective).
+// order: how the step's sums add the ranks' terms, forward and backward (ReduceOrder, rule.hpp):
+// the backend's rank order, or the fixed tree of the tp-invariant mode. Nothing else changes.
 // A group of size 1 makes every mapping an identity, bit-identical to serial code.
 #pragma once
 
@@ -18,6 +20,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/tensor/shard.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
@@ -27,12 +30,12 @@ namespace meshgrad::dist {
 // group, becomes its piece placed `to`. full_size: the global extent along the dim that the step
 // gathers (S(d) -> R: d; S(i) -> S(j): i); -1 = exchange the extents. Every mapping below is this.
 Tensor change_placement(const Tensor& x, const ProcessGroup& group, Placement from, Placement to,
-                        std::int64_t full_size = -1);
+                        std::int64_t full_size = -1, ReduceOrder order = ReduceOrder::RankOrder);
 
 // R -> R: forward identity / backward all-reduce if the gradient arrives partial, else identity
-Tensor copy_to_region(const Tensor& x, const ProcessGroup& group);
+Tensor copy_to_region(const Tensor& x, const ProcessGroup& group, ReduceOrder order = ReduceOrder::RankOrder);
 // P -> R: forward all-reduce / backward identity (all-reduce if the gradient arrives partial)
-Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group);
+Tensor reduce_from_region(const Tensor& x, const ProcessGroup& group, ReduceOrder order = ReduceOrder::RankOrder);
 // R -> S(dim): forward keep own slice / backward all-gather
 Tensor scatter_to_region(const Tensor& x, const ProcessGroup& group, std::int64_t dim = -1);
 // S(dim) -> R: forward all-gather / backward keep own slice (reduce-scatter if the gradient arrives partial)
@@ -45,7 +48,8 @@ Tensor scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int6
 Tensor gather_from_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim = 0,
                             std::int64_t full_size = -1);
 // P -> S(dim) along the sequence: forward reduce-scatter / backward all-gather
-Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim = 0);
+Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, std::int64_t dim = 0,
+                                  ReduceOrder order = ReduceOrder::RankOrder);
 // S(cat_dim) -> S(split_dim): forward all-to-all / backward the reverse all-to-all
 Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
                   std::int64_t cat_full_size = -1);

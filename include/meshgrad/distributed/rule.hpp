@@ -21,12 +21,17 @@
 // result placement is the rule's too.
 //
 // Who asks it (each in one step from here): the differentiable mappings (mappings.hpp), DTensor
-// redistribute (dtensor.hpp), the column-parallel linear's fused and overlapped backward
-// (nn/layers.cpp), parameter gradient synchronisation (train/grad_sync.cpp) and `meshgrad explain`,
-// whose `--rules` prints this table from rule_table().
+// redistribute and its gradient reduction (dtensor.hpp), the column-parallel linear's fused and
+// overlapped backward (nn/layers.cpp), parameter gradient synchronisation (optim/grad_sync.cpp) and
+// `meshgrad explain`, whose `--rules` prints this table from rule_table().
 //
 // The placement of an arriving gradient is read from its PartialGradient annotation
 // (placement.hpp): bit set on the axis = P, clear = R.
+//
+// The order of a sum is a policy of the step, not a second rule: ReduceOrder travels in StepArgs,
+// and run_primitive, the one executor, picks the collective that adds in that order. The normal
+// mode adds in rank order (the backends' all-reduce and reduce-scatter); the tp-invariant mode in
+// the fixed binary tree (docs/tp-invariance.md). Placements and backwards are the same in both.
 #pragma once
 
 #include <string>
@@ -76,21 +81,41 @@ std::vector<RuleRow> rule_table();
 std::string format_rule_table();
 
 // ---- running a step ------------------------------------------------------------------------------
+
+// The order in which a reduction (AllReduce, ReduceScatter) adds the group's terms:
+//   RankOrder  the backend's collective: ((r0 + r1) + r2) + r3, in rank order (comm contract)
+//   FixedTree  the fixed binary tree over the ranks: (r0 + r1) + (r2 + r3) (tree_collectives.hpp).
+//              When every rank holds the root of its subtree of fixed blocks, this is one tree over
+//              the blocks, the same at every group size: the tp-invariant mode. The group size
+//              must be a power of two.
+// Two ranks add r0 + r1 either way. Primitives that add nothing ignore the order.
+enum class ReduceOrder : std::uint8_t { RankOrder, FixedTree };
+const char* reduce_order_name(ReduceOrder order);   // "rank order", "fixed tree"
+
 // What a step needs besides the tensor: the group, the tensor dim it acts on (and the second dim of
-// an all-to-all), and every coordinate's extent along the dim that is sharded after the step
-// (AllGather/ReduceScatter/Slice: along dim; AllToAll: along dim2, the dim being gathered).
+// an all-to-all), every coordinate's extent along the dim that is sharded after the step
+// (AllGather/ReduceScatter/Slice: along dim; AllToAll: along dim2, the dim being gathered), and the
+// order of its sums.
 struct StepArgs {
   int dim = 0;
   int dim2 = 0;
   std::vector<std::int64_t> sizes;
+  ReduceOrder order = ReduceOrder::RankOrder;
 };
 
 // Runs primitive p on x over group (blocking). A group of size 1 returns x itself (Identity) or
 // x (Slice of the whole), bit-identical to serial code.
 Tensor run_primitive(Primitive p, const Tensor& x, const ProcessGroup& group, const StepArgs& args);
 // The same, asynchronous where p communicates: the column-parallel backward overlaps it with
-// compute. in_place: an AllReduce may reduce x's own buffer (the caller owns x exclusively).
+// compute. in_place: a rank-order AllReduce may reduce x's own buffer (the caller owns x
+// exclusively); the result is then x itself, else a new tensor.
 PendingTensor run_primitive_async(Primitive p, const Tensor& x, const ProcessGroup& group, const StepArgs& args,
                                   bool in_place = false);
+
+// The sum of x over group in `order` (run_primitive's AllReduce): for values reduced outside a graph
+// (a reported loss, a bucket of gradients, a cross-entropy's sum of exponentials).
+Tensor sum_over(const Tensor& x, const ProcessGroup& group, ReduceOrder order);
+// The same for a one-element tensor, as a double (a loss summed over the dp replicas).
+double sum_scalar_over(const Tensor& x, const ProcessGroup& group, ReduceOrder order);
 
 }  // namespace meshgrad::dist

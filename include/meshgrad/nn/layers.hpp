@@ -7,8 +7,12 @@
 //   column-parallel, sequence-parallel forward: all-gather X (seq)   backward: reduce-scatter of dX (seq)
 //   row-parallel, sequence-parallel    forward: reduce-scatter Y     backward: all-gather of dY (seq)
 // Weight gradients stay local. Replicated parameters used on sequence-sharded data (LayerNorm,
-// the row-parallel bias, position embeddings under SP) get gradients marked partial over tp; the
-// trainer's GradientSynchronizer sums them over tp.
+// the row-parallel bias, position embeddings under SP) get gradients that are partial over tp;
+// ParallelContext::replicated_on_sequence_shard says where they are summed.
+//
+// Both modes run this code: what the tp-invariant mode changes is only the context's plans (the
+// fixed blocks each GEMM and column sum runs in, one block normally) and order (the fixed tree,
+// rank order normally), see parallel_context.hpp.
 #pragma once
 
 #include <cstdint>
@@ -18,67 +22,12 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/nn/parallel_context.hpp"
 #include "meshgrad/nn/parameter.hpp"
 #include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/random.hpp"
 
 namespace meshgrad::nn {
-
-// Buffers for the sequence all-gather of the column layers in regather mode, shared by every layer
-// of a model per (shape, dtype) as Megatron's global memory buffer: forward gathers into one, uses
-// it and lets it go; backward gathers into it again. A buffer is handed out only while nobody else
-// holds it, so a saved tensor is never overwritten.
-class GatherBuffers {
- public:
-  // A buffer of this shape and dtype that nobody else holds, or an undefined Tensor (the gather then
-  // allocates; take() keeps the result for next time).
-  Tensor reusable(const Shape& shape, DType dtype) const;
-  void keep(const Tensor& t);
-  std::size_t size() const { return buffers_.size(); }
-
- private:
-  std::vector<Tensor> buffers_;
-};
-
-// The mesh a model lives on, its tensor-parallel groups and the parallel options. Built once per
-// model and shared (std::shared_ptr) by its layers and by the graph nodes they record, so a node
-// never points into a layer or model that moved or died.
-//   1-D mesh (dp, tp):            tp = the "tp" axis group
-//   2-D mesh (dp, tp_row, tp_col): tp = the whole grid (tp_row+tp_col); row / col = the axis groups
-struct ParallelContext {
-  dist::DeviceMeshPtr mesh;
-  dist::ProcessGroup tp;
-  bool two_d = false;
-  int tp_axis = -1;                  // 1-D
-  int row_axis = -1, col_axis = -1;  // 2-D
-  int dp_axis = -1;                  // -1: no dp axis
-  ParallelConfig config;
-  mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
-
-  // Collective over the mesh (builds the grid group on a 2-D mesh). Throws naming the mesh when it
-  // has neither a "tp" axis nor "tp_row" and "tp_col", and for options 2-D does not support.
-  static std::shared_ptr<const ParallelContext> on(dist::DeviceMeshPtr mesh, const ParallelConfig& config);
-  int tp_size() const { return tp.size(); }
-  int tp_rank() const { return tp.rank(); }
-  const dist::ProcessGroup& row() const { return mesh->group(row_axis); }
-  const dist::ProcessGroup& col() const { return mesh->group(col_axis); }
-  bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
-  // Placements of a parameter: replicated everywhere; `p` on the tp axis (1-D) or on both grid
-  // axes (2-D: the dim split over the whole grid); or p_row on tp_row and p_col on tp_col (2-D).
-  dist::Placements replicated() const;
-  dist::Placements on_tp(dist::Placement p) const;
-  dist::Placements on_grid(dist::Placement p_row, dist::Placement p_col) const;
-  // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data).
-  Tensor partial_over_tp(const Tensor& x) const;
-  // Marks a loss partial over dp: each replica's loss is its share of the global one, so every
-  // gradient arrives partial over dp and the synchroniser reduces it by the one rule.
-  Tensor loss_partial_over_dp(const Tensor& loss) const;
-};
-using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
-
-// The whole tensor-parallel group of a mesh: the "tp" axis, or both axes of a 2-D grid (tp_row and
-// tp_col). Collective over the mesh on first use for a grid (every rank calls it in the same order).
-const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
 
 // A parameter of a layer, created from its full shape with deterministic init (std > 0: normal;
 // else the constant).
@@ -107,8 +56,8 @@ class ColumnParallelLinear {
   Tensor forward(const Tensor& x, std::int64_t seq_len) const;
   // The same with an explicit weight [in, out_local] (the tied LM head passes wte^T).
   Tensor forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& weight, const Tensor& bias) const;
-  // TP-invariant mode: the fixed blocks of the output features (nullptr when the mode is off).
-  const tree::SplitPlan* invariant_plan() const { return plan_ ? &*plan_ : nullptr; }
+  // The blocks of the local output features it computes in (ParallelContext::feature_plan).
+  const tree::SplitPlan& plan() const { return plan_; }
 
   Parameter weight, bias;
 
@@ -117,7 +66,7 @@ class ColumnParallelLinear {
   Options options_;
   std::int64_t out_;
   ParallelContextPtr ctx_;
-  std::optional<tree::SplitPlan> plan_;
+  tree::SplitPlan plan_;
 };
 
 class RowParallelLinear {
@@ -139,14 +88,14 @@ class RowParallelLinear {
   std::string name_;
   Options options_;
   ParallelContextPtr ctx_;
-  std::optional<tree::SplitPlan> plan_;   // TP-invariant mode: the fixed blocks of the input features
+  tree::SplitPlan plan_;   // the blocks of the local input features (ParallelContext::feature_plan)
 };
 
 class LayerNorm {
  public:
   LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype);
-  // x: [T(_local), B, C]; seq: the global sequence length (needed in TP-invariant mode under
-  // sequence parallelism, where x holds one shard of it; -1: x.size(0) is the whole sequence).
+  // x: [T(_local), B, C]; seq: the global sequence length (needed under sequence parallelism, where
+  // x holds one shard of it; -1: x.size(0) is the whole sequence).
   Tensor forward(const Tensor& x, std::int64_t seq = -1) const;
   Parameter weight, bias;
 
@@ -207,11 +156,13 @@ class GridLinear {
 // N positions of -log softmax(logits)[target], divided by `divisor`; positions whose target is
 // ignore_index count zero. Three small all-reduces over tp in forward (row max, sum of exps,
 // target logit), none in backward. Works for a vocabulary not divisible by the ranks.
-// vocab_blocks (TP-invariant mode): the sum of exps is taken per fixed vocabulary block and added in
-// the tree (ops/tree_reduce.hpp), then tree-all-reduced over tp.
+// vocab_blocks: the blocks of the local vocabulary (the LM head's plan); the sum of exps is taken per
+// block and added in the tree (ops/tree_reduce.hpp); nullptr: one block. order: how the sum of exps
+// is added over tp (dist::sum_over).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
-                                    std::int64_t ignore_index = -100, const tree::SplitPlan* vocab_blocks = nullptr);
+                                    std::int64_t ignore_index = -100, const tree::SplitPlan* vocab_blocks = nullptr,
+                                    dist::ReduceOrder order = dist::ReduceOrder::RankOrder);
 
 // Dropout whose mask element for global index g of a tensor of `global_shape` is
 // uniform(seed, g) < p, so a sharded activation gets exactly its slice of the unsharded mask and a

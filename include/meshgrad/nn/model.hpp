@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::nn {
@@ -105,9 +106,10 @@ class Model {
   // gives the logits loss() takes the cross-entropy of. The model must be built without sequence
   // parallelism (a training layout: the sequence is not split when decoding).
   virtual Tensor decode(const Tensor& ids, KvCache& cache, bool all_positions = false);
-  // True in TP-invariant mode (ParallelConfig::tp_invariant): the trainer then computes the gradient
-  // norm order-independently (grad_norm.hpp).
-  virtual bool tp_invariant() const { return false; }
+  // The order of the model's sums over ranks (ParallelContext::reduce_order): the fixed tree in
+  // TP-invariant mode. The trainer adds its own sums in the same order: micro-batches, the dp
+  // replicas, the reported loss, and the gradient norm (exact in the tree order, grad_norm.hpp).
+  virtual dist::ReduceOrder reduce_order() const { return dist::ReduceOrder::RankOrder; }
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives

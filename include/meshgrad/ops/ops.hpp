@@ -64,8 +64,12 @@ Tensor log(const Tensor& a);
 // ---- normalisation and probabilities (over the last dim) -----------------------------------------
 Tensor softmax(const Tensor& x);
 Tensor log_softmax(const Tensor& x);
-// x: [..., C], weight, bias: [C] (either may be undefined) -> [..., C].
-Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5);
+// x: [..., C], weight, bias: [C] (either may be undefined) -> [..., C]. row_blocks: the rows of x
+// (viewed as [rows, C]) in consecutive blocks of these sizes, a power of two of them; the weight and
+// bias gradients are then the fixed tree (tree_reduce.hpp) over the blocks' column sums, the same
+// at every tp that holds whole subtrees of the blocks. Empty or one block: one column sum.
+Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
+                  const std::vector<std::int64_t>& row_blocks = {});
 
 // ---- embedding and loss -------------------------------------------------------------------------
 // weight: [V, C], indices: int64 [...] -> [..., C].

@@ -32,6 +32,7 @@
 
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/nn/parameter.hpp"
 
 namespace meshgrad::optim {
@@ -40,10 +41,11 @@ struct GradSyncOptions {
   // Bytes of gradient per dp all-reduce (PyTorch DDP's bucket_cap_mb is 25 MiB). A parameter larger
   // than a bucket gets a bucket of its own.
   std::int64_t bucket_bytes = std::int64_t{25} << 20;
-  // TP-invariant mode (docs/tp-invariance.md, "dp"): the buckets are summed over dp in the fixed
-  // binary tree (dist::tree_all_reduce: r0 + r1, (r0 + r1) + (r2 + r3)) instead of the backend's
-  // all-reduce, whose order is the backend's own. dp must be a power of two.
-  bool tree_dp = false;
+  // The order of every sum the synchroniser runs (the model's, nn::Model::reduce_order): with
+  // FixedTree (TP-invariant mode, docs/tp-invariance.md, "dp") the buckets are summed over dp, and
+  // partial gradients over their tp axes, in the fixed binary tree ((r0 + r1) + (r2 + r3)) instead
+  // of the backend's rank order. dp must then be a power of two.
+  dist::ReduceOrder order = dist::ReduceOrder::RankOrder;
 };
 
 class GradientSynchronizer {
@@ -69,7 +71,7 @@ class GradientSynchronizer {
   // Every rank must switch at the same micro-batch.
   void set_accumulating(bool on);
 
-  // For a caller that accumulates gradients itself (train_step in TP-invariant mode adds the
+  // For a caller that accumulates gradients itself (MicroBatchGradients in the tree order adds the
   // micro-batches in the fixed tree): after backward passes with accumulating on, it sets every
   // param->value.grad() to the total and calls this, which turns accumulating off and reduces each
   // gradient as if its hook fired now (in reverse parameter order, the order backward makes them).

@@ -41,7 +41,9 @@ Tensor max_last(const Tensor& a);
 // a 2-D operand whose layout is a transpose of a contiguous matrix is passed to BLAS with the
 // transpose flag, not copied.
 Tensor matmul(const Tensor& a, const Tensor& b);
-// c (+)= a @ b for 2-D operands: accumulate=true adds into c (beta = 1).
+// c (+)= a @ b for 2-D operands: accumulate=true adds into c (beta = 1). c [m, n] needs unit column
+// stride with rows at least n apart: it may be a column slice of a wider matrix (the per-block
+// GEMMs of a layer write their segment of its output features in place).
 void matmul_into(Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
 
 // Concatenation along dim; every other dim must match.

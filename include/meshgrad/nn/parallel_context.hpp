@@ -1,0 +1,103 @@
+// The mesh a model lives on, its tensor-parallel groups, the parallel options, and the summation-
+// order policy that is the whole difference between the normal and the tp-invariant mode.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/tensor/tensor.hpp"
+
+namespace meshgrad::nn {
+
+// Buffers for the sequence all-gather of the column layers in regather mode, shared by every layer
+// of a model per (shape, dtype) as Megatron's global memory buffer: forward gathers into one, uses
+// it and lets it go; backward gathers into it again. A buffer is handed out only while nobody else
+// holds it, so a saved tensor is never overwritten.
+class GatherBuffers {
+ public:
+  // A buffer of this shape and dtype that nobody else holds, or an undefined Tensor (the gather then
+  // allocates; take() keeps the result for next time).
+  Tensor reusable(const Shape& shape, DType dtype) const;
+  void keep(const Tensor& t);
+  std::size_t size() const { return buffers_.size(); }
+
+ private:
+  std::vector<Tensor> buffers_;
+};
+
+// The mesh a model lives on, its tensor-parallel groups and the parallel options. Built once per
+// model and shared (std::shared_ptr) by its layers and by the graph nodes they record, so a node
+// never points into a layer or model that moved or died.
+//   1-D mesh (dp, tp):            tp = the "tp" axis group
+//   2-D mesh (dp, tp_row, tp_col): tp = the whole grid (tp_row+tp_col); row / col = the axis groups
+struct ParallelContext {
+  dist::DeviceMeshPtr mesh;
+  dist::ProcessGroup tp;
+  bool two_d = false;
+  int tp_axis = -1;                  // 1-D
+  int row_axis = -1, col_axis = -1;  // 2-D
+  int dp_axis = -1;                  // -1: no dp axis
+  ParallelConfig config;
+  mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
+
+  // Collective over the mesh (builds the grid group on a 2-D mesh). Throws naming the mesh when it
+  // has neither a "tp" axis nor "tp_row" and "tp_col", and for options 2-D does not support.
+  static std::shared_ptr<const ParallelContext> on(dist::DeviceMeshPtr mesh, const ParallelConfig& config);
+  int tp_size() const { return tp.size(); }
+  int tp_rank() const { return tp.rank(); }
+  const dist::ProcessGroup& row() const { return mesh->group(row_axis); }
+  const dist::ProcessGroup& col() const { return mesh->group(col_axis); }
+  bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
+  // Placements of a parameter: replicated everywhere; `p` on the tp axis (1-D) or on both grid
+  // axes (2-D: the dim split over the whole grid); or p_row on tp_row and p_col on tp_col (2-D).
+  dist::Placements replicated() const;
+  dist::Placements on_tp(dist::Placement p) const;
+  dist::Placements on_grid(dist::Placement p_row, dist::Placement p_col) const;
+  // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data
+  // whose rows are disjoint over tp, such as the position table: its sum is exact in any order).
+  Tensor partial_over_tp(const Tensor& x) const;
+  // Marks a loss partial over dp: each replica's loss is its share of the global one, so every
+  // gradient arrives partial over dp and the synchroniser reduces it by the one rule.
+  Tensor loss_partial_over_dp(const Tensor& loss) const;
+
+  // ---- the summation-order policy (ParallelConfig::tp_invariant; docs/tp-invariance.md) ----------
+  // The two modes differ in nothing but the order of the sums split over tp, and these four are
+  // where that difference lives; layers ask them and run the same code in both modes.
+  //
+  // The order of every sum over tp: the fixed tree in tp-invariant mode, else the backends' rank
+  // order. Steps of the one rule carry it (dist::StepArgs::order), and the trainer follows it for its
+  // own sums (micro-batches, dp, the reported loss, the gradient norm).
+  dist::ReduceOrder reduce_order() const;
+  // The blocks this rank computes a split feature dimension in (`what` names it in errors; full,
+  // parts and unit as tree::plan_split): the fixed blocks of the tp-invariant mode (throws
+  // InvalidArgument when this tp cannot keep the tree), else its whole local shard of
+  // `local_extent` features as one block.
+  tree::SplitPlan feature_plan(const std::string& what, std::int64_t full, int parts, std::int64_t unit,
+                               std::int64_t local_extent) const;
+  // The token blocks of an activation [T_local, B, ...] of a sequence of `seq` positions, as sizes
+  // of consecutive row blocks of its [T_local * B, ...] view: the fixed token blocks of this rank's
+  // sequence shard (the whole sequence without SP) in tp-invariant mode, else one block.
+  std::vector<std::int64_t> token_row_blocks(std::int64_t seq, std::int64_t local_tokens,
+                                             std::int64_t rows_per_token) const;
+  // A replicated parameter p used on this rank's tokens only (sequence parallelism), whose gradient
+  // is therefore a partial sum over tp; p itself without SP. Normal mode: the gradient is marked
+  // partial and the gradient synchroniser reduces it once per step, overlapped with backward.
+  // TP-invariant mode: the rule's R -> R step in the tree order reduces it in backward, so every
+  // micro-batch's gradient is complete before the micro-batches are added in their tree (adding
+  // partial sums across micro-batches first would be another tree).
+  Tensor replicated_on_sequence_shard(const Tensor& p) const;
+};
+using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
+
+// The whole tensor-parallel group of a mesh: the "tp" axis, or both axes of a 2-D grid (tp_row and
+// tp_col). Collective over the mesh on first use for a grid (every rank calls it in the same order).
+const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
+
+}  // namespace meshgrad::nn

@@ -1,0 +1,67 @@
+// The micro-batches of one optimizer step (gradient accumulation), summed in the order of the
+// summation policy (dist::ReduceOrder):
+//   RankOrder  backward adds each micro-batch's gradient into .grad, one after the other
+//              (g0 + g1, then + g2, ...); the synchroniser's hooks reduce the total during the last
+//              micro-batch's backward, overlapped with it.
+//   FixedTree  each micro-batch's gradient is taken out of .grad after its backward and added in the
+//              fixed binary tree (tree::StreamingSum); the synchroniser reduces the root after the
+//              last. So dp=2 with one micro-batch adds the same two halves of the batch in the same
+//              order as dp=1 with two (docs/tp-invariance.md, "dp").
+// One micro-batch is the same in both: the hooks reduce during its backward.
+//
+//   MicroBatchGradients grads(params, sync, order, K);
+//   for k in 0..K-1: grads.before_backward(k); backward(loss_k); grads.after_backward(k);
+//   grads.finish();  then sync.finish()
+#pragma once
+
+#include <vector>
+
+#include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/nn/parameter.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+
+namespace meshgrad::optim {
+
+class MicroBatchGradients {
+ public:
+  // count >= 1 micro-batches; FixedTree needs a power of two (throws InvalidArgument otherwise).
+  MicroBatchGradients(std::vector<nn::Parameter*> params, GradientSynchronizer& sync, dist::ReduceOrder order,
+                      int count);
+  // Before the backward of micro-batch k (0-based, in order): arms the synchroniser to reduce during
+  // this backward (the last one, in rank order) or to leave the gradients alone.
+  void before_backward(int k);
+  // After the backward of micro-batch k: in the tree order, takes its gradients into the tree.
+  void after_backward(int k);
+  // After the last micro-batch: in the tree order, sets every gradient to the root of the tree and
+  // has the synchroniser reduce it. Then GradientSynchronizer::finish completes the step.
+  void finish();
+
+ private:
+  bool tree() const { return order_ == dist::ReduceOrder::FixedTree && count_ > 1; }
+
+  std::vector<nn::Parameter*> params_;
+  GradientSynchronizer& sync_;
+  dist::ReduceOrder order_;
+  int count_;
+  int next_ = 0;                          // the micro-batch expected next
+  tree::StreamingSum sum_;                // FixedTree: the micro-batches' gradients
+  std::vector<dist::AxisMask> partial_;   // the axes each gradient is partial on (dp)
+};
+
+// The sum of a step's micro-batch losses (one-element tensors) in the same order: left to right in
+// rank order, the fixed tree otherwise.
+class MicroBatchLosses {
+ public:
+  explicit MicroBatchLosses(dist::ReduceOrder order) : order_(order) {}
+  void push(const Tensor& loss);
+  Tensor total() const;
+
+ private:
+  dist::ReduceOrder order_;
+  Tensor running_;            // RankOrder
+  tree::StreamingSum tree_;   // FixedTree
+};
+
+}  // namespace meshgrad::optim

@@ -1,0 +1,80 @@
+// One optimizer step, the loop body every training loop shares (train, the equivalence checker),
+// and what a step's loss is: the mean over the targets that are not ignored, summed over the dp
+// replicas in the model's order.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "meshgrad/data/dataset.hpp"
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/optim/grad_sync.hpp"
+
+namespace meshgrad::train {
+
+// Targets equal to kIgnoreIndex add no loss (PyTorch's and Hugging Face's ignore_index; the default
+// of nn::vocab_parallel_cross_entropy), and the mean is over the others: the loss divisor is
+// count_loss_targets(global targets), not B * T.
+inline constexpr std::int64_t kIgnoreIndex = -100;
+
+// The number of targets (int64, any shape) that are not kIgnoreIndex: the divisor of the mean
+// cross-entropy of a global batch. Throws InvalidArgument when it is 0 (every target ignored: the
+// mean over no tokens is undefined; PyTorch returns NaN).
+std::int64_t count_loss_targets(const Tensor& targets);
+
+
+// One optimizer step, the loop body every training loop shares (train, the equivalence checker):
+// zero the gradients, this rank's loss on its dp share of global_batch (divided by the global count
+// of non-ignored targets), backward, gradient synchronisation, the global gradient norm (clipped to
+// grad_clip when > 0, grad_norm.hpp), AdamW step. loss: this rank's share of the global loss (sum
+// it over dp); grad_norm: the norm before clipping, the same on every rank.
+struct StepOutcome {
+  Tensor loss;
+  double grad_norm = 0;
+};
+// grad_accum K > 1: this rank's rows are split into K micro-batches (shard rule) whose losses (each
+// over the global target count) are backpropagated one after the other, gradients accumulating, and
+// reduced once after the last: the same loss and gradients as K = 1 up to rounding, dropout masks
+// included (every micro-batch draws the seeds of one forward of the whole batch, and masks are by
+// global row), with one dp reduction per step and the activations of one micro-batch at a time.
+StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
+// The K micro-batches are added in the model's order (optim/micro_batches.hpp): in TP-invariant mode
+// their gradients and losses in the fixed binary tree, and the synchroniser must be built with the
+// same order (GradSyncOptions::order), so the step is bitwise the same on every mesh with the same
+// dp x K (docs/tp-invariance.md, "dp").
+// check_invariant_batch_split throws InvalidArgument unless dp and K are powers of two and the
+// global batch of `rows` splits into dp x K micro-batches of equal rows.
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum);
+
+struct GradientDump {
+  double loss = 0;                                      // global mean cross-entropy
+  std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name
+};
+
+// loss + backward + gradient synchronisation of model on the global batch (inputs/targets int64
+// [B, T], split over dp by the shard rule; loss = mean over the positions whose target is not
+// kIgnoreIndex), then every
+// parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
+// full result). The model's parameters must not have gradients yet.
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);
+
+// The global loss: the sum over the dp replicas of each rank's share (replicated over tp), in the
+// model's order (the tree in TP-invariant mode, so the reported loss has the same bits at every
+// dp x tp with the same dp x grad-accum). Collective over the mesh's dp group; counted as
+// Phase::Optimizer, outside the model's communication.
+double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, dist::ReduceOrder order);
+
+// The mean global loss over the first `batches` validation batches of dataset: no dropout, nothing
+// recorded, the same batches at every evaluation and on every rank. Each replica's rows are split
+// into micro_batches pieces as train_step splits them, their losses added in the model's order,
+// then summed over dp (the same bits for every dp x tp with the same dp x micro_batches in the
+// TP-invariant mode). Collective over the mesh.
+double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches, const dist::DeviceMesh& mesh,
+                int micro_batches);
+
+}  // namespace meshgrad::train

@@ -1,0 +1,139 @@
+// The parallel context of a model and its summation-order policy (parallel_context.hpp).
+#include "meshgrad/nn/parallel_context.hpp"
+
+#include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/shard.hpp"
+
+namespace meshgrad::nn {
+
+using dist::Placement;
+
+Tensor GatherBuffers::reusable(const Shape& shape, DType dtype) const {
+  for (const Tensor& b : buffers_) {
+    if (b.shape() == shape && b.dtype() == dtype && b.storage().use_count() == 1) return b;
+  }
+  return Tensor();
+}
+
+void GatherBuffers::keep(const Tensor& t) {
+  for (const Tensor& b : buffers_) {
+    if (b.storage() == t.storage()) return;
+  }
+  // One buffer per (shape, dtype) is what the layers need; a second appears only while the first
+  // is held (two forwards before a backward) and then stays for reuse too.
+  buffers_.push_back(t);
+}
+
+const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh) {
+  if (mesh.has_axis("tp_row") && mesh.has_axis("tp_col")) {
+    return mesh.flattened_group({mesh.axis_index("tp_row"), mesh.axis_index("tp_col")});
+  }
+  return mesh.group("tp");
+}
+
+std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
+  MG_CHECK(mesh != nullptr, "model: no mesh given");
+  auto ctx = std::make_shared<ParallelContext>();
+  ctx->config = config;
+  ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
+  if (mesh->has_axis("tp_row") || mesh->has_axis("tp_col")) {
+    MG_CHECK(mesh->has_axis("tp_row") && mesh->has_axis("tp_col") && !mesh->has_axis("tp"),
+             "model: a 2-D tensor-parallel mesh has axes tp_row and tp_col (and no tp), got {}", mesh->str());
+    ctx->two_d = true;
+    ctx->row_axis = mesh->axis_index("tp_row");
+    ctx->col_axis = mesh->axis_index("tp_col");
+    ctx->tp = tensor_parallel_group(*mesh);
+    const bool grid = mesh->axis_size(ctx->row_axis) > 1 || mesh->axis_size(ctx->col_axis) > 1;
+    MG_CHECK(!(grid && config.sequence_parallel),
+             "model: sequence parallelism is not supported on a 2-D tensor-parallel mesh ({}); use tp=N", mesh->str());
+    MG_CHECK(!(grid && (config.overlap || config.recompute_allgather)),
+             "model: --overlap and --regather apply to the 1-D column-parallel layers, not to a 2-D mesh ({})",
+             mesh->str());
+  } else {
+    MG_CHECK(mesh->has_axis("tp"), "model: the mesh {} has no tensor-parallel axis (tp, or tp_row and tp_col)",
+             mesh->str());
+    ctx->tp_axis = mesh->axis_index("tp");
+    ctx->tp = mesh->group(ctx->tp_axis);
+  }
+  if (config.tp_invariant) {
+    MG_CHECK(!ctx->two_d, "model: --tp-invariant applies to a 1-D tp axis, not to a 2-D grid ({})", mesh->str());
+    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
+             "of two (1, 2, 4, 8, ...)", config.invariant_blocks);
+    // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one
+    // thread per rank makes a GEMM's result a function of its shape and data only.
+    blas::set_num_threads(1);
+  }
+  ctx->mesh = std::move(mesh);
+  return ctx;
+}
+
+dist::Placements ParallelContext::replicated() const {
+  return dist::Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate());
+}
+
+dist::Placements ParallelContext::on_tp(Placement p) const {
+  dist::Placements out = replicated();
+  if (two_d) {
+    out[static_cast<std::size_t>(row_axis)] = p;
+    out[static_cast<std::size_t>(col_axis)] = p;
+  } else {
+    out[static_cast<std::size_t>(tp_axis)] = p;
+  }
+  return out;
+}
+
+dist::Placements ParallelContext::on_grid(Placement p_row, Placement p_col) const {
+  MG_CHECK(two_d, "on_grid: the mesh {} is not a 2-D tensor-parallel mesh", mesh->str());
+  dist::Placements out = replicated();
+  out[static_cast<std::size_t>(row_axis)] = p_row;
+  out[static_cast<std::size_t>(col_axis)] = p_col;
+  return out;
+}
+
+Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
+  if (tp.size() == 1) return x;
+  return dist::mark_partial_grad(x, tp.axes);
+}
+
+Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
+  if (dp_axis < 0 || mesh->axis_size(dp_axis) == 1) return loss;
+  return dist::mark_partial_grad(loss, dist::axis_bit(dp_axis));
+}
+
+// ---- the summation-order policy ------------------------------------------------------------------
+
+dist::ReduceOrder ParallelContext::reduce_order() const {
+  return config.tp_invariant ? dist::ReduceOrder::FixedTree : dist::ReduceOrder::RankOrder;
+}
+
+tree::SplitPlan ParallelContext::feature_plan(const std::string& what, std::int64_t full, int parts, std::int64_t unit,
+                                              std::int64_t local_extent) const {
+  if (!config.tp_invariant) return tree::SplitPlan::whole(local_extent);
+  tree::SplitPlan plan = tree::plan_split(what, full, parts, unit, config.invariant_blocks, tp_size(), tp_rank());
+  MG_CHECK(plan.local_extent() == local_extent, "{}: the plan covers {} local features, the shard has {}", what,
+           plan.local_extent(), local_extent);
+  return plan;
+}
+
+std::vector<std::int64_t> ParallelContext::token_row_blocks(std::int64_t seq, std::int64_t local_tokens,
+                                                            std::int64_t rows_per_token) const {
+  if (!config.tp_invariant) return {local_tokens * rows_per_token};
+  const bool sp = sequence_parallel();
+  const tree::SplitPlan tokens = tree::plan_split(fmt::format("the sequence (length {})", seq), seq, 1, 1,
+                                                  config.invariant_blocks, sp ? tp_size() : 1, sp ? tp_rank() : 0);
+  MG_CHECK(tokens.local_extent() == local_tokens, "the token blocks of a sequence of {} cover {} local tokens, the "
+           "activation holds {}", seq, tokens.local_extent(), local_tokens);
+  std::vector<std::int64_t> rows;
+  for (const std::int64_t n : tokens.sizes()) rows.push_back(n * rows_per_token);
+  return rows;
+}
+
+Tensor ParallelContext::replicated_on_sequence_shard(const Tensor& p) const {
+  if (!sequence_parallel()) return p;
+  if (!config.tp_invariant) return partial_over_tp(p);
+  // Forward identity; the gradient arrives marked partial, so the R -> R step all-reduces it (tree).
+  return dist::mark_partial_grad(dist::copy_to_region(p, tp, dist::ReduceOrder::FixedTree), tp.axes);
+}
+
+}  // namespace meshgrad::nn

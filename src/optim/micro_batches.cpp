@@ -1,0 +1,62 @@
+// Gradient accumulation in the order of the summation policy (contract in micro_batches.hpp).
+#include "meshgrad/optim/micro_batches.hpp"
+
+#include "meshgrad/tensor/kernels.hpp"
+
+namespace meshgrad::optim {
+
+MicroBatchGradients::MicroBatchGradients(std::vector<nn::Parameter*> params, GradientSynchronizer& sync,
+                                         dist::ReduceOrder order, int count)
+    : params_(std::move(params)), sync_(sync), order_(order), count_(count), partial_(params_.size(), 0) {
+  MG_CHECK(count >= 1, "gradient accumulation: {} micro-batches", count);
+  MG_CHECK(order != dist::ReduceOrder::FixedTree || tree::is_power_of_two(count), "gradient accumulation: {} "
+           "micro-batches are added in a fixed binary tree, which needs a power of two", count);
+}
+
+void MicroBatchGradients::before_backward(int k) {
+  MG_CHECK(k == next_ && k < count_, "gradient accumulation: micro-batch {} after {} of {}", k, next_, count_);
+  // Rank order: reduce during the last backward. Tree: the caller's tree holds the sum; reduce it in finish().
+  sync_.set_accumulating(tree() || k + 1 < count_);
+}
+
+void MicroBatchGradients::after_backward(int k) {
+  MG_CHECK(k == next_, "gradient accumulation: after_backward({}) for micro-batch {}", k, next_);
+  ++next_;
+  if (!tree()) return;
+  std::vector<Tensor> micro(params_.size());
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    micro[i] = params_[i]->value.grad();
+    if (micro[i].defined()) partial_[i] = dist::partial_axes(micro[i]);
+    params_[i]->value.set_grad(Tensor());   // the next micro-batch starts from no gradient
+  }
+  sum_.push(std::move(micro));
+}
+
+void MicroBatchGradients::finish() {
+  MG_CHECK(next_ == count_, "gradient accumulation: finish after {} of {} micro-batches", next_, count_);
+  if (!tree()) return;
+  const std::vector<Tensor>& total = sum_.root();
+  for (std::size_t i = 0; i < params_.size(); ++i) {
+    if (!total[i].defined()) continue;
+    dist::set_partial_axes(total[i], partial_[i]);   // the sum is partial where its terms were (dp)
+    params_[i]->value.set_grad(total[i]);
+  }
+  sync_.reduce_gradients();
+}
+
+void MicroBatchLosses::push(const Tensor& loss) {
+  const Tensor l = loss.detach();
+  if (order_ == dist::ReduceOrder::FixedTree) {
+    tree_.push({l});
+    return;
+  }
+  running_ = running_.defined() ? kernels::binary(kernels::Binary::Add, running_, l) : l;
+}
+
+Tensor MicroBatchLosses::total() const {
+  if (order_ == dist::ReduceOrder::FixedTree) return tree_.root().front();
+  MG_CHECK(running_.defined(), "micro-batch losses: none pushed");
+  return running_;
+}
+
+}  // namespace meshgrad::optim

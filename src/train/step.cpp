@@ -1,0 +1,150 @@
+// One optimizer step, the global loss and evaluation (contracts in include/meshgrad/train/step.hpp).
+#include "meshgrad/train/step.hpp"
+
+#include <algorithm>
+
+#include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/nn/layers.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/optim/grad_norm.hpp"
+#include "meshgrad/optim/micro_batches.hpp"
+#include "meshgrad/tensor/trace.hpp"
+
+namespace meshgrad::train {
+
+namespace {
+
+// This rank's place on the data-parallel axis (a mesh without "dp" is one replica).
+struct DpPlace {
+  int rank = 0;
+  int size = 1;
+  const dist::ProcessGroup* group = nullptr;
+};
+DpPlace dp_place(const dist::DeviceMesh& mesh) {
+  if (!mesh.has_axis("dp")) return {};
+  return {mesh.coordinate("dp"), mesh.axis_size("dp"), &mesh.group("dp")};
+}
+
+// The sum over dp of this rank's share (replicated over tp), outside the model's communication.
+double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder order) {
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  if (dp.size == 1) return local.detach().item();
+  return dist::sum_scalar_over(local, *dp.group, order);
+}
+
+}  // namespace
+
+std::int64_t count_loss_targets(const Tensor& targets) {
+  MG_CHECK(targets.defined() && targets.dtype() == DType::Int64, "count_loss_targets: targets must be int64");
+  const Tensor packed = targets.contiguous();
+  const std::int64_t* t = packed.data<std::int64_t>();
+  std::int64_t n = 0;
+  for (std::int64_t i = 0; i < packed.numel(); ++i) n += t[i] != kIgnoreIndex ? 1 : 0;
+  MG_CHECK(n > 0, "every one of the {} targets is {} (the ignore index): the mean loss over no tokens is undefined",
+           packed.numel(), kIgnoreIndex);
+  return n;
+}
+
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum) {
+  const std::int64_t blocks = std::int64_t{dp_size} * grad_accum;
+  MG_CHECK(tree::is_power_of_two(dp_size) && tree::is_power_of_two(grad_accum),
+           "--tp-invariant: dp={} and --grad-accum {} must be powers of two (the micro-batches and the dp replicas are "
+           "added in a fixed binary tree)", dp_size, grad_accum);
+  MG_CHECK(rows % blocks == 0,
+           "--tp-invariant: the global batch of {} rows must divide into dp x grad-accum = {} x {} = {} micro-batches of "
+           "equal rows, so that every mesh with the same dp x grad-accum sums the same micro-batches; use a --batch "
+           "that is a multiple of {}", rows, dp_size, grad_accum, blocks, blocks);
+}
+
+StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip, int grad_accum) {
+  const DpPlace dp = dp_place(mesh);
+  const dist::ReduceOrder order = model.reduce_order();
+  optimizer.zero_grad();
+  const nn::Batch batch = data::dp_shard(global_batch, dp.rank, dp.size);
+  MG_CHECK(grad_accum >= 1 && grad_accum <= batch.inputs.size(0),
+           "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
+           "over dp={})", grad_accum, batch.inputs.size(0), global_batch.inputs.size(0), dp.size);
+  if (order == dist::ReduceOrder::FixedTree) check_invariant_batch_split(global_batch.inputs.size(0), dp.size, grad_accum);
+  // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
+  const std::int64_t targets = count_loss_targets(global_batch.targets);
+  const std::vector<nn::Parameter*> params = model.parameters();
+  optim::MicroBatchGradients gradients(params, sync, order, grad_accum);
+  optim::MicroBatchLosses losses(order);
+  // Every micro-batch draws the dropout seeds of one forward of the whole batch: masks depend on the
+  // seed and the global row, so its rows get the masks they get at K = 1 (and on a dp replica).
+  const std::uint64_t dropout_start = model.random_state();
+  for (int k = 0; k < grad_accum; ++k) {
+    const nn::Batch micro = grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum);
+    model.set_random_state(dropout_start);
+    gradients.before_backward(k);
+    const Tensor loss = model.loss(micro, targets);
+    backward(loss);
+    gradients.after_backward(k);
+    losses.push(loss);
+  }
+  gradients.finish();
+  sync.finish();
+  StepOutcome out;
+  out.loss = losses.total();
+  // The exact norm in the tree order: its bits must not depend on how the gradient is split.
+  const bool exact = order == dist::ReduceOrder::FixedTree;
+  out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, exact)
+                                : optim::global_grad_norm(params, mesh, exact);
+  optimizer.step();
+  return out;
+}
+
+double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, dist::ReduceOrder order) {
+  return sum_over_dp(local_loss, dp_place(mesh), order);
+}
+
+double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches, const dist::DeviceMesh& mesh,
+                int micro_batches) {
+  trace::Span span("evaluate", "evaluate");
+  autograd::NoGradGuard no_grad;
+  model.set_training(false);
+  const DpPlace dp = dp_place(mesh);
+  const std::int64_t n = std::min<std::int64_t>(batches, dataset.validation_batches());
+  double total = 0;
+  for (std::int64_t b = 0; b < n; ++b) {
+    const nn::Batch global_batch = dataset.validation_batch(b);
+    const nn::Batch share = data::dp_shard(global_batch, dp.rank, dp.size);
+    const std::int64_t targets = count_loss_targets(global_batch.targets);
+    optim::MicroBatchLosses losses(model.reduce_order());
+    const int pieces = static_cast<int>(std::min<std::int64_t>(micro_batches, share.inputs.size(0)));
+    for (int k = 0; k < pieces; ++k) {
+      losses.push(model.loss(pieces == 1 ? share : data::dp_shard(share, k, pieces), targets));
+    }
+    total += sum_over_dp(losses.total(), dp, model.reduce_order());
+  }
+  model.set_training(true);
+  return total / static_cast<double>(n);
+}
+
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {
+  MG_CHECK(mesh != nullptr, "compute_gradients: no mesh");
+  MG_CHECK(global_batch.inputs.defined() && global_batch.inputs.dim() == 2,
+           "compute_gradients: inputs must be int64 [B, T]");
+  const DpPlace dp = dp_place(*mesh);
+  const std::vector<nn::Parameter*> params = model.parameters();
+  for (const nn::Parameter* p : params) {
+    MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
+  }
+  optim::GradientSynchronizer sync(params, mesh, {.order = model.reduce_order()});
+  const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
+  const nn::Batch local = data::dp_shard(global_batch, dp.rank, dp.size);
+  const Tensor loss = model.loss(local, global_tokens);
+  backward(loss);
+  sync.finish();
+  GradientDump dump;
+  dump.loss = sum_over_dp(loss, dp, model.reduce_order());
+  dump.gradients = checkpoint::gather_gradients(params, nn::tensor_parallel_group(*mesh));
+  return dump;
+}
+
+}  // namespace meshgrad::train
