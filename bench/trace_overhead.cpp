@@ -35,14 +35,8 @@ double median(std::vector<double> v) {
 int main(int argc, char** argv) {
   auto arg = [&](int i, int fallback) { return argc > i ? std::atoi(argv[i]) : fallback; };
   const int rounds = arg(1, 15), steps = arg(2, 10);
-  nn::ModelConfig cfg;
-  cfg.kind = "gpt";
-  cfg.layers = arg(3, 4);
-  cfg.hidden = arg(4, 128);
-  cfg.heads = arg(5, 4);
-  cfg.seq = arg(6, 64);
-  cfg.batch = arg(7, 16);
-  cfg.vocab = 256;
+  const nn::ModelConfig cfg =
+      nn::ModelConfig::gpt(arg(3, 4), arg(4, 128), arg(5, 4), /*vocab=*/256, arg(6, 64), arg(7, 16));
   nn::ParallelConfig parallel;
   parallel.overlap = true;
   std::vector<double> off_ms, on_ms;   // ms per step of each block (rank 0's clock)

@@ -164,17 +164,7 @@ void keep_mpi_initialised(const std::string& backend) {
 }
 
 // The Python functions' default GPT: small enough for a few seconds of training on 2 cores.
-nn::ModelConfig small_gpt() {
-  nn::ModelConfig c;
-  c.kind = "gpt";
-  c.vocab = 256;   // byte tokens
-  c.layers = 1;
-  c.hidden = 32;
-  c.heads = 4;
-  c.seq = 16;
-  c.batch = 4;
-  return c;
-}
+nn::ModelConfig small_gpt() { return nn::ModelConfig::gpt(/*layers=*/1, /*hidden=*/32, /*heads=*/4, /*vocab=*/256, 16, 4); }
 
 void model_keywords(Keywords& k, nn::ModelConfig& c) {
   k.get("layers", c.layers);

@@ -194,15 +194,8 @@ double mib(double bytes) { return bytes / double(1 << 20); }
 int run_bench_memory(const BenchMemoryOptions& o) {
   const std::vector<int> tps = parse_tp_list(o.mesh);
   MG_CHECK(o.steps >= 1, "bench memory: --steps must be >= 1, got {}", o.steps);
-  nn::ModelConfig cfg;
-  cfg.kind = "gpt";
-  cfg.layers = o.layers;
-  cfg.hidden = o.hidden;
-  cfg.heads = o.heads;
-  cfg.seq = o.seq;
-  cfg.batch = o.batch;
-  cfg.vocab = o.vocab;
-  cfg.dtype = parse_dtype(o.dtype);
+  const nn::ModelConfig cfg =
+      nn::ModelConfig::gpt(o.layers, o.hidden, o.heads, o.vocab, o.seq, o.batch, parse_dtype(o.dtype));
   fmt::print("meshgrad bench memory: GPT layers {} hidden {} heads {} seq {} batch {} vocab {} {}{}, {} training "
              "step(s), threads backend\n", cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.batch, cfg.vocab, o.dtype,
              o.sequence_parallel ? ", sequence-parallel" : "", o.steps);

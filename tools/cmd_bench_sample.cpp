@@ -28,14 +28,7 @@ struct BenchSampleArgs {
   std::vector<int> contexts = {64, 128, 256, 512, 1024};
   int tokens = 16;   // timed new tokens per context and mode
   int repeats = 3;   // the best of these (a shared machine's noise only slows a run down)
-  nn::ModelConfig model;
-  BenchSampleArgs() {
-    model.kind = "gpt";
-    model.layers = 4;
-    model.hidden = 256;
-    model.heads = 8;
-    model.vocab = 256;
-  }
+  nn::ModelConfig model = nn::ModelConfig::gpt(/*layers=*/4, /*hidden=*/256, /*heads=*/8, /*vocab=*/256);
 };
 
 struct Row {

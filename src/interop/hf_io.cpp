@@ -165,15 +165,7 @@ nn::ModelConfig hf_init_config(const std::string& dir, const nn::ModelConfig& re
   agree("--vocab", requested.vocab, file.vocab, "vocab_size");
   agree("--positions", requested.positions, file.positions, "n_positions");
   agree("--ffn", requested.ffn, file.ffn_size(), "n_inner");
-  nn::ModelConfig c = requested;
-  c.kind = "gpt";
-  c.layers = file.layers;
-  c.hidden = file.hidden;
-  c.heads = file.heads;
-  c.vocab = file.vocab;
-  c.positions = file.positions;
-  c.ffn = file.ffn;
-  c.layer_norm_epsilon = file.layer_norm_epsilon;
+  const nn::ModelConfig c = requested.with_shape_of(file);
   MG_CHECK(c.seq <= c.positions, "--init-from '{}': --seq {} exceeds n_positions = {} in '{}'", dir, c.seq,
            c.positions, config_path);
   const io::SafetensorsFile weights(weights_path);

@@ -466,6 +466,32 @@ class MlpModel final : public Model {
 
 }  // namespace
 
+ModelConfig ModelConfig::gpt(int layers, int hidden, int heads, int vocab, int seq, int batch, DType dtype) {
+  ModelConfig c;
+  c.kind = "gpt";
+  c.layers = layers;
+  c.hidden = hidden;
+  c.heads = heads;
+  c.vocab = vocab;
+  c.seq = seq;
+  c.batch = batch;
+  c.dtype = dtype;
+  return c;
+}
+
+ModelConfig ModelConfig::with_shape_of(const ModelConfig& shape) const {
+  ModelConfig c = *this;
+  c.kind = "gpt";
+  c.layers = shape.layers;
+  c.hidden = shape.hidden;
+  c.ffn = shape.ffn;
+  c.heads = shape.heads;
+  c.vocab = shape.vocab;
+  c.positions = shape.positions;
+  c.layer_norm_epsilon = shape.layer_norm_epsilon;
+  return c;
+}
+
 KvCache Model::new_cache(std::int64_t) {
   throw InvalidArgument(fmt::format("model '{}' has no incremental decoding (new_cache): only gpt has", config().kind));
 }

@@ -252,6 +252,38 @@ TEST(ModelErrors, BadInputsNameWhatIsWrong) {
 
 }  // namespace
 
+TEST(ModelConfig, GptFactoryAndTheShapeOfAFile) {
+  const nn::ModelConfig c = nn::ModelConfig::gpt(3, 48, 6, 101, 17, 5, DType::Float64);
+  EXPECT_EQ(c.kind, "gpt");
+  EXPECT_EQ(c.layers, 3);
+  EXPECT_EQ(c.hidden, 48);
+  EXPECT_EQ(c.heads, 6);
+  EXPECT_EQ(c.vocab, 101);
+  EXPECT_EQ(c.seq, 17);
+  EXPECT_EQ(c.batch, 5);
+  EXPECT_EQ(c.dtype, DType::Float64);
+  EXPECT_EQ(c.ffn_size(), 4 * 48);
+  nn::ModelConfig file = nn::ModelConfig::gpt(2, 16, 4, 50257);
+  file.ffn = 40;
+  file.positions = 1024;
+  file.layer_norm_epsilon = 1e-6;
+  file.seq = 999;                       // not a size of the parameters: the run's stays
+  nn::ModelConfig run = c;
+  run.dropout = 0.1;
+  const nn::ModelConfig both = run.with_shape_of(file);
+  EXPECT_EQ(both.layers, 2);
+  EXPECT_EQ(both.hidden, 16);
+  EXPECT_EQ(both.heads, 4);
+  EXPECT_EQ(both.vocab, 50257);
+  EXPECT_EQ(both.ffn, 40);
+  EXPECT_EQ(both.positions, 1024);
+  EXPECT_EQ(both.layer_norm_epsilon, 1e-6);
+  EXPECT_EQ(both.seq, 17);
+  EXPECT_EQ(both.batch, 5);
+  EXPECT_EQ(both.dropout, 0.1);
+  EXPECT_EQ(both.dtype, DType::Float64);
+}
+
 namespace {
 
 // Sizes the split cannot take are refused before any layer is built, saying what to change.

@@ -30,6 +30,15 @@ struct ModelConfig {
   DType dtype = DType::Float32;
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   int n_positions() const { return positions > 0 ? positions : seq; }
+
+  // A GPT of these sizes, every other field at its default: how code that does not parse a file
+  // builds a model's configuration.
+  static ModelConfig gpt(int layers, int hidden, int heads, int vocab, int seq = 32, int batch = 4,
+                         DType dtype = DType::Float32);
+  // This configuration with the sizes that define the parameters (layers, hidden, ffn, heads, vocab,
+  // positions, layer_norm_epsilon) taken from `shape`, and kind "gpt": a run's options (seq, batch,
+  // dropout, dtype) with a file's model.
+  ModelConfig with_shape_of(const ModelConfig& shape) const;
 };
 
 // How the model is parallelised on its mesh. The mesh has a "tp" axis and optionally a "dp" axis.
