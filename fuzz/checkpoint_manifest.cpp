@@ -1,4 +1,4 @@
-// libFuzzer target: the checkpoint manifest reader (train/checkpoint_manifest.hpp).
+// libFuzzer target: the checkpoint manifest reader (checkpoint/manifest.hpp).
 #include "file_reader_fuzz.hpp"
 #include "meshgrad/checkpoint/manifest.hpp"
 

@@ -9,10 +9,11 @@
 //
 // Every function takes keyword arguments only, named as the CLI's options with '_' for '-'; an
 // unknown keyword or a value of the wrong type is a TypeError naming it. The jobs are the library's
-// (train/jobs.hpp, train/explain.hpp) started by the CLI's launcher (tools/launch.cpp, compiled into
-// the module: the bindings are a front-end like the CLI), so the CLI's checks apply and meshgrad's errors arrive as
-// meshgrad.Error (RuntimeError) or meshgrad.InvalidArgument (also a ValueError) with the same
-// message. The GIL is released while the ranks run.
+// (launch/jobs.hpp, diag/explain.hpp), started by the library's launch API (launch/launch.hpp) as
+// the CLI starts them: the bindings are a front-end like the CLI and use only installed headers, so
+// the CLI's checks apply and meshgrad's errors arrive as meshgrad.Error (RuntimeError) or
+// meshgrad.InvalidArgument (also a ValueError) with the same message. The GIL is released while
+// the ranks run.
 #include <fmt/core.h>
 #include <algorithm>
 #include <pybind11/numpy.h>

@@ -1,7 +1,7 @@
 // meshgrad check: the model on a mesh against the same model on one rank (same seed, same data,
 // K AdamW steps); per parameter the max abs and relative error of gradients and weights, the loss
 // difference, the collectives of one step per phase, and the first parameter that diverges.
-// Exit status 1 above tolerance (train/equivalence.hpp states and justifies the tolerances).
+// Exit status 1 above tolerance (diag/equivalence.hpp states and justifies the tolerances).
 #include <fmt/core.h>
 
 #include <memory>

@@ -1,6 +1,6 @@
 // `meshgrad explain`: for each layer of a tensor-parallel model, the collectives its forward and
 // backward issue (op, mesh axis, bytes) and the time an alpha-beta model predicts for them on a link.
-// The counts come from running the model once (train/explain.hpp); this file parses options and prints.
+// The counts come from running the model once (diag/explain.hpp); this file parses options and prints.
 //   meshgrad explain --rules      the one communication rule (distributed/rule.hpp) as a table
 //   meshgrad explain --model gpt --mesh tp=4
 //   meshgrad explain --model gpt --mesh dp=2,tp=2 --sequence-parallel --link ib-ndr --format json

@@ -1,4 +1,4 @@
-// `meshgrad export`: a checkpoint as a Hugging Face GPT-2 directory (train/hf_io.hpp).
+// `meshgrad export`: a checkpoint as a Hugging Face GPT-2 directory (interop/hf_io.hpp).
 //   meshgrad export --checkpoint w.safetensors --out gpt2-mine [--dtype bfloat16] [--tokenizer DIR]
 // writes gpt2-mine/config.json, model.safetensors and, when the run's data was BPE, the tokenizer
 // files; transformers loads it with GPT2LMHeadModel.from_pretrained("gpt2-mine").

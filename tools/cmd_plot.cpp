@@ -1,5 +1,5 @@
 // `meshgrad plot METRICS.jsonl -o loss.svg`: train and validation loss against steps, with the
-// learning rate on a second axis, as an SVG (train/plot.hpp).
+// learning rate on a second axis, as an SVG (diag/plot.hpp).
 #include <fmt/core.h>
 
 #include <memory>

@@ -1,5 +1,5 @@
 // `meshgrad prepare`: tokenizes text files with GPT-2's BPE into a data directory for
-// `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, meta.json; train/prepare.hpp).
+// `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, meta.json; data/prepare.hpp).
 //   meshgrad prepare --vocab vocab.json --merges merges.txt --out data/ book1.txt book2.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out data/ --val-fraction 0.05 *.txt
 #include <fmt/core.h>

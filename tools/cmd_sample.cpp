@@ -2,7 +2,7 @@
 //   meshgrad sample --checkpoint w.safetensors --prompt "The " --tokens 100
 //   meshgrad sample --checkpoint gpt2/ --prompt "Hello" --tokens 40 --temperature 0 --mesh tp=2
 //   mpirun -np 2 meshgrad sample --backend mpi --mesh tp=2 --checkpoint w.safetensors --prompt "The " --tokens 50
-// The job lives in the library (train/sample.hpp); this file parses options and prints.
+// The job lives in the library (generate/sample.hpp); this file parses options and prints.
 #include <fmt/core.h>
 
 #include <cstdio>

@@ -1,5 +1,5 @@
 // `meshgrad trace summary FILE.json` and `meshgrad trace svg FILE.json -o trace.svg`: what a trace
-// written by `--trace` shows, without a browser (train/trace_report.hpp).
+// written by `--trace` shows, without a browser (diag/trace_report.hpp).
 //   meshgrad train --mesh tp=2 --overlap --steps 3 --trace t.json
 //   meshgrad trace summary t.json [--step 3]      per rank: compute, comm, waited, hidden %
 //   meshgrad trace svg t.json --step 3 -o t.svg   the lanes of step 3 as an SVG timeline

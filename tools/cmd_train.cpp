@@ -1,9 +1,10 @@
-// `meshgrad train`: the main job. Trains a byte-level GPT on a text file (or the built-in corpus)
-// on a dp x tp mesh with AdamW, showing progress on stderr and writing metrics as JSON lines.
+// `meshgrad train`: the main job. Trains a GPT on prepared GPT-2 BPE tokens, an llm.c token file or
+// the bytes of a text file (or the built-in corpus) on a dp x tp mesh with AdamW, showing progress
+// on stderr and writing metrics as JSON lines.
 //   meshgrad train                                   tp=2 rank threads, about a minute on 2 cores
 //   meshgrad train --mesh dp=2,tp=2 --steps 100 --data book.txt --metrics run.jsonl
 //   mpirun -np 2 meshgrad train --backend mpi --mesh tp=2
-// The job lives in the library (train/jobs.hpp, train/trainer.hpp); this file parses options.
+// The job lives in the library (launch/jobs.hpp, train/trainer.hpp); this file parses options.
 #include <fmt/core.h>
 
 #include <memory>
@@ -73,7 +74,7 @@ int run(TrainArgs& a, const CLI::App& app) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    train, {"", "train", "Train a byte-level GPT on a dp x tp mesh (AdamW, progress bar, JSON-lines metrics)",
+    train, {"", "train", "Train a GPT (GPT-2 BPE tokens from `meshgrad prepare`, or bytes) on a dp x tp mesh (AdamW, progress bar, JSON-lines metrics)",
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<TrainArgs>();
               auto& o = a->options;

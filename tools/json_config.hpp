@@ -3,7 +3,7 @@
 // and whose values are what the option takes: a number or a string, true for a flag (false leaves
 // it off), an array for an option with several values. Options on the command line override the
 // file. Keys that are not options of the command, and values of other types, are refused naming the
-// key and the file. The file is read with the bounded JSON reader (train/json_input.hpp).
+// key and the file. The file is read with the bounded JSON reader (io/json_input.hpp).
 //
 // Expansion happens before parsing: the file's options are inserted after the command name, for
 // every key the command line does not give itself, so CLI11 checks them like typed options.

@@ -1,4 +1,4 @@
-// `meshgrad explain` (train/explain.hpp) against the code and against the DESIGN table.
+// `meshgrad explain` (diag/explain.hpp) against the code and against the DESIGN table.
 //
 // 1. explain's graph rows equal, row for row, what a CommCounter records on rank 0 when the same
 //    model runs the same step outside explain: explain reports the code, not a description of it.

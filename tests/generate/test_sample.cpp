@@ -1,4 +1,4 @@
-// Text generation (train/sample.hpp): greedy text is the same on every mesh, the same seed gives
+// Text generation (generate/sample.hpp): greedy text is the same on every mesh, the same seed gives
 // the same text and another seed another, top-k 1 is greedy, the draws follow softmax(logits / T),
 // the cache changes nothing but the cost, the checkpoint and tokenizer sources resolve as
 // documented, and bad input fails before any rank starts with a message naming it.

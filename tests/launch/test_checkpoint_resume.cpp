@@ -169,7 +169,7 @@ TEST_F(CheckpointStoreTest, ResumeOnTheSameMeshRepeatsTheLossesBitForBit) {
   const train::TrainResult whole = run(first, {1, 2});
   ASSERT_EQ(checkpoint::list_checkpoints(path("ck")).size(), 2u);   // step 3 and the final step 6
   // As if the run had been killed after step 3's checkpoint (the process-level kill is tested by
-  // tests/train/checkpoint_cli.py).
+  // tests/cli/checkpoint_cli.py).
   fs::remove_all(path("ck/step_00000006"));
   train::TrainOptions again = options(6);
   again.resume = path("ck");

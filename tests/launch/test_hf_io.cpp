@@ -1,4 +1,4 @@
-// Hugging Face GPT-2 in and out (train/hf_io.hpp): export -> init-from round trips at tp = 1, 2, 4
+// Hugging Face GPT-2 in and out (interop/hf_io.hpp): export -> init-from round trips at tp = 1, 2, 4
 // with GPT-2's vocabulary of 50257 (uneven shards), bitwise in F32 and equal to the rounded values
 // in F16 / BF16; names with and without "transformer.", a tied lm_head and old mask buffers
 // ignored; every refusal names what is wrong; export never clobbers; the tokenizer travels along.

@@ -1,4 +1,4 @@
-// The jobs the CLI and the Python module share (train/jobs.hpp) and the trainer's per-step
+// The jobs the CLI and the Python module share (launch/jobs.hpp) and the trainer's per-step
 // callback: options are checked with the option's name before any rank starts, the callback sees
 // every step on rank 0, and the seed-mode gradients do not depend on the mesh.
 #include <gtest/gtest.h>

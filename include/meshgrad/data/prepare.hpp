@@ -1,6 +1,6 @@
 // `meshgrad prepare`: text files -> a data directory for `meshgrad train --data DIR`.
 //
-//   DIR/train.bin, DIR/val.bin   llm.c token files (train/data.hpp): the tokens of the inputs, in the
+//   DIR/train.bin, DIR/val.bin   llm.c token files (data/dataset.hpp): the tokens of the inputs, in the
 //                                order given, each input preceded by <|endoftext|> when the vocabulary
 //                                has it (documents are separated as in GPT-2's training data); split
 //                                by tokens: val.bin is the last floor(n * val_fraction) tokens

@@ -5,10 +5,10 @@
 // builds the model, runs one forward (loss) and one backward on a synthetic batch with a
 // CommCounter active on rank 0's thread, and turns rank 0's records into rows. A drift between the
 // code and this report is therefore impossible; a drift between the code and the DESIGN table is
-// caught by tests/train/test_explain.cpp, which asserts the table's counts.
+// caught by tests/diag/test_explain.cpp, which asserts the table's counts.
 //
 // The gradient synchronisation is not predicted either: the step runs with the trainer's
-// GradientSynchronizer (train/grad_sync.hpp), whose collectives (labelled "grad-sync:<parameter>"
+// GradientSynchronizer (optim/grad_sync.hpp), whose collectives (labelled "grad-sync:<parameter>"
 // for a tp reduction, "grad-sync:bucket<i>" for a dp bucket) become rows of source GradSync:
 //   - a parameter whose gradient is partial over a tp axis (a replicated parameter used on
 //     sequence-sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over that axis;

@@ -53,7 +53,7 @@ std::string gpt2_config_json(const nn::ModelConfig& config, const Gpt2ConfigJson
 // Every parameter of meshgrad's GPT-2 for config (Hugging Face names, full shapes, in the model's
 // order: wte, wpe, per block ln_1, attn.c_attn, attn.c_proj, ln_2, mlp.c_fc, mlp.c_proj, then ln_f;
 // weights [in, out] as GPT-2's Conv1D stores them). nn::make_model's parameters() have exactly
-// these names and full shapes (tests/train/test_hf_io.cpp checks it), so a weights file can be
+// these names and full shapes (tests/launch/test_hf_io.cpp checks it), so a weights file can be
 // checked whole before a model is built.
 std::vector<std::pair<std::string, Shape>> gpt2_parameter_shapes(const nn::ModelConfig& config);
 

@@ -21,7 +21,7 @@ namespace meshgrad::launch {
 void check_train_options(const train::TrainOptions& options);
 
 // options with options.resume (a checkpoint directory, or a --checkpoint-dir whose newest checkpoint is
-// taken) turned into resume_dir and the saved configuration (resume_options, train/resume.hpp);
+// taken) turned into resume_dir and the saved configuration (resume_options, train/run_config.hpp);
 // options itself when it does not resume. Prints the options that differ from the checkpoint's.
 train::TrainOptions resolve_resume(const train::TrainOptions& options);
 

@@ -42,7 +42,7 @@ struct TrainOptions {
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
   // A Hugging Face GPT-2 directory (config.json + model.safetensors) to start from instead of a
-  // random initialisation (train/hf_io.hpp): the model's sizes come from its config.json, and a size
+  // random initialisation (interop/hf_io.hpp): the model's sizes come from its config.json, and a size
   // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
   std::string init_from;
   std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
@@ -55,7 +55,7 @@ struct TrainOptions {
   // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
   int grad_accum = 1;
   int eval_steps = 20;
-  // Sharded checkpoints (train/checkpoint_store.hpp): every save_every steps and after the last step,
+  // Sharded checkpoints (checkpoint/store.hpp): every save_every steps and after the last step,
   // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
   // unless checkpoint_sync. "" = no checkpoints.
   std::string checkpoint_dir;
@@ -63,7 +63,7 @@ struct TrainOptions {
   int keep = 0;
   bool checkpoint_sync = false;
   // Resume from a checkpoint directory, or the newest under a --checkpoint-dir (run_train_job turns
-  // it into resume_dir and the saved configuration; see train/resume.hpp).
+  // it into resume_dir and the saved configuration; see train/run_config.hpp).
   std::string resume;
   std::string resume_dir;
   // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
