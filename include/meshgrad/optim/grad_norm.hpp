@@ -19,7 +19,9 @@ namespace meshgrad::optim {
 // float64 all-reduce per distinct set of sharding axes among the parameters, over that set's group;
 // every rank of the mesh calls it with the same parameters.
 // exact (TP-invariant mode): the sum of squares is accumulated exactly (integer bins per binary
-// exponent, added without rounding, all-reduced as exact integer counts) and rounded once, so the norm is the
+// exponent, added without rounding, all-reduced as exact integer counts); the bins are then added
+// into one double from the smallest up. That last sum can round more than once (it is not always the
+// correctly rounded value), but it is a function of the exact integer sum only, so the norm is the
 // same bits whatever the mesh and whatever order the pieces are added in. One float64 all-reduce of
 // ~2100 bin counts per set of sharding axes instead of one float64.
 double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact = false);
