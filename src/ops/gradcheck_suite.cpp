@@ -110,364 +110,418 @@ Tensor reverse_weighted_cat(const TensorList& pieces, std::int64_t dim) {
   return cat(parts, dim);
 }
 
-const std::vector<Spec>& table() {
-  static const std::vector<Spec> specs = {
-      // ---- elementwise with broadcasting ------------------------------------------------------------
-      {"add.same", "add", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, add); }},
-      {"add.broadcast", "add",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), n = d.dim(1, 5);
-         return binary({d.normal({m, n}), d.normal({n})}, add);
-       }},
-      {"add.broadcast_both", "add",
-       [](Draw& d) {
-         auto m = d.dim(1, 4), n = d.dim(2, 4), k = d.dim(1, 4);
-         return binary({d.normal({m, 1, k}), d.normal({n, 1})}, add);   // -> [m, n, k]
-       }},
-      {"sub.same", "sub", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, sub); }},
-      {"sub.broadcast", "sub",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), n = d.dim(2, 5);
-         return binary({d.normal({m, n}), d.normal({m, 1})}, sub);
-       }},
-      {"mul.same", "mul", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, mul); }},
-      {"mul.broadcast", "mul",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), n = d.dim(1, 5);
-         return binary({d.normal({n}), d.normal({m, n})}, mul);
-       }},
-      // The same tensor on both sides: the two gradients must be summed into one.
-      {"mul.self", "mul",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return mul(x, x); }); }},
-      {"div.same", "div",
-       [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.away_from_zero(s)}, div); }},
-      {"div.broadcast", "div",
-       [](Draw& d) {
-         auto m = d.dim(2, 5), n = d.dim(2, 5);
-         return binary({d.normal({1, n}), d.away_from_zero({m, 1})}, div);   // -> [m, n]
-       }},
-      {"neg", "neg", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), neg); }},
-      {"scale", "scale",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return scale(x, -1.75); }); }},
-      {"add_scalar", "add_scalar",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return add_scalar(x, 2.5); });
-       }},
-
-      // ---- matrix products -------------------------------------------------------------------------
-      {"matmul.2d", "matmul",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), k = d.dim(1, 5), n = d.dim(1, 5);
-         return binary({d.normal({m, k}), d.normal({k, n})}, matmul);
-       }},
-      {"matmul.batched", "matmul",
-       [](Draw& d) {
-         auto b = d.dim(1, 4), m = d.dim(1, 4), k = d.dim(1, 4), n = d.dim(1, 4);
-         return binary({d.normal({b, m, k}), d.normal({b, k, n})}, matmul);
-       }},
-      {"matmul.broadcast_batch", "matmul",
-       [](Draw& d) {
-         auto b = d.dim(2, 4), m = d.dim(1, 4), k = d.dim(1, 4), n = d.dim(1, 4);
-         return binary({d.normal({b, m, k}), d.normal({k, n})}, matmul);   // b: [k, n] shared by the batch
-       }},
-      // Transposed operands are views (strides swapped) that reach BLAS as transpose flags.
-      {"matmul.transposed_a", "matmul",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), k = d.dim(2, 5), n = d.dim(1, 5);
-         return Built{{d.normal({k, m}), d.normal({k, n})}, {"a_t", "b"},
-                      [](const TensorList& in) { return matmul(transpose(in[0], 0, 1), in[1]); }};
-       }},
-      {"matmul.transposed_b", "matmul",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), k = d.dim(2, 5), n = d.dim(1, 5);
-         return Built{{d.normal({m, k}), d.normal({n, k})}, {"a", "b_t"},
-                      [](const TensorList& in) { return matmul(in[0], transpose(in[1], 0, 1)); }};
-       }},
-      {"matmul.transposed_both", "matmul",
-       [](Draw& d) {
-         auto m = d.dim(2, 5), k = d.dim(2, 5), n = d.dim(2, 5);
-         return Built{{d.normal({k, m}), d.normal({n, k})}, {"a_t", "b_t"}, [](const TensorList& in) {
-                        return matmul(transpose(in[0], 0, 1), transpose(in[1], 0, 1));
-                      }};
-       }},
-      {"matmul.batched_transposed", "matmul",
-       [](Draw& d) {
-         auto b = d.dim(1, 4), m = d.dim(1, 4), k = d.dim(2, 4), n = d.dim(1, 4);
-         return Built{{d.normal({b, m, k}), d.normal({b, n, k})}, {"a", "b_t"},
-                      [](const TensorList& in) { return matmul(in[0], transpose(in[1], 1, 2)); }};
-       }},
-      {"linear.bias", "linear",
-       [](Draw& d) {
-         auto b = d.dim(1, 2), t = d.dim(1, 4), in = d.dim(1, 5), out = d.dim(1, 5);
-         return Built{{d.normal({b, t, in}), d.normal({in, out}), d.normal({out})}, {"x", "weight", "bias"},
-                      [](const TensorList& x) { return linear(x[0], x[1], x[2]); }};
-       }},
-      {"linear.no_bias", "linear",
-       [](Draw& d) {
-         auto n = d.dim(1, 5), in = d.dim(1, 5), out = d.dim(1, 5);
-         return Built{{d.normal({n, in}), d.normal({in, out})}, {"x", "weight"},
-                      [](const TensorList& x) { return linear(x[0], x[1]); }};
-       }},
-
-      // ---- reductions ------------------------------------------------------------------------------
-      {"sum.all", "sum",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return sum(x); }); }},
-      {"sum.dim", "sum",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(2, 4), d.dim(1, 4)}), [](const Tensor& x) { return sum(x, {1}); });
-       }},
-      {"sum.dims_keepdim", "sum",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
-                      [](const Tensor& x) { return sum(x, {0, 2}, true); });
-       }},
-      {"sum.last_keepdim", "sum",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), [](const Tensor& x) { return sum(x, {-1}, true); });
-       }},
-      {"mean.all", "mean",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return mean(x); }); }},
-      {"mean.dim", "mean",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(2, 4), d.dim(1, 4)}), [](const Tensor& x) { return mean(x, {1}); });
-       }},
-      {"mean.dims_keepdim", "mean",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
-                      [](const Tensor& x) { return mean(x, {0, 2}, true); });
-       }},
-      {"mean.last", "mean",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), [](const Tensor& x) { return mean(x, {-1}); }); }},
-
-      // ---- shape ops -------------------------------------------------------------------------------
-      {"reshape.merge", "reshape",
-       [](Draw& d) {
-         auto m = d.dim(1, 4), n = d.dim(1, 4), k = d.dim(1, 4);
-         return unary(d.normal({m, n, k}), [m, n, k](const Tensor& x) { return reshape(x, {m * n, k}); });
-       }},
-      {"reshape.infer", "reshape",
-       [](Draw& d) {
-         auto m = d.dim(1, 5), n = d.dim(1, 5);
-         return unary(d.normal({m, n}), [n](const Tensor& x) { return reshape(x, {n, -1}); });
-       }},
-      // Reshaping a transposed view cannot be a view: exercises the copying path.
-      {"reshape.noncontiguous", "reshape",
-       [](Draw& d) {
-         auto m = d.dim(2, 5), n = d.dim(2, 5);
-         return unary(d.normal({m, n}), [](const Tensor& x) { return reshape(transpose(x, 0, 1), {-1}); });
-       }},
-      {"transpose", "transpose",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return transpose(x, 0, 2); });
-       }},
-      {"permute", "permute",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
-                      [](const Tensor& x) { return permute(x, {2, 0, 1}); });
-       }},
-      {"narrow", "narrow",
-       [](Draw& d) {
-         auto m = d.dim(1, 4), n = d.dim(2, 5);
-         auto start = d.dim(0, n - 1);
-         auto length = d.dim(1, n - start);
-         return unary(d.normal({m, n}), [start, length](const Tensor& x) { return narrow(x, 1, start, length); });
-       }},
-      {"expand.leading", "expand",
-       [](Draw& d) {
-         auto m = d.dim(2, 5), n = d.dim(1, 5);
-         return unary(d.normal({n}), [m, n](const Tensor& x) { return expand(x, {m, n}); });
-       }},
-      {"expand.middle", "expand",
-       [](Draw& d) {
-         auto m = d.dim(1, 4), n = d.dim(2, 4), k = d.dim(1, 4);
-         return unary(d.normal({m, 1, k}), [m, n, k](const Tensor& x) { return expand(x, {m, n, k}); });
-       }},
-      {"contiguous", "contiguous",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(2, 5), d.dim(2, 5)}), [](const Tensor& x) { return contiguous(transpose(x, 0, 1)); });
-       }},
-      {"cat.dim0", "cat",
-       [](Draw& d) {
-         auto n = d.dim(1, 4);
-         return Built{{d.normal({d.dim(1, 4), n}), d.normal({d.dim(1, 4), n}), d.normal({d.dim(1, 4), n})},
-                      {"a", "b", "c"},
-                      [](const TensorList& in) { return cat(in, 0); }};
-       }},
-      {"cat.dim1", "cat",
-       [](Draw& d) {
-         auto m = d.dim(1, 4);
-         return Built{{d.normal({m, d.dim(1, 4)}), d.normal({m, d.dim(1, 4)})}, {"a", "b"},
-                      [](const TensorList& in) { return cat(in, -1); }};
-       }},
-      {"split", "split",
-       [](Draw& d) {
-         const std::vector<std::int64_t> sizes{d.dim(1, 2), d.dim(1, 4), d.dim(1, 2)};
-         const auto n = sizes[0] + sizes[1] + sizes[2];
-         return unary(d.normal({d.dim(1, 4), n}),
-                      [sizes](const Tensor& x) { return reverse_weighted_cat(split(x, 1, sizes), 1); });
-       }},
-      {"chunk", "chunk",
-       [](Draw& d) {
-         auto n = d.dim(4, 7);   // uneven over 3 parts for n = 4, 5, 7
-         return unary(d.normal({n, d.dim(1, 4)}),
-                      [](const Tensor& x) { return reverse_weighted_cat(chunk(x, 0, 3), 0); });
-       }},
-
-      // ---- pointwise nonlinearities ----------------------------------------------------------------
-      {"relu", "relu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), relu); }},
-      {"gelu", "gelu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), gelu); }},
-      {"tanh", "tanh", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::tanh); }},
-      {"exp", "exp", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::exp); }},
-      {"log", "log", [](Draw& d) { return unary(d.positive({d.dim(1, 5), d.dim(1, 5)}), meshgrad::log); }},
-
-      // ---- normalisation and probabilities ---------------------------------------------------------
-      {"softmax.2d", "softmax", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), softmax); }},
-      {"softmax.3d", "softmax",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}), softmax); }},
-      {"log_softmax.2d", "log_softmax",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), log_softmax); }},
-      {"log_softmax.3d", "log_softmax",
-       [](Draw& d) { return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}), log_softmax); }},
-      {"layer_norm.affine", "layer_norm",
-       [](Draw& d) {
-         auto n = d.dim(1, 4), c = d.dim(2, 5);
-         return Built{{d.normal({n, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
-                      [](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }};
-       }},
-      {"layer_norm.plain", "layer_norm",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}),
-                      [](const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), 1e-5); });
-       }},
-      // Four row blocks (sizes 1..2 each): the weight and bias gradients are the tree of the blocks'
-      // column sums.
-      {"layer_norm.row_blocks", "layer_norm",
-       [](Draw& d) {
-         std::vector<std::int64_t> blocks;
-         for (int i = 0; i < 4; ++i) blocks.push_back(d.dim(1, 2));
-         std::int64_t rows = 0;
-         for (std::int64_t b : blocks) rows += b;
-         auto c = d.dim(2, 4);
-         return Built{{d.normal({rows, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
-                      [blocks](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5, blocks); }};
-       }},
-
-      // ---- computed per fixed block, summed in the tree (tree_reduce.hpp) --------------------------
-      // Four input-feature segments of 1..2 features: one GEMM per segment, the products in the tree.
-      {"linear_over_input_blocks", "linear_over_input_blocks",
-       [](Draw& d) {
-         tree::SplitPlan plan;
-         std::int64_t in = 0;
-         for (int b = 0; b < 4; ++b) {
-           const std::int64_t size = d.dim(1, 2);
-           plan.segments.push_back({in, size, 0, b});
-           in += size;
-         }
-         plan.full = in, plan.blocks = 4, plan.local_blocks = 4;
-         auto n = d.dim(1, 3), out = d.dim(1, 4);
-         return Built{{d.normal({n, 2, in}), d.normal({in, out})}, {"x", "w"},
-                      [plan](const TensorList& in) { return tree::linear_over_input_blocks(in[0], in[1], plan); }};
-       }},
-      // y [2t, 2, c] as 4t rows in 4 blocks of t.
-      {"add_bias.row_blocks", "add_bias",
-       [](Draw& d) {
-         auto t = d.dim(1, 2), c = d.dim(1, 4);
-         return Built{{d.normal({2 * t, 2, c}), d.normal({c})}, {"y", "bias"},
-                      [t](const TensorList& in) { return tree::add_bias(in[0], in[1], {t, t, t, t}); }};
-       }},
-      {"sum_over_blocks", "sum_over_blocks",
-       [](Draw& d) {
-         auto a = d.dim(1, 2), b = d.dim(1, 2), c = d.dim(1, 3);
-         return unary(d.normal({a + b, c}), [a, b](const Tensor& x) { return tree::sum_over_blocks(x, {a, b}); });
-       }},
-
-      // ---- embedding and loss ----------------------------------------------------------------------
-      // More lookups than rows on average: repeated indices must accumulate.
-      {"embedding", "embedding",
-       [](Draw& d) {
-         auto v = d.dim(1, 5), c = d.dim(1, 4);
-         Shape idx_shape{d.dim(1, 4), d.dim(1, 4)};
-         return Built{{d.normal({v, c}), d.indices(idx_shape, v)}, {"weight", "indices"},
-                      [](const TensorList& in) { return embedding(in[0], in[1]); }};
-       }},
-      {"cross_entropy.mean", "cross_entropy",
-       [](Draw& d) {
-         auto n = d.dim(1, 5), v = d.dim(2, 5);
-         return Built{{d.normal({n, v}), d.indices({n}, v)}, {"logits", "targets"},
-                      [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
-       }},
-      // Target 0 is ignored (default ignore_index -100): the mean runs over the others only.
-      {"cross_entropy.ignore_index", "cross_entropy",
-       [](Draw& d) {
-         auto n = d.dim(2, 5), v = d.dim(2, 5);
-         std::vector<std::int64_t> targets = d.indices({n}, v).to_int64_vector();
-         targets[0] = -100;
-         return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
-                      [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
-       }},
-      {"cross_entropy.custom_ignore", "cross_entropy",
-       [](Draw& d) {
-         auto n = d.dim(2, 5), v = d.dim(2, 5);
-         std::vector<std::int64_t> targets = d.indices({n}, v).to_int64_vector();
-         targets[static_cast<std::size_t>(n - 1)] = -1;
-         return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
-                      [](const TensorList& in) { return cross_entropy(in[0], in[1], -1); }};
-       }},
-      // Every target ignored: the loss is 0 and so is its gradient (no 0/0).
-      {"cross_entropy.all_ignored", "cross_entropy",
-       [](Draw& d) {
-         auto n = d.dim(1, 4), v = d.dim(2, 5);
-         std::vector<std::int64_t> targets(static_cast<std::size_t>(n), -100);
-         return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
-                      [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
-       }},
-
-      // ---- regularisation --------------------------------------------------------------------------
-      // A Generator made inside f with a fixed seed: every evaluation draws the same mask.
-      {"dropout", "dropout",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(2, 5), d.dim(2, 5)}), [](const Tensor& x) {
-           random::Generator gen(1234);
-           return dropout(x, 0.4, gen, /*training=*/true);
-         });
-       }},
-      {"dropout.eval", "dropout",
-       [](Draw& d) {
-         return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) {
-           random::Generator gen(1234);
-           return dropout(x, 0.4, gen, /*training=*/false);
-         });
-       }},
-
-      // ---- attention -------------------------------------------------------------------------------
-      {"causal_attention", "causal_attention",
-       [](Draw& d) {
-         Shape s{d.dim(1, 2), d.dim(1, 2), d.dim(1, 5), d.dim(1, 4)};   // [B, H, T, D]
-         return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
-                      [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
-       }},
-      // T in [65, 100]: two 64-row tiles of the blocked kernel, the second partial.
-      {"causal_attention.tiles", "causal_attention",
-       [](Draw& d) {
-         Shape s{1, 1, d.dim(65, 100), d.dim(1, 3)};   // [B, H, T, D]
-         return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
-                      [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
-       }},
-
-      // ---- a composition: the pieces of a GPT block chained, one loss ----------------------------
-      {"composite.mlp_loss", "composite",
-       [](Draw& d) {
-         auto n = d.dim(2, 4), c = d.dim(2, 4), h = d.dim(2, 5), v = d.dim(2, 5);
-         return Built{{d.normal({n, c}), d.normal({c}), d.normal({c}), d.normal({c, h}), d.normal({h}),
-                       d.normal({h, v}), d.indices({n}, v)},
-                      {"x", "ln_weight", "ln_bias", "w1", "b1", "w2", "targets"},
-                      [](const TensorList& in) {
-                        Tensor y = layer_norm(in[0], in[1], in[2]);
-                        y = gelu(linear(y, in[3], in[4]));
-                        return cross_entropy(linear(y, in[5]), in[6]);
-                      }};
-       }},
+// ---- elementwise with broadcasting --------------------------------------------------------------
+std::vector<Spec> elementwise_specs() {
+  return {
+    {"add.same", "add", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, add); }},
+    {"add.broadcast", "add",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), n = d.dim(1, 5);
+       return binary({d.normal({m, n}), d.normal({n})}, add);
+     }},
+    {"add.broadcast_both", "add",
+     [](Draw& d) {
+       auto m = d.dim(1, 4), n = d.dim(2, 4), k = d.dim(1, 4);
+       return binary({d.normal({m, 1, k}), d.normal({n, 1})}, add);   // -> [m, n, k]
+     }},
+    {"sub.same", "sub", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, sub); }},
+    {"sub.broadcast", "sub",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), n = d.dim(2, 5);
+       return binary({d.normal({m, n}), d.normal({m, 1})}, sub);
+     }},
+    {"mul.same", "mul", [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.normal(s)}, mul); }},
+    {"mul.broadcast", "mul",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), n = d.dim(1, 5);
+       return binary({d.normal({n}), d.normal({m, n})}, mul);
+     }},
+    // The same tensor on both sides: the two gradients must be summed into one.
+    {"mul.self", "mul",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return mul(x, x); }); }},
+    {"div.same", "div",
+     [](Draw& d) { Shape s{d.dim(1, 5), d.dim(1, 5)}; return binary({d.normal(s), d.away_from_zero(s)}, div); }},
+    {"div.broadcast", "div",
+     [](Draw& d) {
+       auto m = d.dim(2, 5), n = d.dim(2, 5);
+       return binary({d.normal({1, n}), d.away_from_zero({m, 1})}, div);   // -> [m, n]
+     }},
+    {"neg", "neg", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), neg); }},
+    {"scale", "scale",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return scale(x, -1.75); }); }},
+    {"add_scalar", "add_scalar",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) { return add_scalar(x, 2.5); });
+     }},
   };
+}
+
+// ---- matrix products ----------------------------------------------------------------------------
+std::vector<Spec> matmul_specs() {
+  return {
+    {"matmul.2d", "matmul",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), k = d.dim(1, 5), n = d.dim(1, 5);
+       return binary({d.normal({m, k}), d.normal({k, n})}, matmul);
+     }},
+    {"matmul.batched", "matmul",
+     [](Draw& d) {
+       auto b = d.dim(1, 4), m = d.dim(1, 4), k = d.dim(1, 4), n = d.dim(1, 4);
+       return binary({d.normal({b, m, k}), d.normal({b, k, n})}, matmul);
+     }},
+    {"matmul.broadcast_batch", "matmul",
+     [](Draw& d) {
+       auto b = d.dim(2, 4), m = d.dim(1, 4), k = d.dim(1, 4), n = d.dim(1, 4);
+       return binary({d.normal({b, m, k}), d.normal({k, n})}, matmul);   // b: [k, n] shared by the batch
+     }},
+    // Transposed operands are views (strides swapped) that reach BLAS as transpose flags.
+    {"matmul.transposed_a", "matmul",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), k = d.dim(2, 5), n = d.dim(1, 5);
+       return Built{{d.normal({k, m}), d.normal({k, n})}, {"a_t", "b"},
+                    [](const TensorList& in) { return matmul(transpose(in[0], 0, 1), in[1]); }};
+     }},
+    {"matmul.transposed_b", "matmul",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), k = d.dim(2, 5), n = d.dim(1, 5);
+       return Built{{d.normal({m, k}), d.normal({n, k})}, {"a", "b_t"},
+                    [](const TensorList& in) { return matmul(in[0], transpose(in[1], 0, 1)); }};
+     }},
+    {"matmul.transposed_both", "matmul",
+     [](Draw& d) {
+       auto m = d.dim(2, 5), k = d.dim(2, 5), n = d.dim(2, 5);
+       return Built{{d.normal({k, m}), d.normal({n, k})}, {"a_t", "b_t"}, [](const TensorList& in) {
+                      return matmul(transpose(in[0], 0, 1), transpose(in[1], 0, 1));
+                    }};
+     }},
+    {"matmul.batched_transposed", "matmul",
+     [](Draw& d) {
+       auto b = d.dim(1, 4), m = d.dim(1, 4), k = d.dim(2, 4), n = d.dim(1, 4);
+       return Built{{d.normal({b, m, k}), d.normal({b, n, k})}, {"a", "b_t"},
+                    [](const TensorList& in) { return matmul(in[0], transpose(in[1], 1, 2)); }};
+     }},
+    {"linear.bias", "linear",
+     [](Draw& d) {
+       auto b = d.dim(1, 2), t = d.dim(1, 4), in = d.dim(1, 5), out = d.dim(1, 5);
+       return Built{{d.normal({b, t, in}), d.normal({in, out}), d.normal({out})}, {"x", "weight", "bias"},
+                    [](const TensorList& x) { return linear(x[0], x[1], x[2]); }};
+     }},
+    {"linear.no_bias", "linear",
+     [](Draw& d) {
+       auto n = d.dim(1, 5), in = d.dim(1, 5), out = d.dim(1, 5);
+       return Built{{d.normal({n, in}), d.normal({in, out})}, {"x", "weight"},
+                    [](const TensorList& x) { return linear(x[0], x[1]); }};
+     }},
+  };
+}
+
+// ---- reductions ---------------------------------------------------------------------------------
+std::vector<Spec> reduction_specs() {
+  return {
+    {"sum.all", "sum",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return sum(x); }); }},
+    {"sum.dim", "sum",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(2, 4), d.dim(1, 4)}), [](const Tensor& x) { return sum(x, {1}); });
+     }},
+    {"sum.dims_keepdim", "sum",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
+                    [](const Tensor& x) { return sum(x, {0, 2}, true); });
+     }},
+    {"sum.last_keepdim", "sum",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), [](const Tensor& x) { return sum(x, {-1}, true); });
+     }},
+    {"mean.all", "mean",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return mean(x); }); }},
+    {"mean.dim", "mean",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(2, 4), d.dim(1, 4)}), [](const Tensor& x) { return mean(x, {1}); });
+     }},
+    {"mean.dims_keepdim", "mean",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
+                    [](const Tensor& x) { return mean(x, {0, 2}, true); });
+     }},
+    {"mean.last", "mean",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), [](const Tensor& x) { return mean(x, {-1}); }); }},
+  };
+}
+
+// ---- shape ops ----------------------------------------------------------------------------------
+std::vector<Spec> shape_specs() {
+  return {
+    {"reshape.merge", "reshape",
+     [](Draw& d) {
+       auto m = d.dim(1, 4), n = d.dim(1, 4), k = d.dim(1, 4);
+       return unary(d.normal({m, n, k}), [m, n, k](const Tensor& x) { return reshape(x, {m * n, k}); });
+     }},
+    {"reshape.infer", "reshape",
+     [](Draw& d) {
+       auto m = d.dim(1, 5), n = d.dim(1, 5);
+       return unary(d.normal({m, n}), [n](const Tensor& x) { return reshape(x, {n, -1}); });
+     }},
+    // Reshaping a transposed view cannot be a view: exercises the copying path.
+    {"reshape.noncontiguous", "reshape",
+     [](Draw& d) {
+       auto m = d.dim(2, 5), n = d.dim(2, 5);
+       return unary(d.normal({m, n}), [](const Tensor& x) { return reshape(transpose(x, 0, 1), {-1}); });
+     }},
+    {"transpose", "transpose",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}), [](const Tensor& x) { return transpose(x, 0, 2); });
+     }},
+    {"permute", "permute",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 4), d.dim(1, 4), d.dim(1, 4)}),
+                    [](const Tensor& x) { return permute(x, {2, 0, 1}); });
+     }},
+    {"narrow", "narrow",
+     [](Draw& d) {
+       auto m = d.dim(1, 4), n = d.dim(2, 5);
+       auto start = d.dim(0, n - 1);
+       auto length = d.dim(1, n - start);
+       return unary(d.normal({m, n}), [start, length](const Tensor& x) { return narrow(x, 1, start, length); });
+     }},
+    {"expand.leading", "expand",
+     [](Draw& d) {
+       auto m = d.dim(2, 5), n = d.dim(1, 5);
+       return unary(d.normal({n}), [m, n](const Tensor& x) { return expand(x, {m, n}); });
+     }},
+    {"expand.middle", "expand",
+     [](Draw& d) {
+       auto m = d.dim(1, 4), n = d.dim(2, 4), k = d.dim(1, 4);
+       return unary(d.normal({m, 1, k}), [m, n, k](const Tensor& x) { return expand(x, {m, n, k}); });
+     }},
+    {"contiguous", "contiguous",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(2, 5), d.dim(2, 5)}), [](const Tensor& x) { return contiguous(transpose(x, 0, 1)); });
+     }},
+    {"cat.dim0", "cat",
+     [](Draw& d) {
+       auto n = d.dim(1, 4);
+       return Built{{d.normal({d.dim(1, 4), n}), d.normal({d.dim(1, 4), n}), d.normal({d.dim(1, 4), n})},
+                    {"a", "b", "c"},
+                    [](const TensorList& in) { return cat(in, 0); }};
+     }},
+    {"cat.dim1", "cat",
+     [](Draw& d) {
+       auto m = d.dim(1, 4);
+       return Built{{d.normal({m, d.dim(1, 4)}), d.normal({m, d.dim(1, 4)})}, {"a", "b"},
+                    [](const TensorList& in) { return cat(in, -1); }};
+     }},
+    {"split", "split",
+     [](Draw& d) {
+       const std::vector<std::int64_t> sizes{d.dim(1, 2), d.dim(1, 4), d.dim(1, 2)};
+       const auto n = sizes[0] + sizes[1] + sizes[2];
+       return unary(d.normal({d.dim(1, 4), n}),
+                    [sizes](const Tensor& x) { return reverse_weighted_cat(split(x, 1, sizes), 1); });
+     }},
+    {"chunk", "chunk",
+     [](Draw& d) {
+       auto n = d.dim(4, 7);   // uneven over 3 parts for n = 4, 5, 7
+       return unary(d.normal({n, d.dim(1, 4)}),
+                    [](const Tensor& x) { return reverse_weighted_cat(chunk(x, 0, 3), 0); });
+     }},
+  };
+}
+
+// ---- pointwise nonlinearities -------------------------------------------------------------------
+std::vector<Spec> nonlinearity_specs() {
+  return {
+    {"relu", "relu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), relu); }},
+    {"gelu", "gelu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), gelu); }},
+    {"tanh", "tanh", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::tanh); }},
+    {"exp", "exp", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::exp); }},
+    {"log", "log", [](Draw& d) { return unary(d.positive({d.dim(1, 5), d.dim(1, 5)}), meshgrad::log); }},
+  };
+}
+
+// ---- normalisation and probabilities ------------------------------------------------------------
+std::vector<Spec> normalisation_specs() {
+  return {
+    {"softmax.2d", "softmax", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), softmax); }},
+    {"softmax.3d", "softmax",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}), softmax); }},
+    {"log_softmax.2d", "log_softmax",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), log_softmax); }},
+    {"log_softmax.3d", "log_softmax",
+     [](Draw& d) { return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}), log_softmax); }},
+    {"layer_norm.affine", "layer_norm",
+     [](Draw& d) {
+       auto n = d.dim(1, 4), c = d.dim(2, 5);
+       return Built{{d.normal({n, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
+                    [](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5); }};
+     }},
+    {"layer_norm.plain", "layer_norm",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}),
+                    [](const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), 1e-5); });
+     }},
+    // Four row blocks (sizes 1..2 each): the weight and bias gradients are the tree of the blocks'
+    // column sums.
+    {"layer_norm.row_blocks", "layer_norm",
+     [](Draw& d) {
+       std::vector<std::int64_t> blocks;
+       for (int i = 0; i < 4; ++i) blocks.push_back(d.dim(1, 2));
+       std::int64_t rows = 0;
+       for (std::int64_t b : blocks) rows += b;
+       auto c = d.dim(2, 4);
+       return Built{{d.normal({rows, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
+                    [blocks](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5, blocks); }};
+     }},
+  };
+}
+
+// ---- computed per fixed block, summed in the tree (tree_reduce.hpp) -----------------------------
+std::vector<Spec> blocked_specs() {
+  return {
+    // Four input-feature segments of 1..2 features: one GEMM per segment, the products in the tree.
+    {"linear_over_input_blocks", "linear_over_input_blocks",
+     [](Draw& d) {
+       tree::SplitPlan plan;
+       std::int64_t in = 0;
+       for (int b = 0; b < 4; ++b) {
+         const std::int64_t size = d.dim(1, 2);
+         plan.segments.push_back({in, size, 0, b});
+         in += size;
+       }
+       plan.full = in, plan.blocks = 4, plan.local_blocks = 4;
+       auto n = d.dim(1, 3), out = d.dim(1, 4);
+       return Built{{d.normal({n, 2, in}), d.normal({in, out})}, {"x", "w"},
+                    [plan](const TensorList& in) { return tree::linear_over_input_blocks(in[0], in[1], plan); }};
+     }},
+    // y [2t, 2, c] as 4t rows in 4 blocks of t.
+    {"add_bias.row_blocks", "add_bias",
+     [](Draw& d) {
+       auto t = d.dim(1, 2), c = d.dim(1, 4);
+       return Built{{d.normal({2 * t, 2, c}), d.normal({c})}, {"y", "bias"},
+                    [t](const TensorList& in) { return tree::add_bias(in[0], in[1], {t, t, t, t}); }};
+     }},
+    {"sum_over_blocks", "sum_over_blocks",
+     [](Draw& d) {
+       auto a = d.dim(1, 2), b = d.dim(1, 2), c = d.dim(1, 3);
+       return unary(d.normal({a + b, c}), [a, b](const Tensor& x) { return tree::sum_over_blocks(x, {a, b}); });
+     }},
+  };
+}
+
+// ---- embedding and loss -------------------------------------------------------------------------
+std::vector<Spec> loss_specs() {
+  return {
+    // More lookups than rows on average: repeated indices must accumulate.
+    {"embedding", "embedding",
+     [](Draw& d) {
+       auto v = d.dim(1, 5), c = d.dim(1, 4);
+       Shape idx_shape{d.dim(1, 4), d.dim(1, 4)};
+       return Built{{d.normal({v, c}), d.indices(idx_shape, v)}, {"weight", "indices"},
+                    [](const TensorList& in) { return embedding(in[0], in[1]); }};
+     }},
+    {"cross_entropy.mean", "cross_entropy",
+     [](Draw& d) {
+       auto n = d.dim(1, 5), v = d.dim(2, 5);
+       return Built{{d.normal({n, v}), d.indices({n}, v)}, {"logits", "targets"},
+                    [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
+     }},
+    // Target 0 is ignored (default ignore_index -100): the mean runs over the others only.
+    {"cross_entropy.ignore_index", "cross_entropy",
+     [](Draw& d) {
+       auto n = d.dim(2, 5), v = d.dim(2, 5);
+       std::vector<std::int64_t> targets = d.indices({n}, v).to_int64_vector();
+       targets[0] = -100;
+       return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
+                    [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
+     }},
+    {"cross_entropy.custom_ignore", "cross_entropy",
+     [](Draw& d) {
+       auto n = d.dim(2, 5), v = d.dim(2, 5);
+       std::vector<std::int64_t> targets = d.indices({n}, v).to_int64_vector();
+       targets[static_cast<std::size_t>(n - 1)] = -1;
+       return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
+                    [](const TensorList& in) { return cross_entropy(in[0], in[1], -1); }};
+     }},
+    // Every target ignored: the loss is 0 and so is its gradient (no 0/0).
+    {"cross_entropy.all_ignored", "cross_entropy",
+     [](Draw& d) {
+       auto n = d.dim(1, 4), v = d.dim(2, 5);
+       std::vector<std::int64_t> targets(static_cast<std::size_t>(n), -100);
+       return Built{{d.normal({n, v}), Tensor::from_int64(targets, {n})}, {"logits", "targets"},
+                    [](const TensorList& in) { return cross_entropy(in[0], in[1]); }};
+     }},
+  };
+}
+
+// ---- regularisation -----------------------------------------------------------------------------
+std::vector<Spec> regularisation_specs() {
+  return {
+    // A Generator made inside f with a fixed seed: every evaluation draws the same mask.
+    {"dropout", "dropout",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(2, 5), d.dim(2, 5)}), [](const Tensor& x) {
+         random::Generator gen(1234);
+         return dropout(x, 0.4, gen, /*training=*/true);
+       });
+     }},
+    {"dropout.eval", "dropout",
+     [](Draw& d) {
+       return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), [](const Tensor& x) {
+         random::Generator gen(1234);
+         return dropout(x, 0.4, gen, /*training=*/false);
+       });
+     }},
+  };
+}
+
+// ---- attention ----------------------------------------------------------------------------------
+std::vector<Spec> attention_specs() {
+  return {
+    {"causal_attention", "causal_attention",
+     [](Draw& d) {
+       Shape s{d.dim(1, 2), d.dim(1, 2), d.dim(1, 5), d.dim(1, 4)};   // [B, H, T, D]
+       return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
+                    [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
+     }},
+    // T in [65, 100]: two 64-row tiles of the blocked kernel, the second partial.
+    {"causal_attention.tiles", "causal_attention",
+     [](Draw& d) {
+       Shape s{1, 1, d.dim(65, 100), d.dim(1, 3)};   // [B, H, T, D]
+       return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
+                    [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
+     }},
+  };
+}
+
+// ---- a composition: the pieces of a GPT block chained, one loss ---------------------------------
+std::vector<Spec> composite_specs() {
+  return {
+    {"composite.mlp_loss", "composite",
+     [](Draw& d) {
+       auto n = d.dim(2, 4), c = d.dim(2, 4), h = d.dim(2, 5), v = d.dim(2, 5);
+       return Built{{d.normal({n, c}), d.normal({c}), d.normal({c}), d.normal({c, h}), d.normal({h}),
+                     d.normal({h, v}), d.indices({n}, v)},
+                    {"x", "ln_weight", "ln_bias", "w1", "b1", "w2", "targets"},
+                    [](const TensorList& in) {
+                      Tensor y = layer_norm(in[0], in[1], in[2]);
+                      y = gelu(linear(y, in[3], in[4]));
+                      return cross_entropy(linear(y, in[5]), in[6]);
+                    }};
+     }},
+  };
+}
+
+// Every case, family by family.
+const std::vector<Spec>& table() {
+  static const std::vector<Spec> specs = [] {
+    std::vector<Spec> all;
+    for (auto family : {elementwise_specs, matmul_specs, reduction_specs, shape_specs, nonlinearity_specs,
+                        normalisation_specs, blocked_specs, loss_specs, regularisation_specs, attention_specs,
+                        composite_specs}) {
+      std::vector<Spec> specs = family();
+      all.insert(all.end(), std::make_move_iterator(specs.begin()), std::make_move_iterator(specs.end()));
+    }
+    return all;
+  }();
   return specs;
 }
 
