@@ -6,7 +6,7 @@
 #include <atomic>
 
 #include "example_check.hpp"
-#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/distributed/dtensor.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -20,8 +20,7 @@ int main() {
   try {
     const Tensor full = random::randn({6, 10}, 3, DType::Float64);   // 6 rows over dp=2, 10 cols over tp=2
     std::atomic<bool> ok{true};
-    comm::run_ranks(4, [&](const comm::CommunicatorPtr& world) {
-      const auto mesh = example::make_mesh(world, 2, 2);   // placements: one per axis, {dp, tp}
+    launch::mesh_runner("threads", "dp=2,tp=2")([&](const dist::DeviceMeshPtr& mesh) {   // placements: {dp, tp}
       const bool leader = mesh->rank() == 0;
       auto check = [&](const char* what, const Tensor& got, const Tensor& want) {
         const double d = example::max_abs_diff(got, want);

@@ -1,6 +1,5 @@
-// What the examples share: a dp x tp mesh over a world of ranks, and what decides their exit
-// status: the largest element difference of two tensors and a line saying whether it is within
-// tolerance.
+// What decides the examples' exit status: the largest element difference of two tensors and a line
+// saying whether it is within tolerance.
 #pragma once
 
 #include <fmt/core.h>
@@ -11,16 +10,9 @@
 #include <string>
 #include <vector>
 
-#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
 namespace example {
-
-// The dp x tp mesh over world (dp outermost: tp groups are adjacent ranks). Every rank calls it.
-inline meshgrad::dist::DeviceMeshPtr make_mesh(const meshgrad::comm::CommunicatorPtr& world, int dp, int tp) {
-  return std::make_shared<const meshgrad::dist::DeviceMesh>(world,
-                                                            std::vector<meshgrad::dist::MeshAxis>{{"dp", dp}, {"tp", tp}});
-}
 
 // max |a - b| over the elements; shapes must agree (infinity when they do not).
 inline double max_abs_diff(const meshgrad::Tensor& a, const meshgrad::Tensor& b) {

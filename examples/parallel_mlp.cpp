@@ -10,7 +10,7 @@
 
 #include "example_check.hpp"
 #include "meshgrad/autograd/engine.hpp"
-#include "meshgrad/comm/threads.hpp"
+#include "meshgrad/launch/launch.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -31,8 +31,7 @@ struct Result {
 Result run_mlp(int ranks, const Tensor& x_full, const Tensor& dy) {
   Result out;
   std::mutex mu;
-  comm::run_ranks(ranks, [&](const comm::CommunicatorPtr& world) {
-    const auto mesh = example::make_mesh(world, 1, ranks);
+  launch::mesh_runner("threads", fmt::format("tp={}", ranks))([&](const dist::DeviceMeshPtr& mesh) {
     const auto ctx = nn::ParallelContext::on(mesh, nn::ParallelConfig{});
     nn::ColumnParallelLinear fc("mlp.c_fc", C, H, {}, ctx, kSeed, DType::Float64);
     nn::RowParallelLinear proj("mlp.c_proj", H, C, {}, ctx, kSeed, DType::Float64);

@@ -1,27 +1,23 @@
 // A small GPT trained on meshgrad's built-in corpus on a tp=2 mesh of rank threads through the
-// trainer API, with a per-step callback (TrainOptions::on_step) that prints each step.
+// library's train job (launch/jobs.hpp, as `meshgrad train` runs it), with a per-step callback
+// (TrainOptions::on_step) that prints each step.
 // Exit status 0 when the callback saw every step with a finite loss and the loss fell.
 #include <fmt/core.h>
 
 #include <cmath>
 #include <vector>
 
-#include "example_check.hpp"
-#include "meshgrad/comm/threads.hpp"
-#include "meshgrad/train/trainer.hpp"
+#include "meshgrad/launch/jobs.hpp"
+#include "meshgrad/launch/launch.hpp"
 
 using namespace meshgrad;
 
 int main() {
   try {
     train::TrainOptions options;
-    options.model.kind = "gpt";
-    options.model.vocab = 256;   // byte tokens
-    options.model.layers = 1;
-    options.model.hidden = 32;
-    options.model.heads = 4;
-    options.model.seq = 16;
-    options.model.batch = 8;
+    // 1 block of 32 features and 4 heads over byte tokens, 8 sequences of 16 per step.
+    options.model = nn::ModelConfig::gpt(/*layers=*/1, /*hidden=*/32, /*heads=*/4, /*vocab=*/256, /*seq=*/16,
+                                         /*batch=*/8);
     options.steps = 40;
     options.progress = false;   // the callback reports instead
     std::vector<train::StepMetrics> seen;   // written on rank 0's thread only
@@ -30,12 +26,8 @@ int main() {
       if (m.step % 10 == 0 || m.step == 1) fmt::print("step {:3d}  loss {:.4f}  lr {:.2e}\n", m.step, m.loss, m.lr);
     };
 
-    train::TrainResult result;
-    comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
-      const auto mesh = example::make_mesh(world, 1, 2);
-      train::TrainResult r = train::train(options, mesh);
-      if (mesh->rank() == 0) result = r;
-    });
+    // The job the CLI runs (checks, ranks, the trainer), on 2 rank threads: rank 0's result.
+    const train::TrainResult result = launch::run_train_job(options, launch::mesh_runner("threads", "tp=2"));
 
     bool ok = static_cast<int>(seen.size()) == options.steps;
     for (std::size_t i = 0; ok && i < seen.size(); ++i) {
