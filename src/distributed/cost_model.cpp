@@ -47,8 +47,8 @@ const std::vector<Link>& link_presets() {
       // how the two figures were read off it are in docs/explain.md.
       {"shm", 1.5, 16.0,
        "this machine's shared memory (threads backend, 2 ranks), measured with `meshgrad bench collectives --backend "
-       "threads`: alpha from the 8 B - 8 KiB times per step, beta the median 16-64 MiB busbw of docs/BENCHMARKS.md "
-       "(docs/explain.md)"},
+       "threads`: alpha from the 8 B - 8 KiB times per step, beta the median 16-64 MiB busbw of a run in "
+       "docs/benchmarks-history.md (docs/explain.md)"},
       {"nvlink4", 3.4, 450.0,
        "NVLink 4 (H100 SXM): 900 GB/s bidirectional per GPU = 450 GB/s per direction (NVIDIA H100 datasheet); "
        "alpha = NCCL's per-step NVLink ring latency (src/graph/tuning.cc hwLat, Ring/Simple 3.4 us)"},
