@@ -1,5 +1,5 @@
 // `meshgrad checkpoint list|info|verify`: what a checkpoint directory holds, and whether every byte
-// of it is what its manifest says (train/checkpoint_store.hpp).
+// of it is what its manifest says (checkpoint/store.hpp).
 //   meshgrad checkpoint list ck                 the committed checkpoints under a --checkpoint-dir
 //   meshgrad checkpoint info ck/step_00000100   step, mesh, configuration, tensors and files
 //   meshgrad checkpoint verify ck               every file and piece against its SHA-256 (the newest)
@@ -10,7 +10,8 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/verify.hpp"
 
 namespace meshgrad::tools {
 namespace {

@@ -1,6 +1,7 @@
 // Hugging Face GPT-2 directories in and out (contract in include/meshgrad/interop/hf_io.hpp).
 #include "meshgrad/interop/hf_io.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/io/sha256.hpp"
 
