@@ -11,8 +11,9 @@
 //      then removes checkpoints beyond the newest `keep`;
 //   4. rank 0 tells every rank whether the checkpoint exists, so that all of them fail or go on
 //      together.
-// Leftover .tmp directories of a killed save are removed when the next saver opens ROOT. One run at a
-// time per ROOT: the saver holds an exclusive lock (ROOT/.lock) for its lifetime.
+// The rename and the flushes of step 3 are io::StagedDirectory's (io/atomic_commit.hpp). Leftover
+// .tmp directories of a killed save are removed when the next saver opens ROOT. One run at a time per
+// ROOT: the saver holds an exclusive lock (ROOT/.lock) for its lifetime.
 //
 // The file system must be shared by all ranks (one process with rank threads; under MPI on several
 // machines, a network file system): rank 0 commits the directory the others wrote into.
@@ -26,6 +27,7 @@
 #include <thread>
 #include <vector>
 
+#include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/checkpoint/state_tensor.hpp"
 #include "meshgrad/comm/communicator.hpp"
 #include "meshgrad/distributed/mesh.hpp"
@@ -70,7 +72,16 @@ class CheckpointSaver {
 
  private:
   struct Job;
+  // The saved bytes of this rank's pieces: copied into snapshot_ (async) or pointing into the tensors.
+  void collect_pieces(Job& job, const std::vector<StateTensor>& tensors, bool async);
+  // Steps 1 to 4 of the commit protocol, on the saver's thread (async) or the caller's; the outcome
+  // goes to job.error.
   void run_job(Job& job) noexcept;
+  void write_files(Job& job) const;      // 1
+  void share_reports(Job& job) const;    // 2 (collective)
+  bool commit(Job& job);                 // 3 (rank 0): true when committed, else job.commit_error says why
+  Manifest manifest_of(const Job& job) const;   // 3: from every rank's report; throws when one failed
+  bool share_verdict(bool committed) const;   // 4 (collective)
 
   std::string root_;
   dist::DeviceMeshPtr mesh_;
