@@ -32,7 +32,7 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/diag/explain.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/generate/sample.hpp"
 #include "meshgrad/launch/launch.hpp"

@@ -44,7 +44,10 @@
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/tensor/allocator.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
+#include "meshgrad/checkpoint/saver.hpp"
+#include "meshgrad/checkpoint/staging_buffers.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/io/sha256.hpp"
 #include "meshgrad/train/trainer.hpp"
@@ -224,11 +227,8 @@ std::uint64_t checkpoint_bytes(const std::vector<checkpoint::StateTensor>& state
   return n;
 }
 
-// One degree: saves and loads of a checkpoint written at tp, with disk probes (rank 0, the other
-// ranks waiting) between them. The figures of repeated measurements are the best of each, the
-// probes' too: a shared virtual disk's speed changes from one second to the next, and the best of
-// several tries on both sides is what the code and the disk can do.
-TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& root) {
+// The model of the benchmark: a GPT of the options' shape.
+nn::ModelConfig bench_model_config(const BenchCheckpointOptions& o) {
   nn::ModelConfig cfg;
   cfg.kind = "gpt";
   cfg.layers = o.layers;
@@ -237,161 +237,225 @@ TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& ro
   cfg.vocab = o.vocab;
   cfg.positions = o.positions;
   cfg.seq = 64;
-  constexpr int kRepeats = 3;
-  TpFigures f;
-  std::mutex mu;
-  const bool verbose = std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr;
-  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
-    auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", tp}});
-    // The state a checkpoint at `step` holds besides the tensors (what load_training_state reads).
-    const auto info = [](std::int64_t step) {
-      return nlohmann::json{{"step", step}, {"optimizer_steps", 1}, {"random_state", 7}};
-    };
-    std::unique_ptr<DiskProbe> probe;   // rank 0's
-    DiskSpeed disk;
-    const auto probe_disk = [&](bool writes) {
-      world->barrier();
-      if (world->rank() == 0) disk.keep_best(writes ? probe->writes() : probe->reads());
-      world->barrier();
-    };
-    checkpoint::CheckpointSaver saver(root, mesh, 0);
-    double save_s = 1e30, stall_s = 0, async_total_s = 0;
-    std::uint64_t bytes = 0, saved_fingerprint = 0;
-    std::int64_t step = 0;
-    {
-      auto model = nn::make_model(cfg, {}, mesh, 1);
-      const std::vector<nn::Parameter*> params = model->parameters();
-      optim::AdamW opt(params, mesh);
-      std::vector<Tensor> m, v;
-      for (const nn::Parameter* p : params) {
-        m.push_back(p->value.detach().clone());
-        v.push_back(p->value.detach().clone());
-      }
-      opt.load_state(1, m, v);
-      const std::vector<checkpoint::StateTensor> state = train::training_state_tensors(params, opt);
-      saved_fingerprint = fingerprint(state);
-      if (world->rank() == 0) probe = std::make_unique<DiskProbe>(fs::path(root).parent_path().string(), checkpoint_bytes(state));
+  return cfg;
+}
 
-      // Synchronous saves: the first also writes the staging buffers' fresh pages (once per process);
-      // then kRepeats, each right after a write probe.
-      const auto sync_save = [&](const char* which) {
-        world->barrier();
-        const Clock::time_point t0 = Clock::now();
-        ++step;
-        const checkpoint::SaveTimes times = saver.save(step, state, info(step), /*async=*/false);
-        world->barrier();
-        const double s = since(t0);
-        if (verbose)
-          fmt::print(stderr, "tp={} rank {}: {} save: snapshot {:.2f} s, write+hash {:.2f} s, commit {:.2f} s, save {:.2f} s\n",
-                     tp, world->rank(), which, times.snapshot_s, times.write_s, times.commit_s, s);
-        return s;
-      };
-      sync_save("first");
-      for (int rep = 0; rep < kRepeats; ++rep) {
-        probe_disk(/*writes=*/true);
-        save_s = std::min(save_s, sync_save("next"));
-      }
+// One rank's part of a degree's measurements (measure() below), in the order every rank takes them:
+// run_saves, forget_saved_state, run_loads, load_into_new_tensors. Each step is collective (barriers
+// between the timed parts, so that a figure is the slowest rank's); rank 0 also probes the disk
+// between them. Repeated measurements keep the best of each.
+class RankBench {
+ public:
+  static constexpr int kRepeats = 3;
 
-      // Two async saves: the first also pays for the snapshot buffer's fresh pages (once per run);
-      // the second's stall is what every later save costs.
-      ++step;
-      saver.save(step, state, info(step), /*async=*/true);
-      saver.wait();
-      world->barrier();
-      const Clock::time_point t0 = Clock::now();
-      ++step;
-      const checkpoint::SaveTimes times = saver.save(step, state, info(step), /*async=*/true);
-      stall_s = since(t0);
-      saver.wait();
-      world->barrier();
-      async_total_s = since(t0);
-      bytes = times.bytes_written;
-    }   // the saved model and optimizer are gone: the resume below builds its own, as a new process does
+  RankBench(const nn::ModelConfig& cfg, int tp, const std::string& root, comm::CommunicatorPtr world)
+      : cfg_(cfg), tp_(tp), root_(root), world_(std::move(world)),
+        mesh_(std::make_shared<const dist::DeviceMesh>(world_, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", tp}})),
+        saver_(root, mesh_, 0), verbose_(std::getenv("MESHGRAD_BENCH_VERBOSE") != nullptr) {}
 
-    const std::string ck = (fs::path(root) / checkpoint::checkpoint_dir_name(step)).string();
-    const auto drop_checkpoint_cache = [&] {
-      if (world->rank() == 0) {
-        for (const auto& e : fs::directory_iterator(ck)) drop_cache(e.path().string());
-      }
-      world->barrier();
-    };
-    // The allocator's cache holds the saved model's blocks, and the staging pool the saves' buffers:
-    // both emptied, so that the resume's model, moments and buffers are memory the process never
-    // touched, as in a new process.
-    world->barrier();
-    if (world->rank() == 0) {
+  // Synchronous saves of a model and its AdamW moments: the first also writes the staging buffers'
+  // fresh pages (once per process); then kRepeats, each right after a write probe. Then two async
+  // saves: the first also pays for the snapshot buffer's fresh pages (once per run); the second's
+  // stall is what every later save costs. The model is gone when this returns: the resume builds
+  // its own, as a new process does.
+  void run_saves() {
+    auto model = nn::make_model(cfg_, {}, mesh_, 1);
+    const std::vector<nn::Parameter*> params = model->parameters();
+    optim::AdamW opt(params, mesh_);
+    std::vector<Tensor> m, v;
+    for (const nn::Parameter* p : params) {
+      m.push_back(p->value.detach().clone());
+      v.push_back(p->value.detach().clone());
+    }
+    opt.load_state(1, m, v);
+    const std::vector<checkpoint::StateTensor> state = train::training_state_tensors(params, opt);
+    saved_fingerprint_ = fingerprint(state);
+    if (world_->rank() == 0) probe_ = std::make_unique<DiskProbe>(fs::path(root_).parent_path().string(), checkpoint_bytes(state));
+
+    sync_save(state, "first");
+    for (int rep = 0; rep < kRepeats; ++rep) {
+      probe_disk(/*writes=*/true);
+      fig_.save_s = std::min(fig_.save_s, sync_save(state, "next"));
+    }
+    save_async(state);
+    saver_.wait();
+    world_->barrier();
+    const Clock::time_point t0 = Clock::now();
+    const checkpoint::SaveTimes times = save_async(state);
+    fig_.stall_s = since(t0);
+    saver_.wait();
+    world_->barrier();
+    fig_.async_total_s = since(t0);
+    bytes_ = times.bytes_written;
+    checkpoint_ = (fs::path(root_) / checkpoint::checkpoint_dir_name(step_)).string();
+  }
+
+  // The allocator's cache holds the saved model's blocks, and the staging pool the saves' buffers:
+  // both emptied, so that the resume's model, moments and buffers are memory the process never
+  // touched, as in a new process.
+  void forget_saved_state() {
+    world_->barrier();
+    if (world_->rank() == 0) {
       memory::release_cached();
       checkpoint::release_staging_buffers();
     }
     drop_checkpoint_cache();
+  }
 
-    // The resume as train --resume does it: build the model (another seed: a load that did nothing
-    // fails the check below) and the optimizer with its moments, then read the checkpoint into them.
-    Clock::time_point t0 = Clock::now();
-    auto model = nn::make_model(cfg, {}, mesh, 2);
-    const std::vector<nn::Parameter*> params = model->parameters();
-    optim::AdamW opt(params, mesh);
-    opt.materialize_moments();
-    world->barrier();
-    const double build_s = since(t0);
-    const auto load_in_place = [&] {
-      drop_checkpoint_cache();
-      const Clock::time_point start = Clock::now();
-      const checkpoint::Manifest manifest = checkpoint::read_manifest(ck);
-      const int loaded_step = train::load_training_state(ck, manifest, *model, opt, train::StateLoad::in_place);
-      world->barrier();
-      MG_CHECK(loaded_step == step, "bench checkpoint: loaded step {}, saved step {}", loaded_step, step);
-      return since(start);
-    };
-    const double first_load_s = load_in_place();
-    const std::vector<checkpoint::StateTensor> loaded_state = train::training_state_tensors(params, opt);
-    MG_CHECK(opt.steps() == 1 && fingerprint(loaded_state) == saved_fingerprint,
-             "bench checkpoint: tp={} rank {}: the resumed state differs from the saved one", tp, world->rank());
-    // Then kRepeats loads, each right after a read probe and a plain read of the same files.
-    double load_s = 1e30, raw_read_s = 1e30;
+  // The resume as train --resume does it: build the model (another seed: a load that did nothing
+  // fails the check) and the optimizer with its moments, then read the checkpoint into them in place;
+  // then kRepeats loads, each right after a read probe and a plain read of the same files.
+  void run_loads() {
+    const Clock::time_point t0 = Clock::now();
+    model_ = nn::make_model(cfg_, {}, mesh_, 2);
+    const std::vector<nn::Parameter*> params = model_->parameters();
+    opt_ = std::make_unique<optim::AdamW>(params, mesh_);
+    opt_->materialize_moments();
+    world_->barrier();
+    fig_.build_s = since(t0);
+    fig_.first_load_s = load_in_place();
+    loaded_state_ = train::training_state_tensors(params, *opt_);
+    MG_CHECK(opt_->steps() == 1 && fingerprint(loaded_state_) == saved_fingerprint_,
+             "bench checkpoint: tp={} rank {}: the resumed state differs from the saved one", tp_, world_->rank());
     for (int rep = 0; rep < kRepeats; ++rep) {
       probe_disk(/*writes=*/false);
       drop_checkpoint_cache();
       double raw = 0;
-      if (world->rank() == 0) raw = raw_read_seconds(ck);
-      world->barrier();
-      raw_read_s = std::min(raw_read_s, raw);
-      load_s = std::min(load_s, load_in_place());
+      if (world_->rank() == 0) raw = raw_read_seconds(checkpoint_);
+      world_->barrier();
+      fig_.raw_read_s = std::min(fig_.raw_read_s, raw);
+      fig_.load_s = std::min(fig_.load_s, load_in_place());
     }
+  }
 
-    // All-or-nothing into new tensors (what a load into a live model uses), with the resume's model
-    // alive: the new tensors are memory this process never touched.
+  // All-or-nothing into new tensors (what a load into a live model uses), with the resume's model
+  // alive: the new tensors are memory this process never touched.
+  void load_into_new_tensors() {
     drop_checkpoint_cache();
-    t0 = Clock::now();
+    const Clock::time_point t0 = Clock::now();
     {
-      const checkpoint::Manifest manifest = checkpoint::read_manifest(ck);
+      const checkpoint::Manifest manifest = checkpoint::read_manifest(checkpoint_);
       std::vector<checkpoint::PieceRequest> requests;
-      for (const checkpoint::StateTensor& t : loaded_state) {
-        requests.push_back({t.name, t.full_shape, dist::piece_layout(t.full_shape, *mesh, t.placements, mesh->coordinates()),
+      for (const checkpoint::StateTensor& t : loaded_state_) {
+        requests.push_back({t.name, t.full_shape, dist::piece_layout(t.full_shape, *mesh_, t.placements, mesh_->coordinates()),
                             t.local.dtype()});
       }
-      const std::vector<Tensor> loaded = checkpoint::read_pieces(ck, manifest, requests);
+      const std::vector<Tensor> loaded = checkpoint::read_pieces(checkpoint_, manifest, requests);
     }
-    world->barrier();
-    const double new_tensors_load_s = since(t0);
-    if (verbose)
+    world_->barrier();
+    fig_.new_tensors_load_s = since(t0);
+    if (verbose_)
       fmt::print(stderr, "tp={} rank {}: resume: build {:.2f} s, first load in place {:.2f} s, best of {} {:.2f} s; load into "
-                 "new tensors {:.2f} s\n", tp, world->rank(), build_s, first_load_s, kRepeats, load_s, new_tensors_load_s);
-    probe.reset();
+                 "new tensors {:.2f} s\n", tp_, world_->rank(), fig_.build_s, fig_.first_load_s, kRepeats, fig_.load_s,
+                 fig_.new_tensors_load_s);
+    probe_.reset();
+  }
 
-    const std::lock_guard<std::mutex> lock(mu);
-    f.save_s = std::max(f.save_s, save_s);
-    f.stall_s = std::max(f.stall_s, stall_s);
-    f.async_total_s = std::max(f.async_total_s, async_total_s);
-    f.build_s = std::max(f.build_s, build_s);
-    f.first_load_s = std::max(f.first_load_s, first_load_s);
-    f.load_s = std::max(f.load_s, load_s);
-    f.new_tensors_load_s = std::max(f.new_tensors_load_s, new_tensors_load_s);
-    if (world->rank() == 0) {
-      f.raw_read_s = raw_read_s;
-      f.disk = disk;
+  // Adds this rank's figures to the degree's: the slowest rank's times, rank 0's probes and plain
+  // reads, every rank's bytes.
+  void add_to(TpFigures& f) const {
+    f.save_s = std::max(f.save_s, fig_.save_s);
+    f.stall_s = std::max(f.stall_s, fig_.stall_s);
+    f.async_total_s = std::max(f.async_total_s, fig_.async_total_s);
+    f.build_s = std::max(f.build_s, fig_.build_s);
+    f.first_load_s = std::max(f.first_load_s, fig_.first_load_s);
+    f.load_s = std::max(f.load_s, fig_.load_s);
+    f.new_tensors_load_s = std::max(f.new_tensors_load_s, fig_.new_tensors_load_s);
+    if (world_->rank() == 0) {
+      f.raw_read_s = fig_.raw_read_s;
+      f.disk = disk_;
     }
-    f.bytes += bytes;
+    f.bytes += bytes_;
+  }
+
+ private:
+  // The state a checkpoint at `step` holds besides the tensors (what load_training_state reads).
+  static nlohmann::json info(std::int64_t step) {
+    return nlohmann::json{{"step", step}, {"optimizer_steps", 1}, {"random_state", 7}};
+  }
+
+  void probe_disk(bool writes) {
+    world_->barrier();
+    if (world_->rank() == 0) disk_.keep_best(writes ? probe_->writes() : probe_->reads());
+    world_->barrier();
+  }
+
+  // The seconds of one synchronous save of the next step, between barriers.
+  double sync_save(const std::vector<checkpoint::StateTensor>& state, const char* which) {
+    world_->barrier();
+    const Clock::time_point t0 = Clock::now();
+    ++step_;
+    const checkpoint::SaveTimes times = saver_.save(step_, state, info(step_), /*async=*/false);
+    world_->barrier();
+    const double s = since(t0);
+    if (verbose_)
+      fmt::print(stderr, "tp={} rank {}: {} save: snapshot {:.2f} s, write+hash {:.2f} s, commit {:.2f} s, save {:.2f} s\n",
+                 tp_, world_->rank(), which, times.snapshot_s, times.write_s, times.commit_s, s);
+    return s;
+  }
+
+  checkpoint::SaveTimes save_async(const std::vector<checkpoint::StateTensor>& state) {
+    ++step_;
+    return saver_.save(step_, state, info(step_), /*async=*/true);
+  }
+
+  void drop_checkpoint_cache() {
+    if (world_->rank() == 0) {
+      for (const auto& e : fs::directory_iterator(checkpoint_)) drop_cache(e.path().string());
+    }
+    world_->barrier();
+  }
+
+  // The seconds of train --resume's load of the last checkpoint into the model and optimizer, in
+  // place, after the page cache dropped its files.
+  double load_in_place() {
+    drop_checkpoint_cache();
+    const Clock::time_point start = Clock::now();
+    const checkpoint::Manifest manifest = checkpoint::read_manifest(checkpoint_);
+    const int loaded_step = train::load_training_state(checkpoint_, manifest, *model_, *opt_, train::StateLoad::in_place);
+    world_->barrier();
+    MG_CHECK(loaded_step == step_, "bench checkpoint: loaded step {}, saved step {}", loaded_step, step_);
+    return since(start);
+  }
+
+  struct Figures {
+    double save_s = 1e30, stall_s = 0, async_total_s = 0;
+    double build_s = 0, first_load_s = 0, load_s = 1e30, raw_read_s = 1e30, new_tensors_load_s = 0;
+  };
+  const nn::ModelConfig& cfg_;
+  int tp_;
+  std::string root_;
+  comm::CommunicatorPtr world_;
+  dist::DeviceMeshPtr mesh_;
+  checkpoint::CheckpointSaver saver_;
+  bool verbose_;
+  std::unique_ptr<DiskProbe> probe_;   // rank 0's
+  DiskSpeed disk_;                     // the best of rank 0's probes
+  std::int64_t step_ = 0;              // of the last save
+  std::string checkpoint_;             // its directory
+  std::uint64_t saved_fingerprint_ = 0, bytes_ = 0;
+  std::unique_ptr<nn::Model> model_;   // the resume's
+  std::unique_ptr<optim::AdamW> opt_;
+  std::vector<checkpoint::StateTensor> loaded_state_;
+  Figures fig_;
+};
+
+// One degree: saves and loads of a checkpoint written at tp, with disk probes (rank 0, the other
+// ranks waiting) between them. The figures of repeated measurements are the best of each, the
+// probes' too: a shared virtual disk's speed changes from one second to the next, and the best of
+// several tries on both sides is what the code and the disk can do.
+TpFigures measure(const BenchCheckpointOptions& o, int tp, const std::string& root) {
+  const nn::ModelConfig cfg = bench_model_config(o);
+  TpFigures f;
+  std::mutex mu;
+  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+    RankBench rank(cfg, tp, root, world);
+    rank.run_saves();
+    rank.forget_saved_state();
+    rank.run_loads();
+    rank.load_into_new_tensors();
+    const std::lock_guard<std::mutex> lock(mu);
+    rank.add_to(f);
   });
   return f;
 }

@@ -10,7 +10,8 @@
 #include <string>
 
 #include "command.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/verify.hpp"
 
 namespace meshgrad::tools {
 namespace {

@@ -12,7 +12,7 @@
 
 #include "command.hpp"
 #include "json_config.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "options.hpp"

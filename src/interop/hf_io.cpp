@@ -1,10 +1,10 @@
 // Hugging Face GPT-2 directories in and out (contract in include/meshgrad/interop/hf_io.hpp).
 #include "meshgrad/interop/hf_io.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/io/sha256.hpp"
 
-#include <fcntl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
@@ -16,7 +16,6 @@
 #include <filesystem>
 #include <fstream>
 #include <iterator>
-#include <random>
 #include <set>
 
 #include "meshgrad/tensor/error.hpp"
@@ -25,6 +24,8 @@
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/io/json_input.hpp"
+#include "meshgrad/io/atomic_commit.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/data/prepare.hpp"
 
@@ -290,57 +291,43 @@ TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<s
   return files;
 }
 
-// The files of the export, written into a temporary directory beside the target and renamed to it
-// at the end; removed on failure.
-class StagedDirectory {
+// The files of the export, written into a stage beside the target (io::StagedDirectory) and renamed
+// onto it at the end: the target is absent or an empty directory, and a directory that appeared there
+// meanwhile with files in it is never replaced. Removed on failure. Errors name --out.
+class ExportDirectory {
  public:
-  explicit StagedDirectory(std::string target) : target_(std::move(target)) {
-    const fs::path t = fs::path(target_).lexically_normal();
-    const fs::path parent = t.parent_path().empty() ? fs::path(".") : t.parent_path();
-    for (int attempt = 0;; ++attempt) {
-      temp_ = (parent / fmt::format(".{}.tmp-{}-{:08x}", t.filename().string(), ::getpid(), std::random_device{}()))
-                  .string();
-      if (::mkdir(temp_.c_str(), 0777) == 0) break;
-      MG_CHECK(errno == EEXIST && attempt < 8, "--out '{}': cannot create the temporary directory '{}': {}", target_,
-               temp_, std::strerror(errno));
-    }
-  }
-  ~StagedDirectory() {
-    if (committed_) return;
-    std::error_code ec;
-    fs::remove_all(temp_, ec);
-  }
-  StagedDirectory(const StagedDirectory&) = delete;
-  StagedDirectory& operator=(const StagedDirectory&) = delete;
+  explicit ExportDirectory(const std::string& target) : staged_(create_stage(target)) {}
 
   std::string path(const std::string& leaf) {
     leaves_.push_back(leaf);
-    return (fs::path(temp_) / leaf).string();
+    return (fs::path(staged_.path()) / leaf).string();
   }
   void write(const std::string& leaf, const std::string& bytes) {
     io::AtomicFileWriter w(path(leaf));
     w.write(bytes.data(), bytes.size(), leaf);
     w.commit();
   }
-  // rename(2) onto the target: it succeeds when the target is absent or an empty directory, and
-  // fails (ENOTEMPTY / EEXIST / ENOTDIR) when something else appeared there meanwhile.
   void commit() {
-    MG_CHECK(::rename(temp_.c_str(), target_.c_str()) == 0, "--out '{}': cannot move the finished export '{}' into "
-             "place: {} (nothing was changed at '{}')", target_, temp_, std::strerror(errno), target_);
-    committed_ = true;
-    const fs::path parent = fs::path(target_).lexically_normal().parent_path();
-    const int fd = ::open(parent.empty() ? "." : parent.c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-    if (fd >= 0) {
-      (void)::fsync(fd);
-      ::close(fd);
+    try {
+      staged_.commit(io::ExistingTarget::kReplaceFileOrEmptyDirectory, io::ParentFlush::kIfPossible);
+    } catch (const io::FileIoError& e) {
+      if (e.op() != io::FileIoError::Op::rename) throw InvalidArgument(fmt::format("--out '{}': {}", staged_.target(), e.what()));
+      throw InvalidArgument(fmt::format("--out '{}': cannot move the finished export '{}' into place: {} (nothing was changed "
+                                        "at '{}')", staged_.target(), staged_.path(), e.reason(), staged_.target()));
     }
   }
   const std::vector<std::string>& leaves() const { return leaves_; }
 
  private:
-  std::string target_, temp_;
+  static io::StagedDirectory create_stage(const std::string& target) {
+    try {
+      return io::StagedDirectory::create_beside(target);
+    } catch (const io::FileIoError& e) {
+      throw InvalidArgument(fmt::format("--out '{}': {}", target, e.what()));
+    }
+  }
+  io::StagedDirectory staged_;
   std::vector<std::string> leaves_;
-  bool committed_ = false;
 };
 
 // --out must be absent or an empty directory (not a link), in a writable directory.
@@ -426,7 +413,7 @@ ExportResult export_hf(const ExportOptions& o) {
   }
   ck.tensors.clear();
 
-  StagedDirectory staged(o.out_dir);
+  ExportDirectory staged(o.out_dir);
   staged.write(kHfConfigFile, gpt2_config_json(ck.config, {o.dtype, eot}));
   io::write_safetensors(staged.path(kHfWeightsFile), tensors, {{"format", "pt"}}, storage);
   if (!tok.vocab.empty()) {

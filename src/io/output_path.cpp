@@ -1,20 +1,13 @@
 // Output paths and atomic file writes (contract in include/meshgrad/io/output_path.hpp).
 #include "meshgrad/io/output_path.hpp"
 
-#include <dirent.h>
 #include <fcntl.h>
-#include <signal.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
-#include <algorithm>
-#include <atomic>
 #include <cerrno>
-#include <cstring>
 #include <filesystem>
-#include <limits.h>
 #include <optional>
-#include <random>
 #include <utility>
 
 namespace meshgrad::io {
@@ -25,8 +18,6 @@ OutputFileError::OutputFileError(std::string path, std::string detail)
     : InvalidArgument(fmt::format("output file '{}': {}", path, detail)), path_(std::move(path)), detail_(std::move(detail)) {}
 
 namespace {
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 // "a directory", "a character device", ... for a file that is not a regular file.
 std::string type_of(mode_t mode) {
@@ -40,11 +31,6 @@ std::string type_of(mode_t mode) {
   return "of an unknown file type";
 }
 
-std::string directory_of(const std::string& path) {
-  const fs::path parent = fs::path(path).parent_path();
-  return parent.empty() ? std::string(".") : parent.string();
-}
-
 // "" when path may be replaced (absent or a regular file), else why not.
 std::string replace_problem(const std::string& path) {
   struct stat st {};
@@ -56,23 +42,6 @@ std::string replace_problem(const std::string& path) {
   if (S_ISLNK(st.st_mode))
     return "is a symbolic link; meshgrad does not write through links (give the path of its target)";
   return fmt::format("is {}; meshgrad only replaces regular files", type_of(st.st_mode));
-}
-
-std::string host_name() {
-  char buf[HOST_NAME_MAX + 1] = {};
-  if (::gethostname(buf, sizeof buf - 1) != 0) return "unknown";
-  return buf;
-}
-
-// ".NAME.tmp-": the prefix of every temporary of target.
-std::string temp_prefix(const std::string& path) { return "." + fs::path(path).filename().string() + ".tmp-"; }
-
-std::string make_temp_path(const std::string& path) {
-  static std::atomic<std::uint64_t> counter{0};
-  static const std::uint32_t salt = std::random_device{}();
-  const std::string leaf = fmt::format("{}{}-{:08x}-{}@{}", temp_prefix(path), ::getpid(), salt,
-                                       counter.fetch_add(1), host_name());
-  return (fs::path(directory_of(path)) / leaf).string();
 }
 
 struct FileId {
@@ -176,84 +145,50 @@ void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector
   }
 }
 
-int remove_stale_temporaries(const std::string& target) {
-  const std::string dir = directory_of(target);
-  const std::string prefix = temp_prefix(target);
-  const std::string me = host_name();
-  DIR* d = ::opendir(dir.c_str());
-  if (d == nullptr) return 0;   // the writer reports a missing directory
-  std::vector<std::string> stale;
-  while (const dirent* e = ::readdir(d)) {
-    const std::string_view name = e->d_name;
-    if (!name.starts_with(prefix)) continue;
-    const std::string_view rest = name.substr(prefix.size());
-    // "<pid>-<salt>-<n>@<host>" (or without "@<host>" from older writers).
-    const std::size_t dash = rest.find('-');
-    if (dash == 0 || dash == std::string_view::npos || dash > 9) continue;
-    const std::string_view pid_text = rest.substr(0, dash);
-    if (!std::all_of(pid_text.begin(), pid_text.end(), [](char c) { return c >= '0' && c <= '9'; })) continue;
-    const auto pid = static_cast<pid_t>(std::stol(std::string(pid_text)));
-    if (const std::size_t at = rest.rfind('@'); at != std::string_view::npos && rest.substr(at + 1) != me) continue;
-    if (pid == ::getpid()) continue;                              // ours: maybe another thread's write
-    if (::kill(pid, 0) == 0 || errno == EPERM) continue;        // that process is alive
-    stale.emplace_back(name);
-  }
-  ::closedir(d);
-  int removed = 0;
-  for (const auto& name : stale)
-    if (::unlink((fs::path(dir) / name).c_str()) == 0) ++removed;
-  return removed;
-}
-
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {
   if (path_.empty()) throw OutputFileError(path_, "the path is empty");
   if (fs::path(path_).filename().empty()) throw OutputFileError(path_, "path names a directory, not a file");
   if (const std::string problem = replace_problem(path_); !problem.empty()) throw OutputFileError(path_, problem);
   remove_stale_temporaries(path_);
-  temp_ = make_temp_path(path_);
-  fd_ = ::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666);
-  if (fd_ < 0) throw OutputFileError(path_, fmt::format("cannot create temporary file '{}': {}", temp_, errno_text(errno)));
+  temp_ = unique_temporary_path(path_);
+  fd_ = UniqueFd(::open(temp_.c_str(), O_WRONLY | O_CREAT | O_EXCL | O_CLOEXEC, 0666));
+  if (fd_.get() < 0) throw OutputFileError(path_, fmt::format("cannot create temporary file '{}': {}", temp_, errno_text(errno)));
 }
 
 AtomicFileWriter::~AtomicFileWriter() {
-  if (fd_ >= 0) ::close(fd_);
+  fd_.reset();
   if (!committed_ && !temp_.empty()) ::unlink(temp_.c_str());
 }
 
 void AtomicFileWriter::write(const void* data, std::uint64_t n, std::string_view what) {
-  if (fd_ < 0) throw OutputFileError(path_, fmt::format("write of {} after commit", what));
-  const auto* src = static_cast<const std::byte*>(data);
-  std::uint64_t done = 0;
-  while (done < n) {
-    const std::size_t chunk = static_cast<std::size_t>(std::min<std::uint64_t>(n - done, std::uint64_t{1} << 30));
-    const ssize_t put = ::write(fd_, src + done, chunk);
-    if (put < 0) {
-      if (errno == EINTR) continue;
-      throw OutputFileError(path_, fmt::format("write error while writing {}: {}", what, errno_text(errno)));
-    }
-    done += static_cast<std::uint64_t>(put);
+  if (fd_.get() < 0) throw OutputFileError(path_, fmt::format("write of {} after commit", what));
+  try {
+    write_all(fd_.get(), data, n, temp_);
+  } catch (const FileIoError& e) {
+    throw OutputFileError(path_, fmt::format("write error while writing {}: {}", what, e.reason()));
   }
 }
 
 void AtomicFileWriter::commit() {
-  if (fd_ < 0) throw OutputFileError(path_, "commit of a file already committed");
-  if (::fsync(fd_) != 0)
-    throw OutputFileError(path_, fmt::format("fsync of temporary file '{}' failed: {}", temp_, errno_text(errno)));
-  const int fd = std::exchange(fd_, -1);
-  if (::close(fd) != 0)
+  if (fd_.get() < 0) throw OutputFileError(path_, "commit of a file already committed");
+  try {
+    fsync_file(fd_.get(), temp_);
+  } catch (const FileIoError& e) {
+    throw OutputFileError(path_, fmt::format("fsync of temporary file '{}' failed: {}", temp_, e.reason()));
+  }
+  if (::close(fd_.release()) != 0)
     throw OutputFileError(path_, fmt::format("closing temporary file '{}' failed: {}", temp_, errno_text(errno)));
   // Again, just before replacing: the target may have changed since the writer was made.
   if (const std::string problem = replace_problem(path_); !problem.empty()) throw OutputFileError(path_, problem);
-  if (::rename(temp_.c_str(), path_.c_str()) != 0)
-    throw OutputFileError(path_, fmt::format("cannot rename temporary file '{}' over it: {}", temp_, errno_text(errno)));
-  committed_ = true;
-  // Make the rename itself durable. Best effort: the new file is already in place, and some file
-  // systems do not support fsync on a directory.
-  const int dir_fd = ::open(directory_of(path_).c_str(), O_RDONLY | O_DIRECTORY | O_CLOEXEC);
-  if (dir_fd >= 0) {
-    (void)::fsync(dir_fd);
-    ::close(dir_fd);
+  try {
+    rename_into_place(temp_, path_, ExistingTarget::kReplaceFileOrEmptyDirectory);
+  } catch (const FileIoError& e) {
+    throw OutputFileError(path_, fmt::format("cannot rename temporary file '{}' over it: {}", temp_, e.reason()));
   }
+  committed_ = true;
+  // Best effort: the new file is already in place, and some file systems do not support fsync on a
+  // directory (or the directory cannot be opened to flush it).
+  flush_directory_of(path_, ParentFlush::kIfPossible);
 }
 
 }  // namespace meshgrad::io

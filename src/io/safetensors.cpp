@@ -5,6 +5,7 @@
 // the tensor and the byte offset, never a crash, a hang or a huge allocation.
 #include "meshgrad/io/safetensors.hpp"
 
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/json_input.hpp"
 #include "meshgrad/io/output_path.hpp"
 
@@ -37,8 +38,6 @@ namespace {
 using json = nlohmann::json;
 
 [[noreturn]] void fail(const std::string& path, const std::string& what) { throw SafetensorsError(path, what); }
-
-std::string errno_text(int err) { return std::strerror(err); }
 
 // The format's dtypes: the name, bytes per element, and what meshgrad reads them as (readable).
 // `rank` is the position in the reference implementation's Dtype enum, which its writer sorts by,
@@ -139,28 +138,8 @@ std::uint16_t encode_half(double x, HalfFormat f) {
   return static_cast<std::uint16_t>(sign | (static_cast<unsigned>(e + f.bias) << m) | (n - (1u << m)));
 }
 
-// Closes a POSIX file descriptor on scope exit.
-class Fd {
- public:
-  explicit Fd(int fd) : fd_(fd) {}
-  ~Fd() { reset(); }
-  Fd(const Fd&) = delete;
-  Fd& operator=(const Fd&) = delete;
-  Fd(Fd&& other) noexcept : fd_(other.release()) {}
-  Fd& operator=(Fd&&) = delete;
-  int get() const { return fd_; }
-  int release() { return std::exchange(fd_, -1); }
-  void reset() {
-    if (fd_ >= 0) ::close(fd_);
-    fd_ = -1;
-  }
-
- private:
-  int fd_;
-};
-
-Fd open_for_reading(const std::string& path, std::uint64_t* size) {
-  Fd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
+UniqueFd open_for_reading(const std::string& path, std::uint64_t* size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
   if (fd.get() < 0) fail(path, fmt::format("cannot open for reading: {}", errno_text(errno)));
   struct stat st {};
   if (::fstat(fd.get(), &st) != 0) fail(path, fmt::format("cannot stat: {}", errno_text(errno)));
@@ -327,7 +306,7 @@ FloatStorage parse_float_storage(const std::string& name) {
 }
 
 SafetensorsFile::SafetensorsFile(std::string path) : path_(std::move(path)) {
-  Fd fd = open_for_reading(path_, &file_size_);
+  UniqueFd fd = open_for_reading(path_, &file_size_);
   if (file_size_ < 8)
     fail(path_, fmt::format("file has {} bytes, too short for the 8-byte header length", file_size_));
   unsigned char length_bytes[8];
@@ -412,7 +391,7 @@ const SafetensorsEntry& SafetensorsFile::entry(const std::string& name) const {
 Tensor SafetensorsFile::get(const std::string& name) const {
   const SafetensorsEntry& e = entry(name);
   std::uint64_t size_now = 0;
-  Fd fd = open_for_reading(path_, &size_now);
+  UniqueFd fd = open_for_reading(path_, &size_now);
   if (size_now != file_size_)
     fail(path_, fmt::format("file changed size from {} to {} bytes since its header was read", file_size_, size_now));
   if (!e.readable)

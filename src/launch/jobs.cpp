@@ -9,7 +9,7 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/train/run_config.hpp"
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/train/trace_file.hpp"

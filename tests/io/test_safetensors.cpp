@@ -18,23 +18,13 @@
 #include <tuple>
 #include <vector>
 
+#include "io/scratch_directory.hpp"
 #include "meshgrad/io/safetensors.hpp"
 
 namespace meshgrad::io {
 namespace {
 
 namespace fs = std::filesystem;
-
-std::string read_bytes(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-}
-
-void write_bytes(const fs::path& path, const std::string& bytes) {
-  std::ofstream out(path, std::ios::binary | std::ios::trunc);
-  out.write(bytes.data(), static_cast<std::streamsize>(bytes.size()));
-  ASSERT_TRUE(out.good()) << path;
-}
 
 std::string u64_le(std::uint64_t v) {
   std::string s(8, '\0');
@@ -51,18 +41,8 @@ std::string file_bytes(std::string header, const std::string& data) {
 // Data-section start of file_bytes(header, ...).
 std::uint64_t data_start_of(const std::string& header) { return 8 + (header.size() + 7) / 8 * 8; }
 
-class SafetensorsTest : public ::testing::Test {
+class SafetensorsTest : public ScratchDirectoryTest {
  protected:
-  void SetUp() override {
-    const auto* info = ::testing::UnitTest::GetInstance()->current_test_info();
-    dir_ = fs::temp_directory_path() / fmt::format("meshgrad_st_{}_{}", ::getpid(), info->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
-
   // Writes bytes to a file and expects reading it to throw SafetensorsError whose message names the
   // file and contains every needle.
   void expect_malformed(const std::string& bytes, const std::vector<std::string>& needles) {
@@ -83,16 +63,6 @@ class SafetensorsTest : public ::testing::Test {
         EXPECT_NE(message.find(needle), std::string::npos) << "missing \"" << needle << "\" in: " << message;
     }
   }
-
-  // Names of the files in the test directory (to find leftover temporaries).
-  std::vector<std::string> listing() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
-  }
-
-  fs::path dir_;
 };
 
 // ---- round trips ---------------------------------------------------------------------------------

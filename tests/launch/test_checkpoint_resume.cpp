@@ -21,7 +21,10 @@
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/blas.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
+#include "meshgrad/checkpoint/saver.hpp"
+#include "meshgrad/checkpoint/verify.hpp"
 #include "meshgrad/interop/hf_io.hpp"
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/generate/sample.hpp"

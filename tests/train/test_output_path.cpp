@@ -15,6 +15,7 @@
 #include <string>
 #include <vector>
 
+#include "io/scratch_directory.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/io/output_path.hpp"
@@ -26,30 +27,11 @@ namespace {
 
 namespace fs = std::filesystem;
 
-class OutputPathTest : public ::testing::Test {
+class OutputPathTest : public io::ScratchDirectoryTest {
  protected:
-  void SetUp() override {
-    dir_ = fs::temp_directory_path() /
-           fmt::format("meshgrad_out_{}_{}", ::getpid(), ::testing::UnitTest::GetInstance()->current_test_info()->name());
-    fs::remove_all(dir_);
-    fs::create_directories(dir_);
-  }
-  void TearDown() override { fs::remove_all(dir_); }
-
-  std::string path(const std::string& leaf) const { return (dir_ / leaf).string(); }
   std::string make_file(const std::string& leaf, const std::string& text = "data") const {
     std::ofstream(dir_ / leaf) << text;
     return path(leaf);
-  }
-  static std::string read(const std::string& p) {
-    std::ifstream in(p, std::ios::binary);
-    return {std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>()};
-  }
-  std::vector<std::string> listing() const {
-    std::vector<std::string> out;
-    for (const auto& e : fs::directory_iterator(dir_)) out.push_back(e.path().filename().string());
-    std::sort(out.begin(), out.end());
-    return out;
   }
   // Expects check_output_paths to throw InvalidArgument whose message holds every needle.
   static void expect_refused(const std::vector<io::NamedPath>& outputs, const std::vector<io::NamedPath>& inputs,
@@ -62,7 +44,6 @@ class OutputPathTest : public ::testing::Test {
         EXPECT_NE(std::string(e.what()).find(n), std::string::npos) << "no \"" << n << "\" in " << e.what();
     }
   }
-  fs::path dir_;
 };
 
 TEST_F(OutputPathTest, AbsentAndRegularTargetsInWritableDirectoriesPass) {
@@ -110,7 +91,7 @@ TEST_F(OutputPathTest, AnOutputThatIsAnInputIsRefusedNamingBoth) {
   expect_refused({{"--out", path("hardlink.txt")}}, {{"--weights", data}}, {"--out", "--weights"});
   fs::create_symlink(data, dir_ / "input_link");   // the input given through a link
   expect_refused({{"--out", data}}, {{"--batch", path("input_link")}}, {"--out", "--batch"});
-  EXPECT_EQ(read(data), "data");
+  EXPECT_EQ(io::read_bytes(data), "data");
 }
 
 TEST_F(OutputPathTest, TwoOutputsNamingOneFileAreRefused) {
@@ -128,7 +109,7 @@ TEST_F(OutputPathTest, AnExceptionMidWriteLeavesTheOldFileAndNoTemporary) {
     throw std::runtime_error("interrupted");
   } catch (const std::runtime_error&) {
   }
-  EXPECT_EQ(read(p), "old");
+  EXPECT_EQ(io::read_bytes(p), "old");
   EXPECT_EQ(listing(), std::vector<std::string>{"out.bin"});
 
   {
@@ -136,7 +117,7 @@ TEST_F(OutputPathTest, AnExceptionMidWriteLeavesTheOldFileAndNoTemporary) {
     w.write("new", 3, "all");
     w.commit();
   }
-  EXPECT_EQ(read(p), "new");
+  EXPECT_EQ(io::read_bytes(p), "new");
   EXPECT_EQ(listing(), std::vector<std::string>{"out.bin"});
 }
 
@@ -247,7 +228,7 @@ TEST_F(OutputPathTest, TrainRefusesToOverwriteItsData) {
   o.save_path = o.data_path;
   message = error_of([&] { train_on_two_ranks(o); });
   EXPECT_NE(message.find("--save"), std::string::npos) << message;
-  EXPECT_EQ(read(o.data_path), corpus);
+  EXPECT_EQ(io::read_bytes(o.data_path), corpus);
 }
 
 // The full Hugging Face-named file is still written, and loads back.

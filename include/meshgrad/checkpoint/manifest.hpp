@@ -1,4 +1,4 @@
-// The manifest of a sharded checkpoint (checkpoint_store.hpp describes the directory): which file
+// The manifest of a sharded checkpoint (store.hpp describes the directory): which file
 // holds which box of which tensor, with hashes (SHA-256 per file, XXH3-128 per piece), and the
 // trainer's state. Parsing is bounded
 // and checks every field, since a manifest is read from disk: this is what the fuzz target
@@ -33,9 +33,6 @@ std::string box_str(const Box& box);   // "[0:2, 4:8]"
 
 inline constexpr const char* kCheckpointFormat = "meshgrad-checkpoint";
 inline constexpr int kCheckpointVersion = 1;
-
-// "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
-std::string checkpoint_dir_name(std::int64_t step);
 
 struct ManifestPiece {
   std::size_t file = 0;         // index into Manifest::files

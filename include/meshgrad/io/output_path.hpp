@@ -13,6 +13,8 @@
 #include <string_view>
 #include <vector>
 
+#include "meshgrad/io/atomic_commit.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::io {
@@ -52,10 +54,11 @@ class OutputFileError : public InvalidArgument {
   std::string path_, detail_;
 };
 
-// Writes one file atomically. The data goes to a temporary ".NAME.tmp-<pid>-<salt>-<n>@<host>" in
-// the target's directory (so the rename cannot cross file systems); commit() flushes it to disk,
-// checks again that the target is absent or a regular file, renames it over the target and
-// flushes the directory. Until commit() the target is untouched; after it the target is complete.
+// Writes one file atomically (io/atomic_commit.hpp). The data goes to a temporary
+// unique_temporary_path(target) in the target's directory (so the rename cannot cross file systems);
+// commit() flushes it to disk, checks again that the target is absent or a regular file, renames it
+// over the target and flushes the directory. Until commit() the target is untouched; after it the
+// target is complete.
 // A writer destroyed without commit() (an error, an exception between writes) removes its
 // temporary. Construction first removes stale temporaries of the same target (see
 // remove_stale_temporaries). Throws OutputFileError.
@@ -75,13 +78,8 @@ class AtomicFileWriter {
 
  private:
   std::string path_, temp_;
-  int fd_ = -1;
+  UniqueFd fd_;
   bool committed_ = false;
 };
-
-// Removes the temporaries ".NAME.tmp-<pid>-..." of target in its directory whose process is gone:
-// written on this host (or by an older meshgrad that did not record the host) by a pid that no
-// longer exists. A live process's temporaries are left alone. Returns how many were removed.
-int remove_stale_temporaries(const std::string& target);
 
 }  // namespace meshgrad::io

@@ -132,7 +132,7 @@ std::uint16_t float_to_bf16(double value);
 // the tensors in data order, as compact JSON padded with spaces to a multiple of 8 bytes. So the
 // output is deterministic and every tensor starts aligned to its element size.
 //
-// Atomic (train/output_path.hpp, AtomicFileWriter): the file is written to a temporary
+// Atomic (io/output_path.hpp, AtomicFileWriter): the file is written to a temporary
 // ".NAME.tmp-*" in the same directory, flushed to disk (fsync) and renamed over path; on any error
 // (invalid input, I/O, an exception) the temporary is removed and an existing file at path is left
 // untouched. Only a missing path or a regular file is replaced: a directory, a device or a

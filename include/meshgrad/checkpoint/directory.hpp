@@ -1,0 +1,33 @@
+// Checkpoint directories under a root (store.hpp describes what one holds): their names, finding the
+// committed ones, and reading their manifest.
+//
+//   ROOT/step_00000100/manifest.json    a committed checkpoint (it has a manifest)
+//   ROOT/.step_00000100.tmp/             a save in progress, or what a killed one left (saver.hpp)
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "meshgrad/checkpoint/manifest.hpp"
+
+namespace meshgrad::checkpoint {
+
+// The file in a checkpoint directory that makes it one: written last, by the commit.
+inline constexpr const char* kManifestFileName = "manifest.json";
+
+// "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
+std::string checkpoint_dir_name(std::int64_t step);
+
+// The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), oldest
+// first, as full paths. Temporaries and other entries are ignored.
+std::vector<std::string> list_checkpoints(const std::string& root);
+// True when path is a checkpoint directory (holds manifest.json) or a root holding at least one.
+bool is_checkpoint_path(const std::string& path);
+// `path` itself when it holds manifest.json, else the newest committed checkpoint under it. Throws
+// CheckpointError naming path when there is none.
+std::string resolve_checkpoint(const std::string& path);
+// Reads and parses dir/manifest.json (size-bounded).
+Manifest read_manifest(const std::string& dir);
+
+}  // namespace meshgrad::checkpoint

@@ -1,0 +1,74 @@
+// Checkpoint directories: names, finding, the manifest (contract in
+// include/meshgrad/checkpoint/directory.hpp).
+#include "meshgrad/checkpoint/directory.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <filesystem>
+#include <utility>
+
+namespace meshgrad::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+// "step_" and 8 digits; *step gets the number.
+bool is_step_name(const std::string& name, std::int64_t* step) {
+  if (name.size() != 13 || name.rfind("step_", 0) != 0) return false;
+  std::int64_t s = 0;
+  for (std::size_t i = 5; i < name.size(); ++i) {
+    if (name[i] < '0' || name[i] > '9') return false;
+    s = s * 10 + (name[i] - '0');
+  }
+  if (step) *step = s;
+  return true;
+}
+
+}  // namespace
+
+std::string checkpoint_dir_name(std::int64_t step) {
+  MG_CHECK(step >= 0 && step <= 99999999, "checkpoint: step {} does not fit step_XXXXXXXX", step);
+  return fmt::format("step_{:08d}", step);
+}
+
+std::vector<std::string> list_checkpoints(const std::string& root) {
+  std::vector<std::pair<std::int64_t, std::string>> found;
+  std::error_code ec;
+  for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
+    std::int64_t step = 0;
+    const std::string name = it->path().filename().string();
+    if (!is_step_name(name, &step)) continue;
+    std::error_code e2;
+    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestFileName, e2)) found.emplace_back(step, it->path().string());
+  }
+  std::sort(found.begin(), found.end());
+  std::vector<std::string> out;
+  for (auto& [step, p] : found) out.push_back(std::move(p));
+  return out;
+}
+
+bool is_checkpoint_path(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec)) return false;
+  return fs::is_regular_file(fs::path(path) / kManifestFileName, ec) || !list_checkpoints(path).empty();
+}
+
+std::string resolve_checkpoint(const std::string& path) {
+  std::error_code ec;
+  if (!fs::is_directory(path, ec))
+    throw CheckpointError(fmt::format("checkpoint '{}' is not a directory (a checkpoint directory step_XXXXXXXX, or the "
+                                      "--checkpoint-dir holding them)", path));
+  if (fs::exists(fs::path(path) / kManifestFileName, ec)) return path;
+  const std::vector<std::string> all = list_checkpoints(path);
+  if (all.empty())
+    throw CheckpointError(fmt::format("checkpoint '{}' holds no complete checkpoint (no step_XXXXXXXX/manifest.json)", path));
+  return all.back();
+}
+
+Manifest read_manifest(const std::string& dir) {
+  return read_manifest_file((fs::path(dir) / kManifestFileName).string());
+}
+
+}  // namespace meshgrad::checkpoint

@@ -1,0 +1,344 @@
+// Saving sharded checkpoints (contract and commit protocol in include/meshgrad/checkpoint/saver.hpp).
+#include "meshgrad/checkpoint/saver.hpp"
+
+#include <fmt/format.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <cstdint>
+#include <chrono>
+#include <cstdio>
+#include <cstring>
+#include <filesystem>
+#include <set>
+
+#include "checkpoint/commit.hpp"
+#include "checkpoint/pieces.hpp"
+#include "checkpoint/rank_writes.hpp"
+#include "checkpoint/write_plan.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/io/atomic_commit.hpp"
+#include "meshgrad/tensor/parallel.hpp"
+
+namespace meshgrad::checkpoint {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+double seconds_since(Clock::time_point t0) { return std::chrono::duration<double>(Clock::now() - t0).count(); }
+
+// The saves exchange hashes after writing: a slow disk may keep a peer busy for long, but never forever.
+constexpr comm::Milliseconds kSaveExchangeTimeout{30 * 60 * 1000};
+
+// Files per rank when the caller leaves it to the saver: as many as the cores a rank has to itself
+// (one hashing stream each), at most 8.
+int files_per_rank_from_cores(int ranks) {
+  const unsigned cores = std::max(1u, std::thread::hardware_concurrency());
+  return static_cast<int>(std::clamp<std::int64_t>(static_cast<std::int64_t>(cores) / ranks, 1, 8));
+}
+
+// Every tensor's piece must be the one its placements give this rank (a wrong piece would be written
+// under another box), and names unique. Returns what the manifest needs of them: names, full shapes,
+// placements and dtypes, no data.
+std::vector<StateTensor> check_and_describe(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh) {
+  std::vector<StateTensor> meta;
+  std::set<std::string> names;
+  for (const StateTensor& t : tensors) {
+    MG_CHECK(names.insert(t.name).second, "checkpoint: two state tensors are named '{}'", t.name);
+    MG_CHECK(t.local.defined(), "checkpoint: state tensor '{}' has no value", t.name);
+    const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates());
+    MG_CHECK(t.local.shape() == layout.local_shape, "checkpoint: state tensor '{}' has local shape {}, but full shape {} "
+             "placed {} gives {} on rank {}", t.name, shape_str(t.local.shape()), shape_str(t.full_shape),
+             dist::placements_str(t.placements), shape_str(layout.local_shape), mesh.rank());
+    meta.push_back({t.name, t.full_shape, t.placements, Tensor::empty({0}, t.local.dtype())});
+  }
+  return meta;
+}
+
+// ---- The pieces this rank writes ----------------------------------------------------------------
+
+// One run of an async save's snapshot: n bytes from src to dst.
+struct SnapshotCopy {
+  std::byte* dst = nullptr;
+  const std::byte* src = nullptr;
+  std::uint64_t n = 0;
+};
+
+// Does the copies with the threads of the rank's cores (parallel::workers_for: the BLAS threads a
+// rank owns), each thread an equal share of the bytes, cut anywhere inside a run: the snapshot is
+// what an async save stalls training for, and one core's memcpy leaves memory bandwidth unused.
+void copy_on_the_ranks_cores(const std::vector<SnapshotCopy>& copies) {
+  std::vector<std::uint64_t> starts;   // each copy's first byte in the concatenation of all of them
+  starts.reserve(copies.size());
+  std::uint64_t total = 0;
+  for (const SnapshotCopy& c : copies) {
+    starts.push_back(total);
+    total += c.n;
+  }
+  const auto workers = parallel::workers_for(static_cast<std::int64_t>(total / sizeof(float)));
+  parallel::for_ranges(static_cast<std::int64_t>(total), workers, [&](std::int64_t begin, std::int64_t end) {
+    const auto lo = static_cast<std::uint64_t>(begin), hi = static_cast<std::uint64_t>(end);
+    std::size_t i = static_cast<std::size_t>(std::upper_bound(starts.begin(), starts.end(), lo) - starts.begin()) - 1;
+    for (; i < copies.size() && starts[i] < hi; ++i) {
+      const std::uint64_t from = std::max(lo, starts[i]) - starts[i], to = std::min(hi, starts[i] + copies[i].n) - starts[i];
+      std::memcpy(copies[i].dst + from, copies[i].src + from, to - from);
+    }
+  });
+}
+
+// The box of this rank's piece of t that p is, with the contiguous local tensor holding it.
+std::pair<Tensor, LocalBox> find_box(const PlannedPiece& p, const StateTensor& t, const dist::DeviceMesh& mesh) {
+  const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates());
+  for (const LocalBox& lb : local_boxes(layout)) {
+    if (same_box(lb.box, p.box)) return {t.local.detach().contiguous(), lb};   // itself: parameters and moments are contiguous
+  }
+  MG_CHECK(false, "checkpoint: internal error: rank {} writes box {} of '{}' but does not hold it", mesh.rank(),
+           box_str(p.box), t.name);
+  return {};
+}
+
+// The pieces of the plan that `rank` writes: indices into plan, in plan order.
+std::vector<std::size_t> pieces_written_by(const std::vector<PlannedPiece>& plan, int rank) {
+  std::vector<std::size_t> mine;
+  for (std::size_t k = 0; k < plan.size(); ++k) {
+    if (plan[k].writer == rank) mine.push_back(k);
+  }
+  return mine;
+}
+
+// The bytes of each piece a rank writes, for its file writers.
+struct PieceBytes {
+  std::vector<BoxBytes> data;       // per piece written, in the order of `mine`
+  std::vector<Tensor> keep_alive;   // the tensors `data` points into (none with a snapshot)
+};
+
+// Finds each piece of `mine` (pieces_written_by this rank) among this rank's boxes of its tensor.
+// With a snapshot (async saves: training may change the tensors as soon as save() returns; room for
+// every piece's bytes) the pieces are copied into it back to back, with the threads of the rank's
+// cores, and data points there. Without (sync saves) data points into the tensors, no copy. Either
+// way a box of a blocked dim (the q, k and v blocks of an attention weight) is gathered run by run
+// (BoxBytes) where it goes, never packed into a temporary first. Throws InvalidArgument when a piece
+// is not where the plan says (an internal error).
+PieceBytes find_piece_bytes(const std::vector<PlannedPiece>& plan, const std::vector<std::size_t>& mine,
+                            const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh, std::byte* snapshot) {
+  PieceBytes out;
+  std::uint64_t snapshot_used = 0;   // pieces lie back to back in the snapshot (p.offset is within p.file)
+  std::vector<SnapshotCopy> copies;  // with a snapshot: the runs to copy into it, after the loop
+  std::vector<Tensor> sources;       // with a snapshot: keeps what the copies read alive until they ran
+  for (std::size_t k : mine) {
+    const PlannedPiece& p = plan[k];
+    const StateTensor& t = tensors[p.tensor];
+    const auto [local, lb] = find_box(p, t, mesh);
+    const BoxBytes box = box_bytes(local, lb);
+    MG_CHECK(box.bytes() == p.bytes, "checkpoint: internal error: box {} of '{}' is {} bytes, planned {}", box_str(p.box),
+             t.name, box.bytes(), p.bytes);
+    if (snapshot == nullptr) {
+      out.data.push_back(box);
+      out.keep_alive.push_back(local);
+      continue;
+    }
+    std::byte* dst = snapshot + snapshot_used;
+    box.for_each_run([&](const std::byte* run, std::uint64_t n) {
+      copies.push_back({dst, run, n});
+      dst += n;
+    });
+    sources.push_back(local);
+    out.data.push_back({snapshot + snapshot_used, 1, p.bytes, 0});
+    snapshot_used += p.bytes;
+  }
+  copy_on_the_ranks_cores(copies);
+  return out;
+}
+
+comm::CollectiveOptions save_collective_options() {
+  comm::CollectiveOptions opt;
+  opt.timeout = kSaveExchangeTimeout;
+  return opt;
+}
+
+}  // namespace
+
+struct CheckpointSaver::Job {
+  std::int64_t step = 0;
+  std::string stage_dir, final_dir;
+  std::vector<PlannedPiece> plan;
+  std::vector<std::size_t> mine;             // indices into plan this rank writes, in file order
+  PieceBytes pieces;                         // the bytes of each of `mine`: in the snapshot or a tensor
+  std::uint64_t bytes = 0;
+  std::vector<StateTensor> meta;             // names, shapes, dtypes (no data) for the manifest
+  nlohmann::json state;
+  RankReport written;                        // step 1: this rank's files (ok false when it failed)
+  std::vector<RankReport> reports;           // step 2: every rank's
+  std::string error;                         // this rank's first error (writing, or a collective)
+  std::string commit_error;                  // rank 0's (step 3)
+  SaveTimes times;
+  std::exception_ptr outcome;                // what wait() rethrows
+};
+
+// ---- Opening the root -----------------------------------------------------------------------------
+
+CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int keep, int files_per_rank)
+    : root_(std::move(root)), mesh_(std::move(mesh)), keep_(keep) {
+  MG_CHECK(mesh_ != nullptr, "checkpoint: no mesh");
+  MG_CHECK(keep_ >= 0, "checkpoint: --keep must be >= 0 (0 keeps every checkpoint), got {}", keep_);
+  MG_CHECK(files_per_rank >= 0 && files_per_rank <= 64, "checkpoint: files per rank must be 0 (chosen from the cores) to 64, "
+           "got {}", files_per_rank);
+  // Rank 0 prepares the root; the outcome is broadcast so every rank fails together.
+  std::string problem;
+  if (mesh_->rank() == 0) {
+    try {
+      lock_fd_ = lock_root_and_remove_leftovers(root_);
+    } catch (const std::exception& e) {
+      problem = e.what();
+    }
+  }
+  // decided[0]: the length of rank 0's error (0: none), whose text follows in a second broadcast, so
+  // that every rank throws it (the threads backend reports whichever rank failed first). decided[1]:
+  // the files per rank, decided by rank 0 so that every rank plans the same files.
+  std::int64_t decided[2] = {static_cast<std::int64_t>(problem.size()),
+                             files_per_rank > 0 ? files_per_rank : files_per_rank_from_cores(mesh_->size())};
+  mesh_->world()->broadcast(comm::MutableBuffer{decided, 2, DType::Int64}, 0);
+  files_per_rank_ = static_cast<int>(decided[1]);
+  if (decided[0] != 0) {
+    if (lock_fd_ >= 0) ::close(lock_fd_);
+    const auto length = static_cast<std::size_t>(decided[0]);
+    std::vector<std::int64_t> words((length + sizeof(std::int64_t) - 1) / sizeof(std::int64_t), 0);
+    if (mesh_->rank() == 0) std::memcpy(words.data(), problem.data(), length);
+    mesh_->world()->broadcast(comm::MutableBuffer{words.data(), words.size(), DType::Int64}, 0);
+    throw CheckpointError(std::string(reinterpret_cast<const char*>(words.data()), length));
+  }
+  comm_ = mesh_->world()->split(0, mesh_->rank());
+}
+
+CheckpointSaver::~CheckpointSaver() {
+  try {
+    wait();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "meshgrad: a checkpoint save failed: %s\n", e.what());
+  }
+  if (lock_fd_ >= 0) ::close(lock_fd_);
+}
+
+// ---- Saving ---------------------------------------------------------------------------------------
+
+SaveTimes CheckpointSaver::wait() {
+  if (worker_.joinable()) worker_.join();
+  if (!job_) return {};
+  const std::unique_ptr<Job> job = std::move(job_);
+  if (job->outcome) std::rethrow_exception(job->outcome);
+  return job->times;
+}
+
+SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor>& tensors, const nlohmann::json& state,
+                                bool async) {
+  wait();
+  const Clock::time_point t0 = Clock::now();
+  auto job = std::make_unique<Job>();
+  job->step = step;
+  job->final_dir = (fs::path(root_) / checkpoint_dir_name(step)).string();
+  job->stage_dir = stage_path(root_, step);
+  job->state = state;
+  job->meta = check_and_describe(tensors, *mesh_);
+  job->plan = plan_pieces(tensors, *mesh_, files_per_rank_);
+  collect_pieces(*job, tensors, async);   // the stall of an async save
+  job->times.snapshot_s = seconds_since(t0);
+  job->times.bytes_written = job->bytes;
+  const SaveTimes snapshot_times = job->times;
+  job_ = std::move(job);
+  if (async) {
+    worker_ = std::thread([this] { run_job(*job_); });
+    return snapshot_times;
+  }
+  run_job(*job_);
+  return wait();
+}
+
+void CheckpointSaver::collect_pieces(Job& job, const std::vector<StateTensor>& tensors, bool async) {
+  job.mine = pieces_written_by(job.plan, mesh_->rank());
+  for (std::size_t k : job.mine) job.bytes += job.plan[k].bytes;
+  // Async: the snapshot buffer is kept for the next save, so only the first one pays for fresh pages.
+  if (async && snapshot_capacity_ < job.bytes) {
+    snapshot_.reset();
+    snapshot_ = std::make_unique_for_overwrite<std::byte[]>(job.bytes);
+    snapshot_capacity_ = job.bytes;
+  }
+  job.pieces = find_piece_bytes(job.plan, job.mine, tensors, *mesh_, async ? snapshot_.get() : nullptr);
+}
+
+// ---- The commit protocol --------------------------------------------------------------------------
+
+void CheckpointSaver::run_job(Job& job) noexcept {
+  const Clock::time_point t0 = Clock::now();
+  try {
+    write_files(job);
+  } catch (const std::exception& e) {
+    job.error = e.what();
+  }
+  job.pieces.keep_alive.clear();
+  job.times.write_s = seconds_since(t0);
+  bool committed = false;
+  try {
+    share_reports(job);
+    if (mesh_->rank() == 0) committed = commit(job);
+    committed = share_verdict(committed);
+  } catch (const std::exception& e) {
+    if (job.error.empty()) job.error = e.what();
+  }
+  if (!job.error.empty()) {
+    job.outcome = std::make_exception_ptr(CheckpointError(job.error));
+  } else if (!job.commit_error.empty()) {
+    job.outcome = std::make_exception_ptr(CheckpointError(job.commit_error));
+  } else if (!committed) {
+    job.outcome = std::make_exception_ptr(CheckpointError(
+        fmt::format("checkpoint of step {} was not committed (see the error of rank 0 or of the rank that failed)", job.step)));
+  }
+}
+
+void CheckpointSaver::write_files(Job& job) const {
+  create_stage(job.stage_dir);
+  job.written = write_rank_files(job.stage_dir, mesh_->rank(), files_per_rank_, job.plan, job.mine, job.pieces.data);
+}
+
+void CheckpointSaver::share_reports(Job& job) const {
+  job.written.ok = job.error.empty();
+  job.reports = exchange_reports(*comm_, job.written, job.plan, files_per_rank_, save_collective_options());
+}
+
+bool CheckpointSaver::commit(Job& job) {
+  const Clock::time_point t0 = Clock::now();
+  try {
+    // Removed unless committed: a save that fails leaves nothing behind.
+    io::StagedDirectory stage = io::StagedDirectory::adopt(job.stage_dir, job.final_dir);
+    commit_stage(stage, manifest_of(job));
+    last_committed_ = job.final_dir;
+    prune_checkpoints(root_, keep_, job.final_dir);   // only now that the new one is safe
+  } catch (const std::exception& e) {
+    job.commit_error = e.what();
+  }
+  job.times.commit_s = seconds_since(t0);
+  return job.commit_error.empty();
+}
+
+Manifest CheckpointSaver::manifest_of(const Job& job) const {
+  const auto failed = std::find_if(job.reports.begin(), job.reports.end(), [](const RankReport& r) { return !r.ok; });
+  if (failed != job.reports.end())
+    throw CheckpointError(fmt::format("checkpoint of step {}: rank {} could not write its file (its error is above)", job.step,
+                                      failed - job.reports.begin()));
+  Manifest m;
+  m.step = job.step;
+  m.mesh = mesh_->str();
+  m.state = job.state;
+  for (const StateTensor& t : job.meta) m.tensors.push_back({t.name, t.local.dtype(), t.full_shape, {}});
+  add_written_files(m, job.reports, job.plan, files_per_rank_);
+  return m;
+}
+
+bool CheckpointSaver::share_verdict(bool committed) const {
+  std::int64_t word = committed ? 1 : 0;
+  comm_->broadcast(comm::MutableBuffer{&word, 1, DType::Int64}, 0, save_collective_options());
+  return word != 0;
+}
+
+}  // namespace meshgrad::checkpoint
