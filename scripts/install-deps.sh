@@ -18,6 +18,7 @@ packages=(
   clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
   python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
+  universal-ctags          # function extents for the house check (scripts/check-house.py)
 )
 # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
 # nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).

@@ -229,14 +229,8 @@ std::uint64_t checkpoint_bytes(const std::vector<checkpoint::StateTensor>& state
 
 // The model of the benchmark: a GPT of the options' shape.
 nn::ModelConfig bench_model_config(const BenchCheckpointOptions& o) {
-  nn::ModelConfig cfg;
-  cfg.kind = "gpt";
-  cfg.layers = o.layers;
-  cfg.hidden = o.hidden;
-  cfg.heads = o.heads;
-  cfg.vocab = o.vocab;
+  nn::ModelConfig cfg = nn::ModelConfig::gpt(o.layers, o.hidden, o.heads, o.vocab, /*seq=*/64);
   cfg.positions = o.positions;
-  cfg.seq = 64;
   return cfg;
 }
 

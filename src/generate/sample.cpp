@@ -2,7 +2,8 @@
 #include "meshgrad/generate/sample.hpp"
 
 #include "meshgrad/autograd/grad_mode.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 
 #include <algorithm>

@@ -7,6 +7,7 @@
 #include <nlohmann/json.hpp>
 
 #include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
 
 namespace meshgrad::train {
 

@@ -16,7 +16,8 @@
 #include <optional>
 
 #include "meshgrad/checkpoint/parameter_file.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/saver.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/interop/hf_io.hpp"

@@ -16,7 +16,9 @@
 // ROOT: the saver holds an exclusive lock (ROOT/.lock) for its lifetime.
 //
 // The file system must be shared by all ranks (one process with rank threads; under MPI on several
-// machines, a network file system): rank 0 commits the directory the others wrote into.
+// machines, one file system every machine sees): rank 0 commits the directory the others wrote into.
+// The commit renames with RENAME_NOREPLACE / RENAME_EXCHANGE, which local file systems (ext4, xfs,
+// btrfs, tmpfs) support and NFS does not yet (io::rename_into_place is where a fallback goes).
 #pragma once
 
 #include <cstdint>

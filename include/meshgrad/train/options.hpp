@@ -55,7 +55,7 @@ struct TrainOptions {
   // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
   int grad_accum = 1;
   int eval_steps = 20;
-  // Sharded checkpoints (checkpoint/store.hpp): every save_every steps and after the last step,
+  // Sharded checkpoints (checkpoint/saver.hpp): every save_every steps and after the last step,
   // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
   // unless checkpoint_sync. "" = no checkpoints.
   std::string checkpoint_dir;

@@ -6,7 +6,7 @@
 #include <vector>
 
 #include "meshgrad/checkpoint/manifest.hpp"
-#include "meshgrad/checkpoint/store.hpp"
+#include "meshgrad/checkpoint/state_tensor.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/optim/adamw.hpp"
 
