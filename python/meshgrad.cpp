@@ -21,6 +21,8 @@
 #include <pybind11/stl.h>
 
 #include <cstring>
+#include <limits>
+#include <type_traits>
 #include <memory>
 #include <optional>
 #include <set>
@@ -42,6 +44,16 @@ namespace py = pybind11;
 namespace meshgrad::python {
 namespace {
 
+// The Python name of the type a keyword takes, for messages ("str", not std::__cxx11::basic_string).
+template <class T>
+const char* python_type_name() {
+  if constexpr (std::is_same_v<T, bool>) return "bool";
+  else if constexpr (std::is_integral_v<T>) return "int";
+  else if constexpr (std::is_floating_point_v<T>) return "float";
+  else if constexpr (std::is_same_v<T, std::string>) return "str";
+  else return "a list of str";
+}
+
 // Keyword arguments of one call: get() reads the known ones, finish() rejects the rest. Call
 // finish() before doing any work, so a typo costs nothing.
 class Keywords {
@@ -53,12 +65,34 @@ class Keywords {
     known_.insert(key);
     if (!kwargs_.contains(key)) return;
     py::handle value = kwargs_[key];
+    // An int too large for the option is a range error, not a type error.
+    if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
+      if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {
+        const py::int_ v = py::reinterpret_borrow<py::int_>(value);
+        const bool fits = py::int_(std::numeric_limits<T>::min()) <= v && v <= py::int_(std::numeric_limits<T>::max());
+        if (!fits) {
+          throw py::value_error(fmt::format("{}(): {} must be an int in [{}, {}], got {}", function_, key,
+                                            std::numeric_limits<T>::min(), std::numeric_limits<T>::max(),
+                                            std::string(py::repr(value))));
+        }
+      }
+    }
     try {
       out = value.cast<T>();
     } catch (const py::cast_error&) {
-      throw py::type_error(fmt::format("{}(): {} must be {}, got {} ({})", function_, key, py::type_id<T>(),
+      throw py::type_error(fmt::format("{}(): {} must be {}, got {} ({})", function_, key, python_type_name<T>(),
                                        std::string(py::repr(value)), std::string(py::str(value.get_type().attr("__name__")))));
     }
+  }
+
+  // A path that may be left out: None (or the keyword absent) means none; a str is taken as given,
+  // so an empty one is refused by the job ("the path is empty"), never read as "none".
+  void get_path(const char* key, std::string& out) {
+    if (kwargs_.contains(key) && kwargs_[key].is_none()) {
+      known_.insert(key);
+      return;
+    }
+    get(key, out);
   }
 
   void finish() const {
@@ -188,39 +222,40 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("mesh", mesh);
   k.get("backend", backend);
   k.get("steps", o.steps);
-  k.get("data", o.data_path);
+  k.get_path("data", o.data_path);
   model_keywords(k, o.model);
   k.get("lr", o.lr);
   k.get("warmup", o.warmup_steps);
   k.get("seed", o.seed);
-  k.get("metrics", o.metrics_path);
+  k.get_path("metrics", o.metrics_path);
   k.get("sequence_parallel", o.parallel.sequence_parallel);
   k.get("overlap", o.parallel.overlap);
   k.get("checkpoint_blocks", o.parallel.checkpoint_blocks);
   k.get("dtype", dtype);
   k.get("dropout", o.model.dropout);
-  k.get("save", o.save_path);
-  k.get("init_from", o.init_from);
-  k.get("trace", o.trace_path);
+  k.get_path("save", o.save_path);
+  k.get_path("init_from", o.init_from);
+  k.get_path("trace", o.trace_path);
   k.get("progress", o.progress);
   k.get("regather", o.parallel.recompute_allgather);
   k.get("eval_every", o.eval_every);
   k.get("eval_steps", o.eval_steps);
   k.get("grad_clip", o.grad_clip);
   k.get("grad_accum", o.grad_accum);
-  k.get("checkpoint_dir", o.checkpoint_dir);
+  k.get_path("checkpoint_dir", o.checkpoint_dir);
   k.get("save_every", o.save_every);
   k.get("keep", o.keep);
   k.get("sync_checkpoints", o.checkpoint_sync);
-  k.get("resume", o.resume);
+  k.get_path("resume", o.resume);
   k.get("tp_invariant", o.parallel.tp_invariant);
   k.get("invariant_blocks", o.parallel.invariant_blocks);
   k.finish();
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
+    if (item.second.is_none()) continue;   // a path left out
     std::string key = py::str(item.first);
     std::replace(key.begin(), key.end(), '_', '-');
-    o.given_options.insert(key == "checkpoint-blocks" ? key : key);
+    o.given_options.insert(key);
   }
   if (!o.resume.empty() && !kwargs.contains("mesh")) {
     mesh = checkpoint::read_manifest(checkpoint::resolve_checkpoint(o.resume)).state.value("mesh", mesh);
@@ -404,12 +439,14 @@ PYBIND11_MODULE(meshgrad, m) {
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
   m.def("train", &train_job,
-        "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data='', "
-        "lr=3e-3, warmup=10, seed=1234, metrics='', sequence_parallel=False, overlap=False, "
-        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save='', init_from='', progress=False, regather=False, "
-        "eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir='', save_every=0, keep=0, "
-        "sync_checkpoints=False, resume='', trace='', tp_invariant=False, invariant_blocks=4) -> list of per-step "
-        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. Under backend='mpi' "
+        "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
+        "lr=3e-3, warmup=10, seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
+        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
+        "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
+        "keep=0, sync_checkpoints=False, resume=None, trace=None, tp_invariant=False, invariant_blocks=4) -> list of "
+        "per-step "
+        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. A path left out (None) is none; "
+        "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,
         "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "

@@ -132,8 +132,11 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--seed", o.seed, "Seed of initialisation, data order and dropout")
                   ->check(at_least(0, UINT64_MAX))
                   ->capture_default_str();
-              app.add_option("--metrics", o.metrics_path, "JSON-lines metrics file (one object per step)")
-                  ->capture_default_str();
+              CLI::Option* metrics =
+                  app.add_option("--metrics", o.metrics_path, "JSON-lines metrics file (one object per step)")
+                      ->capture_default_str();
+              app.add_flag_callback("--no-metrics", [&o] { o.metrics_path.clear(); }, "Write no metrics file")
+                  ->excludes(metrics);
               app.add_flag("--sequence-parallel", o.parallel.sequence_parallel,
                            "Sequence parallelism (reduce-scatter / all-gather along the sequence)");
               app.add_flag("--overlap", o.parallel.overlap, "Overlap backward communication with compute");

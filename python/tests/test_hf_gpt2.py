@@ -137,7 +137,7 @@ def exported(tmp_path_factory):
     """A meshgrad run (5 steps at tp=2, so the weights are trained, not the initialisation) exported
     in float32, float16 and bfloat16."""
     d = tmp_path_factory.mktemp("hf")
-    meshgrad("train", "--mesh", "tp=2", "--steps", 5, "--lr", "1e-2", "--batch", 4, "--metrics", "",
+    meshgrad("train", "--mesh", "tp=2", "--steps", 5, "--lr", "1e-2", "--batch", 4, "--no-metrics",
              "--layers", SIZES["layers"], "--hidden", SIZES["hidden"], "--heads", SIZES["heads"],
              "--seq", SIZES["seq"], "--save", d / "ck.safetensors")
     for dtype in ("float32", "float16", "bfloat16"):

@@ -280,6 +280,22 @@ def test_unknown_keyword_is_a_type_error_naming_it():
 def test_wrong_type_is_a_type_error_naming_the_keyword():
     with pytest.raises(TypeError, match="steps must be int"):
         meshgrad.train(steps=2.5)
+    # The Python type, not the C++ one (std::__cxx11::basic_string).
+    with pytest.raises(TypeError, match=r"mesh must be str, got None"):
+        meshgrad.train(mesh=None)
+
+
+def test_out_of_range_and_invalid_numbers_are_named():
+    # An int too large is a range error, not "must be int".
+    with pytest.raises(ValueError, match=r"steps must be an int in \[-2147483648, 2147483647\], got 1099511627776"):
+        meshgrad.train(steps=2**40)
+    with pytest.raises(ValueError, match="--warmup must be >= 0, got -5"):
+        meshgrad.train(steps=1, warmup=-5)
+    with pytest.raises(ValueError, match="--grad-accum must be >= 1, got 0"):
+        meshgrad.train(steps=1, grad_accum=0)
+    # A path given empty is refused, never taken as "none" (resume="" would train from scratch).
+    with pytest.raises(ValueError, match="--resume: the path is empty"):
+        meshgrad.train(steps=1, resume="")
 
 
 def test_meshgrad_errors_keep_their_message():

@@ -135,17 +135,20 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
   } else {
     MG_CHECK(fs::is_regular_file(status), "sample: checkpoint '{}' {} (it is neither a regular file nor a directory)",
              checkpoint, kNotACheckpoint);
-    // (a) One file: the sizes from a config.json beside it, else from its metadata.
+    // (a) One file: the sizes from its own metadata (what `train --save` wrote beside the tensors),
+    // else from a config.json beside it (a file written by other tools). The file's own description
+    // wins: a config.json that happens to lie in the same folder must not change the model (with the
+    // same shapes nothing would catch it).
     w.weights = checkpoint;
     file.emplace(open_weights(checkpoint, w.weights));
     const fs::path beside = fs::path(checkpoint).parent_path() / "config.json";
     const auto meta = file->metadata().find("gpt2_config");
-    if (fs::is_regular_file(beside)) {
-      w.config_source = beside.string();
-      w.model = interop::read_gpt2_config(w.config_source);
-    } else if (meta != file->metadata().end()) {
+    if (meta != file->metadata().end()) {
       w.config_source = fmt::format("'{}' metadata \"gpt2_config\"", checkpoint);
       w.model = interop::parse_gpt2_config(meta->second, w.config_source);
+    } else if (fs::is_regular_file(beside)) {
+      w.config_source = beside.string();
+      w.model = interop::read_gpt2_config(w.config_source);
     } else {
       throw InvalidArgument(fmt::format(
           "sample: no model configuration for '{}': there is no config.json beside it ('{}') and its metadata has no "

@@ -46,6 +46,18 @@ void check_train_options(const train::TrainOptions& o) {
   MG_CHECK(o.model.dtype != DType::Int64, "train: --dtype must be float32 or float64");
   MG_CHECK(o.model.dropout >= 0 && o.model.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.model.dropout);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
+  MG_CHECK(o.warmup_steps >= 0, "train: --warmup must be >= 0, got {}", o.warmup_steps);
+  check_positive("train", "grad-accum", o.grad_accum);
+  // A path option given with an empty value (an unset shell variable, "" in a --config file) is an
+  // error, never "no such output" or "start from scratch": --resume "" would silently train anew.
+  for (const auto& [option, value] :
+       {std::pair<const char*, const std::string&>{"data", o.data_path}, {"save", o.save_path},
+        {"metrics", o.metrics_path}, {"trace", o.trace_path}, {"checkpoint-dir", o.checkpoint_dir},
+        {"resume", o.resume}, {"init-from", o.init_from}}) {
+    MG_CHECK(!value.empty() || o.given_options.count(option) == 0, "train: --{}: the path is empty ({})", option,
+             std::string_view(option) == "metrics" ? "name a file; the command line's --no-metrics writes none"
+                                                   : "name one, or leave the option out");
+  }
 }
 
 train::TrainOptions resolve_resume(const train::TrainOptions& given) {

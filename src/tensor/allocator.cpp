@@ -102,7 +102,9 @@ void* allocate(std::size_t nbytes) {
   return p;
 }
 
-void deallocate(void* p, std::size_t nbytes, int domain) {
+// Called from destructors (Storage's), so it must not throw: when keeping the block in the cache
+// would need memory the process does not have (a free list growing), the block is freed instead.
+void deallocate(void* p, std::size_t nbytes, int domain) noexcept {
   if (p == nullptr) return;
   const std::size_t bytes = size_class(nbytes);
   Cache& c = cache();
@@ -110,15 +112,19 @@ void deallocate(void* p, std::size_t nbytes, int domain) {
     std::lock_guard<std::mutex> lock(c.mu);
     c.count_out(domain, bytes);
     if (c.cached_bytes + bytes <= c.limit) {
-      c.free_lists[bytes].push_back(p);
-      c.cached_bytes += bytes;
-      return;
+      try {
+        c.free_lists[bytes].push_back(p);
+        c.cached_bytes += bytes;
+        return;
+      } catch (const std::bad_alloc&) {
+        // out of memory for the list itself: fall through and give the block back
+      }
     }
   }
   std::free(p);
 }
 
-void deallocate(void* p, std::size_t nbytes) { deallocate(p, nbytes, t_domain); }
+void deallocate(void* p, std::size_t nbytes) noexcept { deallocate(p, nbytes, t_domain); }
 
 CacheStats cache_stats() {
   Cache& c = cache();

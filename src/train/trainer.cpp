@@ -131,8 +131,10 @@ Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
   dataset_.require_tokens_below(config_.vocab, fmt::format("the model's vocabulary size {}", config_.vocab));
   check_outputs();
   read_resume_manifest();
-  open_metrics();
   build();
+  // Last: a run refused above (another run holds the checkpoint directory, a checkpoint of another
+  // shape) must not have truncated or appended to a metrics file that may be a live run's.
+  open_metrics();
 }
 
 // --save, --metrics and --trace can be written without destroying anything and are not inputs;
@@ -179,10 +181,15 @@ void Run::open_metrics() {
   metrics_->write_line(header);
 }
 
-// The model (from --init-from or the seed), the synchroniser and AdamW, a resume's state (read in
-// place: the model and optimizer were built for it, and an error stops the run before its first
-// step, so a half-read state is never used), the checkpoint saver and the signal handlers.
+// The checkpoint saver first (it takes the checkpoint directory's lock, so a second run into the same
+// directory stops before it builds anything), the model (from --init-from or the seed), the
+// synchroniser and AdamW, a resume's state (read in place: the model and optimizer were built for
+// it, and an error stops the run before its first step, so a half-read state is never used), the
+// signal handlers.
 void Run::build() {
+  if (!options_.checkpoint_dir.empty()) {
+    saver_ = std::make_unique<checkpoint::CheckpointSaver>(options_.checkpoint_dir, mesh_, options_.keep);
+  }
   model_ = nn::make_model(config_, options_.parallel, mesh_, options_.seed);
   model_->set_training(true);
   params_ = model_->parameters();
@@ -194,9 +201,6 @@ void Run::build() {
     result_.first_step = load_training_state(options_.resume_dir, *resume_, *model_, *optimizer_, StateLoad::in_place);
   }
   last_saved_ = resume_ ? result_.first_step : -1;
-  if (!options_.checkpoint_dir.empty()) {
-    saver_ = std::make_unique<checkpoint::CheckpointSaver>(options_.checkpoint_dir, mesh_, options_.keep);
-  }
   if (saver_ && options_.handle_signals) signals_.emplace();
   result_.parameters = count_parameters(params_);
   std::int64_t wpe = 0;

@@ -131,3 +131,11 @@ endif()
 # The cost per new token: exactly layers x heads x T attention scores with the cache (1 x 2 x 9 and 10).
 meshgrad_cli_test(bench_sample_counts_the_scores 0 " 8 +[0-9.]+ +[0-9.]+ +[0-9.]+x +19 "
                   ${mg} bench sample --contexts 8 --tokens 2 --repeats 1 --layers 1 --hidden 16 --heads 2)
+
+# Out of memory is an error naming what to change, never a crash: the allocator's free list used to
+# throw std::bad_alloc from a tensor's destructor (SIGABRT, reliability-2 #103 and C10). Under a
+# sanitizer the address-space limit starves the sanitizer's own allocator, so the plain build runs it.
+if(NOT MESHGRAD_SANITIZER)
+  meshgrad_cli_test(out_of_memory_is_an_error 1 "out of memory \\(std::bad_alloc\\).*use a smaller"
+                    bash -c "ulimit -v 700000 && exec ${mg} train --mesh tp=1 --layers 1000000 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 1 --no-metrics")
+endif()

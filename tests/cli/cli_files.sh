@@ -36,10 +36,18 @@ expect_error() {
   echo "ok   $name"
 }
 
-small=(--mesh tp=1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics '')
+small=(--mesh tp=1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics)
 
-# --data '' must not mean the built-in corpus.
+# --data '' must not mean the built-in corpus, --resume '' a fresh run, --checkpoint-dir '' no
+# checkpoints (an unset shell variable): every path option given empty is refused naming it, on the
+# command line and in a --config file (reliability-2 C32-C35).
 expect_error data-empty "--data" "empty" -- "$M" train "${small[@]}" --steps 1 --data ''
+for option in resume checkpoint-dir save metrics trace init-from; do
+  expect_error "$option-empty" "--$option: the path is empty" -- "$M" train "${small[@]:0:12}" --steps 1 "--$option" ''
+done
+printf '{"resume": ""}' >resume-empty.json
+expect_error resume-empty-in-config "--resume: the path is empty" -- "$M" train "${small[@]}" --steps 1 --config resume-empty.json
+expect_error metrics-and-no-metrics "excludes" -- "$M" train --mesh tp=1 --steps 1 --metrics m.jsonl --no-metrics
 
 # Weights for grads (and the full Hugging Face-named file --save writes).
 "$M" train "${small[@]}" --steps 1 --save w.safetensors 2>/dev/null

@@ -42,7 +42,7 @@ expect_error() {
 first_loss() { sed -n 2p "$1" | sed 's/.*"loss":\([^,}]*\).*/\1/'; }
 
 small=(--layers 2 --hidden 32 --heads 4 --seq 16 --batch 4)
-"$M" train --mesh tp=2 "${small[@]}" --steps 3 --metrics '' --save ck.safetensors 2>/dev/null
+"$M" train --mesh tp=2 "${small[@]}" --steps 3 --no-metrics --save ck.safetensors 2>/dev/null
 "$M" export --checkpoint ck.safetensors --out hf >export.txt 2>export.err
 grep -q "wrote hf (.* parameters, float32): config.json, model.safetensors" export.txt || fail "export: $(cat export.txt)"
 grep -q "no tokenizer files written: the model was trained on bytes" export.err || fail "export note: $(cat export.err)"
@@ -64,15 +64,15 @@ awk -v a="$l1" -v b="$l2" -v c="$l16" 'BEGIN { d = a - b; e = a - c; if (d < 0) 
 [ "$(first_loss mr.jsonl)" != "$l2" ] || fail "a fresh model has the loaded model's loss"
 
 expect_error init-layers-disagree "--layers 3 disagrees with n_layer = 2" "hf/config.json" -- \
-  "$M" train --init-from hf --layers 3 --seq 16 --steps 1 --metrics ''
+  "$M" train --init-from hf --layers 3 --seq 16 --steps 1 --no-metrics
 expect_error init-hidden-disagree "--hidden 64 disagrees with n_embd = 32" -- \
-  "$M" train --init-from hf --hidden 64 --seq 16 --steps 1 --metrics ''
+  "$M" train --init-from hf --hidden 64 --seq 16 --steps 1 --no-metrics
 expect_error init-seq-too-long "--seq 32 exceeds n_positions = 16" -- \
-  "$M" train --init-from hf --seq 32 --steps 1 --metrics ''
+  "$M" train --init-from hf --seq 32 --steps 1 --no-metrics
 expect_error init-not-a-dir "--init-from 'ck.safetensors' is not a directory" -- \
-  "$M" train --init-from ck.safetensors --seq 16 --steps 1 --metrics ''
+  "$M" train --init-from ck.safetensors --seq 16 --steps 1 --no-metrics
 mkdir cfgonly && cp hf/config.json cfgonly/
-expect_error init-no-weights "has no model.safetensors" -- "$M" train --init-from cfgonly --seq 16 --steps 1 --metrics ''
+expect_error init-no-weights "has no model.safetensors" -- "$M" train --init-from cfgonly --seq 16 --steps 1 --no-metrics
 # Refused before anything is written: no metrics file appears.
 expect_error init-checked-first "disagrees" -- "$M" train --init-from hf --heads 2 --seq 16 --steps 1 --metrics early.jsonl
 [ ! -e early.jsonl ] || fail "the metrics file was written before the refusal"

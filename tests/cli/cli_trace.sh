@@ -27,7 +27,7 @@ expect_in() {
 }
 
 model=(--layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --overlap)
-tiny=("${model[@]}" --metrics '')
+tiny=("${model[@]}" --no-metrics)
 
 if [ $# -gt 0 ]; then
   # Under mpirun: every process records its rank, rank 0 writes one file with a pid per process.
@@ -75,9 +75,9 @@ check_refused() {
   if grep -q "step 1/" err.txt; then fail "$name: refused only after a step ran"; fi
   echo "ok   $name refused"
 }
-check_refused trace-directory "adir" -- --metrics '' --trace adir
-check_refused trace-missing-directory "nowhere/t.json" -- --metrics '' --trace nowhere/t.json
-check_refused trace-is-data "same file as --data" -- --metrics '' --data data.txt --trace data.txt
+check_refused trace-directory "adir" -- --no-metrics --trace adir
+check_refused trace-missing-directory "nowhere/t.json" -- --no-metrics --trace nowhere/t.json
+check_refused trace-is-data "same file as --data" -- --no-metrics --data data.txt --trace data.txt
 check_refused trace-is-metrics "--metrics" -- --trace m.jsonl --metrics m.jsonl
 [ "$(wc -c <data.txt)" -eq 4096 ] || fail "the data file changed"
 

@@ -30,7 +30,7 @@ expect_error() {
 }
 
 # A small byte-level GPT, trained a little (n_positions = --seq = 32).
-"$M" train --mesh tp=2 --steps 300 --layers 1 --hidden 32 --heads 4 --seq 32 --batch 8 --metrics '' \
+"$M" train --mesh tp=2 --steps 300 --layers 1 --hidden 32 --heads 4 --seq 32 --batch 8 --no-metrics \
   --save w.safetensors 2>/dev/null
 
 sample=("$M" sample --checkpoint w.safetensors --prompt "The " --tokens 20)

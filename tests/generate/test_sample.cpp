@@ -236,14 +236,22 @@ TEST_F(SampleTest, StreamedTextIsTheResultInValidUtf8Pieces) {
 
 TEST_F(SampleTest, CheckpointSources) {
   const nn::ModelConfig cfg = tiny_gpt(256, DType::Float64);
-  // (a) a file whose metadata holds the config; a config.json beside a file wins over it.
+  // (a) a file whose metadata holds the config: it wins over a config.json that lies beside it, even
+  // one with the same shapes (other heads, another epsilon), which would change the text silently.
   const std::string w = path("w.safetensors");
   save_model(w, cfg);
+  nn::ModelConfig stray = cfg;
+  stray.heads = cfg.heads / 2;
+  stray.layer_norm_epsilon = 0.1;
+  std::ofstream(dir_ / "config.json") << interop::gpt2_config_json(stray);
   const SampleWeights meta = resolve_sample_weights(w);
   EXPECT_NE(meta.config_source.find("metadata \"gpt2_config\""), std::string::npos) << meta.config_source;
+  EXPECT_EQ(meta.model.heads, cfg.heads);
+  EXPECT_EQ(meta.model.layer_norm_epsilon, cfg.layer_norm_epsilon);
   EXPECT_EQ(meta.model.dtype, DType::Float64);
   EXPECT_EQ(meta.model.n_positions(), 24);
   const SampleResult from_file = run_sample_job(job_for(w, 0.0), threads_mesh(meshes()[0].axes));
+  fs::remove(dir_ / "config.json");
 
   // (b) a Hugging Face style directory: config.json + model.safetensors (no metadata needed).
   const fs::path hf = dir_ / "hf";

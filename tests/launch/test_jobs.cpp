@@ -1,6 +1,7 @@
 // The jobs the CLI and the Python module share (launch/jobs.hpp) and the trainer's per-step
 // callback: options are checked with the option's name before any rank starts, the callback sees
 // every step on rank 0, and the seed-mode gradients do not depend on the mesh.
+#include <fmt/format.h>
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -120,6 +121,32 @@ TEST(Jobs, GradsFromASeedAreTheSameOnEveryMesh) {
   }
   job.seed = 10;
   EXPECT_NE(run_grads_job(job, threads_mesh(1, 1)).loss, ref.loss) << "another seed must give another model and batch";
+}
+
+// A path option given empty (an unset $CK in `--resume $CK`, "" in a --config file) is refused
+// naming it before any rank starts; left out, the same empty field means "none" (reliability-2
+// C32-C35: --resume "" trained a fresh 1000-step run, --checkpoint-dir "" trained without checkpoints).
+TEST(Jobs, AnEmptyPathThatWasGivenIsRefusedNamingTheOption) {
+  for (const char* option : {"resume", "checkpoint-dir", "save", "metrics", "trace", "init-from", "data"}) {
+    train::TrainOptions o = tiny_job(1);
+    o.given_options.insert(option);
+    bool ran = false;
+    const std::string e = error_of([&] { run_train_job(o, [&](const auto&) { ran = true; }); });
+    EXPECT_NE(e.find(fmt::format("--{}: the path is empty", option)), std::string::npos) << option << ": " << e;
+    EXPECT_FALSE(ran) << option;
+  }
+  EXPECT_EQ(run_train_job(tiny_job(1), threads_mesh(1, 1)).losses.size(), 1u) << "left out, empty is none";
+}
+
+TEST(Jobs, WarmupAndGradAccumAreCheckedWithTheirNames) {
+  train::TrainOptions o = tiny_job(1);
+  o.warmup_steps = -5;
+  EXPECT_NE(error_of([&] { run_train_job(o, threads_mesh(1, 1)); }).find("--warmup must be >= 0, got -5"),
+            std::string::npos);
+  o = tiny_job(1);
+  o.grad_accum = 0;
+  EXPECT_NE(error_of([&] { run_train_job(o, threads_mesh(1, 1)); }).find("--grad-accum must be >= 1, got 0"),
+            std::string::npos);
 }
 
 }  // namespace

@@ -17,7 +17,9 @@
 
 #include "io/scratch_directory.hpp"
 #include "meshgrad/comm/threads.hpp"
+#include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/checkpoint/saver.hpp"
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/train/trainer.hpp"
@@ -251,6 +253,42 @@ TEST_F(OutputPathTest, TrainSaveStillWritesTheFullNamedFile) {
     for (nn::Parameter* p : model->parameters())
       EXPECT_EQ(p->value.to_vector(), file.get(p->name).to_vector()) << p->name;
   });
+}
+
+// A run refused because another run holds its checkpoint directory must not touch the metrics file,
+// which may be that other run's (reliability-2 C16: 1,316 lines became 2).
+TEST_F(OutputPathTest, ARunRefusedForTheCheckpointLockLeavesTheMetricsFileAlone) {
+  const std::string history = "{\"type\":\"header\"}\n{\"step\":1}\n{\"step\":2}\n";
+  TrainOptions o = tiny_run(3);
+  o.metrics_path = make_file("live.jsonl", history);
+  o.checkpoint_dir = path("ck");
+  std::string message;
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    const auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 2}});
+    // The live run: it holds the directory's lock.
+    const checkpoint::CheckpointSaver live(o.checkpoint_dir, mesh, 0);
+    const std::string e = error_of([&] { train(o, mesh); });
+    if (mesh->rank() == 0) message = e;
+  });
+  EXPECT_NE(message.find(".lock"), std::string::npos) << message;
+  EXPECT_EQ(io::read_bytes(o.metrics_path), history);
+}
+
+// A resumed run refused for another model shape must not have appended its header to the metrics
+// (reliability-2 C25).
+TEST_F(OutputPathTest, ARefusedResumeWritesNoMetrics) {
+  TrainOptions o = tiny_run(2);
+  o.checkpoint_dir = path("ck");
+  o.metrics_path = path("first.jsonl");
+  train_on_two_ranks(o);
+  const std::string first = io::read_bytes(o.metrics_path);
+  TrainOptions again = tiny_run(4);
+  again.model.positions = 16;   // wpe of another shape: refused when the state loads
+  again.resume_dir = checkpoint::resolve_checkpoint(o.checkpoint_dir);
+  again.metrics_path = o.metrics_path;
+  const std::string message = error_of([&] { train_on_two_ranks(again); });
+  EXPECT_NE(message.find("wpe.weight"), std::string::npos) << message;
+  EXPECT_EQ(io::read_bytes(o.metrics_path), first);
 }
 
 }  // namespace

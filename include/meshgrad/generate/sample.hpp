@@ -44,9 +44,10 @@ struct SampleWeights {
 };
 
 // What a checkpoint path may be:
-//  (a) a safetensors file (e.g. from `meshgrad train --save`); the sizes from, in order: a
-//      config.json beside it (Hugging Face GPT-2 format), else its metadata key "gpt2_config"
-//      (that JSON as a string, which `train --save` writes); else an error naming both;
+//  (a) a safetensors file (e.g. from `meshgrad train --save`); the sizes from, in order: its
+//      metadata key "gpt2_config" (that JSON as a string, which `train --save` writes: the file's
+//      own description wins), else a config.json beside it (Hugging Face GPT-2 format, for files
+//      of other tools); else an error naming both;
 //  (b) a Hugging Face style directory with config.json and model.safetensors (and, optionally,
 //      the tokenizer: vocab.json + merges.txt or encoder.json + vocab.bpe);
 //  (c) a sharded training checkpoint (train --checkpoint-dir): a step_XXXXXXXX directory, or the

@@ -21,8 +21,9 @@ void* allocate(std::size_t nbytes);
 // Gives back a block from allocate(nbytes) (the same nbytes), uncounting it from `domain`: the
 // domain it was allocated in (Storage remembers it), whichever thread frees it. The form without a
 // domain uses the calling thread's. p == nullptr is ignored.
-void deallocate(void* p, std::size_t nbytes, int domain);
-void deallocate(void* p, std::size_t nbytes);
+// Never throws (destructors call it): a block the cache cannot keep is freed.
+void deallocate(void* p, std::size_t nbytes, int domain) noexcept;
+void deallocate(void* p, std::size_t nbytes) noexcept;
 
 // The size class allocate(nbytes) rounds to.
 std::size_t size_class(std::size_t nbytes);
