@@ -29,8 +29,9 @@ int run_checkpoint(const CheckpointArgs& a) {
       const checkpoint::Manifest m = checkpoint::read_manifest(dir);
       std::uint64_t bytes = 0;
       for (const auto& f : m.files) bytes += f.bytes;
-      fmt::print("{}  step {}  mesh {}  {:.1f} MB in {} files\n", dir, m.step, m.mesh, static_cast<double>(bytes) / 1e6,
-                 m.files.size());
+      // In the order they were committed: the last is what --resume DIR takes.
+      fmt::print("{}  step {}  commit {}  mesh {}  {:.1f} MB in {} files{}\n", dir, m.step, m.commit, m.mesh,
+                 static_cast<double>(bytes) / 1e6, m.files.size(), dir == all.back() ? "  (newest: --resume takes it)" : "");
     }
     return 0;
   }
@@ -43,7 +44,7 @@ int run_checkpoint(const CheckpointArgs& a) {
     return 0;
   }
   const checkpoint::Manifest m = checkpoint::read_manifest(dir);
-  fmt::print("checkpoint {}\nstep {} written on {}\n", dir, m.step, m.mesh);
+  fmt::print("checkpoint {}\nstep {} written on {}, commit {} of its directory\n", dir, m.step, m.mesh, m.commit);
   if (m.state.contains("config")) fmt::print("configuration: {}\n", m.state["config"].dump());
   for (const auto& f : m.files) fmt::print("file {}  {} bytes  sha256 {}\n", f.name, f.bytes, f.sha256);
   for (const auto& t : m.tensors) fmt::print("tensor {}  {} {}  {} pieces\n", t.name, dtype_name(t.dtype), shape_str(t.shape), t.pieces.size());

@@ -25,7 +25,8 @@ namespace fs = std::filesystem;
 namespace {
 
 // What a killed save or prune leaves: .step_XXXXXXXX.tmp (a stage, or an old checkpoint exchanged
-// out of its name) and .step_XXXXXXXX.tmp-deleting (a pruned one).
+// out of its name), .step_XXXXXXXX.tmp-deleting (a pruned one) and .step_XXXXXXXX.tmp-<pid>-...
+// (an old checkpoint moved aside by a commit without rename flags, io::rename_into_place).
 bool is_leftover(const std::string& name) { return name.rfind(".step_", 0) == 0 && name.find(".tmp") != std::string::npos; }
 
 // Creates root unless it is a directory already; refuses a symbolic link and anything else.

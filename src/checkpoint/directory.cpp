@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <tuple>
 #include <filesystem>
 #include <utility>
 
@@ -33,19 +34,33 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return fmt::format("step_{:08d}", step);
 }
 
+std::int64_t commit_number(const std::string& dir) {
+  try {
+    return read_manifest(dir).commit;
+  } catch (const std::exception&) {
+    return 0;
+  }
+}
+
 std::vector<std::string> list_checkpoints(const std::string& root) {
-  std::vector<std::pair<std::int64_t, std::string>> found;
+  struct Found {
+    std::int64_t commit, step;
+    std::string path;
+  };
+  std::vector<Found> found;
   std::error_code ec;
   for (fs::directory_iterator it(root, ec), end; !ec && it != end; it.increment(ec)) {
     std::int64_t step = 0;
     const std::string name = it->path().filename().string();
     if (!is_step_name(name, &step)) continue;
     std::error_code e2;
-    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestFileName, e2)) found.emplace_back(step, it->path().string());
+    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestFileName, e2))
+      found.push_back({commit_number(it->path().string()), step, it->path().string()});
   }
-  std::sort(found.begin(), found.end());
+  std::sort(found.begin(), found.end(),
+            [](const Found& a, const Found& b) { return std::tie(a.commit, a.step) < std::tie(b.commit, b.step); });
   std::vector<std::string> out;
-  for (auto& [step, p] : found) out.push_back(std::move(p));
+  for (Found& f : found) out.push_back(std::move(f.path));
   return out;
 }
 

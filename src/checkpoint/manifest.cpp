@@ -109,6 +109,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
     manifest_error(path, fmt::format("version {} is not the {} this meshgrad reads", version, kCheckpointVersion));
   Manifest m;
   m.step = nonneg_int(field(j, "step", "the manifest", path), "\"step\"", path);
+  if (j.contains("commit")) m.commit = nonneg_int(j["commit"], "\"commit\"", path);
   m.mesh = string_field(field(j, "mesh", "the manifest", path), "\"mesh\"", path);
   m.state = field(j, "state", "the manifest", path);
   if (!m.state.is_object()) manifest_error(path, "\"state\" is not an object");
@@ -219,7 +220,8 @@ std::string manifest_to_json(const Manifest& m) {
     tensors.push_back({{"name", t.name}, {"dtype", dtype_name(t.dtype)}, {"shape", t.shape}, {"pieces", pieces}});
   }
   const nlohmann::json j{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", m.step},
-                         {"mesh", m.mesh}, {"state", m.state}, {"files", files}, {"tensors", tensors}};
+                         {"commit", m.commit}, {"mesh", m.mesh}, {"state", m.state}, {"files", files},
+                         {"tensors", tensors}};
   return j.dump(1) + "\n";
 }
 

@@ -10,6 +10,7 @@
 #include <cstdio>
 #include <cstring>
 #include <filesystem>
+#include <optional>
 #include <set>
 
 #include "checkpoint/commit.hpp"
@@ -17,6 +18,7 @@
 #include "checkpoint/rank_writes.hpp"
 #include "checkpoint/write_plan.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/io/atomic_commit.hpp"
 #include "meshgrad/tensor/parallel.hpp"
 
@@ -185,30 +187,27 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
   MG_CHECK(keep_ >= 0, "checkpoint: --keep must be >= 0 (0 keeps every checkpoint), got {}", keep_);
   MG_CHECK(files_per_rank >= 0 && files_per_rank <= 64, "checkpoint: files per rank must be 0 (chosen from the cores) to 64, "
            "got {}", files_per_rank);
-  // Rank 0 prepares the root; the outcome is broadcast so every rank fails together.
+  // Rank 0 prepares the root; every rank throws its error when it fails (the threads backend reports
+  // whichever rank failed first, so all say the same).
   std::string problem;
   if (mesh_->rank() == 0) {
     try {
       lock_fd_ = lock_root_and_remove_leftovers(root_);
+      // Numbered after every checkpoint already there (list_checkpoints: the last is the largest).
+      const std::vector<std::string> existing = list_checkpoints(root_);
+      if (!existing.empty()) next_commit_ = commit_number(existing.back()) + 1;
     } catch (const std::exception& e) {
       problem = e.what();
     }
   }
-  // decided[0]: the length of rank 0's error (0: none), whose text follows in a second broadcast, so
-  // that every rank throws it (the threads backend reports whichever rank failed first). decided[1]:
-  // the files per rank, decided by rank 0 so that every rank plans the same files.
-  std::int64_t decided[2] = {static_cast<std::int64_t>(problem.size()),
-                             files_per_rank > 0 ? files_per_rank : files_per_rank_from_cores(mesh_->size())};
-  mesh_->world()->broadcast(comm::MutableBuffer{decided, 2, DType::Int64}, 0);
-  files_per_rank_ = static_cast<int>(decided[1]);
-  if (decided[0] != 0) {
+  if (const std::optional<comm::RankFailure> failed = comm::first_failure(*mesh_->world(), problem)) {
     if (lock_fd_ >= 0) ::close(lock_fd_);
-    const auto length = static_cast<std::size_t>(decided[0]);
-    std::vector<std::int64_t> words((length + sizeof(std::int64_t) - 1) / sizeof(std::int64_t), 0);
-    if (mesh_->rank() == 0) std::memcpy(words.data(), problem.data(), length);
-    mesh_->world()->broadcast(comm::MutableBuffer{words.data(), words.size(), DType::Int64}, 0);
-    throw CheckpointError(std::string(reinterpret_cast<const char*>(words.data()), length));
+    throw CheckpointError(failed->message);
   }
+  // The files per rank, decided by rank 0 so that every rank plans the same files.
+  std::int64_t files = files_per_rank > 0 ? files_per_rank : files_per_rank_from_cores(mesh_->size());
+  mesh_->world()->broadcast(comm::MutableBuffer{&files, 1, DType::Int64}, 0);
+  files_per_rank_ = static_cast<int>(files);
   comm_ = mesh_->world()->split(0, mesh_->rank());
 }
 
@@ -236,13 +235,17 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
   wait();
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<Job>();
-  job->step = step;
-  job->final_dir = (fs::path(root_) / checkpoint_dir_name(step)).string();
-  job->stage_dir = stage_path(root_, step);
-  job->state = state;
-  job->meta = check_and_describe(tensors, *mesh_);
-  job->plan = plan_pieces(tensors, *mesh_, files_per_rank_);
-  collect_pieces(*job, tensors, async);   // the stall of an async save
+  // What can fail on one rank only (a tensor that is not this rank's piece, no memory for the
+  // snapshot) is agreed on before any rank writes, so that no rank waits for one that gave up.
+  comm::run_agreed(*comm_, [&] {
+    job->step = step;
+    job->final_dir = (fs::path(root_) / checkpoint_dir_name(step)).string();
+    job->stage_dir = stage_path(root_, step);
+    job->state = state;
+    job->meta = check_and_describe(tensors, *mesh_);
+    job->plan = plan_pieces(tensors, *mesh_, files_per_rank_);
+    collect_pieces(*job, tensors, async);   // the stall of an async save
+  }, save_collective_options());
   job->times.snapshot_s = seconds_since(t0);
   job->times.bytes_written = job->bytes;
   const SaveTimes snapshot_times = job->times;
@@ -313,6 +316,7 @@ bool CheckpointSaver::commit(Job& job) {
     io::StagedDirectory stage = io::StagedDirectory::adopt(job.stage_dir, job.final_dir);
     commit_stage(stage, manifest_of(job));
     last_committed_ = job.final_dir;
+    ++next_commit_;
     prune_checkpoints(root_, keep_, job.final_dir);   // only now that the new one is safe
   } catch (const std::exception& e) {
     job.commit_error = e.what();
@@ -328,6 +332,7 @@ Manifest CheckpointSaver::manifest_of(const Job& job) const {
                                       failed - job.reports.begin()));
   Manifest m;
   m.step = job.step;
+  m.commit = next_commit_;
   m.mesh = mesh_->str();
   m.state = job.state;
   for (const StateTensor& t : job.meta) m.tensors.push_back({t.name, t.local.dtype(), t.full_shape, {}});

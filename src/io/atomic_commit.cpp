@@ -13,6 +13,7 @@
 #include <atomic>
 #include <cerrno>
 #include <cstdint>
+#include <cstdlib>
 #include <filesystem>
 #include <limits.h>
 #include <random>
@@ -39,6 +40,45 @@ std::string temp_prefix(const std::string& path) { return "." + fs::path(path).f
 // A failed rename that commits: what was asked, and why it failed (errno e).
 [[noreturn]] void rename_failed(const std::string& target, const std::string& what, int e) {
   throw FileIoError(FileIoError::Op::rename, target, errno_text(e), fmt::format("{}: {}", what, errno_text(e)));
+}
+
+// renameat2 with flags. MESHGRAD_IO_FAULT=no-rename-flags answers as a file system without them
+// does (NFS: EINVAL), so the fallback below can be tested on any machine.
+int rename_with_flags(const std::string& from, const std::string& to, unsigned flags) {
+  const char* fault = std::getenv("MESHGRAD_IO_FAULT");
+  if (fault != nullptr && std::string_view(fault) == "no-rename-flags") {
+    errno = EINVAL;
+    return -1;
+  }
+  return ::renameat2(AT_FDCWD, from.c_str(), AT_FDCWD, to.c_str(), flags);
+}
+
+// What renameat2 answers on a file system that has no rename flags (NFS, some FUSE file systems).
+bool rename_flags_unsupported(int e) { return e == EINVAL || e == ENOSYS || e == EOPNOTSUPP; }
+
+// kExchangeAndRemoveOld without rename flags. Safe because the writer holds its target directory's
+// lock (the checkpoint saver's ROOT/.lock): nothing else creates or removes the target meanwhile, so
+// looking first and then renaming is not a race. An absent target: one plain rename (atomic). An
+// existing one moves aside under a temporary name, the stage takes its place, the old one goes; a
+// kill between the two renames leaves no target, the old one under its temporary name and the new
+// one under the stage's (the next writer removes both as leftovers: only this target is lost).
+void rename_without_flags(const std::string& staged, const std::string& target) {
+  struct stat st {};
+  if (::lstat(target.c_str(), &st) != 0) {
+    const int e = errno;
+    if (e != ENOENT) rename_failed(target, fmt::format("cannot look at '{}'", target), e);
+    if (::rename(staged.c_str(), target.c_str()) == 0) return;
+    rename_failed(target, fmt::format("cannot rename '{}' to '{}'", staged, target), errno);
+  }
+  const std::string aside = unique_temporary_path(target);
+  if (::rename(target.c_str(), aside.c_str()) != 0)
+    rename_failed(target, fmt::format("cannot move '{}' aside to '{}'", target, aside), errno);
+  if (::rename(staged.c_str(), target.c_str()) != 0) {
+    const int e = errno;
+    (void)::rename(aside.c_str(), target.c_str());   // the old one back where it was
+    rename_failed(target, fmt::format("cannot rename '{}' to '{}'", staged, target), e);
+  }
+  remove_tree_quietly(aside);
 }
 
 }  // namespace
@@ -85,19 +125,25 @@ int remove_stale_temporaries(const std::string& target) {
   return removed;
 }
 
-// A file system that does not support renameat2's flags (NFS: EINVAL) fails the exchange branch here
-// with nothing changed; a fallback for it belongs in this function and nowhere else.
 void rename_into_place(const std::string& staged, const std::string& target, ExistingTarget existing) {
   if (existing == ExistingTarget::kReplaceFileOrEmptyDirectory) {
     if (::rename(staged.c_str(), target.c_str()) == 0) return;
     const int e = errno;
     rename_failed(target, fmt::format("cannot rename '{}' to '{}'", staged, target), e);
   }
-  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_NOREPLACE) == 0) return;
-  if (const int e = errno; e != EEXIST && e != ENOTEMPTY)
+  if (rename_with_flags(staged, target, RENAME_NOREPLACE) == 0) return;
+  if (const int e = errno; rename_flags_unsupported(e)) {
+    rename_without_flags(staged, target);
+    return;
+  } else if (e != EEXIST && e != ENOTEMPTY) {
     rename_failed(target, fmt::format("cannot rename '{}' to '{}'", staged, target), e);
-  if (::renameat2(AT_FDCWD, staged.c_str(), AT_FDCWD, target.c_str(), RENAME_EXCHANGE) != 0) {
+  }
+  if (rename_with_flags(staged, target, RENAME_EXCHANGE) != 0) {
     const int e = errno;
+    if (rename_flags_unsupported(e)) {   // NOREPLACE without EXCHANGE: some FUSE file systems
+      rename_without_flags(staged, target);
+      return;
+    }
     rename_failed(target, fmt::format("cannot replace '{}'", target), e);
   }
   remove_tree_quietly(staged);   // the old target

@@ -18,6 +18,7 @@
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/checkpoint/saver.hpp"
+#include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/interop/hf_io.hpp"
@@ -56,6 +57,8 @@ class Run {
   TrainResult execute();
 
  private:
+  void read_inputs();
+  const data::TokenDataset& dataset() const { return *dataset_; }
   std::vector<io::NamedPath> check_outputs() const;
   void read_resume_manifest();
   void open_metrics();
@@ -77,7 +80,7 @@ class Run {
   dist::DeviceMeshPtr mesh_;
   bool leader_;
   nn::ModelConfig config_;
-  data::TokenDataset dataset_;
+  std::optional<data::TokenDataset> dataset_;   // opened by read_inputs
   std::optional<checkpoint::Manifest> resume_;
   std::unique_ptr<MetricsWriter> metrics_;
   std::unique_ptr<nn::Model> model_;
@@ -117,24 +120,34 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
 
 // Everything that can fail on a user's input fails before the first step: the options, the data
 // (only read), then the outputs (a run must not train for hours and then find that --save cannot be
-// written, or overwrite a file it reads: every file behind --data counts).
+// written, or overwrite a file it reads: every file behind --data counts). What one rank may fail
+// at alone (a file another host cannot read, a metrics file rank 0 cannot open) is agreed on by
+// every rank before any of them goes on to a collective (comm::run_agreed), so a failure ends every
+// rank at once with its message instead of leaving the others waiting for the deadline.
 Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
-    : options_(checked_options(options, *mesh)), mesh_(mesh), leader_(mesh->rank() == 0), config_(options.model),
-      dataset_(options.data_path, options.model.batch, options.model.seq, options.seed) {
-  MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
-           "starting weights: give one (a resumed run continues from its checkpoint)");
-  if (!options_.init_from.empty()) config_ = interop::hf_init_config(options_.init_from, config_, leader_ && options_.progress);
-  if (config_.vocab <= 0) config_.vocab = static_cast<int>(dataset_.vocab());
-  MG_CHECK(options_.eval_every == 0 || dataset_.has_validation(),
-           "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
-           "`meshgrad prepare` (its val.bin)", dataset_.source());
-  dataset_.require_tokens_below(config_.vocab, fmt::format("the model's vocabulary size {}", config_.vocab));
-  check_outputs();
-  read_resume_manifest();
+    : options_(options), mesh_(mesh), leader_(mesh->rank() == 0), config_(options.model) {
+  comm::run_agreed(*mesh_->world(), [&] { read_inputs(); });
   build();
   // Last: a run refused above (another run holds the checkpoint directory, a checkpoint of another
   // shape) must not have truncated or appended to a metrics file that may be a live run's.
-  open_metrics();
+  comm::run_agreed(*mesh_->world(), [&] { open_metrics(); });
+}
+
+// Without communicating: the options, the data, --init-from's configuration, the outputs, a
+// resume's manifest.
+void Run::read_inputs() {
+  checked_options(options_, *mesh_);
+  dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed);
+  MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
+           "starting weights: give one (a resumed run continues from its checkpoint)");
+  if (!options_.init_from.empty()) config_ = interop::hf_init_config(options_.init_from, config_, leader_ && options_.progress);
+  if (config_.vocab <= 0) config_.vocab = static_cast<int>(dataset().vocab());
+  MG_CHECK(options_.eval_every == 0 || dataset().has_validation(),
+           "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
+           "`meshgrad prepare` (its val.bin)", dataset().source());
+  dataset().require_tokens_below(config_.vocab, fmt::format("the model's vocabulary size {}", config_.vocab));
+  check_outputs();
+  read_resume_manifest();
 }
 
 // --save, --metrics and --trace can be written without destroying anything and are not inputs;
@@ -145,7 +158,7 @@ std::vector<io::NamedPath> Run::check_outputs() const {
   if (!options_.metrics_path.empty()) outputs.push_back({"--metrics", options_.metrics_path});
   if (!options_.trace_path.empty()) outputs.push_back({"--trace", options_.trace_path});
   std::vector<io::NamedPath> inputs;
-  for (const std::string& f : dataset_.input_files()) inputs.push_back({"--data", f});
+  for (const std::string& f : dataset().input_files()) inputs.push_back({"--data", f});
   io::check_output_paths(outputs, inputs);
   if (!options_.checkpoint_dir.empty()) {
     std::vector<io::NamedPath> dirs = inputs;
@@ -162,9 +175,9 @@ void Run::read_resume_manifest() {
   resume_ = checkpoint::read_manifest(options_.resume_dir);
   const nlohmann::json& saved_data = resume_->state.value("data", nlohmann::json::object());
   const std::int64_t saved_tokens = saved_data.value("tokens", std::int64_t{-1});
-  MG_CHECK(options_.given_options.count("data") > 0 || saved_tokens == dataset_.size(),
+  MG_CHECK(options_.given_options.count("data") > 0 || saved_tokens == dataset().size(),
            "train: the data {} holds {} training tokens but checkpoint '{}' was trained on {} tokens of {}: the file "
-           "changed; give --data explicitly to go on with other data", dataset_.source(), dataset_.size(),
+           "changed; give --data explicitly to go on with other data", dataset().source(), dataset().size(),
            options_.resume_dir, saved_tokens, saved_data.value("source", std::string("?")));
   MG_CHECK(resume_->step < options_.steps, "train: checkpoint '{}' was taken after step {}, and --steps is {}: nothing "
            "left to train (give a larger --steps)", options_.resume_dir, resume_->step, options_.steps);
@@ -173,7 +186,7 @@ void Run::read_resume_manifest() {
 void Run::open_metrics() {
   if (!leader_ || options_.metrics_path.empty()) return;
   metrics_ = std::make_unique<MetricsWriter>(options_.metrics_path, resume_.has_value());
-  nlohmann::json header = metrics_header(options_, config_, *mesh_, dataset_);
+  nlohmann::json header = metrics_header(options_, config_, *mesh_, dataset());
   if (resume_) {
     header["resumed_from"] = options_.resume_dir;
     header["first_step"] = resume_->step + 1;
@@ -193,13 +206,18 @@ void Run::build() {
   model_ = nn::make_model(config_, options_.parallel, mesh_, options_.seed);
   model_->set_training(true);
   params_ = model_->parameters();
-  if (!options_.init_from.empty()) interop::hf_load_parameters(options_.init_from, params_, nn::tensor_parallel_group(*mesh_));
+  // Each rank reads its own pieces (no communication); they agree on the outcome before going on.
+  comm::run_agreed(*mesh_->world(), [&] {
+    if (!options_.init_from.empty()) interop::hf_load_parameters(options_.init_from, params_, nn::tensor_parallel_group(*mesh_));
+  });
   sync_ = std::make_unique<optim::GradientSynchronizer>(params_, mesh_, optim::GradSyncOptions{.order = model_->reduce_order()});
   optimizer_ = std::make_unique<optim::AdamW>(params_, mesh_,
                                               optim::AdamWOptions{options_.lr, 0.9, 0.95, 1e-8, options_.weight_decay});
-  if (resume_) {
-    result_.first_step = load_training_state(options_.resume_dir, *resume_, *model_, *optimizer_, StateLoad::in_place);
-  }
+  comm::run_agreed(*mesh_->world(), [&] {
+    if (resume_) {
+      result_.first_step = load_training_state(options_.resume_dir, *resume_, *model_, *optimizer_, StateLoad::in_place);
+    }
+  });
   last_saved_ = resume_ ? result_.first_step : -1;
   if (saver_ && options_.handle_signals) signals_.emplace();
   result_.parameters = count_parameters(params_);
@@ -221,8 +239,8 @@ void Run::print_start() const {
              config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
-             p.tp_invariant ? ", tp-invariant" : "", options_.steps, options_.lr, dataset_.source(),
-             dataset_.description(), dataset_.size(), dataset_.vocab());
+             p.tp_invariant ? ", tp-invariant" : "", options_.steps, options_.lr, dataset().source(),
+             dataset().description(), dataset().size(), dataset().vocab());
   fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
              blas::kernel_description());   // policy set by whoever launched the ranks
   if (resume_) fmt::print(stderr, "resumed from {} (after step {})\n", options_.resume_dir, result_.first_step);
@@ -230,7 +248,7 @@ void Run::print_start() const {
 
 Run::StepFigures Run::step(int step, double lr) {
   optimizer_->set_lr(lr);
-  const nn::Batch global_batch = dataset_.next_batch(step);
+  const nn::Batch global_batch = dataset().next_batch(step);
   const StepOutcome outcome =
       train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, options_.grad_accum);
   const double global = global_loss(outcome.loss, *mesh_, model_->reduce_order());
@@ -239,7 +257,7 @@ Run::StepFigures Run::step(int step, double lr) {
   if (options_.eval_every > 0 && ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {
     // In micro-batches as training splits them (the same bits on every mesh in TP-invariant mode).
     result_.val_losses.emplace_back(step + 1,
-                                    evaluate(*model_, dataset_, options_.eval_steps, *mesh_, options_.grad_accum));
+                                    evaluate(*model_, dataset(), options_.eval_steps, *mesh_, options_.grad_accum));
   }
   return {global, outcome.grad_norm};
 }
@@ -275,10 +293,10 @@ void Run::save(int done, double lr, bool sync) {
                        {"random_state", model_->random_state()},
                        {"lr", lr},
                        {"mesh", mesh_->str()},
-                       {"data", {{"source", dataset_.source()}, {"tokens", dataset_.size()}, {"vocab", dataset_.vocab()},
-                                 {"description", dataset_.description()}, {"next_batch", done}}}};
+                       {"data", {{"source", dataset().source()}, {"tokens", dataset().size()}, {"vocab", dataset().vocab()},
+                                 {"description", dataset().description()}, {"next_batch", done}}}};
   // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
-  for (const std::string& f : dataset_.input_files()) {
+  for (const std::string& f : dataset().input_files()) {
     if (fs::path(f).filename() == "meta.json") state["data"]["meta"] = fs::absolute(f).lexically_normal().string();
   }
   for (const auto& [key, value] : options_.provenance) state["provenance"][key] = value;
@@ -340,7 +358,7 @@ void Run::finish() {
   if (!options_.save_path.empty() && (!mesh_->has_axis("dp") || mesh_->coordinate("dp") == 0)) {
     // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
     checkpoint::save_parameters(options_.save_path, params_, nn::tensor_parallel_group(*mesh_), 0,
-                                interop::hf_checkpoint_metadata(config_, dataset_));
+                                interop::hf_checkpoint_metadata(config_, dataset()));
   }
 }
 

@@ -5,6 +5,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <string>
 #include <vector>
@@ -90,7 +91,23 @@ TEST_F(AtomicCommitTest, ReplacingOnlyAnEmptyDirectoryTakesTheEmptyOnesPlace) {
   EXPECT_EQ(listing(), std::vector<std::string>{"export"});
 }
 
-TEST_F(AtomicCommitTest, AnExchangeReplacesAFullTargetAndRemovesTheOldOne) {
+// The exchange with rename flags (local file systems), and without them as on NFS, where renameat2
+// answers EINVAL (MESHGRAD_IO_FAULT=no-rename-flags): the same outcomes either way.
+class ExchangeTest : public AtomicCommitTest, public ::testing::WithParamInterface<bool> {
+ protected:
+  void SetUp() override {
+    AtomicCommitTest::SetUp();
+    if (GetParam()) ::setenv("MESHGRAD_IO_FAULT", "no-rename-flags", 1);
+  }
+  void TearDown() override {
+    ::unsetenv("MESHGRAD_IO_FAULT");
+    AtomicCommitTest::TearDown();
+  }
+};
+INSTANTIATE_TEST_SUITE_P(RenameFlags, ExchangeTest, ::testing::Bool(),
+                         [](const ::testing::TestParamInfo<bool>& info) { return info.param ? "WithoutFlagsAsOnNfs" : "WithFlags"; });
+
+TEST_P(ExchangeTest, AnExchangeReplacesAFullTargetAndRemovesTheOldOne) {
   const std::string target = make_directory("step_00000001", "old.bin", "old");
   const std::string stage_path = make_directory(".step_00000001.tmp", "new.bin", "new");
   StagedDirectory stage = StagedDirectory::adopt(stage_path, target);
@@ -100,7 +117,7 @@ TEST_F(AtomicCommitTest, AnExchangeReplacesAFullTargetAndRemovesTheOldOne) {
   EXPECT_EQ(listing(), std::vector<std::string>{"step_00000001"});   // the old one, exchanged to the stage's path, removed
 }
 
-TEST_F(AtomicCommitTest, AnExchangeOntoNothingIsAPlainRename) {
+TEST_P(ExchangeTest, AnExchangeOntoNothingIsAPlainRename) {
   const std::string stage_path = make_directory(".step_00000002.tmp", "new.bin", "new");
   StagedDirectory stage = StagedDirectory::adopt(stage_path, path("step_00000002"));
   stage.commit(ExistingTarget::kExchangeAndRemoveOld, ParentFlush::kRequired);
@@ -108,7 +125,7 @@ TEST_F(AtomicCommitTest, AnExchangeOntoNothingIsAPlainRename) {
   EXPECT_EQ(listing(), std::vector<std::string>{"step_00000002"});
 }
 
-TEST_F(AtomicCommitTest, AFailedRenameNamesBothPathsAndLeavesTheStage) {
+TEST_P(ExchangeTest, AFailedRenameNamesBothPathsAndLeavesTheStage) {
   const std::string stage_path = make_directory(".x.tmp", "a.bin", "a");
   const std::string target = path("missing-parent/x");
   try {

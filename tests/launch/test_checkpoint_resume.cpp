@@ -10,6 +10,7 @@
 // or moment changes the loss in the 3rd digit).
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <filesystem>
@@ -280,6 +281,41 @@ TEST_F(CheckpointStoreTest, CorruptionIsRefusedNamingTheFileAndTheTensor) {
   }
 }
 
+// A corrupt piece that only one rank reads (rank 1's rows of the vocabulary) fails that rank's load;
+// the others must not go on to training and wait for it until the communication deadline (60 s
+// here): every rank stops at once with that rank's error.
+TEST_F(CheckpointStoreTest, ALoadThatFailsOnOneRankEndsEveryRankAtOnce) {
+  train::TrainOptions o = options(2);
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 2});
+  const std::string ck = checkpoint::list_checkpoints(path("ck")).back();
+  const checkpoint::Manifest m = checkpoint::read_manifest(ck);
+  const checkpoint::ManifestTensor* wte = m.find("wte.weight");
+  ASSERT_NE(wte, nullptr);
+  const auto second_half = std::find_if(wte->pieces.begin(), wte->pieces.end(),
+                                        [&](const checkpoint::ManifestPiece& p) { return p.box[0].offset > 0; });
+  ASSERT_NE(second_half, wte->pieces.end());
+  flip_byte(fs::path(ck) / m.files[second_half->file].name, second_half->offset + 3, 0x40);
+  train::TrainOptions r = options(4);
+  r.resume = ck;
+  r.given_options = {"steps"};
+  std::vector<std::string> errors(2);
+  const auto t0 = std::chrono::steady_clock::now();
+  on_threads({1, 2})([&](const dist::DeviceMeshPtr& mesh) {
+    try {
+      train::train(resolve_resume(r), mesh);
+    } catch (const std::exception& e) {
+      errors[static_cast<std::size_t>(mesh->rank())] = e.what();
+    }
+  });
+  const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_LT(seconds, 30.0) << "a rank waited for the failed one";
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("wte.weight"), std::string::npos) << e;
+    EXPECT_NE(e.find("fails its hash"), std::string::npos) << e;
+  }
+}
+
 // A rank's training state as bytes: every parameter and both moments (zeros when not created),
 // with the optimizer's step count and the model's random stream.
 std::string state_bytes(nn::Model& model, const optim::AdamW& opt) {
@@ -428,6 +464,60 @@ TEST_F(CheckpointStoreTest, KeepPrunesOlderCheckpointsAndTheDirectoryIsLocked) {
       EXPECT_NE(std::string(e.what()).find("in use by another run"), std::string::npos) << e.what();
     }
   });
+}
+
+// A run resumed from an older checkpoint continues a new branch: the checkpoints it commits, not the
+// abandoned higher steps, are the newest (Manifest::commit), for --resume DIR and for --keep
+// (reliability review 6.1.2: step_6 of the abandoned branch used to win). The same on a file system
+// without rename flags (NFS answers EINVAL; MESHGRAD_IO_FAULT=no-rename-flags makes this one answer
+// so), where the commit falls back to plain renames under the directory's lock: every save commits,
+// also the one that replaces a step that exists (review 6.1.1: every save after the first failed).
+TEST_F(CheckpointStoreTest, TheCheckpointCommittedLastIsTheNewestAlsoWithoutRenameFlags) {
+  for (const bool nfs : {false, true}) {
+    SCOPED_TRACE(nfs ? "without rename flags (as NFS)" : "with rename flags");
+    if (nfs) ::setenv("MESHGRAD_IO_FAULT", "no-rename-flags", 1);
+    const std::string root = path(nfs ? "ck_nfs" : "ck");
+    train::TrainOptions first = options(6);
+    first.model.layers = 1;
+    first.checkpoint_dir = root;
+    first.save_every = 2;
+    run(first, {1, 2});   // step_2, step_4, step_6
+    train::TrainOptions branch = first;
+    branch.steps = 5;
+    branch.save_every = 1;
+    branch.resume = (fs::path(root) / "step_00000002").string();
+    branch.given_options = {"steps", "save-every"};
+    const train::TrainResult resumed = run(branch, {1, 2});   // step_3, step_4 again, step_5
+    EXPECT_EQ(resumed.first_step, 2);
+    EXPECT_EQ(checkpoint::resolve_checkpoint(root), (fs::path(root) / "step_00000005").string());
+    std::vector<std::string> order;
+    for (const std::string& c : checkpoint::list_checkpoints(root)) order.push_back(fs::path(c).filename().string());
+    EXPECT_EQ(order, (std::vector<std::string>{"step_00000002", "step_00000006", "step_00000003", "step_00000004",
+                                              "step_00000005"}));
+    for (const std::string& c : checkpoint::list_checkpoints(root)) EXPECT_GT(checkpoint::verify_checkpoint(c), 0u) << c;
+    // Commits 1, 2, 3 were the first run's steps 2, 4, 6; the branch committed 3, 4, 5 as 4, 5, 6.
+    EXPECT_EQ(checkpoint::read_manifest((fs::path(root) / "step_00000004").string()).commit, 5)
+        << "the re-saved step_4 is the branch's";
+    // --keep 2 keeps the two committed last: the abandoned step_6 goes with the older ones.
+    train::TrainOptions more = branch;
+    more.resume = root;
+    more.steps = 6;
+    more.keep = 2;
+    more.given_options = {"steps", "save-every", "keep"};
+    run(more, {1, 2});
+    order.clear();
+    for (const std::string& c : checkpoint::list_checkpoints(root)) order.push_back(fs::path(c).filename().string());
+    EXPECT_EQ(order, (std::vector<std::string>{"step_00000005", "step_00000006"}));
+    EXPECT_EQ(checkpoint::resolve_checkpoint(root), (fs::path(root) / "step_00000006").string());
+    EXPECT_EQ(checkpoint::read_manifest(checkpoint::resolve_checkpoint(root)).commit, 7);
+    std::vector<std::string> others;
+    for (const auto& e : fs::directory_iterator(root)) {
+      const std::string name = e.path().filename().string();
+      if (name != ".lock" && !name.starts_with("step_")) others.push_back(name);
+    }
+    EXPECT_TRUE(others.empty()) << "left behind: " << others.front();
+    ::unsetenv("MESHGRAD_IO_FAULT");
+  }
 }
 
 // Files go through an aligned staging buffer with O_DIRECT (8 MiB per write, the tail rounded up to

@@ -19,13 +19,17 @@ inline constexpr const char* kManifestFileName = "manifest.json";
 // "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
 std::string checkpoint_dir_name(std::int64_t step);
 
-// The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), oldest
-// first, as full paths. Temporaries and other entries are ignored.
+// The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), in the order
+// they were committed (Manifest::commit; among checkpoints of older meshgrads, which have none, by
+// step), oldest first, as full paths. Temporaries and other entries are ignored.
 std::vector<std::string> list_checkpoints(const std::string& root);
+// The commit number of checkpoint dir (Manifest::commit; 0 when its manifest has none or cannot be
+// read: its errors are reported where it is used).
+std::int64_t commit_number(const std::string& dir);
 // True when path is a checkpoint directory (holds manifest.json) or a root holding at least one.
 bool is_checkpoint_path(const std::string& path);
-// `path` itself when it holds manifest.json, else the newest committed checkpoint under it. Throws
-// CheckpointError naming path when there is none.
+// `path` itself when it holds manifest.json, else the checkpoint under it committed last (not the
+// highest step: see Manifest::commit). Throws CheckpointError naming path when there is none.
 std::string resolve_checkpoint(const std::string& path);
 // Reads and parses dir/manifest.json (size-bounded).
 Manifest read_manifest(const std::string& dir);

@@ -54,6 +54,11 @@ struct ManifestFile {
 };
 struct Manifest {
   std::int64_t step = 0;
+  // The order in which the checkpoints under one root were committed: 1 + the largest of those there
+  // when it was committed (0: written before meshgrad numbered its commits). The newest checkpoint is
+  // the last committed, not the highest step: a run resumed from step 100 while an abandoned step 200
+  // lies there writes 110, 120, ..., and those are the ones to resume from.
+  std::int64_t commit = 0;
   std::string mesh;              // the mesh it was written on, as --mesh spells it ("dp=2,tp=2")
   nlohmann::json state;          // the trainer's state object (opaque here)
   std::vector<ManifestFile> files;

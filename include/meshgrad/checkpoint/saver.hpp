@@ -96,6 +96,7 @@ class CheckpointSaver {
   std::uint64_t snapshot_capacity_ = 0;
   std::thread worker_;
   std::string last_committed_;
+  std::int64_t next_commit_ = 1;   // rank 0: the commit number of its next checkpoint (Manifest::commit)
 };
 
 }  // namespace meshgrad::checkpoint

@@ -39,7 +39,11 @@ enum class ExistingTarget {
   // A directory takes the target's place whatever it holds: renameat2(RENAME_NOREPLACE) when the
   // target is absent, else renameat2(RENAME_EXCHANGE), which swaps the two in one step; the old
   // target, now at the staged path, is then removed (a kill in the middle leaves it there, a
-  // temporary).
+  // temporary). On a file system without rename flags (NFS answers EINVAL) the caller must hold a
+  // lock on the target's directory: a plain rename onto an absent target, else the old target moved
+  // aside to a temporary name, the stage renamed in and the old removed (a kill between the two
+  // renames loses this one target: both are then temporaries). MESHGRAD_IO_FAULT=no-rename-flags
+  // makes every machine behave so (tests).
   kExchangeAndRemoveOld,
 };
 
