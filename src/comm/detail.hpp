@@ -218,6 +218,8 @@ class CommBase : public Communicator {
   int size() const override { return size_; }
   Milliseconds default_timeout() const override { return default_timeout_; }
   bool debug_checks() const { return debug_checks_; }
+  // Before the first collective only (a backend whose ranks agree on the checks once they exist).
+  void set_debug_checks(bool on) { debug_checks_ = on; }
   void set_label(std::string label) override { label_ = std::move(label); }
 
   // Throws CommError if the communicator is broken.

@@ -578,7 +578,14 @@ CommunicatorPtr MpiSession::world(const MpiOptions& options) {
   const Milliseconds timeout = options.timeout.count() > 0 ? options.timeout : default_timeout_from_env();
   // One rank per process: the thread that takes the world communicator is the rank's lane in a trace.
   trace::name_this_thread(fmt::format("rank {}", r), r * trace::kRankLaneStride);
-  return std::make_shared<MpiComm>(rt, comm, r, n, timeout, options.debug_checks);
+  auto world = std::make_shared<MpiComm>(rt, comm, r, n, timeout, false);
+  // The cross-rank call checks are an exchange before every collective, so every process must run
+  // them or none: a MESHGRAD_COMM_DEBUG that reached some processes only (mpirun -x on one side of an
+  // MPMD line) hung the first collective until the deadline. The ranks agree (any asks: all check).
+  double debug = options.debug_checks ? 1.0 : 0.0;
+  world->all_reduce(MutableBuffer{&debug, 1, DType::Float64}, ReduceOp::Max);
+  world->set_debug_checks(debug > 0);
+  return world;
 }
 
 void mpi_abort(int code, const std::string& message) {

@@ -66,10 +66,25 @@ if(MESHGRAD_WITH_MPI)
   meshgrad_cli_test(mpmd_options_differ NONZERO "--hidden is '32' on rank 0 but '64' on rank 1"
                     ${mpirun} -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 32
                     : -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny_no_hidden} --hidden 64)
+  # MESHGRAD_COMM_DEBUG on one rank only hung start-up until the deadline (one rank ran the debug
+  # exchange, the other not): the ranks now agree on the checks first, then refuse the difference.
+  meshgrad_cli_test(mpmd_debug_env_on_one_rank NONZERO "MESHGRAD_COMM_DEBUG is '1' on rank 0 but '' on rank 1"
+                    ${mpirun} -np 1 -x MESHGRAD_COMM_DEBUG=1 ${mg} train --backend mpi --mesh tp=2 ${tiny}
+                    : -np 1 ${mg} train --backend mpi --mesh tp=2 ${tiny})
+  # --tp-invariant across processes: bitwise against one rank under the mpi backend too (the tree
+  # over 2 ranks is the backend's all-reduce; over 4 a gather and the tree).
+  meshgrad_cli_test(check_mpi_np2_tp_invariant 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
+                    ${mpirun} -np 2 ${mg} check --backend mpi --mesh tp=2 --tp-invariant --layers 1)
+  meshgrad_cli_test(check_mpi_np4_tp_invariant_sp 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
+                    ${mpirun} -np 4 ${mg} check --backend mpi --mesh tp=4 --tp-invariant --sequence-parallel --layers 1)
+  meshgrad_cli_test(check_mpi_np4_dp2_tp2_tp_invariant 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
+                    ${mpirun} -np 4 ${mg} check --backend mpi --mesh dp=2,tp=2 --tp-invariant --layers 1 --batch 4)
   # Under mpirun like the MPI suite: the sanitizer runs skip them (-LE mpi; OpenMPI's own allocations
   # at exit make LeakSanitizer fail a passing run).
   set_tests_properties(cli_mpirun_without_backend_mpi cli_check_mpi_np2 cli_check_mpi_np4_tp_2x2
-                       cli_mpmd_options_differ PROPERTIES LABELS "cli;mpi")
+                       cli_mpmd_options_differ cli_mpmd_debug_env_on_one_rank cli_check_mpi_np2_tp_invariant
+                       cli_check_mpi_np4_tp_invariant_sp cli_check_mpi_np4_dp2_tp2_tp_invariant
+                       PROPERTIES LABELS "cli;mpi")
 endif()
 
 # Integer ranges: a message naming the option and the bound, never "Value 0 not in range 0 to 1.8e308"
