@@ -9,6 +9,7 @@
 #include <set>
 #include <sstream>
 
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/json_input.hpp"
 
 namespace meshgrad::checkpoint {
@@ -226,18 +227,19 @@ std::string manifest_to_json(const Manifest& m) {
 }
 
 Manifest read_manifest_file(const std::string& path) {
-  struct stat st {};
-  if (::stat(path.c_str(), &st) != 0 || !S_ISREG(st.st_mode))
-    throw CheckpointError(fmt::format("checkpoint manifest '{}' is missing or not a regular file", path));
-  if (static_cast<std::uint64_t>(st.st_size) > kMaxManifestBytes)
-    throw CheckpointError(fmt::format("checkpoint manifest '{}' has {} bytes, more than a manifest may have ({})", path,
-                                      st.st_size, kMaxManifestBytes));
-  std::ifstream in(path, std::ios::binary);
-  if (!in.good()) throw CheckpointError(fmt::format("checkpoint manifest '{}' cannot be opened for reading", path));
-  std::ostringstream text;
-  text << in.rdbuf();
-  if (in.bad()) throw CheckpointError(fmt::format("checkpoint manifest '{}' could not be read", path));
-  return parse_manifest(text.str(), path);
+  std::uint64_t size = 0;
+  std::string text;
+  try {
+    const io::UniqueFd fd = io::open_regular_file(path, &size);   // never blocks on a FIFO
+    if (size > kMaxManifestBytes)
+      throw CheckpointError(fmt::format("checkpoint manifest '{}' has {} bytes, more than a manifest may have ({})", path,
+                                        size, kMaxManifestBytes));
+    text.resize(static_cast<std::size_t>(size));
+    io::read_exact(fd.get(), text.data(), size, 0, path);
+  } catch (const io::FileIoError& e) {
+    throw CheckpointError(fmt::format("checkpoint manifest: {}", e.what()));
+  }
+  return parse_manifest(text, path);
 }
 
 }  // namespace meshgrad::checkpoint

@@ -2,6 +2,7 @@
 #include "meshgrad/io/file_io.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <fmt/format.h>
 #include <unistd.h>
 
@@ -26,6 +27,40 @@ std::string errno_text(int e) { return std::strerror(e); }
 void UniqueFd::reset() {
   if (fd_ >= 0) ::close(fd_);
   fd_ = -1;
+}
+
+namespace {
+
+const char* file_kind(mode_t mode) {
+  if (S_ISDIR(mode)) return "a directory";
+  if (S_ISFIFO(mode)) return "a FIFO";
+  if (S_ISSOCK(mode)) return "a socket";
+  if (S_ISCHR(mode)) return "a character device";
+  if (S_ISBLK(mode)) return "a block device";
+  return "not a regular file";
+}
+
+}  // namespace
+
+UniqueFd open_regular_file(const std::string& path, std::uint64_t* size) {
+  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC | O_NONBLOCK));
+  if (fd.get() < 0) {
+    const std::string why = errno_text(errno);
+    throw FileIoError(FileIoError::Op::open, path, why, fmt::format("cannot open '{}' for reading: {}", path, why));
+  }
+  struct stat st {};
+  if (::fstat(fd.get(), &st) != 0) {
+    const std::string why = errno_text(errno);
+    throw FileIoError(FileIoError::Op::open, path, why, fmt::format("cannot stat '{}': {}", path, why));
+  }
+  if (!S_ISREG(st.st_mode)) {
+    throw FileIoError(FileIoError::Op::open, path, file_kind(st.st_mode),
+                      fmt::format("'{}' is not a regular file ({})", path, file_kind(st.st_mode)));
+  }
+  const int flags = ::fcntl(fd.get(), F_GETFL);
+  if (flags >= 0) (void)::fcntl(fd.get(), F_SETFL, flags & ~O_NONBLOCK);
+  if (size != nullptr) *size = static_cast<std::uint64_t>(st.st_size);
+  return fd;
 }
 
 void write_all(int fd, const void* data, std::uint64_t n, const std::string& path) {

@@ -139,13 +139,13 @@ std::uint16_t encode_half(double x, HalfFormat f) {
 }
 
 UniqueFd open_for_reading(const std::string& path, std::uint64_t* size) {
-  UniqueFd fd(::open(path.c_str(), O_RDONLY | O_CLOEXEC));
-  if (fd.get() < 0) fail(path, fmt::format("cannot open for reading: {}", errno_text(errno)));
-  struct stat st {};
-  if (::fstat(fd.get(), &st) != 0) fail(path, fmt::format("cannot stat: {}", errno_text(errno)));
-  if (!S_ISREG(st.st_mode)) fail(path, "not a regular file");
-  *size = static_cast<std::uint64_t>(st.st_size);
-  return fd;
+  try {
+    return open_regular_file(path, size);   // a FIFO is refused without blocking
+  } catch (const FileIoError& e) {
+    const bool not_regular = std::string_view(e.what()).find("is not a regular file") != std::string_view::npos;
+    fail(path, not_regular ? fmt::format("not a regular file ({})", e.reason())
+                           : fmt::format("cannot open for reading: {}", e.reason()));
+  }
 }
 
 // Reads exactly n bytes at file offset `offset`; `what` says what for the error message.

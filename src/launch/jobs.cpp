@@ -31,6 +31,20 @@ Tensor read_batch_tensor(const io::SafetensorsFile& file, const std::string& nam
   return t;
 }
 
+// Every token of a [B, T] batch tensor in [0, vocab) (targets may also be the ignore index), or an
+// error naming the file, the tensor, the row and the position.
+void check_token_range(const Tensor& t, const char* name, const std::string& file, std::int64_t vocab, bool ignore) {
+  const std::vector<std::int64_t> v = t.to_int64_vector();
+  const std::int64_t cols = t.size(1);
+  for (std::size_t i = 0; i < v.size(); ++i) {
+    if (v[i] >= 0 && v[i] < vocab) continue;
+    if (ignore && v[i] == train::kIgnoreIndex) continue;
+    throw InvalidArgument(fmt::format("batch '{}': {}[{}, {}] = {} is outside the vocabulary [0, {}){}", file, name,
+                                      static_cast<std::int64_t>(i) / cols, static_cast<std::int64_t>(i) % cols, v[i],
+                                      vocab, ignore ? fmt::format(" (and is not the ignore index {})", train::kIgnoreIndex) : ""));
+  }
+}
+
 }  // namespace
 
 void check_train_options(const train::TrainOptions& o) {
@@ -106,6 +120,10 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
     batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
     MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
              job.batch, batch.inputs.str(), batch.targets.str());
+    MG_CHECK(batch.inputs.numel() > 0, "batch '{}': inputs {} hold no token (a batch needs B >= 1 rows of T >= 1)",
+             job.batch, batch.inputs.str());
+    check_token_range(batch.inputs, "inputs", job.batch, config.vocab, /*ignore=*/false);
+    check_token_range(batch.targets, "targets", job.batch, config.vocab, /*ignore=*/true);
     config.batch = static_cast<int>(batch.inputs.size(0));
     config.seq = static_cast<int>(batch.inputs.size(1));
     MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'",

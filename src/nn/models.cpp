@@ -262,6 +262,8 @@ class Gpt final : public Model {
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), c = cfg_.hidden;
     MG_CHECK(seq >= 1 && b >= 1, "gpt: a batch needs at least one row and one position, got [B, T] = [{}, {}]", b, seq);
     MG_CHECK(seq <= cfg_.n_positions(), "gpt: sequence length {} exceeds n_positions {}", seq, cfg_.n_positions());
+    check_tokens(batch.inputs, "input", /*ignore_allowed=*/false);
+    check_tokens(batch.targets, "target", /*ignore_allowed=*/true);
     const ParallelContext& ctx = *ctx_;
     const bool sp = ctx.sequence_parallel();
     trace::Scope model_scope("gpt");   // ops between the layers (positions, dropout) belong to it
@@ -315,6 +317,20 @@ class Gpt final : public Model {
                                                      static_cast<double>(global_tokens), -100, &lm_head_->plan(),
                                                      ctx.reduce_order());
     return ctx.loss_partial_over_dp(loss);
+  }
+
+  // Every token of a [B, T] batch tensor in [0, vocab) (a target may be the ignore index -100), or an
+  // error naming the row and position of the first that is not (the layers see [T, B] and would
+  // name a flat index of that).
+  void check_tokens(const Tensor& t, const char* what, bool ignore_allowed) const {
+    const std::vector<std::int64_t> v = t.to_int64_vector();
+    const std::int64_t cols = t.size(1);
+    for (std::size_t i = 0; i < v.size(); ++i) {
+      if ((v[i] >= 0 && v[i] < cfg_.vocab) || (ignore_allowed && v[i] == -100)) continue;
+      throw InvalidArgument(fmt::format("gpt: {} token {} at batch row {}, position {} is outside the vocabulary [0, {})",
+                                        what, v[i], static_cast<std::int64_t>(i) / cols,
+                                        static_cast<std::int64_t>(i) % cols, cfg_.vocab));
+    }
   }
 
   std::vector<Parameter*> parameters() override {

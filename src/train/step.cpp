@@ -40,6 +40,8 @@ double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder ord
 
 std::int64_t count_loss_targets(const Tensor& targets) {
   MG_CHECK(targets.defined() && targets.dtype() == DType::Int64, "count_loss_targets: targets must be int64");
+  MG_CHECK(targets.numel() > 0, "the batch holds no targets (shape {}): it needs at least one row of one position",
+           shape_str(targets.shape()));
   const Tensor packed = targets.contiguous();
   const std::int64_t* t = packed.data<std::int64_t>();
   std::int64_t n = 0;

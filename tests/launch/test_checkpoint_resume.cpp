@@ -9,6 +9,7 @@
 // AdamW: 1e-9 on losses of magnitude ~4 is far above that and far below any real error (a wrong shard
 // or moment changes the loss in the 3rd digit).
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <algorithm>
 #include <chrono>
@@ -313,6 +314,45 @@ TEST_F(CheckpointStoreTest, ALoadThatFailsOnOneRankEndsEveryRankAtOnce) {
   for (const std::string& e : errors) {
     EXPECT_NE(e.find("wte.weight"), std::string::npos) << e;
     EXPECT_NE(e.find("fails its hash"), std::string::npos) << e;
+  }
+}
+
+// A FIFO put in place of a rank's file (or of the manifest) is refused at once by verify and resume;
+// both blocked in open() for ever (reliability-2 C14).
+TEST_F(CheckpointStoreTest, AFifoInACheckpointIsRefusedWithoutBlocking) {
+  train::TrainOptions o = options(2);
+  o.model.layers = 1;
+  o.checkpoint_dir = path("ck");
+  run(o, {1, 2});
+  const std::string ck = checkpoint::list_checkpoints(path("ck")).back();
+  for (const std::string leaf : {"rank_00001.bin", "manifest.json"}) {
+    SCOPED_TRACE(leaf);
+    const fs::path file = fs::path(ck) / leaf;
+    const fs::path saved = file.string() + ".saved";
+    fs::rename(file, saved);
+    ASSERT_EQ(::mkfifo(file.c_str(), 0600), 0);
+    const auto t0 = std::chrono::steady_clock::now();
+    std::string verify_error;
+    try {
+      checkpoint::verify_checkpoint(ck);
+    } catch (const checkpoint::CheckpointError& e) {
+      verify_error = e.what();
+    }
+    EXPECT_NE(verify_error.find("is not a regular file"), std::string::npos) << verify_error;
+    train::TrainOptions r = options(4);
+    r.model.layers = 1;
+    r.resume = ck;
+    r.given_options = {"steps"};
+    std::string resume_error;
+    try {
+      run(r, {1, 2});
+    } catch (const std::exception& e) {
+      resume_error = e.what();
+    }
+    EXPECT_NE(resume_error.find("is not a regular file"), std::string::npos) << resume_error;
+    EXPECT_LT(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count(), 20.0);
+    fs::remove(file);
+    fs::rename(saved, file);
   }
 }
 

@@ -5,11 +5,17 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <filesystem>
+#include <fstream>
+#include <unistd.h>
 #include <string>
 #include <vector>
 
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/error.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/launch/jobs.hpp"
 
 namespace meshgrad::launch {
@@ -147,6 +153,55 @@ TEST(Jobs, WarmupAndGradAccumAreCheckedWithTheirNames) {
   o.grad_accum = 0;
   EXPECT_NE(error_of([&] { run_train_job(o, threads_mesh(1, 1)); }).find("--grad-accum must be >= 1, got 0"),
             std::string::npos);
+}
+
+// A batch file's bad token is named by its row and position in the file's [B, T] tensor (it used to
+// be a flat index of the transposed [T, B] one), an empty batch as empty (reliability-2 #63, #64).
+TEST(Jobs, GradsNamesABadTokenByItsRowAndPositionInTheBatchFile) {
+  const std::string dir = (std::filesystem::temp_directory_path() / fmt::format("mg_jobs_batch_{}", ::getpid())).string();
+  std::filesystem::create_directories(dir);
+  const nn::ModelConfig c = tiny_gpt(256);
+  GradsJob job;
+  job.config = dir + "/config.json";
+  job.weights = dir + "/w.safetensors";
+  job.batch = dir + "/b.safetensors";
+  // Weights and config.json of the tiny model, from a seed.
+  threads_mesh(1, 1)([&](const dist::DeviceMeshPtr& mesh) {
+    auto model = nn::make_model(c, {}, mesh, 3);
+    checkpoint::save_parameters(job.weights, model->parameters(), mesh->group("tp"));
+  });
+  { std::ofstream(job.config) << interop::gpt2_config_json(c); }
+  std::vector<std::int64_t> tokens(2 * 8, 7);
+  tokens[1 * 8 + 3] = -5;   // inputs[1, 3]
+  io::write_safetensors(job.batch, {{"inputs", Tensor::from_int64(tokens, {2, 8})},
+                                    {"targets", Tensor::from_int64(std::vector<std::int64_t>(16, 7), {2, 8})}});
+  EXPECT_NE(error_of([&] { run_grads_job(job, threads_mesh(1, 1)); }).find("inputs[1, 3] = -5 is outside the vocabulary [0, 256)"),
+            std::string::npos);
+  tokens[1 * 8 + 3] = 7;
+  std::vector<std::int64_t> targets(16, 7);
+  targets[5] = 256;   // targets[0, 5]
+  io::write_safetensors(job.batch, {{"inputs", Tensor::from_int64(tokens, {2, 8})},
+                                    {"targets", Tensor::from_int64(targets, {2, 8})}});
+  EXPECT_NE(error_of([&] { run_grads_job(job, threads_mesh(1, 1)); }).find("targets[0, 5] = 256 is outside"),
+            std::string::npos);
+  io::write_safetensors(job.batch, {{"inputs", Tensor::from_int64({}, {2, 0})}, {"targets", Tensor::from_int64({}, {2, 0})}});
+  EXPECT_NE(error_of([&] { run_grads_job(job, threads_mesh(1, 1)); }).find("hold no token"), std::string::npos);
+  std::filesystem::remove_all(dir);
+}
+
+// The model names a bad token of a [B, T] batch by its row and position too.
+TEST(Jobs, TheModelNamesABadTokenByItsRowAndPosition) {
+  std::string message;
+  threads_mesh(1, 2)([&](const dist::DeviceMeshPtr& mesh) {
+    auto model = nn::make_model(tiny_gpt(256), {}, mesh, 3);
+    std::vector<std::int64_t> in(4 * 8, 1);
+    in[1 * 8 + 3] = 1000;
+    const std::string e = error_of([&] {
+      model->loss({Tensor::from_int64(in, {4, 8}), Tensor::from_int64(std::vector<std::int64_t>(32, 1), {4, 8})}, 32);
+    });
+    if (mesh->rank() == 0) message = e;
+  });
+  EXPECT_NE(message.find("input token 1000 at batch row 1, position 3"), std::string::npos) << message;
 }
 
 }  // namespace

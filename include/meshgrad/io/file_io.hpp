@@ -56,6 +56,12 @@ class UniqueFd {
   int fd_ = -1;
 };
 
+// Opens path for reading, refusing anything but a regular file without blocking on it: opened with
+// O_NONBLOCK (a FIFO with no writer would block open() for ever), checked with fstat, then switched
+// back to blocking reads. *size gets its size. Throws FileIoError(open) naming path: "cannot open
+// 'P' for reading: <why>", or "'P' is not a regular file (a FIFO)" (a directory, a device, ...).
+UniqueFd open_regular_file(const std::string& path, std::uint64_t* size);
+
 // Writes all n bytes at fd's position, 8 MiB per write() (one huge write() is several times slower
 // on the disks measured than the same bytes in pieces). Throws FileIoError(write) naming path:
 // "writing 'P' failed: <why>".
