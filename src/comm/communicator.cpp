@@ -10,6 +10,7 @@
 #include <cstdlib>
 #include <cstring>
 #include <numeric>
+#include <system_error>
 
 #if defined(__x86_64__)
 #include <immintrin.h>
@@ -535,8 +536,9 @@ void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
   {
     std::unique_lock lock(m_);
     if (!(caller_waits && queue_.empty() && !busy_)) {
-      queue_.push_back(op);
+      // Started before the op is queued: when it cannot start (std::system_error), nothing is left queued.
       if (!thread_.joinable()) thread_ = std::thread([this] { loop(); });
+      queue_.push_back(op);
       lock.unlock();
       cv_.notify_all();
       return;
@@ -791,7 +793,17 @@ WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, s
       throw;
     }
   };
-  executor_->submit(op, opt.caller_waits);
+  try {
+    executor_->submit(op, opt.caller_waits);
+  } catch (const std::system_error& e) {
+    // The progress thread could not start (a thread or address-space limit): this rank cannot take
+    // part in the collective, so the communicator is broken, and the error says why.
+    std::string what = fmt::format("{}: cannot start this rank's communication thread: {} (the system's thread or "
+                                   "memory limit, ulimit -u or -v; run fewer ranks per process)",
+                                   where(kind, seq), e.what());
+    health_->mark_broken(what);
+    throw CommError(std::move(what), std::string(backend()), std::string(op_name(kind)), seq, rank_);
+  }
   return make_work(std::move(op));
 }
 

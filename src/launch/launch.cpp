@@ -160,6 +160,7 @@ int run_on_backend(const std::string& backend, int world_size,
     MG_CHECK(world_size >= 1, "--backend threads: need at least one rank, got {}", world_size);
     // All ranks are threads of this process: they share the cores.
     blas::ThreadsPerRank blas_policy(world_size);
+    blas::reserve_work_buffers(world_size * blas_policy.threads());
     comm::run_ranks(world_size, fn);   // rethrows the first rank's error after every rank joined
     return 0;
   }
@@ -176,6 +177,7 @@ int run_on_backend(const std::string& backend, int world_size,
              "`mpirun -np {} meshgrad ...`)",
              world_size, world->size(), world_size);
     try {
+      blas::reserve_work_buffers(blas_policy.threads());   // a failure here aborts the job like any rank error
       if (world->size() > 1) agree_on_options(*world, launch_options());   // before any model is built
       fn(world);
     } catch (const std::exception& e) {

@@ -2,6 +2,8 @@
 
 #include <cblas.h>
 #include <sched.h>
+#include <sys/mman.h>
+#include <sys/resource.h>
 
 #include <fmt/format.h>
 
@@ -10,6 +12,7 @@
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <vector>
 
 #include "meshgrad/tensor/error.hpp"
 
@@ -18,6 +21,10 @@
 extern "C" {
 void openblas_read_env(void) __attribute__((weak));
 int blas_thread_shutdown_(void) __attribute__((weak));
+void* blas_memory_alloc(int procpos) __attribute__((weak));
+void blas_memory_free(void* buffer) __attribute__((weak));
+extern int blas_num_threads __attribute__((weak));    // the pool's size: its workers are this - 1
+extern int blas_server_avail __attribute__((weak));   // 1 while the workers run
 }
 
 namespace meshgrad::blas {
@@ -124,6 +131,57 @@ ThreadsPerRank::~ThreadsPerRank() {
   set_num_threads(previous_threads_);
   std::lock_guard lock(policy_m);
   policy_text = previous_policy_;
+}
+
+namespace {
+std::mutex work_buffer_m;   // one reservation at a time
+
+// Maps `count` work buffers and unmaps them again: whether the process has the room, without
+// touching OpenBLAS (which would spin where this fails cleanly).
+bool room_for_work_buffers(int count) {
+  std::vector<void*> probes;
+  bool fits = true;
+  for (int i = 0; i < count && fits; ++i) {
+    void* p = ::mmap(nullptr, kWorkBufferBytes, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS | MAP_NORESERVE,
+                     -1, 0);
+    if (p == MAP_FAILED) fits = false;
+    else probes.push_back(p);
+  }
+  for (void* p : probes) ::munmap(p, kWorkBufferBytes);
+  return fits;
+}
+
+[[noreturn]] void throw_no_room(int callers, int missing) {
+  struct rlimit limit {};
+  const bool limited = ::getrlimit(RLIMIT_AS, &limit) == 0 && limit.rlim_cur != RLIM_INFINITY;
+  throw InvalidArgument(fmt::format(
+      "out of memory: OpenBLAS needs a {} MiB work buffer for each of the {} BLAS callers of this process (ranks x "
+      "BLAS threads, and its pool's workers), and the process cannot map {} more of them{}: raise the limit or run "
+      "fewer ranks per process (OpenBLAS would otherwise retry the allocation for ever)",
+      kWorkBufferBytes >> 20, callers, missing,
+      limited ? fmt::format(" (its address-space limit, ulimit -v, is {} KiB)", limit.rlim_cur / 1024) : ""));
+}
+
+bool is_openblas() { return blas_memory_alloc != nullptr && blas_memory_free != nullptr; }
+}  // namespace
+
+void reserve_work_buffers(int callers) {
+  if (!is_openblas() || callers < 1) return;
+  const std::lock_guard<std::mutex> lock(work_buffer_m);
+  static int reserved = 0;   // buffers this process already made OpenBLAS map
+  // Each worker of OpenBLAS's pool holds a buffer of its own while it runs, and the pool restarts
+  // with all its workers at the first call after it was stopped (idle_wait_policy stops it), however
+  // few threads a call then uses: count them whether they run now or not.
+  const int pool = std::max({&blas_num_threads != nullptr ? blas_num_threads : 1, static_cast<int>(std::thread::hardware_concurrency()), 1});
+  const int needed = callers + pool - 1;
+  if (needed <= reserved) return;
+  if (!room_for_work_buffers(needed)) throw_no_room(needed, needed);
+  // Taken together (each call returns another buffer while the others are held), then handed back:
+  // the pool is the process's, and they stay mapped in it for the ranks' GEMMs.
+  std::vector<void*> buffers;
+  for (int i = 0; i < needed; ++i) buffers.push_back(blas_memory_alloc(0));
+  for (void* b : buffers) blas_memory_free(b);
+  reserved = needed;
 }
 
 std::string thread_policy() {

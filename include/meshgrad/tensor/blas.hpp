@@ -1,6 +1,7 @@
 // Thin, typed wrappers over OpenBLAS, and control of its thread count.
 #pragma once
 
+#include <cstddef>
 #include <cstdint>
 #include <string>
 
@@ -43,6 +44,19 @@ class ThreadsPerRank {
   int previous_threads_;
   std::string previous_policy_;
 };
+
+// OpenBLAS (Debian's 0.3.21) keeps one pool of work buffers for the process, each kWorkBufferBytes
+// of address space: a GEMM takes a free one for its call and maps a new one when none is free, and
+// each of its own worker threads holds one while it runs. When that mapping fails (an address-space
+// limit, ulimit -v) it retries for ever at 100% CPU while the other ranks wait (its memory.c). So the
+// launcher reserves, once before ranks start, the buffers of all concurrent callers: `callers` (ranks
+// in this process x BLAS threads per rank) plus the pool's workers, counted whether they run now or
+// not (a stopped pool restarts whole). A plain mmap of that many first, which fails cleanly, then
+// OpenBLAS's own allocations, all held together and handed back, so they stay mapped in the pool.
+// Throws InvalidArgument naming the limit when they do not fit; later calls add only what is missing;
+// nothing when the BLAS is not OpenBLAS.
+inline constexpr std::size_t kWorkBufferBytes = std::size_t{128} << 20;
+void reserve_work_buffers(int callers);
 
 // How OpenBLAS's idle worker threads wait between calls, applied once per process (the first
 // ThreadsPerRank does it, before ranks start): unless OPENBLAS_THREAD_TIMEOUT is set, they spin
