@@ -369,6 +369,9 @@ Tokenizer Tokenizer::from_files(const std::string& vocab_path, const std::string
     // A repeated pair takes its last rank, as the references' dict construction does.
     impl->merges.insert_or_assign(pair_key(ids[0], ids[1]), Merge{rank++, it->second});
   }
+  // Without merges every token is one byte: not a BPE tokenizer, and never what a file given as one means.
+  MG_CHECK(rank > 0, "tokenizer merge list '{}' holds no merges ({} bytes): a BPE merge list has one \"left right\" "
+           "pair per line, best first (GPT-2's has 50,000)", merges_path, merges_text.size());
   impl->compile();
   return Tokenizer(std::move(impl));
 }

@@ -293,6 +293,12 @@ TEST(Tokenizer, BadFilesAreRefusedNamingFileAndPlace) {
   m = expect_error(byte_vocab_json({{"ab", 256}}), "a b\nb c\n");
   EXPECT_NE(m.find("line 2: the merge of \"b\" and \"c\" is not in the vocabulary"), std::string::npos) << m;
 
+  // A merge list without merges (empty, or only its version line) would make a byte tokenizer.
+  for (const std::string empty : {"", "#version: 0.2\n", "\n"}) {
+    m = expect_error(byte_vocab_json({{"ab", 256}}), empty);
+    EXPECT_NE(m.find("holds no merges"), std::string::npos) << "merges \"" << empty << "\": " << m;
+  }
+
   try {
     Tokenizer::from_files("/nonexistent/vocab.json", "/nonexistent/merges.txt");
     ADD_FAILURE() << "a missing file was accepted";
