@@ -20,7 +20,14 @@
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
 #include <cstring>
+#include <exception>
+#include <functional>
+#include <mutex>
+#include <thread>
 #include <limits>
 #include <type_traits>
 #include <memory>
@@ -209,6 +216,52 @@ void model_keywords(Keywords& k, nn::ModelConfig& c) {
   k.get("batch", c.batch);
 }
 
+// Runs job (which polls `stop` between its steps) on a worker thread while this thread, Python's
+// main thread, answers signals: Python runs its signal handlers only there, and only when it holds
+// the GIL, so a train() that held this thread in C++ for the whole run heard Ctrl-C only when it
+// ended (reliability-2 Y6). Every 50 ms the GIL is taken and PyErr_CheckSignals() runs the handlers;
+// when one raises (KeyboardInterrupt), `stop` is set, the job ends after its current step (with a
+// checkpoint when it writes them) and the exception is raised here once the job has returned. An
+// error of the job itself is rethrown after it.
+void run_answering_signals(std::atomic<bool>& stop, const std::function<void()>& job) {
+  std::mutex mu;
+  std::condition_variable done_cv;
+  bool done = false;
+  std::exception_ptr job_error;
+  std::optional<py::error_already_set> interrupt;
+  {
+    py::gil_scoped_release release;
+    std::thread worker([&] {
+      try {
+        job();
+      } catch (...) {
+        job_error = std::current_exception();
+      }
+      const std::lock_guard<std::mutex> lock(mu);
+      done = true;
+      done_cv.notify_all();
+    });
+    std::unique_lock<std::mutex> lock(mu);
+    while (!done) {
+      if (done_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) break;
+      if (interrupt) continue;
+      lock.unlock();
+      {
+        py::gil_scoped_acquire acquire;
+        if (PyErr_CheckSignals() != 0) {
+          interrupt.emplace();   // takes the raised exception (KeyboardInterrupt) out of the interpreter
+          stop = true;
+        }
+      }
+      lock.lock();
+    }
+    lock.unlock();
+    worker.join();
+  }
+  if (interrupt) throw std::move(*interrupt);
+  if (job_error) std::rethrow_exception(job_error);
+}
+
 py::list train_job(const py::kwargs& kwargs) {
   train::TrainOptions o;
   std::string mesh = "tp=2", backend = "threads";
@@ -247,6 +300,7 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("keep", o.keep);
   k.get("sync_checkpoints", o.checkpoint_sync);
   k.get_path("resume", o.resume);
+  k.get("data_changed_ok", o.data_changed_ok);
   k.get("tp_invariant", o.parallel.tp_invariant);
   k.get("invariant_blocks", o.parallel.invariant_blocks);
   k.finish();
@@ -272,10 +326,9 @@ py::list train_job(const py::kwargs& kwargs) {
   keep_mpi_initialised(backend);
   std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
   o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
-  {
-    py::gil_scoped_release release;
-    launch::run_train_job(o, launch::mesh_runner(backend, mesh));
-  }
+  std::atomic<bool> stop{false};
+  o.stop_requested = [&stop] { return stop.load(); };
+  run_answering_signals(stop, [&] { launch::run_train_job(o, launch::mesh_runner(backend, mesh)); });
   py::list out;
   for (const auto& m : steps) {
     py::dict d;
@@ -443,8 +496,8 @@ PYBIND11_MODULE(meshgrad, m) {
         "lr=3e-3, warmup=10, seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
         "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
-        "keep=0, sync_checkpoints=False, resume=None, trace=None, tp_invariant=False, invariant_blocks=4) -> list of "
-        "per-step "
+        "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
+        "invariant_blocks=4) -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");

@@ -49,6 +49,7 @@
 #include "meshgrad/checkpoint/saver.hpp"
 #include "meshgrad/checkpoint/staging_buffers.hpp"
 #include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/io/output_path.hpp"
 #include "meshgrad/io/sha256.hpp"
 #include "meshgrad/train/trainer.hpp"
 #include "options.hpp"
@@ -508,6 +509,8 @@ double fresh_memory_speed(std::uint64_t bytes) {
 }
 
 int run(const BenchCheckpointOptions& o) {
+  // An empty path, a parent that is not a writable directory, ... named as --dir (reliability-2 B2).
+  io::check_output_directory({"--dir", o.dir}, {});
   MG_CHECK(!fs::exists(o.dir), "bench checkpoint: --dir '{}' exists; give a new directory (it is removed afterwards)", o.dir);
   fs::create_directories(o.dir);
   struct Cleanup {
@@ -569,7 +572,7 @@ int run(const BenchCheckpointOptions& o) {
 std::function<int()> setup(CLI::App& app) {
   auto o = std::make_shared<BenchCheckpointOptions>();
   app.add_option("--dir", o->dir, "Scratch directory (must not exist; removed afterwards)")->capture_default_str();
-  app.add_option("--tp", o->tps, "Tensor-parallel degrees")->capture_default_str();
+  app.add_option("--tp", o->tps, "Tensor-parallel degrees")->check(at_least(1, 4096))->capture_default_str();
   app.add_option("--layers", o->layers, "Model layers")->check(at_least(1))->capture_default_str();
   app.add_option("--hidden", o->hidden, "Model width")->check(at_least(1))->capture_default_str();
   app.add_option("--heads", o->heads, "Attention heads")->check(at_least(1))->capture_default_str();

@@ -65,7 +65,10 @@ MESHGRAD_REGISTER_COMMAND(
                 auto& o = a->options;
                 app.add_option("--vocab", o.vocab, "vocab.json (Hugging Face) or encoder.json (OpenAI)")->required();
                 app.add_option("--merges", o.merges, "merges.txt (Hugging Face) or vocab.bpe (OpenAI)")->required();
-                app.add_option("--out", o.out_dir, "Output directory (created when missing)")->required();
+                app.add_option("--out", o.out_dir, "Output directory (created when missing; a dataset already "
+                               "in it is refused unless --overwrite)")->required();
+                app.add_flag("--overwrite", o.overwrite, "Replace the dataset files (train.bin, val.bin, meta.json, "
+                             "vocab.json, merges.txt) already in --out");
                 app.add_option("--val-fraction", o.val_fraction,
                                "Fraction of the tokens, at the end, for validation; in [0, 1)")
                     ->capture_default_str();

@@ -176,6 +176,10 @@ MESHGRAD_REGISTER_COMMAND(
                              "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
                              "come from it unless given again (the model's shape cannot change)")
                   ->group("Checkpoints");
+              app.add_flag("--data-changed-ok", o.data_changed_ok,
+                           "With --resume: go on although the data's content differs from the checkpoint's (it is "
+                           "refused otherwise, naming both content hashes)")
+                  ->group("Checkpoints");
               app.add_option("--init-from", o.init_from, "Start from a Hugging Face GPT-2 directory (config.json + "
                              "model.safetensors) instead of random weights; the sizes come from its config.json");
               app.add_option("--trace", o.trace_path, "Write a Chrome trace (Perfetto / chrome://tracing) of the run to "

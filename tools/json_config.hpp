@@ -11,12 +11,12 @@
 
 #include <CLI/CLI.hpp>
 
-#include <fstream>
-#include <sstream>
+#include <cstdint>
 #include <string>
 #include <vector>
 
 #include "meshgrad/tensor/error.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/json_input.hpp"
 
 namespace meshgrad::tools {
@@ -49,13 +49,12 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
     }
   }
   if (at == 0) return args;
-  std::ifstream in(path, std::ios::binary);
-  MG_CHECK(in.good(), "--config: '{}' cannot be opened for reading", path);
-  std::stringstream text;
-  text << in.rdbuf();
+  MG_CHECK(!path.empty(), "--config: the path is empty");
+  // A regular file of at most 1 MiB (a directory, a FIFO or /dev/zero is refused at once).
+  const std::string text = io::read_small_file(path, std::uint64_t{1} << 20, "--config");
   nlohmann::json j;
   try {
-    j = io::parse_untrusted_json(text.str(), /*max_depth=*/2);
+    j = io::parse_untrusted_json(text, /*max_depth=*/2);
   } catch (const std::exception& e) {
     throw InvalidArgument(fmt::format("--config '{}': not a JSON object of options: {}", path, e.what()));
   }
@@ -79,12 +78,14 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
     MG_CHECK(option != nullptr && flag != "--config", "--config '{}': {} is not an option of `meshgrad {}`", path,
              io::json_quote(key), args[1]);
     if (given(flag)) continue;   // the command line wins
+    const bool is_flag = option->get_expected_min() == 0 && option->get_expected_max() == 0;
     if (value.is_boolean()) {
-      MG_CHECK(option->get_expected_min() == 0, "--config '{}': {} takes a value, not true/false", path,
-               io::json_quote(key));
+      MG_CHECK(is_flag, "--config '{}': {} takes a value, not true/false", path, io::json_quote(key));
       if (value.get<bool>()) inserted.push_back(flag);
       continue;
     }
+    MG_CHECK(!is_flag, "--config '{}': {} is a flag: its value must be true or false, got {}", path,
+             io::json_quote(key), io::json_excerpt(value));
     inserted.push_back(flag);
     if (value.is_array()) {
       for (const auto& v : value) inserted.push_back(scalar(key, v));

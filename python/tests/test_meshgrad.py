@@ -317,3 +317,60 @@ def test_meshgrad_errors_keep_their_message():
         meshgrad.explain(ffn=-1)
     with pytest.raises(meshgrad.InvalidArgument, match="layers, hidden, heads and vocab must be positive"):
         meshgrad.explain(layers=0)
+
+
+# ---- Ctrl-C ----------------------------------------------------------------------------------
+
+def _interrupted_run(tmp_path, checkpoint_dir):
+    """A script training for (nearly) ever, SIGINT once it has taken a few steps: returns (rc,
+    stdout, stderr, seconds from the signal to the exit)."""
+    import os
+    import signal
+    import subprocess
+    import sys
+    metrics = tmp_path / "m.jsonl"
+    script = tmp_path / "long_run.py"
+    script.write_text(
+        "import meshgrad\n"
+        "try:\n"
+        f"    meshgrad.train(mesh='tp=2', steps=1000000, layers=1, hidden=32, heads=4, seq=16, batch=4,\n"
+        f"                   metrics={str(metrics)!r}, checkpoint_dir={checkpoint_dir!r})\n"
+        "    print('finished')\n"
+        "except KeyboardInterrupt:\n"
+        "    print('interrupted')\n")
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=os.environ)
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline:
+        if metrics.exists() and metrics.read_text().count("\n") >= 4:
+            break
+        assert proc.poll() is None, proc.communicate()
+        time.sleep(0.05)
+    else:
+        proc.kill()
+        pytest.fail("the run took no steps within 60 s")
+    proc.send_signal(signal.SIGINT)
+    t0 = time.monotonic()
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        pytest.fail("Ctrl-C did not stop meshgrad.train within 30 s (reliability-2 Y6)")
+    return proc.returncode, out, err, time.monotonic() - t0, metrics
+
+
+def test_ctrl_c_stops_train_and_raises_keyboard_interrupt(tmp_path):
+    rc, out, err, seconds, metrics = _interrupted_run(tmp_path, None)
+    assert rc == 0 and out.strip() == "interrupted", (rc, out, err)
+    assert seconds < 10, seconds
+    steps = [json.loads(l) for l in metrics.read_text().splitlines() if '"step"' in l]
+    assert 3 <= len(steps) < 1000000
+
+
+def test_ctrl_c_with_a_checkpoint_dir_saves_the_step_it_stopped_at(tmp_path):
+    ck = tmp_path / "ck"
+    rc, out, err, seconds, metrics = _interrupted_run(tmp_path, str(ck))
+    assert rc == 0 and out.strip() == "interrupted", (rc, out, err)
+    last = [json.loads(l) for l in metrics.read_text().splitlines() if '"step"' in l][-1]["step"]
+    assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_"))[-1] == f"step_{last:08d}", \
+        (last, list(ck.iterdir()))

@@ -135,7 +135,13 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   if (!tensors.is_array()) manifest_error(path, "\"tensors\" is not an array");
   std::set<std::string> names;
   // Byte ranges per file, to refuse two pieces sharing bytes.
-  std::vector<std::vector<std::pair<std::uint64_t, std::uint64_t>>> used(m.files.size());
+  // Per file, the byte ranges of its pieces: (offset, bytes, tensor index, piece index).
+  struct UsedBytes {
+    std::uint64_t offset, bytes;
+    std::size_t tensor, piece;
+    bool operator<(const UsedBytes& o) const { return offset < o.offset; }
+  };
+  std::vector<std::vector<UsedBytes>> used(m.files.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const nlohmann::json& tj = tensors[i];
     ManifestTensor t;
@@ -185,7 +191,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       const ManifestFile& f = m.files[p.file];
       if (p.offset > f.bytes || bytes > f.bytes - p.offset)
         manifest_error(path, fmt::format("{}: bytes [{}, +{}) lie outside file '{}' of {} bytes", pw, p.offset, bytes, f.name, f.bytes));
-      if (bytes > 0) used[p.file].emplace_back(p.offset, bytes);
+      if (bytes > 0) used[p.file].push_back({p.offset, bytes, m.tensors.size(), k});
       for (const ManifestPiece& q : t.pieces) {
         if (box_volume(q.box) > 0 && box_volume(p.box) > 0 && boxes_overlap(p.box, q.box))
           manifest_error(path, fmt::format("{}: box {} overlaps box {} of another piece", pw, box_str(p.box), box_str(q.box)));
@@ -200,8 +206,18 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   for (std::size_t f = 0; f < used.size(); ++f) {
     std::sort(used[f].begin(), used[f].end());
     for (std::size_t k = 1; k < used[f].size(); ++k) {
-      if (used[f][k].first < used[f][k - 1].first + used[f][k - 1].second)
-        manifest_error(path, fmt::format("two pieces share bytes at offset {} of file '{}'", used[f][k].first, m.files[f].name));
+      const UsedBytes& a = used[f][k - 1];
+      const UsedBytes& b = used[f][k];
+      if (b.offset >= a.offset + a.bytes) continue;
+      // Name both pieces with what sizes them (dtype and box): an edited dtype or box is the usual cause.
+      const auto describe = [&](const UsedBytes& u) {
+        const ManifestTensor& t = m.tensors[u.tensor];
+        return fmt::format("tensor {} piece {} ({} box {}, bytes [{}, +{}))", io::json_quote(t.name), u.piece,
+                           dtype_name(t.dtype), box_str(t.pieces[u.piece].box), u.offset, u.bytes);
+      };
+      manifest_error(path, fmt::format("{} and {} overlap in file '{}': their sizes (dtype times box volume) do not "
+                                       "fit the offsets the files were written with; the manifest was changed",
+                                       describe(a), describe(b), m.files[f].name));
     }
   }
   return m;

@@ -56,22 +56,4 @@ BoxBytes box_bytes(const Tensor& local, const LocalBox& lb) {
           static_cast<std::uint64_t>(shape[d]) * inner};
 }
 
-PieceHash::PieceHash() : state_(XXH3_createState(), XXH3_freeState) {
-  if (!state_) throw CheckpointError("checkpoint: cannot allocate an XXH3 state");
-  reset();
-}
-
-std::string PieceHash::hex() const {
-  XXH128_canonical_t c;
-  XXH128_canonicalFromHash(&c, XXH3_128bits_digest(state_.get()));
-  static constexpr char digits[] = "0123456789abcdef";
-  std::string hex;
-  hex.reserve(2 * sizeof c.digest);
-  for (const unsigned char byte : c.digest) {
-    hex += digits[byte >> 4];
-    hex += digits[byte & 15];
-  }
-  return hex;
-}
-
 }  // namespace meshgrad::checkpoint

@@ -3,8 +3,6 @@
 // every piece carries.
 #pragma once
 
-#include <xxhash.h>
-
 #include <cstddef>
 #include <cstdint>
 #include <memory>
@@ -13,6 +11,7 @@
 
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/distributed/layout.hpp"
+#include "meshgrad/io/xxh128.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
 namespace meshgrad::checkpoint {
@@ -52,20 +51,9 @@ struct BoxBytes {
 };
 BoxBytes box_bytes(const Tensor& local, const LocalBox& lb);
 
-// The hash of one piece, XXH3-128 (libxxhash), which the manifest records per piece and every read
-// checks. (The files' SHA-256 is the content hash a user can check with sha256sum; a piece hash must
-// be cheap enough to compute on every save and every partial read.)
-class PieceHash {
- public:
-  // A hash of nothing yet. Throws CheckpointError when the state cannot be allocated.
-  PieceHash();
-  void reset() { XXH3_128bits_reset(state_.get()); }
-  void update(const void* data, std::size_t n) { XXH3_128bits_update(state_.get(), data, n); }
-  // The digest of what was fed since the last reset, as 32 hex digits (the manifest's "xxh3").
-  std::string hex() const;
-
- private:
-  std::unique_ptr<XXH3_state_t, decltype(&XXH3_freeState)> state_;
-};
+// The hash of one piece, XXH3-128, which the manifest records per piece and every read checks. (The
+// files' SHA-256 is the content hash a user can check with sha256sum; a piece hash must be cheap
+// enough to compute on every save and every partial read.) hex() is the manifest's "xxh3".
+using PieceHash = io::Xxh128;
 
 }  // namespace meshgrad::checkpoint

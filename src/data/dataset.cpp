@@ -6,7 +6,9 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <array>
 #include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <map>
@@ -14,6 +16,8 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "meshgrad/io/json_input.hpp"
+#include "meshgrad/io/xxh128.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/tensor/shard.hpp"
 
@@ -75,21 +79,37 @@ bool has_llmc_magic(const std::string& path) {
   return in.gcount() == 4 && magic == kTokenFileMagic;
 }
 
-// meta.json's vocab_size (written by meshgrad prepare).
-std::int64_t meta_vocab(const std::string& path) {
-  std::ifstream in(path);
-  MG_CHECK(in.good(), "data: '{}' cannot be opened for reading", path);
+// What a dataset takes from a meta.json (written by meshgrad prepare): the vocabulary, and the
+// content hashes of train.bin and val.bin where it records them (prepare has since it wrote them).
+struct Meta {
+  std::int64_t vocab = 0;
+  std::map<std::string, std::string> file_hashes;   // "train.bin" -> XXH3-128 hex
+};
+
+Meta read_meta(const std::string& path) {
+  const std::string text = io::read_small_file(path, std::uint64_t{64} << 20, "data: meta.json");
   nlohmann::json j;
   try {
-    j = nlohmann::json::parse(in);
-  } catch (const nlohmann::json::parse_error& e) {
-    throw InvalidArgument(fmt::format("data: '{}' is not valid JSON (byte offset {})", path, e.byte > 0 ? e.byte - 1 : 0));
+    j = io::parse_untrusted_json(text, 16);
+  } catch (const io::JsonInputError& e) {
+    throw InvalidArgument(fmt::format("data: '{}' is not valid JSON ({}{})", path, e.what(),
+                                      e.byte() ? fmt::format(", byte offset {}", *e.byte()) : std::string()));
   }
   MG_CHECK(j.is_object() && j.contains("vocab_size") && j["vocab_size"].is_number_integer(),
            "data: '{}' has no integer \"vocab_size\" (is it a meta.json written by meshgrad prepare?)", path);
-  const auto v = j["vocab_size"].get<std::int64_t>();
-  MG_CHECK(v >= 1 && v <= 65536, "data: '{}': vocab_size must be in [1, 65536] for uint16 tokens, got {}", path, v);
-  return v;
+  Meta meta;
+  meta.vocab = j["vocab_size"].get<std::int64_t>();
+  MG_CHECK(meta.vocab >= 1 && meta.vocab <= 65536, "data: '{}': vocab_size must be in [1, 65536] for uint16 tokens, "
+           "got {}", path, meta.vocab);
+  if (const auto files = j.find("files"); files != j.end()) {
+    MG_CHECK(files->is_object(), "data: '{}': \"files\" must be an object, got {}", path, io::json_excerpt(*files));
+    for (const auto& [name, entry] : files->items()) {
+      MG_CHECK(entry.is_object() && entry.contains("xxh128") && entry["xxh128"].is_string(),
+               "data: '{}': \"files\" > {} has no string \"xxh128\"", path, io::json_quote(name));
+      meta.file_hashes[name] = entry["xxh128"].get<std::string>();
+    }
+  }
+  return meta;
 }
 
 }  // namespace
@@ -129,17 +149,33 @@ MappedFile::~MappedFile() {
   if (data_) ::munmap(data_, size_);
 }
 
-TokenFile::TokenFile(const std::string& path, Format format) : file_(path, "data"), format_(format) {
-  const std::string_view b = file_.bytes();
+namespace {
+
+constexpr std::int64_t kScanChunkBytes = 1 << 20;
+
+// Little-endian uint16 tokens (as llm.c writes them, x86 and arm64) to int64.
+void decode_u16(const unsigned char* bytes, std::int64_t count, std::int64_t* out) {
+  for (std::int64_t i = 0; i < count; ++i) out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+}
+
+}  // namespace
+
+TokenFile::TokenFile(const std::string& path, Format format) : path_(path), format_(format) {
+  std::uint64_t file_size = 0;
+  io::UniqueFd fd;
+  try {
+    fd = io::open_regular_file(path, &file_size);
+  } catch (const io::FileIoError& e) {
+    throw InvalidArgument(fmt::format("data: {}", e.what()));
+  }
+  const auto file_bytes = static_cast<std::int64_t>(file_size);
   if (format == Format::Bytes) {
-    tokens_ = b.data();
-    size_ = static_cast<std::int64_t>(b.size());
+    size_ = file_bytes;
   } else {
-    const auto file_bytes = static_cast<std::int64_t>(b.size());
     MG_CHECK(file_bytes >= kTokenFileHeaderBytes, "data '{}': {} bytes, shorter than the {}-byte header of an llm.c "
              "token file", path, file_bytes, kTokenFileHeaderBytes);
     std::int32_t header[3];
-    std::memcpy(header, b.data(), sizeof header);
+    io::read_exact(fd.get(), header, sizeof header, 0, path);
     MG_CHECK(header[0] == kTokenFileMagic, "data '{}': byte offset 0: magic {} is not the llm.c token file magic {}",
              path, header[0], kTokenFileMagic);
     MG_CHECK(header[1] == kTokenFileVersion, "data '{}': byte offset 4: version {} is not supported (version {}: "
@@ -148,18 +184,58 @@ TokenFile::TokenFile(const std::string& path, Format format) : file_(path, "data
     const std::int64_t payload = file_bytes - kTokenFileHeaderBytes;
     MG_CHECK(count >= 0 && payload == 2 * count, "data '{}': byte offset 8: the header says {} tokens ({} bytes) but "
              "the file has {} bytes after the header", path, count, 2 * count, payload);
-    tokens_ = b.data() + kTokenFileHeaderBytes;
     size_ = count;
   }
-  if (format == Format::Bytes) {
-    max_token_ = size_ > 0 ? 255 : -1;   // a bound, not a scan: byte data is used as it is paged in
-  } else {
-    for (std::int64_t i = 0; i < size_; ++i) max_token_ = std::max(max_token_, token(i));
+  fd_ = std::move(fd);
+  // One pass over the file: its hash, and (LlmC) its largest token. Byte files need no scan for the
+  // vocabulary (255 is a bound).
+  io::Xxh128 hash;
+  std::vector<unsigned char> chunk(static_cast<std::size_t>(std::min(kScanChunkBytes, std::max<std::int64_t>(file_bytes, 1))));
+  std::vector<std::int64_t> tokens;
+  max_token_ = format == Format::Bytes && size_ > 0 ? 255 : -1;
+  for (std::int64_t offset = 0; offset < file_bytes; offset += kScanChunkBytes) {
+    const std::int64_t n = std::min(kScanChunkBytes, file_bytes - offset);
+    read_file_bytes(offset, n, chunk.data());
+    hash.update(chunk.data(), static_cast<std::size_t>(n));
+    if (format == Format::Bytes) continue;
+    // Whole tokens of this chunk past the header (chunks are even-sized and the header is too).
+    const std::int64_t skip = std::max<std::int64_t>(0, kTokenFileHeaderBytes - offset);
+    if (skip >= n) continue;
+    tokens.resize(static_cast<std::size_t>((n - skip) / 2));
+    decode_u16(chunk.data() + skip, static_cast<std::int64_t>(tokens.size()), tokens.data());
+    for (std::int64_t t : tokens) max_token_ = std::max(max_token_, t);
+  }
+  content_hash_ = hash.hex();
+}
+
+void TokenFile::read_file_bytes(std::int64_t offset, std::int64_t n, void* out) const {
+  try {
+    io::read_exact(fd_.get(), out, static_cast<std::uint64_t>(n), static_cast<std::uint64_t>(offset), path_);
+  } catch (const io::FileIoError& e) {
+    if (e.reason() != "truncated") throw InvalidArgument(fmt::format("data: {}", e.what()));
+    throw InvalidArgument(fmt::format("data '{}' ends before byte offset {} (of {} when the run opened it): the file "
+                                      "shrank while the run was reading it; a data file must not change under a run",
+                                      path_, offset + n, format_ == Format::Bytes ? size_ : kTokenFileHeaderBytes + 2 * size_));
   }
 }
 
+void TokenFile::read(std::int64_t start, std::int64_t count, std::int64_t* out) const {
+  MG_CHECK(start >= 0 && count >= 0 && start + count <= size_, "TokenFile::read: tokens [{}, {}) of '{}' are outside "
+           "its {} tokens", start, start + count, path_, size_);
+  if (count == 0) return;
+  if (format_ == Format::Bytes) {
+    std::vector<unsigned char> bytes(static_cast<std::size_t>(count));
+    read_file_bytes(start, count, bytes.data());
+    for (std::int64_t i = 0; i < count; ++i) out[i] = bytes[static_cast<std::size_t>(i)];
+    return;
+  }
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(2 * count));
+  read_file_bytes(byte_offset(start), 2 * count, bytes.data());
+  decode_u16(bytes.data(), count, out);
+}
+
 std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format format) {
-  // One mapping per (file identity, format) in the process, while anyone holds it.
+  // One reader per (file identity, format) in the process, while anyone holds it.
   using Key = std::tuple<dev_t, ino_t, off_t, std::int64_t, std::int64_t, int>;
   static std::mutex mu;
   static std::map<Key, std::weak_ptr<const TokenFile>> open_files;
@@ -178,8 +254,14 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format
 
 std::optional<std::int64_t> TokenFile::first_token_at_least(std::int64_t limit) const {
   if (max_token_ < limit) return std::nullopt;
-  for (std::int64_t i = 0; i < size_; ++i) {
-    if (token(i) >= limit) return i;
+  const std::int64_t per_chunk = kScanChunkBytes / 2;
+  std::vector<std::int64_t> tokens(static_cast<std::size_t>(std::min(per_chunk, size_)));
+  for (std::int64_t start = 0; start < size_; start += per_chunk) {
+    const std::int64_t n = std::min(per_chunk, size_ - start);
+    read(start, n, tokens.data());
+    for (std::int64_t i = 0; i < n; ++i) {
+      if (tokens[static_cast<std::size_t>(i)] >= limit) return start + i;
+    }
   }
   return std::nullopt;
 }
@@ -188,7 +270,7 @@ std::int64_t TokenFile::byte_offset(std::int64_t i) const {
   return format_ == Format::Bytes ? i : kTokenFileHeaderBytes + 2 * i;
 }
 
-void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
   MG_CHECK(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "write_token_file '{}': {} tokens do not fit the "
            "int32 count of the llm.c header", path, tokens.size());
   std::int32_t header[256] = {kTokenFileMagic, kTokenFileVersion, static_cast<std::int32_t>(tokens.size())};
@@ -198,6 +280,10 @@ void write_token_file(const std::string& path, const std::vector<std::uint16_t>&
   out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
   out.close();
   MG_CHECK(out.good(), "'{}': write failed (disk full?)", path);
+  io::Xxh128 hash;
+  hash.update(header, sizeof header);
+  hash.update(tokens.data(), 2 * tokens.size());   // little-endian in memory on the machines meshgrad runs on
+  return hash.hex();
 }
 
 TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed)
@@ -233,7 +319,18 @@ TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uin
     }
   }
   if (!meta.empty()) {
-    vocab_ = meta_vocab(meta);
+    const Meta m = read_meta(meta);
+    vocab_ = m.vocab;
+    // A directory whose token files are not the ones its meta.json describes was changed after
+    // prepare (a train.bin copied in from elsewhere): its vocabulary and tokenizer may not fit.
+    for (const Tokens* t : {&train_, &val_}) {
+      if (!t->file) continue;
+      const auto it = m.file_hashes.find(fs::path(t->file->path()).filename().string());
+      MG_CHECK(it == m.file_hashes.end() || it->second == t->file->content_hash(),
+               "data '{}' is not the file its meta.json '{}' describes: its XXH3-128 is {} but meta.json records {}; "
+               "the directory changed after `meshgrad prepare` wrote it (prepare it again)",
+               t->file->path(), meta, t->file->content_hash(), it->second);
+    }
     require_tokens_below(vocab_, "the vocabulary size " + std::to_string(vocab_) + " of '" + meta + "'");
   } else if (train_.file && train_.file->format() == TokenFile::Format::LlmC) {
     vocab_ = train_.file->max_token() + 1;
@@ -241,17 +338,25 @@ TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uin
   MG_CHECK(train_.size() >= static_cast<std::int64_t>(seq) + 1,
            "data {} has {} {} but a training window needs seq + 1 = {} (T inputs and T shifted targets)", source_,
            train_.size(), description_ == "bytes" ? "bytes" : "training tokens", seq + 1);
+  identity_.train_hash = train_.file ? train_.file->content_hash() : io::xxh128_hex(train_.bytes.data(), train_.bytes.size());
+  identity_.train_tokens = train_.size();
+  identity_.val_hash = val_.file ? val_.file->content_hash() : "";
+  identity_.val_tokens = val_.size();
+}
+
+void TokenDataset::Tokens::read(std::int64_t start, std::int64_t count, std::int64_t* out) const {
+  if (file) return file->read(start, count, out);
+  for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<unsigned char>(bytes[static_cast<std::size_t>(start + i)]);
 }
 
 nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const {
   const std::int64_t B = static_cast<std::int64_t>(starts.size()), T = seq_;
   std::vector<std::int64_t> inputs(static_cast<std::size_t>(B * T)), targets(static_cast<std::size_t>(B * T));
+  std::vector<std::int64_t> window(static_cast<std::size_t>(T + 1));
   for (std::int64_t b = 0; b < B; ++b) {
-    const std::int64_t start = starts[static_cast<std::size_t>(b)];
-    for (std::int64_t t = 0; t < T; ++t) {
-      inputs[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t);
-      targets[static_cast<std::size_t>(b * T + t)] = tokens.at(start + t + 1);
-    }
+    tokens.read(starts[static_cast<std::size_t>(b)], T + 1, window.data());
+    std::copy(window.begin(), window.end() - 1, inputs.begin() + b * T);
+    std::copy(window.begin() + 1, window.end(), targets.begin() + b * T);
   }
   return {Tensor::from_int64(inputs, {B, T}), Tensor::from_int64(targets, {B, T})};
 }
@@ -276,8 +381,11 @@ void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& w
       continue;
     }
     const std::optional<std::int64_t> bad = t->file->first_token_at_least(limit);
-    MG_CHECK(!bad, "data '{}': token {} at position {} (byte offset {}) is not below {}", t->file->path(),
-             bad ? t->file->token(*bad) : 0, bad.value_or(0), bad ? t->file->byte_offset(*bad) : 0, what);
+    if (!bad) continue;
+    std::int64_t token = 0;
+    t->file->read(*bad, 1, &token);
+    throw InvalidArgument(fmt::format("data '{}': token {} at position {} (byte offset {}) is not below {}",
+                                      t->file->path(), token, *bad, t->file->byte_offset(*bad), what));
   }
 }
 
@@ -307,6 +415,66 @@ nn::Batch TokenDataset::validation_batch(std::int64_t index) const {
   std::vector<std::int64_t> rows(static_cast<std::size_t>(batch_));
   for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = ((index * batch_ + b) % W) * seq_;
   return windows(val_, rows);
+}
+
+nlohmann::json DataIdentity::to_json() const {
+  return {{"train_xxh128", train_hash}, {"val_xxh128", val_hash}, {"train_tokens", train_tokens}, {"val_tokens", val_tokens}};
+}
+
+DataIdentity DataIdentity::from_json(const nlohmann::json& j) {
+  DataIdentity id;
+  if (!j.is_object()) return id;
+  const auto text = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_string() ? it->get<std::string>() : std::string();
+  };
+  const auto count = [&](const char* key) {
+    const auto it = j.find(key);
+    return it != j.end() && it->is_number_integer() ? it->get<std::int64_t>() : std::int64_t{-1};
+  };
+  id.train_hash = text("train_xxh128");
+  id.val_hash = text("val_xxh128");
+  id.train_tokens = count("train_tokens");
+  id.val_tokens = count("val_tokens");
+  return id;
+}
+
+std::string DataIdentity::str() const {
+  std::string s = fmt::format("{} training tokens (XXH3-128 {})", train_tokens, train_hash.empty() ? "unknown" : train_hash);
+  if (!val_hash.empty()) s += fmt::format(", {} validation tokens (XXH3-128 {})", val_tokens, val_hash);
+  return s;
+}
+
+void agree_on_data(comm::Communicator& comm, const DataIdentity& mine, const std::string& source) {
+  // Fixed-size words per rank: both hashes (32 hex digits each, "" as zeros) and both counts.
+  constexpr std::size_t kWords = 10;
+  std::array<std::int64_t, kWords> words{};
+  MG_CHECK(mine.train_hash.size() <= 32 && mine.val_hash.size() <= 32, "agree_on_data: a hash longer than 32 digits");
+  std::memcpy(words.data(), mine.train_hash.data(), mine.train_hash.size());
+  std::memcpy(reinterpret_cast<char*>(words.data()) + 32, mine.val_hash.data(), mine.val_hash.size());
+  words[8] = mine.train_tokens;
+  words[9] = mine.val_tokens;
+  const int P = comm.size();
+  std::vector<std::int64_t> all(kWords * static_cast<std::size_t>(P));
+  comm.all_gather(comm::ConstBuffer{words.data(), kWords, DType::Int64}, comm::MutableBuffer{all.data(), all.size(), DType::Int64});
+  const auto identity_of = [&](int r) {
+    const std::int64_t* w = all.data() + kWords * static_cast<std::size_t>(r);
+    const char* bytes = reinterpret_cast<const char*>(w);
+    DataIdentity id;
+    id.train_hash.assign(bytes, strnlen(bytes, 32));
+    id.val_hash.assign(bytes + 32, strnlen(bytes + 32, 32));
+    id.train_tokens = w[8];
+    id.val_tokens = w[9];
+    return id;
+  };
+  const DataIdentity first = identity_of(0);
+  for (int r = 1; r < P; ++r) {
+    const DataIdentity other = identity_of(r);
+    if (other == first) continue;
+    throw InvalidArgument(fmt::format("the ranks read different data from --data {}: rank 0 has {} but rank {} has {}; "
+                                      "every rank must train on the same bytes (on several hosts, each host's copy "
+                                      "of the data must be identical)", source, first.str(), r, other.str()));
+  }
 }
 
 nn::Batch dp_shard(const nn::Batch& batch, int dp_rank, int dp_size) {

@@ -19,6 +19,9 @@ namespace fs = std::filesystem;
 
 namespace {
 
+// What prepare writes into --out.
+constexpr const char* kPreparedFiles[] = {"train.bin", "val.bin", "meta.json", "vocab.json", "merges.txt"};
+
 // Files written to a temporary name in the output directory and renamed into place by commit();
 // whatever was not committed is removed when this goes out of scope (an error mid-way).
 class StagedFiles {
@@ -63,6 +66,15 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   std::error_code ec;
   MG_CHECK(!fs::exists(o.out_dir, ec) || fs::is_directory(o.out_dir, ec), "prepare: --out '{}' exists and is not a "
            "directory", o.out_dir);
+  if (!o.overwrite) {
+    std::vector<std::string> existing;
+    for (const char* name : kPreparedFiles) {
+      if (fs::exists(fs::path(o.out_dir) / name, ec) || fs::is_symlink(fs::path(o.out_dir) / name, ec)) existing.push_back(name);
+    }
+    MG_CHECK(existing.empty(), "prepare: --out '{}' already holds a prepared dataset ({}): prepare refuses to replace "
+             "it, since a run or a checkpoint may depend on those tokens; choose another --out, or add --overwrite",
+             o.out_dir, fmt::join(existing, ", "));
+  }
   std::vector<std::unique_ptr<MappedFile>> inputs;
   std::int64_t total = 0;
   for (const std::string& path : o.inputs) {
@@ -110,10 +122,10 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   fs::create_directories(o.out_dir, ec);
   MG_CHECK(!ec, "prepare: cannot create the output directory '{}': {}", o.out_dir, ec.message());
   StagedFiles staged{fs::path(o.out_dir)};
-  write_token_file(staged.stage("train.bin"),
-                   std::vector<std::uint16_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train)));
-  write_token_file(staged.stage("val.bin"),
-                   std::vector<std::uint16_t>(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end()));
+  const std::string train_hash = write_token_file(
+      staged.stage("train.bin"), std::vector<std::uint16_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train)));
+  const std::string val_hash = write_token_file(
+      staged.stage("val.bin"), std::vector<std::uint16_t>(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end()));
   fs::copy_file(o.vocab, staged.stage("vocab.json"), fs::copy_options::overwrite_existing);
   fs::copy_file(o.merges, staged.stage("merges.txt"), fs::copy_options::overwrite_existing);
   nlohmann::json meta = {
@@ -128,6 +140,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
       {"sources", sources},
       {"train_tokens", n_train},
       {"val_tokens", n_val},
+      // The token files' content hashes (XXH3-128 of the whole file, `xxhsum -H2`): the data's identity.
+      {"files", {{"train.bin", {{"tokens", n_train}, {"xxh128", train_hash}}}, {"val.bin", {{"tokens", n_val}, {"xxh128", val_hash}}}}},
       {"val_fraction", o.val_fraction},
   };
   {

@@ -7,11 +7,19 @@
 #include <fstream>
 #include <nlohmann/json.hpp>
 
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::diag {
 
 MetricsSeries read_metrics(const std::string& path) {
+  // A regular file only: a directory read as no lines, /dev/zero read until memory ran out and a FIFO
+  // blocked (reliability-2 L3). The check opens without blocking; the lines are then read as a stream.
+  try {
+    io::open_regular_file(path, nullptr);
+  } catch (const io::FileIoError& e) {
+    throw InvalidArgument(fmt::format("plot: metrics file {}", e.what()));
+  }
   std::ifstream in(path);
   MG_CHECK(in.good(), "plot: metrics file '{}' cannot be opened for reading", path);
   MetricsSeries s;

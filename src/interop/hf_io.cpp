@@ -157,8 +157,8 @@ nn::ModelConfig hf_init_config(const std::string& dir, const nn::ModelConfig& re
   const std::string weights_path = (fs::path(dir) / kHfWeightsFile).string();
   const nn::ModelConfig file = read_gpt2_config(config_path);
   const auto agree = [&](const char* option, int wanted, int found, const char* key) {
-    MG_CHECK(wanted <= 0 || wanted == found, "--init-from '{}': {} {} disagrees with {} = {} in '{}' (leave {} out, "
-             "or 0, to take the file's)", dir, option, wanted, key, found, config_path, option);
+    MG_CHECK(wanted <= 0 || wanted == found, "--init-from '{}': {} {} disagrees with {} = {} in '{}' (leave {} out "
+             "to take the file's)", dir, option, wanted, key, found, config_path, option);
   };
   agree("--layers", requested.layers, file.layers, "n_layer");
   agree("--hidden", requested.hidden, file.hidden, "n_embd");
@@ -343,7 +343,7 @@ void check_export_target(const std::string& out) {
   } else {
     MG_CHECK(errno == ENOENT, "--out '{}': cannot check it: {}", out, std::strerror(errno));
   }
-  const fs::path parent = fs::path(out).lexically_normal().parent_path();
+  const fs::path parent = io::directory_path(out).parent_path();   // "hf/" is the directory hf
   const std::string dir = parent.empty() ? "." : parent.string();
   MG_CHECK(fs::is_directory(dir), "--out '{}': its parent '{}' is not a directory", out, dir);
   MG_CHECK(::access(dir.c_str(), W_OK | X_OK) == 0, "--out '{}': its parent '{}' is not writable: {}", out, dir,

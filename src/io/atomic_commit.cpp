@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "meshgrad/io/file_io.hpp"
+#include "meshgrad/io/output_path.hpp"
 
 namespace meshgrad::io {
 
@@ -156,6 +157,7 @@ void flush_directory_of(const std::string& target, ParentFlush flush) {
 }
 
 StagedDirectory StagedDirectory::create_beside(std::string target) {
+  target = directory_path(target).string();   // "hf/" is the directory hf: its stage is ".hf.tmp-..." beside it
   // A name taken meanwhile (a crashed process of a recycled pid with the same salt) gets another.
   for (int attempt = 0;; ++attempt) {
     std::string stage = unique_temporary_path(target);

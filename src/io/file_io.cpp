@@ -96,6 +96,24 @@ void read_exact(int fd, void* data, std::uint64_t n, std::uint64_t offset, const
   }
 }
 
+std::string read_small_file(const std::string& path, std::uint64_t max_bytes, const std::string& what) {
+  std::uint64_t size = 0;
+  UniqueFd fd;
+  try {
+    fd = open_regular_file(path, &size);
+  } catch (const FileIoError& e) {
+    throw FileIoError(e.op(), path, e.reason(), fmt::format("{}: {}", what, e.what()));
+  }
+  if (size > max_bytes) {
+    throw FileIoError(FileIoError::Op::read, path, "too large",
+                      fmt::format("{} '{}' is {} bytes, more than the {} MiB such a file may have", what, path, size,
+                                  max_bytes >> 20));
+  }
+  std::string text(static_cast<std::size_t>(size), '\0');
+  read_exact(fd.get(), text.data(), size, 0, path);
+  return text;
+}
+
 void fsync_file(int fd, const std::string& path) {
   if (::fsync(fd) == 0) return;
   const std::string why = errno_text(errno);

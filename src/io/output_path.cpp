@@ -58,24 +58,24 @@ std::optional<FileId> id_of(const std::string& path) {
 
 }  // namespace
 
+fs::path directory_path(const std::string& path) {
+  fs::path p = fs::path(path).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
 void check_output_directory(const NamedPath& out, const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& output_files) {
   const auto bad = [&](const std::string& what) { throw InvalidArgument(fmt::format("{} '{}': {}", out.option, out.path, what)); };
   if (out.path.empty()) throw InvalidArgument(fmt::format("{}: the path is empty", out.option));
   // Compared as paths (neither needs to exist yet): the file would be created first and the
   // directory then refused, or the directory created and the file's write fail at the end.
-  // "ck/" is the directory ck: without the trailing separator, its parent is what holds it.
-  const auto without_trailing_separator = [](const std::string& path) {
-    fs::path p = fs::path(path).lexically_normal();
-    if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-    return p;
-  };
-  const fs::path normal = without_trailing_separator(out.path);
+  const fs::path normal = directory_path(out.path);
   std::error_code ec;
   const fs::path dir_path = fs::weakly_canonical(normal, ec);
   for (const NamedPath& file : output_files) {
     if (file.path.empty() || ec) continue;
     std::error_code file_ec;
-    const fs::path file_path = fs::weakly_canonical(without_trailing_separator(file.path), file_ec);
+    const fs::path file_path = fs::weakly_canonical(directory_path(file.path), file_ec);
     if (!file_ec && file_path == dir_path)
       bad(fmt::format("is also the path of {} '{}': give the file and the directory different paths", file.option, file.path));
   }

@@ -56,6 +56,16 @@ void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
   const ParallelConfig& p = ctx.config;
   MG_CHECK(tree::is_power_of_two(p.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power of two "
            "(1, 2, 4, 8, ...)", p.invariant_blocks);
+  // A block holds at least one unit of the largest split dimension: more blocks than that cut nothing
+  // and would only cost a plan entry each (2^30 blocks exhausted memory, reliability-2 R8).
+  const std::vector<Split> splits = model_splits(cfg, p);
+  const auto largest = std::max_element(splits.begin(), splits.end(), [](const Split& a, const Split& b) {
+    return a.full / (a.parts * a.unit) < b.full / (b.parts * b.unit);
+  });
+  const std::int64_t most_units = largest->full / (largest->parts * largest->unit);
+  MG_CHECK(p.invariant_blocks <= std::max<std::int64_t>(1, most_units), "--tp-invariant: --invariant-blocks {} is more "
+           "than the {} units of this model's largest split dimension ({}): a block must hold at least one; use a "
+           "power of two of at most {}", p.invariant_blocks, most_units, largest->what, most_units);
   std::string failing;
   const int tp = ctx.tp_size();
   if (!tree::is_power_of_two(tp) || !model_nests(cfg, p, tp, &failing)) {

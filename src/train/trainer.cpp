@@ -21,6 +21,7 @@
 #include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/interop/hf_io.hpp"
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/nn/layers.hpp"
@@ -61,6 +62,7 @@ class Run {
   const data::TokenDataset& dataset() const { return *dataset_; }
   std::vector<io::NamedPath> check_outputs() const;
   void read_resume_manifest();
+  void check_config_describes_tensors() const;
   void open_metrics();
   void build();
   void print_start() const;
@@ -127,6 +129,8 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
 Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
     : options_(options), mesh_(mesh), leader_(mesh->rank() == 0), config_(options.model) {
   comm::run_agreed(*mesh_->world(), [&] { read_inputs(); });
+  // Every rank read the same path; on several hosts each read its own copy, which must hold the same bytes.
+  data::agree_on_data(*mesh_->world(), dataset().identity(), dataset().source());
   build();
   // Last: a run refused above (another run holds the checkpoint directory, a checkpoint of another
   // shape) must not have truncated or appended to a metrics file that may be a live run's.
@@ -173,14 +177,44 @@ std::vector<io::NamedPath> Run::check_outputs() const {
 void Run::read_resume_manifest() {
   if (options_.resume_dir.empty()) return;
   resume_ = checkpoint::read_manifest(options_.resume_dir);
+  check_config_describes_tensors();
+  // The data by content: a checkpoint resumes on the bytes it was trained on, unless the user says
+  // the change is meant. (Checkpoints older than the content hash recorded only the token count.)
   const nlohmann::json& saved_data = resume_->state.value("data", nlohmann::json::object());
+  const data::DataIdentity saved = data::DataIdentity::from_json(saved_data.value("identity", nlohmann::json()));
+  const data::DataIdentity& now = dataset().identity();
   const std::int64_t saved_tokens = saved_data.value("tokens", std::int64_t{-1});
-  MG_CHECK(options_.given_options.count("data") > 0 || saved_tokens == dataset().size(),
-           "train: the data {} holds {} training tokens but checkpoint '{}' was trained on {} tokens of {}: the file "
-           "changed; give --data explicitly to go on with other data", dataset().source(), dataset().size(),
-           options_.resume_dir, saved_tokens, saved_data.value("source", std::string("?")));
+  const bool same = saved.train_hash.empty() ? saved_tokens == now.train_tokens : saved == now;
+  MG_CHECK(same || options_.data_changed_ok,
+           "train: checkpoint '{}' was trained on {}: {}, but the data {} is now {}; the data changed since the "
+           "checkpoint. Resume on the data it was trained on, or add --data-changed-ok to go on with this data (the "
+           "batches of the remaining steps are drawn from it)", options_.resume_dir,
+           saved_data.value("source", std::string("?")),
+           saved.train_hash.empty() ? fmt::format("{} training tokens", saved_tokens) : saved.str(), dataset().source(),
+           now.str());
   MG_CHECK(resume_->step < options_.steps, "train: checkpoint '{}' was taken after step {}, and --steps is {}: nothing "
            "left to train (give a larger --steps)", options_.resume_dir, resume_->step, options_.steps);
+}
+
+// The saved configuration (which the resume's model is built from) must describe the saved tensors
+// before anything is built: an edited "layers": 1000000000 allocated that model first and ran out of
+// memory after a minute (reliability-2 C10). The tensor count bounds the layers before the expected
+// names are listed.
+void Run::check_config_describes_tensors() const {
+  if (config_.kind != "gpt") return;
+  const std::size_t tensors = resume_->tensors.size();
+  MG_CHECK(config_.layers >= 0 && static_cast<std::size_t>(config_.layers) <= tensors,
+           "train: checkpoint '{}': its configuration says {} layers but it holds {} tensors in all: the configuration "
+           "does not describe its tensors (was the manifest edited?)", options_.resume_dir, config_.layers, tensors);
+  for (const auto& [name, shape] : interop::gpt2_parameter_shapes(config_)) {
+    const checkpoint::ManifestTensor* t = resume_->find(name);
+    MG_CHECK(t != nullptr, "train: checkpoint '{}': its configuration ({} layers, hidden {}, vocabulary {}) needs a "
+             "tensor '{}', which the checkpoint does not hold (was the manifest edited?)", options_.resume_dir,
+             config_.layers, config_.hidden, config_.vocab, name);
+    MG_CHECK(t->shape == shape, "train: checkpoint '{}': tensor '{}' has shape {} but its configuration ({} "
+             "layers, hidden {}, vocabulary {}) needs {} (was the manifest edited?)", options_.resume_dir, name,
+             shape_str(t->shape), config_.layers, config_.hidden, config_.vocab, shape_str(shape));
+  }
 }
 
 void Run::open_metrics() {
@@ -294,7 +328,8 @@ void Run::save(int done, double lr, bool sync) {
                        {"lr", lr},
                        {"mesh", mesh_->str()},
                        {"data", {{"source", dataset().source()}, {"tokens", dataset().size()}, {"vocab", dataset().vocab()},
-                                 {"description", dataset().description()}, {"next_batch", done}}}};
+                                 {"description", dataset().description()}, {"next_batch", done},
+                                 {"identity", dataset().identity().to_json()}}}};
   // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
   for (const std::string& f : dataset().input_files()) {
     if (fs::path(f).filename() == "meta.json") state["data"]["meta"] = fs::absolute(f).lexically_normal().string();
@@ -310,8 +345,11 @@ void Run::save(int done, double lr, bool sync) {
 // Preemption: the ranks agree on a stop request (a signal may land between two ranks' checks), then
 // all of them save and leave together.
 bool Run::agree_on_stop(int done, double lr) {
-  if (!signals_) return false;
-  double local = stop_requested(), reduced = 0;   // a signal number is small: exact in a float reduction
+  if (!signals_ && !options_.stop_requested) return false;
+  // A signal number (small: exact in a float reduction), or kStopRequest for the caller's request.
+  constexpr int kStopRequest = 1000;
+  double local = signals_ ? stop_requested() : 0, reduced = 0;
+  if (leader_ && local == 0 && options_.stop_requested && options_.stop_requested()) local = kStopRequest;
   {
     dist::PhaseScope phase(dist::Phase::Optimizer);
     mesh_->world()->all_reduce(comm::ConstBuffer{&local, 1, DType::Float64},
@@ -319,8 +357,8 @@ bool Run::agree_on_stop(int done, double lr) {
   }
   const int any = static_cast<int>(reduced);
   if (any == 0 || done >= options_.steps) return false;
-  result_.stopped_by = signal_name(any);
-  if (last_saved_ != done) save(done, lr, true);
+  result_.stopped_by = any == kStopRequest ? "stop request" : signal_name(any);
+  if (saver_ && last_saved_ != done) save(done, lr, true);
   return true;
 }
 
@@ -334,9 +372,8 @@ TrainResult Run::execute() {
     const double lr = learning_rate(options_, step);
     const StepFigures figures = this->step(step, lr);
     report(step, figures.loss, figures.grad_norm, lr, seconds_since(t0));
-    if (!saver_) continue;
     const int done = step + 1;
-    if (options_.save_every > 0 && done % options_.save_every == 0 && done < options_.steps) save(done, lr, false);
+    if (saver_ && options_.save_every > 0 && done % options_.save_every == 0 && done < options_.steps) save(done, lr, false);
     if (agree_on_stop(done, lr)) break;
   }
   finish();
@@ -374,7 +411,10 @@ void Run::print_summary() const {
     fmt::print(stderr, "checkpoints: {} written, training stalled {:.3f} s for them in all; newest: {}\n", r.checkpoints,
                r.checkpoint_stall_s, r.last_checkpoint);
   }
-  if (!r.stopped_by.empty()) {
+  if (!r.stopped_by.empty() && r.last_checkpoint.empty()) {
+    fmt::print(stderr, "meshgrad train: stopped by {} after step {} of {} (no checkpoint directory: nothing to resume "
+               "from)\n", r.stopped_by, r.first_step + r.losses.size(), options_.steps);
+  } else if (!r.stopped_by.empty()) {
     fmt::print(stderr, "meshgrad train: stopped by {} after step {} of {}; checkpoint {} (go on with: meshgrad train "
                "--resume {})\n", r.stopped_by, r.first_step + r.losses.size(), options_.steps, r.last_checkpoint,
                options_.checkpoint_dir);

@@ -34,6 +34,10 @@ meshgrad_cli_test(check_tp_invariant_tp4_sp 0 "PASS: tp-invariant: losses, gradi
                   ${mg} check --mesh tp=4 --tp-invariant --sequence-parallel --overlap --layers 1)
 meshgrad_cli_test(check_tp_invariant_refuses_tp3 1 "tp=3 cannot keep the fixed tree.*Degrees that work for this model: tp = 1, 2, 4"
                   ${mg} check --mesh tp=3 --tp-invariant --layers 1)
+# More blocks than the model has units is named as such (reliability-2 R8: 2^30 blocks ran out of memory).
+meshgrad_cli_test(train_tp_invariant_too_many_blocks 1
+                  "--invariant-blocks 1073741824 is more than the 256 units of this model's largest split dimension"
+                  ${mg} train ${tiny} --tp-invariant --invariant-blocks 1073741824)
 
 # The banner names the GEMM kernels in use and why: OPENBLAS_CORETYPE from the environment (with a
 # warning when it forces AVX2 kernels on an AVX-512 CPU), or OpenBLAS's own choice.
@@ -153,4 +157,9 @@ meshgrad_cli_test(bench_sample_counts_the_scores 0 " 8 +[0-9.]+ +[0-9.]+ +[0-9.]
 if(NOT MESHGRAD_SANITIZER)
   meshgrad_cli_test(out_of_memory_is_an_error 1 "out of memory \\(std::bad_alloc\\).*use a smaller"
                     bash -c "ulimit -v 700000 && exec ${mg} train --mesh tp=1 --layers 1000000 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 1 --no-metrics")
+  # Too little address space for OpenBLAS's work buffers is an error at start-up: OpenBLAS itself
+  # retried the failing allocation for ever while the other rank waited (reliability-2 R1). The
+  # timeout turns a hang into a failure of this test.
+  meshgrad_cli_test(address_space_for_openblas_is_checked 1 "OpenBLAS needs a 128 MiB work buffer for each of the [0-9]+ BLAS callers.*ulimit -v"
+                    bash -c "ulimit -v 400000 && exec timeout 60 ${mg} train --mesh tp=2 --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics")
 endif()

@@ -47,6 +47,26 @@ for option in resume checkpoint-dir save metrics trace init-from; do
 done
 printf '{"resume": ""}' >resume-empty.json
 expect_error resume-empty-in-config "--resume: the path is empty" -- "$M" train "${small[@]}" --steps 1 --config resume-empty.json
+# A --config that is not a small regular file is refused at once, naming it (reliability-2 F4: a
+# directory read as empty JSON, /dev/zero read until memory ran out, a FIFO blocked for ever); a flag
+# given a string names the key and the file (F3).
+mkdir -p config-dir
+expect_error config-directory "--config: 'config-dir' is not a regular file (a directory)" -- \
+  timeout 10 "$M" train "${small[@]}" --steps 1 --config config-dir
+expect_error config-dev-zero "--config: '/dev/zero' is not a regular file (a character device)" -- \
+  timeout 10 "$M" train "${small[@]}" --steps 1 --config /dev/zero
+rm -f config-fifo && mkfifo config-fifo
+expect_error config-fifo "--config: 'config-fifo' is not a regular file" -- \
+  timeout 10 "$M" train "${small[@]}" --steps 1 --config config-fifo
+printf '{"sequence-parallel": "yes"}' >config-flag.json
+expect_error config-flag-string "--config 'config-flag.json': sequence-parallel is a flag: its value must be true or false, got string \"yes\"" -- \
+  "$M" train "${small[@]}" --steps 1 --config config-flag.json
+# bench checkpoint names its options (reliability-2 B2, B3): an empty --dir, a --tp of 0 before any run.
+bench_small=(--layers 1 --hidden 32 --heads 4 --vocab 256)
+expect_error bench-checkpoint-dir-empty "--dir: the path is empty" -- "$M" bench checkpoint --dir '' "${bench_small[@]}" --tp 1
+expect_error bench-checkpoint-tp-zero "--tp: must be >= 1, got 0" -- \
+  "$M" bench checkpoint --dir bench-new "${bench_small[@]}" --tp 1 --tp 0
+[ ! -e bench-new ] || fail "bench checkpoint --tp 0 ran before refusing"
 expect_error metrics-and-no-metrics "excludes" -- "$M" train --mesh tp=1 --steps 1 --metrics m.jsonl --no-metrics
 
 # Weights for grads (and the full Hugging Face-named file --save writes).
@@ -98,6 +118,33 @@ n=${#deep_header}
 } >deep.safetensors
 expect_error batch-deep "deep.safetensors" "nested deeper than 3 levels" -- \
   "$M" grads --config cfg.json --weights w.safetensors --batch deep.safetensors --out g.safetensors
+
+# The data's identity (reliability-2 D8): a resume on a file re-written with other text of the same
+# length is refused naming both content hashes, as is another --data; --data-changed-ok goes on.
+head -c 6000 < <(yes "the cat sat on the mat.") >identity.txt
+"$M" train "${small[@]}" --steps 4 --data identity.txt --checkpoint-dir ck-identity 2>/dev/null
+head -c 6000 < <(yes "the dog sat on the rug.") >identity.txt
+expect_error resume-data-changed "the data changed since the checkpoint" "--data-changed-ok" "XXH3-128" -- \
+  "$M" train --resume ck-identity --steps 6 --no-metrics
+head -c 6000 < <(yes "a third text, other bytes.") >identity-other.txt
+expect_error resume-other-data "the data changed since the checkpoint" -- \
+  "$M" train --resume ck-identity --steps 6 --data identity-other.txt --no-metrics
+"$M" train --resume ck-identity --steps 6 --data-changed-ok --no-metrics 2>/dev/null \
+  && echo "ok   --data-changed-ok resumes on the changed data" || fail "--data-changed-ok did not resume"
+
+# A manifest whose configuration does not describe its tensors is refused before a model is built
+# (reliability-2 C10: "layers": 1000000000 allocated that model first).
+python3 - ck-identity <<'PY'
+import json, os, sys
+root = sys.argv[1]
+step = sorted(d for d in os.listdir(root) if d.startswith("step_"))[-1]
+path = os.path.join(root, step, "manifest.json")
+m = json.load(open(path))
+m["state"]["config"]["layers"] = 1000000000
+json.dump(m, open(path, "w"))
+PY
+expect_error resume-config-edited "its configuration says 1000000000 layers but it holds" -- \
+  timeout 20 "$M" train --resume ck-identity --steps 8 --no-metrics
 
 ls -A | grep -q '\.tmp-' && { echo "FAIL temporaries left: $(ls -A | grep '\.tmp-')"; failures=$((failures + 1)); }
 [ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }

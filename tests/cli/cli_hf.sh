@@ -65,7 +65,8 @@ awk -v a="$l1" -v b="$l2" -v c="$l16" 'BEGIN { d = a - b; e = a - c; if (d < 0) 
 
 expect_error init-layers-disagree "--layers 3 disagrees with n_layer = 2" "hf/config.json" -- \
   "$M" train --init-from hf --layers 3 --seq 16 --steps 1 --no-metrics
-expect_error init-hidden-disagree "--hidden 64 disagrees with n_embd = 32" -- \
+# The advice is one the command line takes (reliability-2 I5: it said "or 0", which --hidden refuses).
+expect_error init-hidden-disagree "--hidden 64 disagrees with n_embd = 32" "(leave --hidden out to take the file's)" -- \
   "$M" train --init-from hf --hidden 64 --seq 16 --steps 1 --no-metrics
 expect_error init-seq-too-long "--seq 32 exceeds n_positions = 16" -- \
   "$M" train --init-from hf --seq 32 --steps 1 --no-metrics
@@ -84,6 +85,9 @@ expect_error export-out-not-empty "--out 'full' is a directory that is not empty
 expect_error export-dtype "--dtype" -- "$M" export --checkpoint ck.safetensors --out x --dtype float8
 expect_error export-directory-checkpoint "is a directory but not a training checkpoint" -- "$M" export --checkpoint hf --out x
 mkdir empty
+# "new/" names the directory new (reliability-2 E3: it said "its parent 'new' is not a directory").
+"$M" export --checkpoint ck.safetensors --out slash/ >/dev/null 2>export_slash.err && [ -f slash/model.safetensors ] \
+  && echo "ok   export --out with a trailing slash" || fail "export --out slash/: $(head -c 300 export_slash.err)"
 "$M" export --checkpoint ck.safetensors --out empty --dtype bfloat16 >/dev/null 2>&1 && [ -f empty/model.safetensors ] \
   && echo "ok   export into an empty directory" || fail "export into an empty directory"
 

@@ -1,7 +1,9 @@
 // Training data: deterministic batches from (seed, step), targets shifted by one, dp shards that
 // cover the batch; llm.c token files and prepared directories (header validation naming the offset,
-// tokens below the vocabulary, the validation split); one mapping per process whatever the number of
-// rank threads; paths that are not regular files refused naming what they are.
+// tokens below the vocabulary, the validation split); one reader per process whatever the number of
+// rank threads; paths that are not regular files refused naming what they are; the data's identity
+// (content hashes) checked against meta.json and agreed between ranks; a file that shrinks under a
+// run is an error.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -15,7 +17,9 @@
 #include <thread>
 
 #include "meshgrad/ops/ops.hpp"
+#include "meshgrad/comm/threads.hpp"
 #include "meshgrad/data/dataset.hpp"
+#include "meshgrad/io/xxh128.hpp"
 #include "text/gpt2_test_files.hpp"
 
 namespace meshgrad::data {
@@ -254,25 +258,26 @@ TEST(Data, TokensAtOrAboveTheVocabularyAreRefusedNamingThePosition) {
   fs::remove_all(missing_val);
 }
 
-// Lines of /proc/self/maps that map `path`.
-int mappings_of(const fs::path& path) {
-  std::ifstream maps("/proc/self/maps");
+// Open descriptors of this process on `path`.
+int descriptors_of(const fs::path& path) {
   int n = 0;
-  for (std::string line; std::getline(maps, line);) {
-    if (line.size() >= path.string().size() && line.ends_with(path.string())) ++n;
+  for (const auto& fd : fs::directory_iterator("/proc/self/fd")) {
+    std::error_code ec;
+    const fs::path target = fs::read_symlink(fd.path(), ec);
+    if (!ec && target == fs::absolute(path)) ++n;
   }
   return n;
 }
 
-TEST(Data, RankThreadsShareOneMappingOfTheFile) {
+TEST(Data, RankThreadsShareOneReaderOfTheFile) {
   const fs::path d = prepared_dir("shared", iota_tokens(100000, 50000), iota_tokens(1000, 50000), 50257);
   const fs::path text = d / "text.txt";
   { std::ofstream(text) << std::string(100000, 'x'); }
   for (const fs::path& path : {d, text}) {
-    const fs::path mapped = path == d ? d / "train.bin" : text;
+    const fs::path opened = path == d ? d / "train.bin" : text;
     constexpr int kRanks = 4;
     std::vector<std::shared_ptr<const TokenFile>> files(kRanks);
-    std::vector<int> mappings(kRanks, -1);
+    std::vector<int> descriptors(kRanks, -1);
     std::barrier sync(kRanks);
     std::vector<std::thread> threads;
     for (int r = 0; r < kRanks; ++r) {
@@ -280,20 +285,116 @@ TEST(Data, RankThreadsShareOneMappingOfTheFile) {
         const TokenDataset data(path.string(), 2, 16, 0);
         files[static_cast<std::size_t>(r)] = data.train_file();
         sync.arrive_and_wait();   // every rank holds its dataset
-        mappings[static_cast<std::size_t>(r)] = mappings_of(mapped);
+        descriptors[static_cast<std::size_t>(r)] = descriptors_of(opened);
         sync.arrive_and_wait();
       });
     }
     for (std::thread& t : threads) t.join();
     for (int r = 0; r < kRanks; ++r) {
       EXPECT_EQ(files[static_cast<std::size_t>(r)].get(), files[0].get()) << "rank " << r << ", " << path;
-      EXPECT_EQ(mappings[static_cast<std::size_t>(r)], 1) << "rank " << r << " sees the file mapped "
-                                                           << mappings[static_cast<std::size_t>(r)] << " times";
+      EXPECT_EQ(descriptors[static_cast<std::size_t>(r)], 1) << "rank " << r << " sees the file open "
+                                                              << descriptors[static_cast<std::size_t>(r)] << " times";
     }
     files.clear();
-    EXPECT_EQ(mappings_of(mapped), 0) << "unmapped when the last user lets go";
+    EXPECT_EQ(descriptors_of(opened), 0) << "closed when the last user lets go";
   }
   fs::remove_all(d);
+}
+
+// The whole file's XXH3-128, by reading it here (io::xxh128_hex over its bytes).
+std::string file_hash(const fs::path& p) {
+  std::ifstream in(p, std::ios::binary);
+  const std::string bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  return io::xxh128_hex(bytes.data(), bytes.size());
+}
+
+TEST(Data, IdentityIsTheContentHashOfTheFiles) {
+  const fs::path a = prepared_dir("identity_a", iota_tokens(300, 77), iota_tokens(40, 77), 100);
+  std::vector<std::uint16_t> other = iota_tokens(300, 77);
+  other[150] = static_cast<std::uint16_t>((other[150] + 1) % 77);   // one token differs, same count
+  const fs::path b = prepared_dir("identity_b", other, iota_tokens(40, 77), 100);
+  const DataIdentity ia = TokenDataset(a.string(), 2, 8, 0).identity();
+  const DataIdentity ib = TokenDataset(b.string(), 2, 8, 0).identity();
+  EXPECT_EQ(ia.train_hash, file_hash(a / "train.bin"));
+  EXPECT_EQ(ia.val_hash, file_hash(a / "val.bin"));
+  EXPECT_EQ(ia.train_tokens, 300);
+  EXPECT_EQ(ia.val_tokens, 40);
+  EXPECT_EQ(ib.train_tokens, ia.train_tokens);
+  EXPECT_NE(ib.train_hash, ia.train_hash) << "same count, other content";
+  EXPECT_EQ(ib.val_hash, ia.val_hash);
+  EXPECT_EQ(DataIdentity::from_json(ia.to_json()), ia);
+  // The built-in corpus: its bytes' hash, no validation split.
+  const DataIdentity builtin = TokenDataset("", 2, 8, 0).identity();
+  EXPECT_EQ(builtin.train_hash, io::xxh128_hex(builtin_corpus().data(), builtin_corpus().size()));
+  EXPECT_EQ(builtin.val_hash, "");
+  fs::remove_all(a);
+  fs::remove_all(b);
+}
+
+TEST(Data, ATokenFileThatIsNotTheOneMetaJsonDescribesIsRefused) {
+  const fs::path d = prepared_dir("meta_hash", iota_tokens(300, 77), iota_tokens(40, 77), 100);
+  const std::string train_hash = file_hash(d / "train.bin"), val_hash = file_hash(d / "val.bin");
+  const auto write_meta = [&](const std::string& train) {
+    std::ofstream(d / "meta.json") << nlohmann::json{
+        {"vocab_size", 100},
+        {"files", {{"train.bin", {{"xxh128", train}}}, {"val.bin", {{"xxh128", val_hash}}}}}}.dump();
+  };
+  write_meta(train_hash);
+  EXPECT_EQ(TokenDataset(d.string(), 2, 8, 0).identity().train_hash, train_hash) << "the recorded hash matches";
+  write_meta(std::string(32, '0'));
+  const std::string m = error_of([&] { TokenDataset(d.string(), 2, 8, 0); });
+  EXPECT_NE(m.find("train.bin' is not the file its meta.json"), std::string::npos) << m;
+  EXPECT_NE(m.find(train_hash), std::string::npos) << m;
+  EXPECT_NE(m.find(std::string(32, '0')), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// reliability-2 D9: a data file truncated under a run was SIGBUS (it was mapped); now the read that
+// finds it shorter is an error naming the file.
+TEST(Data, AFileThatShrinksUnderARunIsAnErrorNotACrash) {
+  const fs::path d = fresh_dir("shrink");
+  const fs::path text = d / "text.txt";
+  { std::ofstream(text) << std::string(20000, 'a'); }
+  const TokenDataset data(text.string(), 4, 16, 0);
+  data.next_batch(0);
+  fs::resize_file(text, 100);
+  const std::string m = error_of([&] {
+    for (int step = 1; step < 100; ++step) data.next_batch(step);   // a window past byte 100 comes at once
+  });
+  EXPECT_NE(m.find("data '" + text.string() + "' ends before byte offset"), std::string::npos) << m;
+  EXPECT_NE(m.find("shrank while the run was reading it"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+// reliability-2 M3: ranks whose --data path holds different bytes (another host's copy) are refused
+// at start-up, on every rank, naming the rank that differs.
+TEST(Data, RanksWithDifferentDataAreRefusedNamingTheRank) {
+  const fs::path a = prepared_dir("agree_a", iota_tokens(300, 77), iota_tokens(40, 77), 100);
+  std::vector<std::uint16_t> other = iota_tokens(300, 77);
+  other[0] = 76;
+  const fs::path b = prepared_dir("agree_b", other, iota_tokens(40, 77), 100);
+  std::vector<std::string> errors(3);
+  comm::run_ranks(3, [&](const comm::CommunicatorPtr& world) {
+    const TokenDataset data((world->rank() == 2 ? b : a).string(), 2, 8, 0);
+    try {
+      agree_on_data(*world, data.identity(), "'data'");
+    } catch (const InvalidArgument& e) {
+      errors[static_cast<std::size_t>(world->rank())] = e.what();
+    }
+  });
+  const std::string expected_b = TokenDataset(b.string(), 2, 8, 0).identity().str();
+  for (int r = 0; r < 3; ++r) {
+    const std::string& m = errors[static_cast<std::size_t>(r)];
+    EXPECT_NE(m.find("the ranks read different data from --data 'data'"), std::string::npos) << "rank " << r << ": " << m;
+    EXPECT_NE(m.find("but rank 2 has " + expected_b), std::string::npos) << "rank " << r << ": " << m;
+  }
+  // The same data everywhere passes.
+  comm::run_ranks(2, [&](const comm::CommunicatorPtr& world) {
+    const TokenDataset data(a.string(), 2, 8, 0);
+    agree_on_data(*world, data.identity(), "'data'");
+  });
+  fs::remove_all(a);
+  fs::remove_all(b);
 }
 
 }  // namespace

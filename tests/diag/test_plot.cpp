@@ -1,5 +1,6 @@
 // meshgrad plot: metrics files into SVG curves.
 #include <gtest/gtest.h>
+#include <sys/stat.h>
 
 #include <filesystem>
 #include <fstream>
@@ -94,6 +95,29 @@ TEST(Plot, BadFilesNameTheFileAndLine) {
   EXPECT_THROW(read_metrics(only_header), InvalidArgument);
   EXPECT_THROW(read_metrics("/nonexistent/m.jsonl"), InvalidArgument);
   for (const auto& p : {bad, missing_key, only_header}) std::filesystem::remove(p);
+}
+
+// Not a regular file: refused at once naming what it is (reliability-2 L3: a directory read as "no
+// step lines", /dev/zero read until the memory ran out, a FIFO would block).
+TEST(Plot, RefusesWhatIsNotARegularFile) {
+  const auto dir = std::filesystem::temp_directory_path() / "meshgrad_plot_dir";
+  std::filesystem::create_directories(dir);
+  const auto fifo = std::filesystem::temp_directory_path() / "meshgrad_plot_fifo";
+  std::filesystem::remove(fifo);
+  ASSERT_EQ(::mkfifo(fifo.c_str(), 0600), 0);
+  const std::pair<std::string, std::string> cases[] = {
+      {dir.string(), "a directory"}, {"/dev/zero", "a character device"}, {fifo.string(), "a FIFO"}};
+  for (const auto& [path, kind] : cases) {
+    try {
+      read_metrics(path);
+      ADD_FAILURE() << "accepted " << path;
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("'" + path + "' is not a regular file (" + kind + ")"), std::string::npos)
+          << e.what();
+    }
+  }
+  std::filesystem::remove(fifo);
+  std::filesystem::remove(dir);
 }
 
 }  // namespace

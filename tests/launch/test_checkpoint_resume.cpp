@@ -150,7 +150,15 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 1}, {2, 2}}; }, "cover 6 of its 8 elements");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["box"] = {{0, 2}, {3, 2}}; }, "outside the tensor");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["offset"] = 24; }, "outside file");
-  refused([](auto& j) { j["tensors"][0]["pieces"][1]["offset"] = 8; }, "share bytes");
+  refused([](auto& j) { j["tensors"][0]["pieces"][1]["offset"] = 8; }, "overlap in file 'rank_00000.bin'");
+  // An edited dtype doubles a piece's bytes: the message names the tensor and the dtype that sizes it
+  // (reliability-2 C9: it said only "two pieces share bytes at offset 16").
+  refused(
+      [](auto& j) {
+        j["files"][0]["bytes"] = 64;
+        j["tensors"][0]["dtype"] = "float64";
+      },
+      "tensor 'w' piece 0 (float64 box");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["file"] = 5; }, "file index 5");
   refused([](auto& j) { j["tensors"][0]["dtype"] = "float16"; }, "dtype");
   refused([](auto& j) { j["tensors"][0]["shape"] = {-2, 4}; }, "negative");

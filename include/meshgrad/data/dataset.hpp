@@ -1,4 +1,4 @@
-// Training data: token files mapped into memory once per process and shared by the rank threads, and
+// Training data: token files opened once per process and shared by the rank threads, and
 // deterministic batches drawn from them.
 //
 // What `--data PATH` may be (TokenDataset):
@@ -11,14 +11,18 @@
 //                     largest token + 1
 //   any other file    its bytes are the tokens (vocabulary 256)
 // Anything else (a pipe, FIFO, device, socket, a directory without train.bin) is refused with a
-// message naming the path and what it is: those cannot be mapped, and reading them could block or
-// never end (/dev/zero).
+// message naming the path and what it is: reading them could block or never end (/dev/zero).
 //
-// Sharing: TokenFile::open maps a file once per process (keyed by device, inode, size and mtime) and
-// hands every caller the same read-only mapping, so P rank threads cost one mapping of the file, not
-// P copies. Text is used in place (one byte per token), never converted to int64. A mapped file must
-// not be truncated while it is in use (reading a page past the new end raises SIGBUS): outputs of a
-// run (metrics, checkpoints) must never be one of input_files().
+// Sharing: TokenFile::open opens a file once per process (keyed by device, inode, size and mtime) and
+// hands every caller the same reader, so P rank threads read and hash it once. The tokens stay in the
+// file (the page cache holds them once per machine); a batch reads its windows with pread, so a
+// file truncated under a run is an error naming it, not SIGBUS. Outputs of a run (metrics,
+// checkpoints) must never be one of input_files().
+//
+// Identity: every file's XXH3-128 is taken when it is opened (DataIdentity). The ranks of a run
+// agree on it at start-up (agree_on_data: two hosts whose --data holds different bytes are refused),
+// a checkpoint records it and a resume compares it, and `meshgrad prepare` writes it into meta.json,
+// which the dataset checks (a train.bin replaced after prepare is refused).
 //
 // Batches are drawn deterministically from (seed, step): row b of step s starts at a window offset
 // given by the counter-based generator random::uniform(seed, s * B + b), so every rank draws the
@@ -33,6 +37,10 @@
 #include <string_view>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
+#include "meshgrad/comm/communicator.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::data {
@@ -67,43 +75,66 @@ class MappedFile {
   std::size_t size_ = 0;
 };
 
-// The tokens of one file, mapped once per process.
+// The tokens of one file, opened once per process and read with pread (not mapped: a mapped file
+// that shrinks under a run kills it with SIGBUS; a short read is an error naming the file).
 class TokenFile {
  public:
   enum class Format { Bytes, LlmC };
-  // The process's mapping of path (created on first use; shared while anyone holds it). Format::LlmC
+  // The process's open file for path (created on first use; shared while anyone holds it). Opening
+  // reads the whole file once: its content hash and, for LlmC, the largest token. Format::LlmC
   // validates the header: the error names the file and the byte offset of the bad field (magic at 0,
   // version at 4, token count at 8 against the file size).
   static std::shared_ptr<const TokenFile> open(const std::string& path, Format format);
 
-  const std::string& path() const { return file_.path(); }
+  const std::string& path() const { return path_; }
   Format format() const { return format_; }
   std::int64_t size() const { return size_; }           // tokens
-  std::int64_t token(std::int64_t i) const {            // 0 <= i < size()
-    if (format_ == Format::Bytes) return static_cast<unsigned char>(tokens_[i]);
-    std::uint16_t t;
-    std::memcpy(&t, tokens_ + 2 * i, 2);   // little-endian, as llm.c writes it (x86, arm64)
-    return t;
-  }
+  // Tokens [start, start + count) into out (0 <= start, start + count <= size()). Thread-safe. Throws
+  // InvalidArgument naming the file when it has shrunk since it was opened: a data file must not
+  // change while a run reads it.
+  void read(std::int64_t start, std::int64_t count, std::int64_t* out) const;
   // LlmC: the largest token (one scan at open); Bytes: 255. -1 when empty.
   std::int64_t max_token() const { return max_token_; }
+  // XXH3-128 of the whole file as opened (header included: what `xxhsum -H2 FILE` prints).
+  const std::string& content_hash() const { return content_hash_; }
   // Position of the first token >= limit, if any (a scan; for error messages).
   std::optional<std::int64_t> first_token_at_least(std::int64_t limit) const;
   // Byte offset in the file of token i (for messages).
   std::int64_t byte_offset(std::int64_t i) const;
 
   TokenFile(const std::string& path, Format format);   // use open()
+  TokenFile(const TokenFile&) = delete;
+  TokenFile& operator=(const TokenFile&) = delete;
 
  private:
-  MappedFile file_;
+  // Bytes [offset, offset + n) of the file; a short read is the "file shrank" error.
+  void read_file_bytes(std::int64_t offset, std::int64_t n, void* out) const;
+
+  std::string path_;
+  io::UniqueFd fd_;
   Format format_;
-  const char* tokens_ = nullptr;
   std::int64_t size_ = 0;
   std::int64_t max_token_ = -1;
+  std::string content_hash_;
 };
 
-// Writes tokens (each < 65536) in the llm.c format to path (no temp file; callers rename).
-void write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
+// Writes tokens (each < 65536) in the llm.c format to path (no temp file; callers rename). Returns
+// the XXH3-128 of the file written (TokenFile::content_hash of it).
+std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
+
+// What data a run trains on, by content: the XXH3-128 of the training and validation files (of the
+// built-in corpus's bytes; "" for no validation split) and their token counts.
+struct DataIdentity {
+  std::string train_hash, val_hash;
+  std::int64_t train_tokens = 0, val_tokens = 0;
+  bool operator==(const DataIdentity&) const = default;
+  // {"train_xxh128", "val_xxh128", "train_tokens", "val_tokens"} (how checkpoints record it).
+  nlohmann::json to_json() const;
+  // The fields of to_json(); a missing or mistyped hash reads as "" (checkpoints older than it).
+  static DataIdentity from_json(const nlohmann::json& j);
+  // "14648 training tokens (XXH3-128 0123...), 1600 validation tokens (XXH3-128 4567...)".
+  std::string str() const;
+};
 
 class TokenDataset {
  public:
@@ -141,6 +172,7 @@ class TokenDataset {
   // Every file this dataset reads (train.bin, val.bin, meta.json of a directory; the file itself
   // otherwise): what an output path must not be.
   std::vector<std::string> input_files() const;
+  const DataIdentity& identity() const { return identity_; }
 
  private:
   // A run of tokens: a mapped file, or the built-in corpus.
@@ -148,18 +180,24 @@ class TokenDataset {
     std::shared_ptr<const TokenFile> file;
     std::string_view bytes;   // the built-in corpus when file is null
     std::int64_t size() const { return file ? file->size() : static_cast<std::int64_t>(bytes.size()); }
-    std::int64_t at(std::int64_t i) const { return file ? file->token(i) : static_cast<unsigned char>(bytes[static_cast<std::size_t>(i)]); }
+    void read(std::int64_t start, std::int64_t count, std::int64_t* out) const;
   };
   nn::Batch windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const;
 
   Tokens train_, val_;
   std::string meta_;   // the meta.json read, if any
+  DataIdentity identity_;
   std::int64_t vocab_ = 256;
   std::string source_, description_;
   int batch_;
   int seq_;
   std::uint64_t seed_;
 };
+
+// Collective over comm: every rank passes its dataset's identity; throws InvalidArgument on every rank
+// when they differ, naming the first rank that differs from rank 0 and both identities (same --data
+// path, different bytes: another host's copy of the file).
+void agree_on_data(comm::Communicator& comm, const DataIdentity& mine, const std::string& source);
 
 // Rows [offset, offset + size) of a global batch for dp rank `dp_rank` of `dp_size`, by the shard
 // rule (B over dp: rank i gets B / dp rows, plus one if i < B % dp). The shards of all ranks,

@@ -23,6 +23,10 @@ struct PrepareOptions {
   std::string vocab;                 // vocab.json / encoder.json
   std::string merges;                // merges.txt / vocab.bpe
   std::string out_dir;               // created when missing
+  // A dataset prepare writes (train.bin, val.bin, meta.json, vocab.json, merges.txt) already in
+  // out_dir is refused unless overwrite: a run may be reading it, and its tokens are the identity
+  // checkpoints record. With overwrite, prepare's own files are replaced (other files are kept).
+  bool overwrite = false;
   double val_fraction = 0.1;         // in [0, 1)
   std::vector<std::string> inputs;   // text files (regular files)
   // Called as bytes are encoded (done, total); e.g. a progress bar. May be empty.
@@ -39,9 +43,9 @@ struct PrepareResult {
 // Throws InvalidArgument before writing anything when: no inputs, an input is missing, unreadable or
 // not a regular file (naming it and what it is), all inputs are empty, val_fraction is outside
 // [0, 1), the vocabulary has more than 65536 ids (tokens are uint16), the tokenizer files are bad
-// (naming file and line/offset), or out_dir exists and is not a directory. After encoding: fewer than
-// 2 training tokens.
+// (naming file and line/offset), out_dir exists and is not a directory, or out_dir holds a file
+// prepare writes (naming them) and not overwrite. After encoding: fewer than 2 training tokens.
+// meta.json records each token file's XXH3-128 ("files"), which TokenDataset checks.
 PrepareResult prepare_dataset(const PrepareOptions& options);
-
 
 }  // namespace meshgrad::data

@@ -71,6 +71,13 @@ void write_all(int fd, const void* data, std::uint64_t n, const std::string& pat
 // and the offset: "reading 'P' at offset N failed: <why>", or "'P' ends before offset N (truncated)".
 void read_exact(int fd, void* data, std::uint64_t n, std::uint64_t offset, const std::string& path);
 
+// The whole of a small file a user names (a config, a metrics log, a meta.json): opened with
+// open_regular_file (a directory, a FIFO or a device is refused at once, without blocking or reading
+// /dev/zero until memory runs out), and refused when larger than max_bytes. `what` names the
+// option or role in messages: "--config 'c.json' is 3000000000 bytes, more than the 64 MiB such a
+// file may have". Throws FileIoError (open, read).
+std::string read_small_file(const std::string& path, std::uint64_t max_bytes, const std::string& what);
+
 // fsync(fd); throws FileIoError(fsync) "fsync of 'P' failed: <why>".
 void fsync_file(int fd, const std::string& path);
 

@@ -66,12 +66,19 @@ struct TrainOptions {
   // it into resume_dir and the saved configuration; see train/run_config.hpp).
   std::string resume;
   std::string resume_dir;
+  // A resume whose data differs (by content hash) from the checkpoint's is refused unless this is set:
+  // the user means to go on with other data. Not part of the saved configuration.
+  bool data_changed_ok = false;
   // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
   // they override the checkpoint's configuration; the others come from it.
   std::set<std::string> given_options;
   // With checkpoint_dir: SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
   // (TrainResult::stopped_by); a second SIGINT aborts. The CLI turns it on; library callers choose.
   bool handle_signals = false;
+  // Polled on rank 0 after every step: true ends the run there as a signal would (every rank stops
+  // after the same step; with checkpoint_dir a checkpoint is written first; TrainResult::stopped_by
+  // is "stop request"). E.g. the Python module's Ctrl-C. Empty: never.
+  std::function<bool()> stop_requested;
   bool progress = true;      // rank 0 shows progress on stderr
   // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
   // meshgrad version, the git commit it was built from, the command line).
@@ -89,7 +96,7 @@ struct TrainResult {
   double gflops = 0;            // model GFLOP/s over the run (see model_flops_per_token)
   std::int64_t parameters = 0;  // of the full model
   int first_step = 0;           // 0-based step the run started at (the checkpoint's step when resumed)
-  std::string stopped_by;       // "SIGTERM" / "SIGINT" when a signal ended the run early, else ""
+  std::string stopped_by;       // "SIGTERM" / "SIGINT" / "stop request" when that ended the run early, else ""
   std::string last_checkpoint;  // the newest checkpoint this run committed (rank 0), else ""
   int checkpoints = 0;          // how many this run wrote
   double checkpoint_stall_s = 0;   // training time spent in saves (snapshots; whole saves when sync)
