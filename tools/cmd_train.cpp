@@ -71,6 +71,32 @@ int run(TrainArgs& a, const CLI::App& app) {
   return 0;
 }
 
+// The "Checkpoints" group: where and how often sharded checkpoints are written, and resuming.
+void add_checkpoint_options(CLI::App& app, train::TrainOptions& o) {
+  app.add_option("--checkpoint-dir", o.checkpoint_dir,
+                 "Write sharded checkpoints (parameters, optimizer, data position, RNG) into DIR/step_XXXXXXXX "
+                 "every --save-every steps and at the end; SIGTERM / Ctrl-C then checkpoint and stop")
+      ->group("Checkpoints");
+  app.add_option("--save-every", o.save_every, "Steps between checkpoints (0: only at the end)")
+      ->check(at_least(0))
+      ->group("Checkpoints");
+  app.add_option("--keep", o.keep, "Keep only the newest K checkpoints (0: all)")
+      ->check(at_least(0))
+      ->group("Checkpoints");
+  app.add_flag("--sync-checkpoints", o.checkpoint_sync,
+               "Write checkpoints before training goes on (default: in the background after an in-memory "
+               "snapshot)")
+      ->group("Checkpoints");
+  app.add_option("--resume", o.resume,
+                 "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
+                 "come from it unless given again (the model's shape cannot change)")
+      ->group("Checkpoints");
+  app.add_flag("--data-changed-ok", o.data_changed_ok,
+               "With --resume: go on although the data's content differs from the checkpoint's (it is "
+               "refused otherwise, naming both content hashes)")
+      ->group("Checkpoints");
+}
+
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
@@ -158,28 +184,7 @@ MESHGRAD_REGISTER_COMMAND(
                   ->capture_default_str();
               app.add_option("--dropout", o.model.dropout, "Dropout probability")->capture_default_str();
               app.add_option("--save", o.save_path, "Write the trained parameters (full tensors) to this safetensors file");
-              app.add_option("--checkpoint-dir", o.checkpoint_dir,
-                             "Write sharded checkpoints (parameters, optimizer, data position, RNG) into DIR/step_XXXXXXXX "
-                             "every --save-every steps and at the end; SIGTERM / Ctrl-C then checkpoint and stop")
-                  ->group("Checkpoints");
-              app.add_option("--save-every", o.save_every, "Steps between checkpoints (0: only at the end)")
-                  ->check(at_least(0))
-                  ->group("Checkpoints");
-              app.add_option("--keep", o.keep, "Keep only the newest K checkpoints (0: all)")
-                  ->check(at_least(0))
-                  ->group("Checkpoints");
-              app.add_flag("--sync-checkpoints", o.checkpoint_sync,
-                           "Write checkpoints before training goes on (default: in the background after an in-memory "
-                           "snapshot)")
-                  ->group("Checkpoints");
-              app.add_option("--resume", o.resume,
-                             "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
-                             "come from it unless given again (the model's shape cannot change)")
-                  ->group("Checkpoints");
-              app.add_flag("--data-changed-ok", o.data_changed_ok,
-                           "With --resume: go on although the data's content differs from the checkpoint's (it is "
-                           "refused otherwise, naming both content hashes)")
-                  ->group("Checkpoints");
+              add_checkpoint_options(app, o);
               app.add_option("--init-from", o.init_from, "Start from a Hugging Face GPT-2 directory (config.json + "
                              "model.safetensors) instead of random weights; the sizes come from its config.json");
               app.add_option("--trace", o.trace_path, "Write a Chrome trace (Perfetto / chrome://tracing) of the run to "

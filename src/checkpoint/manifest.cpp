@@ -95,6 +95,42 @@ const ManifestTensor* Manifest::find(const std::string& name) const {
   return nullptr;
 }
 
+namespace {
+// No two pieces share bytes of a file: an edited dtype or box would make a read of one piece take
+// another's bytes. Both pieces are named with what sizes them (dtype and box), the usual cause.
+void check_pieces_disjoint(const Manifest& m, const std::string& path) {
+  struct UsedBytes {   // a piece's byte range in its file
+    std::uint64_t offset, bytes;
+    std::size_t tensor, piece;
+    bool operator<(const UsedBytes& o) const { return offset < o.offset; }
+  };
+  std::vector<std::vector<UsedBytes>> used(m.files.size());
+  for (std::size_t t = 0; t < m.tensors.size(); ++t) {
+    for (std::size_t k = 0; k < m.tensors[t].pieces.size(); ++k) {
+      const ManifestPiece& p = m.tensors[t].pieces[k];
+      const std::uint64_t bytes = p.bytes(m.tensors[t].dtype);
+      if (bytes > 0) used[p.file].push_back({p.offset, bytes, t, k});
+    }
+  }
+  for (std::size_t f = 0; f < used.size(); ++f) {
+    std::sort(used[f].begin(), used[f].end());
+    for (std::size_t k = 1; k < used[f].size(); ++k) {
+      const UsedBytes& a = used[f][k - 1];
+      const UsedBytes& b = used[f][k];
+      if (b.offset >= a.offset + a.bytes) continue;
+      const auto describe = [&](const UsedBytes& u) {
+        const ManifestTensor& t = m.tensors[u.tensor];
+        return fmt::format("tensor {} piece {} ({} box {}, bytes [{}, +{}))", io::json_quote(t.name), u.piece,
+                           dtype_name(t.dtype), box_str(t.pieces[u.piece].box), u.offset, u.bytes);
+      };
+      manifest_error(path, fmt::format("{} and {} overlap in file '{}': their sizes (dtype times box volume) do not "
+                                       "fit the offsets the files were written with; the manifest was changed",
+                                       describe(a), describe(b), m.files[f].name));
+    }
+  }
+}
+}  // namespace
+
 Manifest parse_manifest(std::string_view text, const std::string& path) {
   nlohmann::json j;
   try {
@@ -134,14 +170,6 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   const nlohmann::json& tensors = field(j, "tensors", "the manifest", path);
   if (!tensors.is_array()) manifest_error(path, "\"tensors\" is not an array");
   std::set<std::string> names;
-  // Byte ranges per file, to refuse two pieces sharing bytes.
-  // Per file, the byte ranges of its pieces: (offset, bytes, tensor index, piece index).
-  struct UsedBytes {
-    std::uint64_t offset, bytes;
-    std::size_t tensor, piece;
-    bool operator<(const UsedBytes& o) const { return offset < o.offset; }
-  };
-  std::vector<std::vector<UsedBytes>> used(m.files.size());
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const nlohmann::json& tj = tensors[i];
     ManifestTensor t;
@@ -191,7 +219,6 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       const ManifestFile& f = m.files[p.file];
       if (p.offset > f.bytes || bytes > f.bytes - p.offset)
         manifest_error(path, fmt::format("{}: bytes [{}, +{}) lie outside file '{}' of {} bytes", pw, p.offset, bytes, f.name, f.bytes));
-      if (bytes > 0) used[p.file].push_back({p.offset, bytes, m.tensors.size(), k});
       for (const ManifestPiece& q : t.pieces) {
         if (box_volume(q.box) > 0 && box_volume(p.box) > 0 && boxes_overlap(p.box, q.box))
           manifest_error(path, fmt::format("{}: box {} overlaps box {} of another piece", pw, box_str(p.box), box_str(q.box)));
@@ -203,23 +230,7 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
       manifest_error(path, fmt::format("{}: its pieces cover {} of its {} elements", where, covered, numel));
     m.tensors.push_back(std::move(t));
   }
-  for (std::size_t f = 0; f < used.size(); ++f) {
-    std::sort(used[f].begin(), used[f].end());
-    for (std::size_t k = 1; k < used[f].size(); ++k) {
-      const UsedBytes& a = used[f][k - 1];
-      const UsedBytes& b = used[f][k];
-      if (b.offset >= a.offset + a.bytes) continue;
-      // Name both pieces with what sizes them (dtype and box): an edited dtype or box is the usual cause.
-      const auto describe = [&](const UsedBytes& u) {
-        const ManifestTensor& t = m.tensors[u.tensor];
-        return fmt::format("tensor {} piece {} ({} box {}, bytes [{}, +{}))", io::json_quote(t.name), u.piece,
-                           dtype_name(t.dtype), box_str(t.pieces[u.piece].box), u.offset, u.bytes);
-      };
-      manifest_error(path, fmt::format("{} and {} overlap in file '{}': their sizes (dtype times box volume) do not "
-                                       "fit the offsets the files were written with; the manifest was changed",
-                                       describe(a), describe(b), m.files[f].name));
-    }
-  }
+  check_pieces_disjoint(m, path);
   return m;
 }
 

@@ -21,7 +21,7 @@
 #include <vector>
 
 #include "meshgrad/io/file_io.hpp"
-#include "meshgrad/io/output_path.hpp"
+
 
 namespace meshgrad::io {
 

@@ -142,4 +142,10 @@ void remove_tree_quietly(const std::string& path) noexcept {
   std::filesystem::remove_all(path, ec);
 }
 
+std::filesystem::path directory_path(const std::string& path) {
+  std::filesystem::path p = std::filesystem::path(path).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
+  return p;
+}
+
 }  // namespace meshgrad::io

@@ -58,12 +58,6 @@ std::optional<FileId> id_of(const std::string& path) {
 
 }  // namespace
 
-fs::path directory_path(const std::string& path) {
-  fs::path p = fs::path(path).lexically_normal();
-  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();
-  return p;
-}
-
 void check_output_directory(const NamedPath& out, const std::vector<NamedPath>& inputs, const std::vector<NamedPath>& output_files) {
   const auto bad = [&](const std::string& what) { throw InvalidArgument(fmt::format("{} '{}': {}", out.option, out.path, what)); };
   if (out.path.empty()) throw InvalidArgument(fmt::format("{}: the path is empty", out.option));

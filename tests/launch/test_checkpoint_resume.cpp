@@ -158,7 +158,7 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
         j["files"][0]["bytes"] = 64;
         j["tensors"][0]["dtype"] = "float64";
       },
-      "tensor 'w' piece 0 (float64 box");
+      "tensor w piece 0 (float64 box");
   refused([](auto& j) { j["tensors"][0]["pieces"][1]["file"] = 5; }, "file index 5");
   refused([](auto& j) { j["tensors"][0]["dtype"] = "float16"; }, "dtype");
   refused([](auto& j) { j["tensors"][0]["shape"] = {-2, 4}; }, "negative");

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <filesystem>
 #include <string>
 #include <utility>
 
@@ -91,5 +92,9 @@ void fsync_directory_if_possible(const std::string& path) noexcept;
 
 // Removes a file or directory tree; errors are ignored (a leftover is cleaned up next time).
 void remove_tree_quietly(const std::string& path) noexcept;
+
+// A directory path without its trailing separator, lexically normalised: "ck/" and "ck/." are
+// "ck", so its parent_path() is the directory that holds it ("" for a relative name: the current one).
+std::filesystem::path directory_path(const std::string& path);
 
 }  // namespace meshgrad::io

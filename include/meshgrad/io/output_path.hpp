@@ -9,7 +9,6 @@
 #pragma once
 
 #include <cstdint>
-#include <filesystem>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -43,10 +42,6 @@ void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector
 // the path of one of `output_files` (--metrics DIR beside --checkpoint-dir DIR).
 void check_output_directory(const NamedPath& output, const std::vector<NamedPath>& inputs,
                             const std::vector<NamedPath>& output_files = {});
-
-// A directory path without its trailing separator, lexically normalised: "ck/" and "ck/." are
-// "ck", so its parent_path() is the directory that holds it ("" for a relative name: the current one).
-std::filesystem::path directory_path(const std::string& path);
 
 // What went wrong writing an output file; the message names the file.
 class OutputFileError : public InvalidArgument {
