@@ -18,6 +18,8 @@ packages=(
   clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
   python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
   python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
+  python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference
+                           # (tests/text/gpt2_reference.py), whose \s (Unicode White_Space) the tokenizer follows
   universal-ctags          # function extents for the house check (scripts/check-house.py)
 )
 # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's

@@ -75,12 +75,21 @@ std::string excerpt(std::string_view s) {
 }
 
 // ---- the pre-tokenizer pattern --------------------------------------------------------------------
-// JavaScript's \s (ECMAScript WhiteSpace + LineTerminator), the reference encoder's, as a class body.
-#define MG_JS_SPACE "\\t\\n\\x{0B}\\f\\r\\p{Zs}\\x{2028}\\x{2029}\\x{FEFF}"
+// The pattern's \s, as a class body: exactly the 25 code points of Unicode's White_Space property
+// (PropList.txt; unchanged since Unicode 6.3 took U+180E out), which is what \s matches in Python's
+// `regex` module, the engine of OpenAI's GPT-2 encoder.py, and what Hugging Face's tokenizers and
+// tiktoken use: TAB, LF, VT, FF, CR, SPACE, U+0085 (NEL), U+00A0, U+1680, U+2000..U+200A, U+2028,
+// U+2029, U+202F, U+205F, U+3000. Written out rather than PCRE2's \s, whose UCP form also takes
+// U+180E, or \p{White_Space}, which older PCRE2 versions lack. Not JavaScript's \s (gpt-3-encoder,
+// the node reference of the tests), which lacks U+0085 and adds U+FEFF; nor Python `re`'s, which
+// adds U+001C..U+001F. Tested against an encoder.py reimplementation under `regex` on every
+// White_Space, Cf and Cc code point (tests/text/gpt2_reference.py).
+#define MG_SPACE \
+  "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
 constexpr const char* kPattern =
-    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" MG_JS_SPACE "\\p{L}\\p{N}]+|[" MG_JS_SPACE
-    "]+(?![^" MG_JS_SPACE "])|[" MG_JS_SPACE "]+";
-#undef MG_JS_SPACE
+    "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" MG_SPACE "\\p{L}\\p{N}]+|[" MG_SPACE
+    "]+(?![^" MG_SPACE "])|[" MG_SPACE "]+";
+#undef MG_SPACE
 
 std::uint64_t pair_key(TokenId a, TokenId b) { return (static_cast<std::uint64_t>(a) << 32) | b; }
 
@@ -194,7 +203,7 @@ struct Tokenizer::Impl {
     MG_CHECK(match != nullptr, "tokenizer: out of memory creating PCRE2 match data");
   }
 
-  // Byte-level BPE of one piece, JavaScript reference semantics: repeatedly take the adjacent pair of
+  // Byte-level BPE of one piece, as encoder.py and Encoder.js do it: repeatedly take the adjacent pair of
   // lowest rank and merge every occurrence of it, left to right without overlap, until no adjacent pair
   // is a merge. Done with a heap of candidate pairs so a long piece costs O(n log n), not O(n^2).
   void bpe(std::string_view piece, std::vector<TokenId>& out) {

@@ -1,13 +1,19 @@
-// GPT-2 BPE against the reference JavaScript encoder of the npm package gpt-3-encoder (run with node
-// at test time), exact round trips on any bytes (invalid UTF-8 included), and errors that name the
-// file and line or offset.
+// GPT-2 BPE against two references run at test time: an encoder.py reimplementation under Python's
+// `regex` (tests/text/gpt2_reference.py, the semantics of OpenAI's encoder, Hugging Face and tiktoken,
+// which the tokenizer follows) on ordinary text and on every Unicode space, format and control
+// character, and the JavaScript encoder of the npm package gpt-3-encoder (node) where JavaScript and
+// Python agree. Also exact round trips on any bytes (invalid UTF-8 included), chunking, and errors that
+// name the file and line or offset.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <random>
+#include <set>
 #include <sstream>
 #include <string>
 #include <vector>
@@ -30,9 +36,23 @@ std::string read_text(const fs::path& p) { return meshgrad::testing::file_bytes(
 
 void write_text(const fs::path& p, const std::string& s) { std::ofstream(p, std::ios::binary) << s; }
 
-// The reference encoder's ids for each text (valid UTF-8), by running node over Encoder.js. Fails the
-// test (an empty result plus ADD_FAILURE) when node cannot run it.
-std::vector<std::vector<TokenId>> reference_encode(const std::vector<std::string>& texts) {
+// The code points where the two references' \s differ, as UTF-8: U+0085 (NEL) is whitespace in
+// Python's `regex` (White_Space, and so in the tokenizer) but not in JavaScript; U+FEFF (BOM, ZWNBSP)
+// is whitespace in JavaScript only (it is a format character, Cf). All other code points agree (every
+// White_Space, Cf and Cc one is checked below through both references).
+const std::vector<std::string> kJsPythonDifferences = {"\u0085", "\ufeff"};
+
+// The text without the characters of kJsPythonDifferences: what the node reference is run on.
+std::string where_js_and_python_agree(std::string s) {
+  for (const std::string& c : kJsPythonDifferences) {
+    for (std::size_t at = s.find(c); at != std::string::npos; at = s.find(c, at)) s.erase(at, c.size());
+  }
+  return s;
+}
+
+// The JavaScript reference's ids for each text (valid UTF-8), by running node over Encoder.js. Fails
+// the test (an empty result plus ADD_FAILURE) when node cannot run it.
+std::vector<std::vector<TokenId>> js_reference_encode(const std::vector<std::string>& texts) {
   const fs::path dir = temp_dir("ref");
   write_text(dir / "in.json", nlohmann::json(texts).dump());
   write_text(dir / "ref.js",
@@ -54,6 +74,73 @@ std::vector<std::vector<TokenId>> reference_encode(const std::vector<std::string
   const auto out = nlohmann::json::parse(read_text(dir / "out.json")).get<std::vector<std::vector<TokenId>>>();
   fs::remove_all(dir);
   return out;
+}
+
+// Runs tests/text/gpt2_reference.py under the Python that python3-regex installs into (see
+// tests/text/extra.cmake) with the given arguments after the GPT-2 directory. False plus ADD_FAILURE
+// with the script's message when it fails: a missing `regex` module is a failure, never a skip.
+bool run_python_reference(const std::string& args, const fs::path& dir) {
+  const std::string cmd = fmt::format("'{}' '{}' '{}' {} 2> '{}'", MESHGRAD_TEST_PYTHON,
+                                      (fs::path(MESHGRAD_SOURCE_DIR) / "tests/text/gpt2_reference.py").string(),
+                                      gpt2_dir(), args, (dir / "err.txt").string());
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << "the Python reference encoder did not run (exit status " << rc << "): `" << cmd << "`\n"
+                  << read_text(dir / "err.txt")
+                  << "\nIt needs the Python module regex (Debian: python3-regex; scripts/install-deps.sh installs it).";
+    return false;
+  }
+  return true;
+}
+
+// The Python reference's ids for each text (valid UTF-8). Empty plus ADD_FAILURE when it cannot run.
+std::vector<std::vector<TokenId>> python_reference_encode(const std::vector<std::string>& texts) {
+  const fs::path dir = temp_dir("pyref");
+  write_text(dir / "in.json", nlohmann::json(texts).dump());
+  if (!run_python_reference(fmt::format("encode '{}' '{}'", (dir / "in.json").string(), (dir / "out.json").string()),
+                            dir)) {
+    return {};
+  }
+  const auto out = nlohmann::json::parse(read_text(dir / "out.json")).get<std::vector<std::vector<TokenId>>>();
+  fs::remove_all(dir);
+  return out;
+}
+
+// Texts the Python reference generates from its Unicode tables: each code point of `regex`'s \s and
+// White_Space, of general category Cf and of Cc in several contexts (cp set), then all of them
+// together and mixed with ordinary text (cp unset), with the reference's ids.
+struct UnicodeCase {
+  std::optional<std::uint32_t> cp;
+  std::string text;
+  std::vector<TokenId> ids;
+};
+struct UnicodeCases {
+  std::vector<std::uint32_t> space, format, control;
+  std::vector<UnicodeCase> cases;
+};
+UnicodeCases python_unicode_cases() {
+  const fs::path dir = temp_dir("pyuni");
+  UnicodeCases u;
+  if (!run_python_reference(fmt::format("unicode '{}'", (dir / "out.json").string()), dir)) return u;
+  const auto j = nlohmann::json::parse(read_text(dir / "out.json"));
+  u.space = j.at("space").get<std::vector<std::uint32_t>>();
+  u.format = j.at("format").get<std::vector<std::uint32_t>>();
+  u.control = j.at("control").get<std::vector<std::uint32_t>>();
+  for (const auto& c : j.at("cases")) {
+    u.cases.push_back({c.at("cp").is_null() ? std::nullopt : std::optional(c.at("cp").get<std::uint32_t>()),
+                       c.at("text").get<std::string>(), c.at("ids").get<std::vector<TokenId>>()});
+  }
+  fs::remove_all(dir);
+  return u;
+}
+
+// "U+0085" for 0x85.
+std::string code_point_name(std::uint32_t cp) { return fmt::format("U+{:04X}", cp); }
+
+// A text with its control and non-ASCII characters as \u escapes, for messages.
+// (A cut character of an excerpt becomes U+FFFD.)
+std::string escaped(const std::string& text) {
+  return nlohmann::json(text).dump(-1, ' ', true, nlohmann::json::error_handler_t::replace);
 }
 
 Tokenizer& gpt2() {
@@ -80,7 +167,8 @@ std::vector<std::string> reference_texts() {
       "   leading and trailing   \n\n",
       "windows\r\nline\r\n\r\nends\r\n",
       "nbsp\u00a0x\u00a0\u00a0y ideographic\u3000space en\u2002quad line\u2028sep bom\ufeffz",
-      // JavaScript's \s and Python's differ here (NEL, FS, Mongolian vowel separator): the reference is JS
+      // Whitespace to Python's `re` or PCRE2 but not to `regex` (FS..US, U+180E), and NEL (whitespace to
+      // `regex`, not to JavaScript: the node comparison runs without it)
       "nel\u0085x  fs\x1cy  mvs\u180ez \u0085 \x1c\x1d ",
       "\t\t\tindented\n    code\n\n\n\n",
       // contractions, lower and upper case, and near-misses
@@ -113,17 +201,89 @@ std::vector<std::string> reference_texts() {
   return t;
 }
 
-TEST(Tokenizer, MatchesTheReferenceEncoder) {
+TEST(Tokenizer, MatchesThePythonReference) {
   ASSERT_TRUE(gpt2_files_present());
   const std::vector<std::string> texts = reference_texts();
-  const auto expected = reference_encode(texts);
+  const auto expected = python_reference_encode(texts);
   ASSERT_EQ(expected.size(), texts.size());
   ASSERT_GT(readme().size(), 2000u) << "README.md should give a few KB of text";
   for (std::size_t i = 0; i < texts.size(); ++i) {
     const std::vector<TokenId> got = gpt2().encode(texts[i]);
-    EXPECT_EQ(got, expected[i]) << "text " << i << ": \"" << texts[i].substr(0, 80) << "\"";
+    EXPECT_EQ(got, expected[i]) << "text " << i << ": " << escaped(texts[i].substr(0, 80));
     EXPECT_EQ(gpt2().decode(got), texts[i]) << "text " << i;
   }
+}
+
+TEST(Tokenizer, MatchesThePythonReferenceOnEveryUnicodeSpaceFormatAndControlCharacter) {
+  ASSERT_TRUE(gpt2_files_present());
+  const UnicodeCases u = python_unicode_cases();
+  ASSERT_FALSE(u.cases.empty());
+  // The generated sets are the ones meant: `regex`'s \s is White_Space (25 code points, with NEL),
+  // U+FEFF and U+180E are format characters, U+001C is a control.
+  EXPECT_EQ(u.space.size(), 25u);
+  EXPECT_NE(std::find(u.space.begin(), u.space.end(), 0x85u), u.space.end());
+  EXPECT_EQ(std::find(u.space.begin(), u.space.end(), 0xFEFFu), u.space.end());
+  for (std::uint32_t cp : {0xFEFFu, 0x180Eu, 0x200Du}) {
+    EXPECT_NE(std::find(u.format.begin(), u.format.end(), cp), u.format.end()) << code_point_name(cp);
+  }
+  EXPECT_GE(u.format.size(), 150u);
+  EXPECT_NE(std::find(u.control.begin(), u.control.end(), 0x1Cu), u.control.end());
+  // Every text: the ids exactly, and the code points whose texts differ named once each.
+  std::set<std::string> differing;
+  std::string names;   // differing, in order of the cases (by code point)
+  std::string first_differences;
+  std::size_t n_differ = 0;
+  for (const UnicodeCase& c : u.cases) {
+    const std::vector<TokenId> got = gpt2().encode(c.text);
+    EXPECT_EQ(gpt2().decode(got), c.text) << escaped(c.text);
+    if (got == c.ids) continue;
+    ++n_differ;
+    const std::string name = c.cp ? code_point_name(*c.cp) : "(texts mixing them)";
+    if (differing.insert(name).second) names += (names.empty() ? "" : ", ") + name;
+    if (n_differ <= 5) {
+      first_differences += fmt::format("\n  {}: meshgrad {} Python {}", escaped(c.text.substr(0, 200)),
+                                       nlohmann::json(got).dump(), nlohmann::json(c.ids).dump());
+    }
+  }
+  EXPECT_EQ(n_differ, 0u) << n_differ << " of " << u.cases.size() << " texts differ from the Python reference, "
+                          << "with: " << names << first_differences;
+  // Chunking at split_points does not change the ids of these texts either.
+  std::string joined;
+  for (const UnicodeCase& c : u.cases) joined += c.text + "x\ny";
+  const std::vector<std::size_t> points = split_points(joined, 1000);
+  ASSERT_GE(points.size(), 20u);
+  std::vector<TokenId> chunked;
+  std::size_t from = 0;
+  for (std::size_t p : points) {
+    gpt2().encode(std::string_view(joined).substr(from, p - from), chunked);
+    from = p;
+  }
+  gpt2().encode(std::string_view(joined).substr(from), chunked);
+  EXPECT_EQ(chunked, gpt2().encode(joined));
+}
+
+// The node reference on the same texts, without the characters where JavaScript's \s and Python's
+// differ (kJsPythonDifferences): checks the Python reference's BPE and classes against an encoder
+// written by others, and the tokenizer against both.
+TEST(Tokenizer, MatchesTheJavaScriptReferenceWhereItAgreesWithPython) {
+  ASSERT_TRUE(gpt2_files_present());
+  std::vector<std::string> texts;
+  for (const std::string& t : reference_texts()) texts.push_back(where_js_and_python_agree(t));
+  const UnicodeCases u = python_unicode_cases();   // a failure of its own when Python cannot run
+  EXPECT_FALSE(u.cases.empty());
+  const std::size_t n_ordinary = texts.size();
+  for (const UnicodeCase& c : u.cases) texts.push_back(where_js_and_python_agree(c.text));
+  const auto expected = js_reference_encode(texts);
+  ASSERT_EQ(expected.size(), texts.size());
+  std::size_t n_differ = 0;
+  for (std::size_t i = 0; i < texts.size(); ++i) {
+    const std::vector<TokenId> got = gpt2().encode(texts[i]);
+    if (i < n_ordinary || n_differ < 5) {
+      EXPECT_EQ(got, expected[i]) << "text " << i << ": " << escaped(texts[i].substr(0, 80));
+    }
+    n_differ += got != expected[i] ? 1 : 0;
+  }
+  EXPECT_EQ(n_differ, 0u) << "texts that differ from the JavaScript reference, of " << texts.size();
   // A few ids known independently of both encoders (GPT-2's vocabulary): "Hello" 15496, "," 11.
   const std::vector<TokenId> hello = gpt2().encode("Hello,");
   EXPECT_EQ(hello, (std::vector<TokenId>{15496, 11}));

@@ -1,5 +1,6 @@
-// GPT-2 byte-level BPE tokenizer (the encoder of OpenAI's GPT-2, as in Hugging Face's GPT2Tokenizer
-// and the npm package gpt-3-encoder, whose Encoder.js is this file's reference on valid text).
+// GPT-2 byte-level BPE tokenizer: the ids of OpenAI's GPT-2 encoder.py (Python `regex`), as Hugging
+// Face's GPT2Tokenizer and tiktoken give them, on valid text; the tests check them against an
+// encoder.py reimplementation and against the npm package gpt-3-encoder (JavaScript) where it agrees.
 //
 //   text (bytes) --pre-tokenizer regex--> pieces --bytes to vocab symbols--> BPE merges by rank --> ids
 //
@@ -10,10 +11,12 @@
 // symbol, so every byte string has an encoding.
 //
 // Pre-tokenizer: 's|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)|\s+ with
-// Unicode classes from PCRE2 (UTF + UCP, JIT). \s is JavaScript's \s (the reference's): \p{Zs},
-// TAB, LF, VT, FF, CR, U+2028, U+2029, U+FEFF. (Python's \s of OpenAI's encoder.py also takes
-// U+001C..U+001F and U+0085; JavaScript's is the spec here.) \p{L} and \p{N} follow PCRE2's Unicode
-// tables, which may lag node's for characters assigned in the newest Unicode versions.
+// Unicode classes from PCRE2 (UTF + UCP, JIT). \s is Python `regex`'s \s, the one of encoder.py,
+// Hugging Face and tiktoken: Unicode's White_Space property (TAB, LF, VT, FF, CR, space, U+0085,
+// U+00A0, U+1680, U+2000..U+200A, U+2028, U+2029, U+202F, U+205F, U+3000). Not JavaScript's (no
+// U+0085 but U+FEFF), PCRE2's (adds U+180E) or Python `re`'s (adds U+001C..U+001F). \p{L} and \p{N}
+// follow PCRE2's Unicode tables, which may lag Python's for characters assigned in the newest
+// Unicode versions.
 //
 // Invalid UTF-8: the input is bytes, not necessarily UTF-8. A byte that is not part of a valid UTF-8
 // character is never matched by the pattern (PCRE2_MATCH_INVALID_UTF); each maximal run of such bytes
@@ -86,7 +89,8 @@ class Tokenizer {
 // encode(text[0, b)) + encode(text[b, n)) == encode(text) for each returned b. Boundaries are after
 // a '\n' that has a printable ASCII character other than space on both sides: no pre-token spans such
 // a point, the '\n' is a piece of its own whether or not the text ends after it, and the pattern has
-// no look-behind. Returns boundaries roughly every `chunk` bytes
+// no look-behind. (This holds for any \s class that has '\n' and no printable ASCII character, as
+// White_Space.) Returns boundaries roughly every `chunk` bytes
 // (strictly increasing, each in (0, text.size())); fewer when the text has no such points.
 std::vector<std::size_t> split_points(std::string_view text, std::size_t chunk);
 
