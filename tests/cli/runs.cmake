@@ -27,7 +27,7 @@ endif()
 add_test(NAME train_kill_resume_soak
          COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_resume_soak.py $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_kill_resume_soak --cycles 9)
-set_tests_properties(train_kill_resume_soak PROPERTIES LABELS train TIMEOUT 120)
+set_tests_properties(train_kill_resume_soak PROPERTIES LABELS train TIMEOUT 300)
 if(MESHGRAD_WITH_MPI)
   # The same under mpirun, 2 processes at dp=2, 6 cycles (2 per phase): mpirun and both ranks
   # killed at once. ~15 s.
@@ -35,7 +35,7 @@ if(MESHGRAD_WITH_MPI)
            COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_resume_soak.py $<TARGET_FILE:meshgrad_cli>
                    ${CMAKE_CURRENT_BINARY_DIR}/train_kill_resume_soak_mpi --cycles 6 --mesh dp=2 --mpi
                    "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
-  set_tests_properties(train_kill_resume_soak_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+  set_tests_properties(train_kill_resume_soak_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
 endif()
 # `meshgrad export` and `train --init-from` end to end (tests/cli/cli_hf.sh); with MPI, the same
 # loading at tp=2 across processes (label mpi).
