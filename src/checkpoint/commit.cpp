@@ -8,10 +8,13 @@
 #include <unistd.h>
 
 #include <cerrno>
+#include <charconv>
+#include <chrono>
 #include <cstdio>
 #include <cstdlib>
 #include <filesystem>
 #include <string_view>
+#include <thread>
 #include <vector>
 
 #include "checkpoint/file_errors.hpp"
@@ -70,7 +73,44 @@ void exit_here_if_asked(const char* point) {
   std::_Exit(137);
 }
 
+// MESHGRAD_CHECKPOINT_TEST_DELAY_MS as read once: the point and milliseconds, or what is wrong with it.
+struct TestDelay {
+  std::string point;
+  int ms = 0;
+  std::string error;
+};
+
+TestDelay read_test_delay() {
+  TestDelay d;
+  const char* value = std::getenv("MESHGRAD_CHECKPOINT_TEST_DELAY_MS");
+  if (value == nullptr) return d;
+  const std::string_view text(value);
+  const std::size_t colon = text.find(':');
+  int ms = -1;
+  if (colon != std::string_view::npos) {
+    const char* end = text.data() + text.size();
+    const auto [at, ec] = std::from_chars(text.data() + colon + 1, end, ms);
+    if (ec != std::errc() || at != end) ms = -1;
+  }
+  const std::string_view point = text.substr(0, colon);
+  const bool known = point == "write" || point == "written" || point == "commit";
+  if (colon == std::string_view::npos || !known || ms < 0 || ms > 600000) {
+    d.error = fmt::format("MESHGRAD_CHECKPOINT_TEST_DELAY_MS (a test hook) must be write:MS, written:MS or commit:MS "
+                          "with MS from 0 to 600000, got '{}'", text);
+  } else {
+    d.point = point;
+    d.ms = ms;
+  }
+  return d;
+}
+
 }  // namespace
+
+void delay_here_if_asked(std::string_view point) {
+  static const TestDelay delay = read_test_delay();
+  if (!delay.error.empty()) throw CheckpointError(delay.error);
+  if (delay.point == point) std::this_thread::sleep_for(std::chrono::milliseconds(delay.ms));
+}
 
 std::string stage_path(const std::string& root, std::int64_t step) {
   return (fs::path(root) / ("." + checkpoint_dir_name(step) + ".tmp")).string();
@@ -93,6 +133,7 @@ void create_stage(const std::string& stage) {
 
 void commit_stage(io::StagedDirectory& stage, const Manifest& manifest) {
   write_manifest(stage.path(), manifest);
+  delay_here_if_asked("commit");
   exit_here_if_asked("before-rename");
   as_checkpoint_error([&] { stage.commit(io::ExistingTarget::kExchangeAndRemoveOld, io::ParentFlush::kRequired); });
 }

@@ -6,6 +6,7 @@
 
 #include <cstdint>
 #include <string>
+#include <string_view>
 
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/io/atomic_commit.hpp"
@@ -32,6 +33,15 @@ void create_stage(const std::string& stage);
 // CheckpointError. MESHGRAD_CHECKPOINT_FAULT=before-rename exits the process (code 137, as SIGKILL
 // would) once the manifest is written, right before the commit: what the tests of a killed save use.
 void commit_stage(io::StagedDirectory& stage, const Manifest& manifest);
+
+// Test-only, for tests/cli/kill_resume_soak.py: MESHGRAD_CHECKPOINT_TEST_DELAY_MS=POINT:MS sleeps MS
+// milliseconds (0 to 600000) at POINT of every save, so that a kill sent meanwhile lands there:
+// "write" (every rank's save job, once the stage directory exists and before the rank writes its
+// files), "written" (every rank, once its files are written and flushed, before the ranks exchange
+// their hashes) or "commit" (rank 0, once the manifest is written and before the rename). The
+// variable is read once per process; a malformed value fails every save with a CheckpointError naming
+// it. Unset, this does nothing.
+void delay_here_if_asked(std::string_view point);
 
 // Only once a new checkpoint is committed: removes the oldest committed checkpoints under root
 // beyond the newest `keep` (0 keeps all), never `newest`. Each is first renamed out of the committed

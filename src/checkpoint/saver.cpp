@@ -301,7 +301,9 @@ void CheckpointSaver::run_job(Job& job) noexcept {
 
 void CheckpointSaver::write_files(Job& job) const {
   create_stage(job.stage_dir);
+  delay_here_if_asked("write");     // test-only (commit.hpp): windows for a kill during the writing
   job.written = write_rank_files(job.stage_dir, mesh_->rank(), files_per_rank_, job.plan, job.mine, job.pieces.data);
+  delay_here_if_asked("written");
 }
 
 void CheckpointSaver::share_reports(Job& job) const {

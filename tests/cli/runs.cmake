@@ -19,6 +19,24 @@ if(MESHGRAD_WITH_MPI)
                    "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
   set_tests_properties(train_checkpoint_cli_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
 endif()
+# The kill-and-resume soak (tests/cli/kill_resume_soak.py), few cycles: one --save-every 1 run of 2
+# rank threads (tp=2) SIGKILLed 9 times, 3 in each phase (a step, an async save's writing, the
+# commit; the last two held open by MESHGRAD_CHECKPOINT_TEST_DELAY_MS), and resumed each time; every
+# checkpoint verifies and equals the uninterrupted run's, every loss bitwise. ~10 s. The 50-cycle
+# command is in docs/training.md.
+add_test(NAME train_kill_resume_soak
+         COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_resume_soak.py $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_kill_resume_soak --cycles 9)
+set_tests_properties(train_kill_resume_soak PROPERTIES LABELS train TIMEOUT 300)
+if(MESHGRAD_WITH_MPI)
+  # The same under mpirun, 2 processes at dp=2, 6 cycles (2 per phase): mpirun and both ranks
+  # killed at once. ~15 s.
+  add_test(NAME train_kill_resume_soak_mpi
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_resume_soak.py $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_kill_resume_soak_mpi --cycles 6 --mesh dp=2 --mpi
+                   "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
+  set_tests_properties(train_kill_resume_soak_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
+endif()
 # `meshgrad export` and `train --init-from` end to end (tests/cli/cli_hf.sh); with MPI, the same
 # loading at tp=2 across processes (label mpi).
 add_test(NAME train_cli_hf
