@@ -76,6 +76,15 @@ def check(cond, what):
     return cond
 
 
+def own_group():
+    """preexec_fn of a run: its own process group, for killpg, but in the test's session. Not a
+    session of its own (setsid): the kernel schedules each session as one group (autogroup), and a
+    test alone in a session that mostly sleeps while it polls gets so small a share beside the
+    ranks' busy session that on a loaded machine it was not scheduled for 60-117 s while the
+    ranks ran on (the kill test's 100,000-step run finished before the test could kill it)."""
+    os.setpgid(0, 0)
+
+
 def sh(*args, ok=True):
     """Runs a command of the set-up (ip, ...); a failure stops the test naming the command."""
     r = subprocess.run(args, capture_output=True, text=True, timeout=60)
@@ -85,10 +94,12 @@ def sh(*args, ok=True):
 
 
 def run(cmd, label, env=None, timeout=60):
-    """Runs cmd in its own session; on a timeout the whole group is killed, not only mpirun."""
+    """Runs cmd in its own process group; on a timeout the whole group is killed, not only mpirun."""
     t0 = time.time()
-    p = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                         start_new_session=True)
+    # stdin: mpirun forwards its standard input to rank 0, and a process group that is not the
+    # terminal's foreground one is stopped (SIGTTIN) when it reads the terminal.
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                         env=env, preexec_fn=own_group)
     try:
         out, err = p.communicate(timeout=timeout)
     except subprocess.TimeoutExpired:
@@ -279,8 +290,8 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && exec sh -c "$2"' 
                "--bind-to", "none", *extra,
                self.rank_sh, out, MG, "train", "--backend", "mpi", *args, "--metrics", out + ".jsonl"]
         if popen:
-            return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-                                    start_new_session=True)
+            return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                    text=True, env=env, preexec_fn=own_group)
         return run(cmd, label, env=env)
 
     def check_placement(self, out, what):
@@ -413,14 +424,17 @@ def kill_test(hosts, recovery):
     extra = ["-x", "MESHGRAD_COMM_TIMEOUT_MS"] + (["--enable-recovery"] if recovery else [])
     p = hosts.mpirun(out, MODEL + ["--steps", "100000", "--mesh", "tp=2"], what, env=env, popen=True, extra=extra)
     try:
-        deadline, done = time.time() + 60, 0
-        while time.time() < deadline and p.poll() is None:
+        # The file is read once more after the deadline: what counts is the run's progress, not how
+        # long this process slept.
+        deadline = time.time() + 60
+        while True:
             done = steps_so_far(out + ".jsonl")
-            if done >= 3:
+            if done >= 3 or p.poll() is not None or time.time() > deadline:
                 break
             time.sleep(0.05)
         if p.poll() is not None:
-            check(False, f"{what}: the run ended before the kill (rc {p.returncode}): {p.communicate()[1][-800:]}")
+            check(False, f"{what}: the run ended before the kill (rc {p.returncode}, steps seen: {done}): "
+                         f"{p.communicate()[1][-800:]}")
             return
         if done < 3:
             check(False, f"{what}: the run did not reach step 3 within 60 s (steps seen: {done})")
