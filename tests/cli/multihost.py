@@ -37,7 +37,16 @@ failure (of ip, of mpirun, of a run) fails the test.
   multihost.py MESHGRAD WORKDIR MPIRUN --bench [--steps N] [--repeats R]
       step times of N-step runs (default 40), R of each (default 3), on each link, as a table
       (docs/BENCHMARKS.md)
+  multihost.py --cleanup
+      removes the namespaces of runs that were killed before they could remove them (ctest runs it
+      after the test, as a fixture's clean-up: its timeout kills the test with SIGKILL)
+
+Clean-up: on success, a failure, an exception, SIGTERM or SIGINT the test removes its namespaces
+(and with them the veth) and stops the slow link (whose TAP devices vanish with it). Every process it
+starts gets SIGTERM if the test itself dies (PR_SET_PDEATHSIG), so after a SIGKILL only the empty
+namespaces stay behind, for the next run or `--cleanup` to remove.
 """
+import ctypes
 import json
 import os
 import re
@@ -50,7 +59,8 @@ import time
 
 SKIP = 77
 HERE = os.path.dirname(os.path.abspath(__file__))
-MG, WORK, MPIRUN = sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3]
+CLEANUP = sys.argv[1:] == ["--cleanup"]
+MG, WORK, MPIRUN = (None, None, None) if CLEANUP else (sys.argv[1], os.path.abspath(sys.argv[2]), sys.argv[3])
 BENCH = "--bench" in sys.argv[4:]
 BENCH_STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 40
 BENCH_REPEATS = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
@@ -76,6 +86,13 @@ def check(cond, what):
     return cond
 
 
+def die_with_parent():
+    """preexec_fn of every process the test starts: SIGTERM to it when the test dies, even by SIGKILL
+    (mpirun then stops its job on both hosts; the slow link's TAP devices go with the link process).
+    It stays set across exec (ip netns exec, unshare and sh exec mpirun, all as the same root)."""
+    ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)   # PR_SET_PDEATHSIG
+
+
 def own_group():
     """preexec_fn of a run: its own process group, for killpg, but in the test's session. Not a
     session of its own (setsid): the kernel schedules each session as one group (autogroup), and a
@@ -83,6 +100,7 @@ def own_group():
     ranks' busy session that on a loaded machine it was not scheduled for 60-117 s while the
     ranks ran on (the kill test's 100,000-step run finished before the test could kill it)."""
     os.setpgid(0, 0)
+    die_with_parent()
 
 
 def sh(*args, ok=True):
@@ -106,6 +124,10 @@ def run(cmd, label, env=None, timeout=60):
         os.killpg(p.pid, signal.SIGKILL)
         out, err = p.communicate()
         err += f"\n(killed after {timeout} s)"
+    except BaseException:   # SIGTERM's SystemExit, SIGINT: nothing of this run outlives the test
+        os.killpg(p.pid, signal.SIGKILL)
+        p.wait()
+        raise
     print(f"{time.time() - t0:6.1f} s  {label}", flush=True)
     return subprocess.CompletedProcess(cmd, p.returncode, out, err)
 
@@ -201,7 +223,8 @@ class Hosts:
         self.link = subprocess.Popen([sys.executable, os.path.join(HERE, "multihost_link.py"),
                                       self.ns[0], f"{LINKS['slow']}.1/24", self.ns[1], f"{LINKS['slow']}.2/24",
                                       "--delay-ms", str(delay_ms), "--loss", str(loss), "--seed", "1",
-                                      "--ready", ready], stdout=self.link_out, stderr=subprocess.STDOUT, text=True)
+                                      "--ready", ready], stdout=self.link_out, stderr=subprocess.STDOUT, text=True,
+                                     preexec_fn=die_with_parent)
         deadline = time.time() + 20
         while not os.path.exists(ready):
             if self.link.poll() is not None or time.time() > deadline:
@@ -259,9 +282,16 @@ exec ip netns exec "$ns" unshare --uts sh -c 'hostname "$1" && exec sh -c "$2"' 
         return total
 
     def __exit__(self, *exc):
-        self.stop_slow_link()
-        for ns in self.ns:
-            kill_namespace(ns)
+        try:
+            self.stop_slow_link()
+        except BaseException:
+            if self.link is not None and self.link.poll() is None:
+                self.link.kill()
+                self.link.wait()
+            raise
+        finally:
+            for ns in self.ns:
+                kill_namespace(ns)
         left = [ns for ns in self.ns if ns in sh("ip", "netns", "list").stdout.split()]
         if left:
             raise RuntimeError(f"namespaces left behind: {left}")
@@ -530,7 +560,17 @@ def print_table(rows, steps):
 
 
 def main():
-    # ctest (and a user) stop a test with SIGTERM or SIGINT: leave through the clean-up then too.
+    if CLEANUP:
+        try:
+            remove_stale_namespaces()
+        except FileNotFoundError:   # no ip: this machine made none
+            pass
+        left = [l for l in sh("ip", "netns", "list", ok=False).stdout.splitlines() if l.startswith("mghost")] \
+            if shutil.which("ip") else []
+        print(f"namespaces of running tests: {left}" if left else "no multihost namespaces left")
+        return 0
+    # A user stops a test with SIGINT or SIGTERM: leave through the clean-up then too (ctest's timeout
+    # sends SIGKILL: its fixture's clean-up, `--cleanup`, removes what is left).
     signal.signal(signal.SIGTERM, lambda *_: sys.exit("multihost: stopped by SIGTERM"))
     shutil.rmtree(WORK, ignore_errors=True)
     os.makedirs(os.path.join(WORK, "shared"))
