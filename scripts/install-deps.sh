@@ -12,6 +12,7 @@ packages=(
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
+  iproute2                 # ip netns: the two hosts of tests/cli/multihost.py
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json) and of checkpoint files
   libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)

@@ -62,3 +62,19 @@ if(MESHGRAD_WITH_MPI)
                    ${CMAKE_CURRENT_BINARY_DIR}/train_cli_trace_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
   set_tests_properties(train_cli_trace_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 120)
 endif()
+if(MESHGRAD_WITH_MPI)
+  # Two hosts made of network namespaces, ranks over TCP only (tests/cli/multihost.py): tp=2 and dp=2
+  # bitwise equal to rank threads, checkpoints from both hosts resumed, latency and loss, a killed
+  # host's rank. Skipped (exit 77) where the machine cannot make namespaces (needs root).
+  add_test(NAME train_multihost
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/multihost.py $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_multihost ${MPIEXEC_EXECUTABLE})
+  # ctest's timeout kills the test with SIGKILL, before it can remove its namespaces: this clean-up runs
+  # after it whatever its outcome and removes those of runs that are gone.
+  add_test(NAME train_multihost_cleanup
+           COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/multihost.py --cleanup)
+  set_tests_properties(train_multihost PROPERTIES LABELS "train;mpi;multihost" TIMEOUT 240 SKIP_RETURN_CODE 77
+                       FIXTURES_REQUIRED multihost_netns)
+  set_tests_properties(train_multihost_cleanup PROPERTIES LABELS "train;mpi;multihost" TIMEOUT 60
+                       FIXTURES_CLEANUP multihost_netns)
+endif()
