@@ -84,6 +84,19 @@ class Keywords {
         }
       }
     }
+    // A str that UTF-8 cannot hold (a lone surrogate such as '\udc80', from surrogateescape decoding)
+    // is the right type with a wrong value.
+    if constexpr (std::is_same_v<T, std::string>) {
+      if (py::isinstance<py::str>(value)) {
+        const py::object encoded = py::reinterpret_steal<py::object>(PyUnicode_AsUTF8String(value.ptr()));
+        if (!encoded) {
+          PyErr_Clear();
+          throw py::value_error(fmt::format("{}(): {} {} cannot be encoded as UTF-8 (it holds a lone surrogate, "
+                                            "e.g. from bytes decoded with errors='surrogateescape')",
+                                            function_, key, std::string(py::repr(value))));
+        }
+      }
+    }
     try {
       out = value.cast<T>();
     } catch (const py::cast_error&) {

@@ -283,6 +283,9 @@ def test_wrong_type_is_a_type_error_naming_the_keyword():
     # The Python type, not the C++ one (std::__cxx11::basic_string).
     with pytest.raises(TypeError, match=r"mesh must be str, got None"):
         meshgrad.train(mesh=None)
+    # A str UTF-8 cannot hold is a value error saying so, not "must be str, got ... (str)".
+    with pytest.raises(ValueError, match=r"prompt 'a\\udc80b' cannot be encoded as UTF-8"):
+        meshgrad.sample(checkpoint="unused.safetensors", prompt="a\udc80b", tokens=1)
 
 
 def test_out_of_range_and_invalid_numbers_are_named():

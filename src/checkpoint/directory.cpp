@@ -5,6 +5,8 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <limits>
+#include <optional>
 #include <tuple>
 #include <filesystem>
 #include <utility>
@@ -34,11 +36,11 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return fmt::format("step_{:08d}", step);
 }
 
-std::int64_t commit_number(const std::string& dir) {
+std::optional<std::int64_t> commit_number(const std::string& dir) {
   try {
     return read_manifest(dir).commit;
   } catch (const std::exception&) {
-    return 0;
+    return std::nullopt;
   }
 }
 
@@ -54,8 +56,12 @@ std::vector<std::string> list_checkpoints(const std::string& root) {
     const std::string name = it->path().filename().string();
     if (!is_step_name(name, &step)) continue;
     std::error_code e2;
-    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestFileName, e2))
-      found.push_back({commit_number(it->path().string()), step, it->path().string()});
+    if (it->is_directory(e2) && fs::is_regular_file(it->path() / kManifestFileName, e2)) {
+      // A manifest that cannot be read sorts newest: resume and verify then stop on it, naming it,
+      // instead of silently taking an older checkpoint.
+      const std::optional<std::int64_t> commit = commit_number(it->path().string());
+      found.push_back({commit.value_or(std::numeric_limits<std::int64_t>::max()), step, it->path().string()});
+    }
   }
   std::sort(found.begin(), found.end(),
             [](const Found& a, const Found& b) { return std::tie(a.commit, a.step) < std::tie(b.commit, b.step); });
@@ -79,6 +85,13 @@ std::string resolve_checkpoint(const std::string& path) {
   const std::vector<std::string> all = list_checkpoints(path);
   if (all.empty())
     throw CheckpointError(fmt::format("checkpoint '{}' holds no complete checkpoint (no step_XXXXXXXX/manifest.json)", path));
+  try {
+    (void)read_manifest(all.back());
+  } catch (const std::exception& e) {
+    throw CheckpointError(fmt::format("the newest checkpoint under '{}' cannot be read, so it was not passed over for "
+                                      "an older one: {} (name an older step_XXXXXXXX to use it, or remove this one)",
+                                      path, e.what()));
+  }
   return all.back();
 }
 

@@ -193,9 +193,10 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
   if (mesh_->rank() == 0) {
     try {
       lock_fd_ = lock_root_and_remove_leftovers(root_);
-      // Numbered after every checkpoint already there (list_checkpoints: the last is the largest).
-      const std::vector<std::string> existing = list_checkpoints(root_);
-      if (!existing.empty()) next_commit_ = commit_number(existing.back()) + 1;
+      // Numbered after every readable checkpoint already there.
+      for (const std::string& existing : list_checkpoints(root_)) {
+        if (const std::optional<std::int64_t> commit = commit_number(existing)) next_commit_ = std::max(next_commit_, *commit + 1);
+      }
     } catch (const std::exception& e) {
       problem = e.what();
     }

@@ -2,6 +2,9 @@
 
 #include <fmt/format.h>
 
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/tensor/shape.hpp"
+
 namespace meshgrad::interop {
 
 #define MG_MODEL_FIELD(NAME, MEMBER, FIXED)                                                   \
@@ -53,7 +56,29 @@ nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, co
   const checkpoint::ManifestTensor* wte = manifest.find("wte.weight");
   if (wte == nullptr) throw checkpoint::CheckpointError(fmt::format("checkpoint '{}' has no tensor 'wte.weight'", dir));
   m.dtype = wte->dtype;
+  check_config_describes_tensors(m, manifest, dir);
   return m;
+}
+
+void check_config_describes_tensors(const nn::ModelConfig& config, const checkpoint::Manifest& manifest,
+                                    const std::string& dir) {
+  const std::size_t tensors = manifest.tensors.size();
+  if (config.layers < 0 || static_cast<std::size_t>(config.layers) > tensors)
+    throw checkpoint::CheckpointError(fmt::format(
+        "checkpoint '{}': its configuration says {} layers but it holds {} tensors in all: the configuration does "
+        "not describe its tensors (was the manifest edited?)", dir, config.layers, tensors));
+  for (const auto& [name, shape] : gpt2_parameter_shapes(config)) {
+    const checkpoint::ManifestTensor* t = manifest.find(name);
+    if (t == nullptr)
+      throw checkpoint::CheckpointError(fmt::format(
+          "checkpoint '{}': its configuration ({} layers, hidden {}, vocabulary {}) needs a tensor '{}', which the "
+          "checkpoint does not hold (was the manifest edited?)", dir, config.layers, config.hidden, config.vocab, name));
+    if (t->shape != shape)
+      throw checkpoint::CheckpointError(fmt::format(
+          "checkpoint '{}': tensor '{}' has shape {} but its configuration ({} layers, hidden {}, vocabulary {}) "
+          "needs {} (was the manifest edited?)", dir, name, shape_str(t->shape), config.layers, config.hidden,
+          config.vocab, shape_str(shape)));
+  }
 }
 
 std::map<std::string, std::string> checkpoint_data_metadata(const checkpoint::Manifest& manifest) {

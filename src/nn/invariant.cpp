@@ -45,7 +45,8 @@ bool model_nests(const ModelConfig& cfg, const ParallelConfig& parallel, int tp,
 std::string working_degrees(const ModelConfig& cfg, const ParallelConfig& parallel) {
   std::string out;
   for (int tp = 1; tp <= std::max(1, parallel.invariant_blocks); tp *= 2) {
-    if (!model_nests(cfg, parallel, tp, nullptr)) continue;
+    // Tensor parallelism splits the heads: a degree above their number is refused by the mesh check.
+    if (tp > std::max(1, cfg.heads) || !model_nests(cfg, parallel, tp, nullptr)) continue;
     out += out.empty() ? fmt::format("{}", tp) : fmt::format(", {}", tp);
   }
   return out.empty() ? "none" : out;
@@ -71,8 +72,8 @@ void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
   if (!tree::is_power_of_two(tp) || !model_nests(cfg, p, tp, &failing)) {
     throw InvalidArgument(fmt::format(
         "--tp-invariant: tp={} cannot keep the fixed tree of {} blocks for this model ({}{}). Degrees that work for "
-        "this model: tp = {} (a power of two dividing --invariant-blocks, and every split dimension cut in whole "
-        "blocks)", tp, p.invariant_blocks, failing.empty() ? "tp is not a power of two" : failing,
+        "this model: tp = {} (a power of two dividing --invariant-blocks, at most the heads, and every split "
+        "dimension cut in whole blocks)", tp, p.invariant_blocks, failing.empty() ? "tp is not a power of two" : failing,
         failing.empty() ? "" : " does not split into blocks that nest in the tp shards", working_degrees(cfg, p)));
   }
 }

@@ -108,7 +108,10 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
     // The model's vocabulary 0 means "the data's": compare the resolved one the checkpoint holds.
     const nlohmann::json mine = f.get(options, options.model.vocab);
     if (mine == *it) continue;
-    if (f.fixed_by_checkpoint) {
+    // A model without its own "positions" has one position row per --seq (wpe is [seq, hidden]):
+    // then --seq is part of its shape too.
+    const bool shapes_positions = f.name == "seq" && saved.value("positions", nlohmann::json(0)) == nlohmann::json(0);
+    if (f.fixed_by_checkpoint || shapes_positions) {
       refused += fmt::format("{}--{} {} (the checkpoint has {})", refused.empty() ? "" : ", ", f.name, mine.dump(), it->dump());
     } else {
       notes += fmt::format("{}--{} {} -> {}", notes.empty() ? "" : ", ", f.name, it->dump(), mine.dump());

@@ -21,6 +21,7 @@
 #include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/interop/hf_io.hpp"
 #include "meshgrad/io/output_path.hpp"
@@ -197,24 +198,10 @@ void Run::read_resume_manifest() {
 }
 
 // The saved configuration (which the resume's model is built from) must describe the saved tensors
-// before anything is built: an edited "layers": 1000000000 allocated that model first and ran out of
-// memory after a minute (reliability-2 C10). The tensor count bounds the layers before the expected
-// names are listed.
+// before anything is built (interop::check_config_describes_tensors, reliability-2 C10).
 void Run::check_config_describes_tensors() const {
   if (config_.kind != "gpt") return;
-  const std::size_t tensors = resume_->tensors.size();
-  MG_CHECK(config_.layers >= 0 && static_cast<std::size_t>(config_.layers) <= tensors,
-           "train: checkpoint '{}': its configuration says {} layers but it holds {} tensors in all: the configuration "
-           "does not describe its tensors (was the manifest edited?)", options_.resume_dir, config_.layers, tensors);
-  for (const auto& [name, shape] : interop::gpt2_parameter_shapes(config_)) {
-    const checkpoint::ManifestTensor* t = resume_->find(name);
-    MG_CHECK(t != nullptr, "train: checkpoint '{}': its configuration ({} layers, hidden {}, vocabulary {}) needs a "
-             "tensor '{}', which the checkpoint does not hold (was the manifest edited?)", options_.resume_dir,
-             config_.layers, config_.hidden, config_.vocab, name);
-    MG_CHECK(t->shape == shape, "train: checkpoint '{}': tensor '{}' has shape {} but its configuration ({} "
-             "layers, hidden {}, vocabulary {}) needs {} (was the manifest edited?)", options_.resume_dir, name,
-             shape_str(t->shape), config_.layers, config_.hidden, config_.vocab, shape_str(shape));
-  }
+  interop::check_config_describes_tensors(config_, *resume_, options_.resume_dir);
 }
 
 void Run::open_metrics() {

@@ -145,6 +145,12 @@ json.dump(m, open(path, "w"))
 PY
 expect_error resume-config-edited "its configuration says 1000000000 layers but it holds" -- \
   timeout 20 "$M" train --resume ck-identity --steps 8 --no-metrics
+# export and sample build the same model from the checkpoint: the same refusal, not a minute of
+# allocation and an out-of-memory error that names options nobody gave.
+expect_error export-config-edited "its configuration says 1000000000 layers but it holds" -- \
+  timeout 20 "$M" export --checkpoint ck-identity --out hf-config-edited
+expect_error sample-config-edited "its configuration says 1000000000 layers but it holds" -- \
+  timeout 20 "$M" sample --checkpoint ck-identity --tokens 2 --prompt a
 
 ls -A | grep -q '\.tmp-' && { echo "FAIL temporaries left: $(ls -A | grep '\.tmp-')"; failures=$((failures + 1)); }
 [ "$failures" -eq 0 ] || { echo "$failures failures"; exit 1; }

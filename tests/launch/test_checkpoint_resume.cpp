@@ -14,6 +14,8 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <fmt/format.h>
+
 #include <filesystem>
 #include <fstream>
 #include <functional>
@@ -478,8 +480,22 @@ TEST_F(CheckpointStoreTest, AnotherModelShapeIsRefusedNamingTheOptions) {
     EXPECT_NE(msg.find("--layers 3 (the checkpoint has 2)"), std::string::npos) << msg;
     EXPECT_EQ(msg.find("--lr"), std::string::npos) << msg;
   }
+  // Without its own "positions", the model has one position row per --seq: --seq is its shape too
+  // (reliability-2 C25: the refusal blamed an edited manifest instead of naming --seq).
   r.model.hidden = 24;
   r.model.layers = 2;
+  r.model.seq = 2 * o.model.seq;
+  r.given_options = {"steps", "lr", "seq"};
+  try {
+    resolve_resume(r);
+    ADD_FAILURE() << "accepted another --seq for a model whose positions are its seq";
+  } catch (const checkpoint::CheckpointError& e) {
+    const std::string msg = e.what();
+    EXPECT_NE(msg.find(fmt::format("--seq {} (the checkpoint has {})", 2 * o.model.seq, o.model.seq)), std::string::npos)
+        << msg;
+  }
+  r.model.seq = o.model.seq;
+  r.given_options = {"steps", "hidden", "layers", "lr"};
   const train::TrainOptions merged = resolve_resume(r);
   EXPECT_EQ(merged.lr, 1e-3);
   EXPECT_EQ(merged.steps, 4);
@@ -520,6 +536,41 @@ TEST_F(CheckpointStoreTest, KeepPrunesOlderCheckpointsAndTheDirectoryIsLocked) {
 // without rename flags (NFS answers EINVAL; MESHGRAD_IO_FAULT=no-rename-flags makes this one answer
 // so), where the commit falls back to plain renames under the directory's lock: every save commits,
 // also the one that replaces a step that exists (review 6.1.1: every save after the first failed).
+// A newest checkpoint whose manifest cannot be read is reported, not passed over for an older one
+// (reliability-2 C6, C8, C9 after commit numbers ordered checkpoints: resume and verify silently took
+// step 2); naming the older checkpoint still works, and the next save numbers after the readable ones.
+TEST_F(CheckpointStoreTest, ANewestCheckpointThatCannotBeReadIsReportedNotPassedOver) {
+  const std::string root = path("ck_broken");
+  train::TrainOptions first = options(4);
+  first.model.layers = 1;
+  first.checkpoint_dir = root;
+  first.save_every = 2;
+  run(first, {1, 2});   // step_2 (commit 1), step_4 (commit 2)
+  const std::string newest = (fs::path(root) / "step_00000004").string();
+  std::ofstream(fs::path(newest) / "manifest.json", std::ios::trunc) << "{\"format\": ";   // cut short
+  EXPECT_EQ(checkpoint::list_checkpoints(root).back(), newest);
+  try {
+    (void)checkpoint::resolve_checkpoint(root);
+    ADD_FAILURE() << "the unreadable newest checkpoint was passed over";
+  } catch (const checkpoint::CheckpointError& e) {
+    const std::string m = e.what();
+    EXPECT_NE(m.find("newest checkpoint under"), std::string::npos) << m;
+    EXPECT_NE(m.find("step_00000004"), std::string::npos) << m;
+  }
+  const std::string older = (fs::path(root) / "step_00000002").string();
+  EXPECT_EQ(checkpoint::resolve_checkpoint(older), older);
+  EXPECT_EQ(checkpoint::commit_number(newest), std::nullopt);
+  EXPECT_EQ(checkpoint::commit_number(older), std::optional<std::int64_t>(1));
+  // Resuming from the named older step saves again with the next commit number after the readable ones.
+  train::TrainOptions again = first;
+  again.resume = older;
+  again.steps = 3;
+  again.save_every = 1;
+  again.given_options = {"steps", "save-every"};
+  run(again, {1, 2});
+  EXPECT_EQ(checkpoint::read_manifest((fs::path(root) / "step_00000003").string()).commit, 2);
+}
+
 TEST_F(CheckpointStoreTest, TheCheckpointCommittedLastIsTheNewestAlsoWithoutRenameFlags) {
   for (const bool nfs : {false, true}) {
     SCOPED_TRACE(nfs ? "without rename flags (as NFS)" : "with rename flags");

@@ -303,6 +303,13 @@ TEST(TpInvariant, RefusesADegreeThatCannotKeepTheTree) {
   const std::string two = message_at(cfg, 2);
   EXPECT_NE(two.find("vocabulary"), std::string::npos) << two;
   EXPECT_NE(two.find("tp = 1, 4"), std::string::npos) << two;
+  // The advice leaves out degrees above the heads, which the mesh check refuses (reliability-2 R8b:
+  // --invariant-blocks 64 advised tp=64 for a 4-head model).
+  nn::ModelConfig three_heads = small_gpt(DType::Float32);
+  three_heads.heads = 3;
+  three_heads.hidden = 24;
+  const std::string advice = message_at(three_heads, 3);
+  EXPECT_NE(advice.find("Degrees that work for this model: tp = 1, 2 ("), std::string::npos) << advice;
 }
 
 }  // namespace

@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -21,11 +22,13 @@ std::string checkpoint_dir_name(std::int64_t step);
 
 // The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), in the order
 // they were committed (Manifest::commit; among checkpoints of older meshgrads, which have none, by
-// step), oldest first, as full paths. Temporaries and other entries are ignored.
+// step), oldest first, as full paths; one whose manifest cannot be read sorts as the newest, so
+// that what resolves the newest reports it rather than passing over it. Temporaries and other
+// entries are ignored.
 std::vector<std::string> list_checkpoints(const std::string& root);
-// The commit number of checkpoint dir (Manifest::commit; 0 when its manifest has none or cannot be
-// read: its errors are reported where it is used).
-std::int64_t commit_number(const std::string& dir);
+// The commit number of checkpoint dir (Manifest::commit, 0 in older meshgrads' manifests), or
+// nullopt when its manifest cannot be read (its errors are reported where it is used).
+std::optional<std::int64_t> commit_number(const std::string& dir);
 // True when path is a checkpoint directory (holds manifest.json) or a root holding at least one.
 bool is_checkpoint_path(const std::string& path);
 // `path` itself when it holds manifest.json, else the checkpoint under it committed last (not the

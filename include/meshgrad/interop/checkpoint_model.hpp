@@ -33,6 +33,11 @@ const std::vector<ModelConfigField>& model_config_fields();
 // the dtype of its tensors. Throws CheckpointError naming dir when the state lacks the
 // configuration or a shape field, or holds a value of the wrong type.
 nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, const std::string& dir);
+// Throws CheckpointError naming dir when config (a GPT) does not describe the manifest's tensors: a
+// layer count above the tensor count (checked first, so an edited "layers": 1e9 lists nothing), a
+// parameter it needs missing, or one of another shape. Before any model is built from config.
+void check_config_describes_tensors(const nn::ModelConfig& config, const checkpoint::Manifest& manifest,
+                                    const std::string& dir);
 
 // The metadata a `train --save` file carries about its data, from a checkpoint's state: "data_meta"
 // (the prepared directory's meta.json, which names the tokenizer) and "data_tokens" (its
