@@ -42,6 +42,8 @@
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/diag/explain.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
+#include "meshgrad/checkpoint/manifest.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/generate/sample.hpp"
 #include "meshgrad/launch/launch.hpp"
@@ -482,9 +484,22 @@ PYBIND11_MODULE(meshgrad, m) {
                                                  py::make_tuple(error, py::handle(PyExc_ValueError)).release().ptr(),
                                                  nullptr);
   m.attr("InvalidArgument") = invalid;
+  // What is wrong with a file rather than with an argument: a failed file system call is also an
+  // OSError, a corrupt or unusable checkpoint a meshgrad.CheckpointError (neither is a ValueError).
+  static py::handle file_error = PyErr_NewException("meshgrad.FileError",
+                                                    py::make_tuple(error, py::handle(PyExc_OSError)).release().ptr(),
+                                                    nullptr);
+  m.attr("FileError") = file_error;
+  static py::handle checkpoint_error =
+      PyErr_NewException("meshgrad.CheckpointError", py::make_tuple(error).release().ptr(), nullptr);
+  m.attr("CheckpointError") = checkpoint_error;
   py::register_exception_translator([](std::exception_ptr p) {
     try {
       if (p) std::rethrow_exception(p);
+    } catch (const io::FileIoError& e) {
+      PyErr_SetString(file_error.ptr(), e.what());
+    } catch (const checkpoint::CheckpointError& e) {
+      PyErr_SetString(checkpoint_error.ptr(), e.what());
     } catch (const InvalidArgument& e) {
       PyErr_SetString(invalid.ptr(), e.what());
     } catch (const Error& e) {

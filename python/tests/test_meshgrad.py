@@ -173,6 +173,14 @@ def test_train_checkpoints_and_resumes_from_python(tmp_path):
     resumed = meshgrad.train(resume=ck)                # mesh, sizes and steps from the checkpoint
     assert [m["step"] for m in resumed] == [4, 5, 6]
     assert [m["loss"] for m in resumed] == [m["loss"] for m in first[3:]]   # bitwise
+    # A corrupt checkpoint is a meshgrad.CheckpointError (a meshgrad.Error), not a ValueError: nothing
+    # the caller passed was wrong.
+    with open(os.path.join(ck, "step_00000006", "manifest.json"), "w") as f:
+        f.write("{")
+    with pytest.raises(meshgrad.CheckpointError, match="step_00000006") as caught:
+        meshgrad.train(resume=ck, steps=8)
+    assert isinstance(caught.value, meshgrad.Error) and not isinstance(caught.value, ValueError)
+    assert issubclass(meshgrad.FileError, OSError) and issubclass(meshgrad.FileError, meshgrad.Error)
 
 
 def test_gradient_arrays_outlive_the_call():
