@@ -257,9 +257,8 @@ void run_answering_signals(std::atomic<bool>& stop, const std::function<void()>&
       done_cv.notify_all();
     });
     std::unique_lock<std::mutex> lock(mu);
-    while (!done) {
-      if (done_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) break;
-      if (interrupt) continue;
+    while (!done_cv.wait_for(lock, std::chrono::milliseconds(50), [&] { return done; })) {
+      if (interrupt) continue;   // asked once: the job is stopping at the end of its step
       lock.unlock();
       {
         py::gil_scoped_acquire acquire;

@@ -13,7 +13,6 @@
 #include <fstream>
 #include <mutex>
 #include <numeric>
-#include <sstream>
 
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -21,6 +20,7 @@
 #include "meshgrad/text/utf8.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/json_input.hpp"
 #include "meshgrad/io/safetensors.hpp"
 
@@ -47,22 +47,13 @@ bool has_tokenizer_files(const fs::path& dir) {
          (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe"));
 }
 
-std::string read_small_file(const fs::path& path) {
-  std::ifstream in(path, std::ios::binary);
-  MG_CHECK(in.good(), "sample: '{}' cannot be opened for reading", path.string());
-  std::stringstream s;
-  s << in.rdbuf();
-  MG_CHECK(s.str().size() <= interop::kMaxConfigBytes, "sample: '{}' is larger than {} bytes", path.string(), interop::kMaxConfigBytes);
-  return s.str();
-}
-
 // A `meshgrad prepare` directory's tokenizer: meta.json's "tokenizer" names {"copy": a file in
 // the directory, "file": the original}; the copy is preferred (the directory may have moved).
 text::Tokenizer prepared_tokenizer(const fs::path& dir) {
   const fs::path meta_path = dir / "meta.json";
   nlohmann::json meta;
   try {
-    meta = io::parse_untrusted_json(read_small_file(meta_path), 16);
+    meta = io::parse_untrusted_json(io::read_small_file(meta_path.string(), interop::kMaxConfigBytes, "sample: meta.json"), 16);
   } catch (const io::JsonInputError& e) {
     throw InvalidArgument(fmt::format("sample: --tokenizer: '{}' is not valid JSON: {}", meta_path.string(), e.what()));
   }

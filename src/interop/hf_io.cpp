@@ -218,17 +218,8 @@ nn::ModelConfig checkpoint_config(const io::SafetensorsFile& f, const std::strin
   return c;
 }
 
-// A whole small file (a tokenizer file, meta.json), bounded.
-std::string read_small_file(const std::string& path, const char* what, std::uint64_t max_bytes = 64u << 20) {
-  std::error_code ec;
-  const auto size = fs::file_size(path, ec);
-  MG_CHECK(!ec && fs::is_regular_file(path), "{} '{}' cannot be read{}", what, path, ec ? ": " + ec.message() : "");
-  MG_CHECK(size <= max_bytes, "{} '{}' has {} bytes, more than the {} accepted", what, path, size, max_bytes);
-  std::ifstream in(path, std::ios::binary);
-  std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
-  MG_CHECK(in.good() || in.eof(), "{} '{}': read error", what, path);
-  return text;
-}
+// Tokenizer files and meta.json are read whole, bounded (io::read_small_file).
+constexpr std::uint64_t kMaxSmallFileBytes = std::uint64_t{64} << 20;
 
 struct TokenizerFiles {
   std::string vocab, merges;   // paths; empty when there is no tokenizer
@@ -265,7 +256,7 @@ TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<s
     return {"", "", "", fmt::format("the run's data description '{}' is gone; give --tokenizer DIR", meta_path)};
   const nlohmann::json meta = [&] {
     try {
-      return io::parse_untrusted_json(read_small_file(meta_path, "meta.json"), 8);
+      return io::parse_untrusted_json(io::read_small_file(meta_path, kMaxSmallFileBytes, "meta.json"), 8);
     } catch (const io::JsonInputError& e) {
       throw InvalidArgument(fmt::format("meta.json '{}' is not valid: {}", meta_path, e.what()));
     }
@@ -417,8 +408,8 @@ ExportResult export_hf(const ExportOptions& o) {
   staged.write(kHfConfigFile, gpt2_config_json(ck.config, {o.dtype, eot}));
   io::write_safetensors(staged.path(kHfWeightsFile), tensors, {{"format", "pt"}}, storage);
   if (!tok.vocab.empty()) {
-    staged.write("vocab.json", read_small_file(tok.vocab, "tokenizer file"));
-    staged.write("merges.txt", read_small_file(tok.merges, "tokenizer file"));
+    staged.write("vocab.json", io::read_small_file(tok.vocab, kMaxSmallFileBytes, "tokenizer file"));
+    staged.write("merges.txt", io::read_small_file(tok.merges, kMaxSmallFileBytes, "tokenizer file"));
     staged.write("tokenizer_config.json", tokenizer_config_json(ck.config.n_positions(), eot.has_value()));
   }
   staged.commit();

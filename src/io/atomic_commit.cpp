@@ -22,7 +22,6 @@
 
 #include "meshgrad/io/file_io.hpp"
 
-
 namespace meshgrad::io {
 
 namespace fs = std::filesystem;

@@ -24,7 +24,6 @@ int blas_thread_shutdown_(void) __attribute__((weak));
 void* blas_memory_alloc(int procpos) __attribute__((weak));
 void blas_memory_free(void* buffer) __attribute__((weak));
 extern int blas_num_threads __attribute__((weak));    // the pool's size: its workers are this - 1
-extern int blas_server_avail __attribute__((weak));   // 1 while the workers run
 }
 
 namespace meshgrad::blas {
@@ -175,7 +174,8 @@ void reserve_work_buffers(int callers) {
   const int pool = std::max({&blas_num_threads != nullptr ? blas_num_threads : 1, static_cast<int>(std::thread::hardware_concurrency()), 1});
   const int needed = callers + pool - 1;
   if (needed <= reserved) return;
-  if (!room_for_work_buffers(needed)) throw_no_room(needed, needed);
+  // Those reserved before stay mapped in the pool: only the missing ones need room.
+  if (!room_for_work_buffers(needed - reserved)) throw_no_room(needed, needed - reserved);
   // Taken together (each call returns another buffer while the others are held), then handed back:
   // the pool is the process's, and they stay mapped in it for the ranks' GEMMs.
   std::vector<void*> buffers;

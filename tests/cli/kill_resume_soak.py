@@ -137,11 +137,11 @@ def tensor_hashes(step_dir):
     return files, pieces
 
 
-def wait_for(path, proc, timeout=TIMEOUT):
-    """Polls for path while proc runs: True once it exists, False if proc ended or time ran out."""
+def wait_until(ready, proc, timeout=TIMEOUT):
+    """Polls ready() while proc runs: True once it holds, False if proc ended or time ran out."""
     deadline = time.time() + timeout
     while time.time() < deadline:
-        if os.path.exists(path):
+        if ready():
             return True
         if proc.poll() is not None:
             return False
@@ -155,20 +155,6 @@ def headers(path):
         return 0
     with open(path) as f:
         return sum(1 for line in f if '"type":"header"' in line)
-
-
-def wait_for_header(path, count, proc, timeout=TIMEOUT):
-    """Polls until the metrics file has `count` headers: the attempt's saver has taken the lock and
-    removed the leftovers of the killed one (a run opens its metrics last), so that a leftover stage
-    of the same name is not taken for the new save's."""
-    deadline = time.time() + timeout
-    while time.time() < deadline:
-        if headers(path) >= count:
-            return True
-        if proc.poll() is not None:
-            return False
-        time.sleep(0.002)
-    return False
 
 
 def session_members(sid):
@@ -293,10 +279,13 @@ for cycle, phase in enumerate(phases, 1):
     else:
         trigger = os.path.join(ck, "." + name + ".tmp", "manifest.json")
         pause = rng.uniform(0.1, 0.7) * args.delay_ms / 1000
-    opened = wait_for_header(metrics, attempts_so_far + 1, proc)
+    # The attempt's saver has taken the lock and removed the killed one's leftovers once its metrics
+    # file has one more header (a run opens its metrics last), so a leftover stage of the same name
+    # is not taken for the new save's.
+    opened = wait_until(lambda: headers(metrics) >= attempts_so_far + 1, proc)
     kept = [m for m in marked if os.path.exists(m)]
     check(not kept, f"cycle {cycle}: the resumed run started without removing the killed attempt's leftovers: {kept}")
-    reached = opened and wait_for(trigger, proc)
+    reached = opened and wait_until(lambda: os.path.exists(trigger), proc)
     if reached:
         time.sleep(pause)
     kill_group(proc)
