@@ -298,6 +298,8 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("sequence_parallel", o.parallel.sequence_parallel);
   k.get("overlap", o.parallel.overlap);
   k.get("checkpoint_blocks", o.parallel.checkpoint_blocks);
+  k.get("reshard_after_forward", o.parallel.reshard_after_forward);
+  k.get("shard_optimizer", o.parallel.shard_optimizer);
   k.get("dtype", dtype);
   k.get("dropout", o.model.dropout);
   k.get_path("save", o.save_path);
@@ -519,12 +521,12 @@ PYBIND11_MODULE(meshgrad, m) {
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
   m.def("train", &train_job,
-        "train(mesh='tp=2', steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
+        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
         "lr=3e-3, warmup=10, seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
         "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
-        "invariant_blocks=4) -> list of per-step "
+        "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False) -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");

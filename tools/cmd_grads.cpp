@@ -65,7 +65,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--weights", a->weights, "Full parameters (safetensors, GPT-2 names)")->required();
               app.add_option("--batch", a->batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
               app.add_option("--out", a->out, "Where to write the gradients (safetensors)")->required();
-              app.add_option("--mesh", a->mesh, "Mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")
+              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))

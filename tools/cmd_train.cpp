@@ -108,7 +108,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--config", a->config, "JSON file of options, e.g. {\"steps\": 100, \"mesh\": "
                              "\"tp=2\", \"sequence-parallel\": true}; the command line overrides it")
                   ->group(kJsonConfigGroup);
-              app.add_option("--mesh", a->mesh, "Mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")
+              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
@@ -172,6 +172,12 @@ MESHGRAD_REGISTER_COMMAND(
                            "all-gather per layer)");
               app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks,
                            "Activation checkpointing per transformer block");
+              app.add_flag_callback("--no-reshard-after-forward", [&o] { o.parallel.reshard_after_forward = false; },
+                                    "With an fsdp axis: keep each block's gathered parameters from its forward to its "
+                                    "backward (one all-gather fewer per block and step, more memory: ZeRO-2)");
+              app.add_flag("--shard-optimizer", o.parallel.shard_optimizer,
+                           "Shard the gradients and AdamW moments over dp (ZeRO): reduce-scatter instead of "
+                           "all-reduce, each rank steps its shard, parameters all-gathered once per step; needs dp > 1");
               app.add_flag("--tp-invariant", o.parallel.tp_invariant,
                            "Bitwise the same model at every tensor-parallel degree that keeps the fixed reduction "
                            "tree (docs/tp-invariance.md); one BLAS thread per rank");

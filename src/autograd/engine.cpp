@@ -180,8 +180,10 @@ void run(GraphTask& task, const TensorList& roots, const TensorList& root_grads_
 
     bool any = false;
     for (const Tensor& g : grads) any = any || g.defined();
-    // Annotation of what arrived (before zero-filling: zeros are compatible with anything).
-    const AnnotationPtr incoming = any ? common_annotation(grads) : nullptr;
+    // Annotation of what arrived (before zero-filling: zeros are compatible with anything). A node
+    // that decides its gradients' placement may receive differently placed ones on its outputs (an
+    // FSDP unit's gathered parameters: some partial over tp, some not); its zero-filled ones carry none.
+    const AnnotationPtr incoming = any && !node->decides_gradient_placement() ? common_annotation(grads) : nullptr;
     if (any) {
       for (std::size_t k = 0; k < grads.size(); ++k) {
         if (!grads[k].defined()) {

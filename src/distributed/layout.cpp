@@ -1,5 +1,6 @@
 #include "meshgrad/distributed/layout.hpp"
 
+#include <algorithm>
 #include <numeric>
 
 #include "meshgrad/distributed/collectives.hpp"
@@ -33,7 +34,7 @@ PieceLayout piece_layout(const Shape& full, const DeviceMesh& mesh, const Placem
       if (!p.is_shard()) continue;
       MG_CHECK(p.dim >= 0 && p.dim < nd, "layout: placement {} on axis {} is out of range for shape {}", p.str(),
                mesh.axes()[static_cast<std::size_t>(a)].name, shape_str(full));
-      if (p.dim != d) continue;
+      if (p.dim != d || p.of_piece) continue;
       MG_CHECK(spec == nullptr || (spec->blocks == p.blocks && spec->unit == p.unit),
                "layout: placements {} split dim {} in different blocks", placements_str(placements), d);
       spec = &p;
@@ -53,6 +54,29 @@ PieceLayout piece_layout(const Shape& full, const DeviceMesh& mesh, const Placem
     for (const auto& r : ranges) extent += r.size;
     layout.local_shape[static_cast<std::size_t>(d)] = extent;
     layout.ranges.push_back(std::move(ranges));
+  }
+  // Then the axes that split the piece itself (Sp(d), FSDP), in mesh order: part `index` of the
+  // piece's local extent along d by the shard rule, i.e. a run of the ranges held so far.
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    const Placement& p = placements[static_cast<std::size_t>(a)];
+    if (!p.is_shard() || !p.of_piece) continue;
+    const auto d = static_cast<std::size_t>(p.dim);
+    const ShardRange keep = shard_range(layout.local_shape[d], mesh.axis_size(a), coords[static_cast<std::size_t>(a)]);
+    std::vector<ShardRange> kept;
+    std::int64_t seen = 0;   // local offset of the range being walked
+    for (const ShardRange& r : layout.ranges[d]) {
+      const std::int64_t lo = std::max(seen, keep.offset), hi = std::min(seen + r.size, keep.offset + keep.size);
+      if (lo < hi) kept.push_back({r.offset + (lo - seen), hi - lo});
+      seen += r.size;
+    }
+    if (kept.empty()) kept.push_back({layout.ranges[d].front().offset, 0});   // an empty part: no elements
+    if (kept.size() > 1) {
+      MG_CHECK(blocked_dim < 0 || blocked_dim == p.dim, "layout: placements {} split two dims in blocks",
+               placements_str(placements));
+      blocked_dim = p.dim;
+    }
+    layout.local_shape[d] = keep.size;
+    layout.ranges[d] = std::move(kept);
   }
   return layout;
 }

@@ -7,6 +7,7 @@ namespace meshgrad::dist {
 std::string Placement::str() const {
   switch (kind) {
     case Kind::Shard:
+      if (of_piece) return fmt::format("Sp({})", dim);
       return blocks == 1 && unit == 1 ? fmt::format("S({})", dim) : fmt::format("S({})x{}/{}", dim, blocks, unit);
     case Kind::Replicate: return "R";
     case Kind::Partial: return "P";
@@ -35,15 +36,18 @@ std::string placements_str(const Placements& p) {
 Placement parse_placement(const std::string& text) {
   if (text == "R") return Placement::replicate();
   if (text == "P") return Placement::partial();
-  if (text.size() >= 4 && text.rfind("S(", 0) == 0 && text.back() == ')') {
+  const bool of_piece = text.rfind("Sp(", 0) == 0;
+  const std::size_t open = of_piece ? 3 : 2;
+  if (text.size() >= open + 2 && (of_piece || text.rfind("S(", 0) == 0) && text.back() == ')') {
     try {
       std::size_t used = 0;
-      const int d = std::stoi(text.substr(2, text.size() - 3), &used);
-      if (used == text.size() - 3) return Placement::shard(d);
+      const std::string digits = text.substr(open, text.size() - open - 1);
+      const int d = std::stoi(digits, &used);
+      if (used == digits.size() && d >= 0) return of_piece ? Placement::shard_of_piece(d) : Placement::shard(d);
     } catch (const std::exception&) {
     }
   }
-  throw InvalidArgument(fmt::format("placement '{}' is not one of S(dim), R, P", text));
+  throw InvalidArgument(fmt::format("placement '{}' is not one of S(dim), Sp(dim), R, P", text));
 }
 
 namespace {

@@ -248,14 +248,16 @@ ColumnParallelLinear::ColumnParallelLinear(const std::string& name, std::int64_t
   const auto b_spec = ctx_->on_tp(Placement::shard(0, options.blocks, options.unit));
   if (options.owns_weight) weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
+  auto out_spec = b_spec;   // the output features this rank computes: its tp piece (gathered over fsdp)
+  if (ctx_->fsdp_axis >= 0) out_spec[static_cast<std::size_t>(ctx_->fsdp_axis)] = Placement::replicate();
   const std::int64_t local_out =
-      dist::piece_layout({out}, *ctx_->mesh, b_spec, ctx_->mesh->coordinates()).local_shape[0];
+      dist::piece_layout({out}, *ctx_->mesh, out_spec, ctx_->mesh->coordinates()).local_shape[0];
   plan_ = ctx_->feature_plan(name + " output features", out, options.blocks, options.unit, local_out);
 }
 
 Tensor ColumnParallelLinear::forward(const Tensor& x, std::int64_t seq_len) const {
-  MG_CHECK(weight.value.defined(), "{}: the layer was built without its own weight; use forward_with", name_);
-  return forward_with(x, seq_len, weight.value, bias.value);
+  MG_CHECK(weight.operand().defined(), "{}: the layer was built without its own weight; use forward_with", name_);
+  return forward_with(x, seq_len, weight.operand(), bias.operand());
 }
 
 Tensor ColumnParallelLinear::forward_with(const Tensor& x, std::int64_t seq_len, const Tensor& w,
@@ -276,7 +278,7 @@ RowParallelLinear::RowParallelLinear(const std::string& name, std::int64_t in, s
   weight = make_parameter(name + ".weight", {in, out}, ctx_->on_tp(Placement::shard(0, 1, options.unit)), *ctx_, seed,
                           options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, ctx_->replicated(), *ctx_, seed, 0.0, 0.0, dtype);
-  const std::int64_t local_in = weight.value.size(0);
+  const std::int64_t local_in = weight.operand_shape()[0];
   plan_ = ctx_->feature_plan(name + " input features", in, 1, options.unit, local_in);
 }
 
@@ -286,15 +288,15 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
   // This rank's share of Y, summed over its input blocks: partial over tp (P), made replicated by
   // an all-reduce, or sequence-sharded by a reduce-scatter under SP, in the context's order.
-  const Tensor partial = tree::linear_over_input_blocks(x_local, weight.value, plan_);
+  const Tensor partial = tree::linear_over_input_blocks(x_local, weight.operand(), plan_);
   const dist::ReduceOrder order = ctx_->reduce_order();
   Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0, order)
                                        : dist::reduce_from_region(partial, ctx_->tp, order);
-  if (bias.value.defined()) {
+  if (bias.operand().defined()) {
     // Added once, after the reduction. Under SP each rank adds it to its own tokens only: its
     // gradient is a partial sum over tp. x holds the whole sequence (the column layer gathered it).
     const std::int64_t seq = x_local.size(0);
-    y = tree::add_bias(y, ctx_->replicated_on_sequence_shard(bias.value),
+    y = tree::add_bias(y, ctx_->replicated_on_sequence_shard(bias.operand()),
                        ctx_->token_row_blocks(seq, y.size(0), rows_per_token(y)));
   }
   return y;
@@ -333,9 +335,9 @@ Tensor GridLinear::forward(const Tensor& x) const {
   // split by output features), and the rule's R -> R step reduces it.
   const Tensor x_in = dist::mark_partial_grad(dist::copy_to_region(x_split, out_group),
                                               out_group.size() > 1 ? out_group.axes : 0);
-  const Tensor partial = meshgrad::linear(x_in, weight.value);             // partial over in_axis
+  const Tensor partial = meshgrad::linear(x_in, weight.operand());             // partial over in_axis
   const Tensor y = dist::reduce_from_region(partial, in_group);            // P -> R on in_axis
-  return meshgrad::add(y, bias.value);
+  return meshgrad::add(y, bias.operand());
 }
 
 LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)
@@ -351,8 +353,8 @@ Tensor LayerNorm::forward(const Tensor& x, std::int64_t seq) const {
            "sequence, so the global sequence length must be given", name_);
   // Replicated parameters on this rank's rows: their gradients are summed over the token blocks,
   // and over tp under SP (ParallelContext::replicated_on_sequence_shard).
-  return meshgrad::layer_norm(x, ctx_->replicated_on_sequence_shard(weight.value),
-                              ctx_->replicated_on_sequence_shard(bias.value), eps_,
+  return meshgrad::layer_norm(x, ctx_->replicated_on_sequence_shard(weight.operand()),
+                              ctx_->replicated_on_sequence_shard(bias.operand()), eps_,
                               ctx_->token_row_blocks(seq > 0 ? seq : x.size(0), x.size(0), rows_per_token(x)));
 }
 
@@ -368,7 +370,7 @@ VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int
 
 Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {
   check_dtype(ids, DType::Int64, "vocab_parallel_embedding", "ids");
-  const std::int64_t local_vocab = weight.value.size(0);
+  const std::int64_t local_vocab = weight.operand().size(0);
   // Ids outside this rank's rows look up row 0 and are multiplied by 0: they contribute nothing.
   const auto values = ids.to_int64_vector();
   std::vector<std::int64_t> local_ids(values.size());
@@ -380,11 +382,11 @@ Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {
     local_ids[i] = mine ? values[i] - offset_ : 0;
     keep[i] = mine ? 1.0 : 0.0;
   }
-  Tensor rows = meshgrad::embedding(weight.value, Tensor::from_int64(local_ids, ids.shape()));
+  Tensor rows = meshgrad::embedding(weight.operand(), Tensor::from_int64(local_ids, ids.shape()));
   if (ctx_->tp_size() == 1) return rows;
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
-  return meshgrad::mul(rows, Tensor::from_values(keep, mask_shape, weight.value.dtype()));
+  return meshgrad::mul(rows, Tensor::from_values(keep, mask_shape, weight.operand().dtype()));
 }
 
 // ---- vocab-parallel cross-entropy -----------------------------------------------------------------

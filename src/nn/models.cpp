@@ -6,6 +6,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/nn/fsdp.hpp"
 #include "meshgrad/nn/invariant.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/ops/ops.hpp"
@@ -96,7 +97,7 @@ class Attention {
   // Heads this rank computes (c_attn's output columns are split in whole heads per q, k, v block).
   std::int64_t local_heads() const {
     const Parameter& bias = ctx_->two_d ? grid_attn_->bias : c_attn_->bias;
-    return bias.value.size(0) / 3 / head_dim_;
+    return bias.operand_shape()[0] / 3 / head_dim_;
   }
   std::int64_t head_dim() const { return head_dim_; }
   void collect(std::vector<Parameter*>& out) {
@@ -190,12 +191,24 @@ class Block {
         ln_1_(prefix_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
         attn_(prefix_ + ".attn", cfg, ctx, seed),
         ln_2_(prefix_ + ".ln_2", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
-        mlp_(prefix_ + ".mlp", cfg.hidden, cfg.ffn_size(), cfg.layers, ctx, seed, cfg.dtype) {}
+        mlp_(prefix_ + ".mlp", cfg.hidden, cfg.ffn_size(), cfg.layers, ctx, seed, cfg.dtype), ctx_(ctx) {
+    if (ctx->fsdp_active()) {
+      std::vector<Parameter*> params;
+      collect(params);
+      fsdp_ = std::make_unique<FsdpUnit>(prefix_, std::move(params), ctx);
+    }
+  }
+
+  // The block's FSDP unit (nullptr without FSDP).
+  FsdpUnit* fsdp() const { return fsdp_.get(); }
 
   // x: [T(_local), B, C]; dropout_seed(): the next dropout seed (same sequence on every rank).
   Tensor forward(const Tensor& x, std::int64_t seq, const std::function<Tensor(const Tensor&)>& dropout) const {
     dist::CommLabelScope label(prefix_);
     trace::Scope scope(prefix_);
+    // Its parameters gathered for this forward; given back after it unless a graph will read them
+    // before a regather (see ParallelContext::reshard_after_forward).
+    const FsdpForwardScope gathered(fsdp_.get(), !autograd::GradMode::is_enabled() || ctx_->reshard_after_forward());
     const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x, seq), seq)));
     return add(h, dropout(mlp_.forward(ln_2_.forward(h, seq), seq)));
   }
@@ -203,6 +216,7 @@ class Block {
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
                         std::int64_t& scores) const {
     dist::CommLabelScope label(prefix_);
+    const FsdpForwardScope gathered(fsdp_.get(), /*release=*/true);
     const Tensor h = add(x, attn_.forward_cached(ln_1_.forward(x), keys, values, start, scores));
     return add(h, mlp_.forward(ln_2_.forward(h), x.size(0)));
   }
@@ -222,6 +236,8 @@ class Block {
   Attention attn_;
   LayerNorm ln_2_;
   Mlp mlp_;
+  ParallelContextPtr ctx_;
+  std::unique_ptr<FsdpUnit> fsdp_;
 };
 
 // What the dropout of a GPT needs, owned jointly by the model and by the closures a checkpointed
@@ -249,6 +265,12 @@ class Gpt final : public Model {
     o.bias = false;
     o.owns_weight = false;   // the LM head's weight is wte^T
     lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
+    if (ctx_->fsdp_active()) {
+      // The model's own parameters are one unit, gathered for the whole forward and backward: the
+      // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum).
+      root_unit_ = std::make_unique<FsdpUnit>("gpt", std::vector<Parameter*>{&wte_.weight, &wpe_, &ln_f_.weight,
+                                                                             &ln_f_.bias}, ctx_);
+    }
   }
   Gpt(const Gpt&) = delete;
   Gpt& operator=(const Gpt&) = delete;
@@ -267,6 +289,8 @@ class Gpt final : public Model {
     const ParallelContext& ctx = *ctx_;
     const bool sp = ctx.sequence_parallel();
     trace::Scope model_scope("gpt");   // ops between the layers (positions, dropout) belong to it
+    const bool recording = autograd::GradMode::is_enabled();
+    const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/!recording);
     const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
 
     // Embedding: vocab-parallel partial sums, reduced over tp (all-reduce, or reduce-scatter along
@@ -280,7 +304,7 @@ class Gpt final : public Model {
     }
     const std::int64_t t0 = activation_offsets(ctx, seq)[0];
     const std::int64_t t_local = h.size(0);
-    Tensor pos = reshape(narrow(wpe_.value, 0, t0, t_local), {t_local, 1, c});
+    Tensor pos = reshape(narrow(wpe_.operand(), 0, t0, t_local), {t_local, 1, c});
     h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
 
     // Holds the shared state, not the model: a checkpointed block calls it again during backward.
@@ -297,20 +321,27 @@ class Gpt final : public Model {
       return dropout_global(x, state->p, state->gen.next_seed(), {seq, rows, c}, offsets);
     };
     h = dropout(h);
-    for (const auto& b_ptr : blocks_) {
-      const std::shared_ptr<const Block> block = b_ptr;
+    if (!blocks_.empty() && blocks_[0]->fsdp()) blocks_[0]->fsdp()->prefetch();
+    for (std::size_t i = 0; i < blocks_.size(); ++i) {
+      const std::shared_ptr<const Block> block = blocks_[i];
+      // FSDP: the next block's gathers run while this one computes.
+      if (i + 1 < blocks_.size() && blocks_[i + 1]->fsdp()) blocks_[i + 1]->fsdp()->prefetch();
       if (ctx.config.checkpoint_blocks) {
         h = autograd::checkpoint(
             [block, seq, dropout](const TensorList& in) { return TensorList{block->forward(in[0], seq, dropout)}; },
             {h}, {&state->gen})[0];
       } else {
         h = block->forward(h, seq, dropout);
+        if (block->fsdp() && recording && ctx.reshard_after_forward()) {
+          // Its backward finds the block's parameters gathered again, and the previous block's on the way.
+          h = block->fsdp()->regather_before_backward(h, i > 0 ? blocks_[i - 1]->fsdp() : nullptr);
+        }
       }
     }
     h = ln_f_.forward(h, seq);
 
     // Tied output layer: column-parallel over the vocabulary with wte^T; logits stay sharded.
-    const Tensor logits = lm_head_->forward_with(h, seq, transpose(wte_.weight.value, 0, 1), Tensor());   // [T, B, V_local]
+    const Tensor logits = lm_head_->forward_with(h, seq, transpose(wte_.weight.operand(), 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
                                                      wte_.vocab_offset(), cfg_.vocab, ctx.tp,
@@ -345,6 +376,12 @@ class Gpt final : public Model {
   std::uint64_t random_state() const override { return dropout_->gen.counter(); }
   dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
+  void set_accumulating(bool on) override {
+    if (root_unit_) root_unit_->set_accumulating(on);
+    for (const auto& b : blocks_) {
+      if (b->fsdp()) b->fsdp()->set_accumulating(on);
+    }
+  }
 
   KvCache new_cache(std::int64_t batch) override {
     MG_CHECK(batch >= 1, "gpt: a key/value cache needs at least one sequence, got batch {}", batch);
@@ -378,20 +415,21 @@ class Gpt final : public Model {
     MG_CHECK(start + t_new <= cfg_.n_positions(), "gpt decode: positions {} .. {} do not fit in n_positions = {} "
              "(the cache holds {})", start, start + t_new - 1, cfg_.n_positions(), start);
     autograd::NoGradGuard no_grad;
+    const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/true);
     const Tensor tids = ids.transpose(0, 1).contiguous();   // [T_new, B]
     Tensor h;
     {
       dist::CommLabelScope label("wte");
       h = dist::reduce_from_region(wte_.forward_partial(tids), ctx.tp);   // [T_new, B, C]
     }
-    h = add(h, reshape(narrow(wpe_.value, 0, start, t_new), {t_new, 1, c}));
+    h = add(h, reshape(narrow(wpe_.operand(), 0, start, t_new), {t_new, 1, c}));
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
       h = blocks_[l]->forward_cached(h, cache.keys[l], cache.values[l], start, cache.attention_scores);
     }
     if (!all_positions) h = narrow(h, 0, t_new - 1, 1);   // only the last position's logits are wanted
     h = ln_f_.forward(h);
     const std::int64_t rows = h.size(0);
-    const Tensor local = lm_head_->forward_with(h, rows, transpose(wte_.weight.value, 0, 1), Tensor());   // [T', B, V_local]
+    const Tensor local = lm_head_->forward_with(h, rows, transpose(wte_.weight.operand(), 0, 1), Tensor());   // [T', B, V_local]
     Tensor logits;
     {
       dist::CommLabelScope label("lm_head");
@@ -411,6 +449,7 @@ class Gpt final : public Model {
   LayerNorm ln_f_;
   std::unique_ptr<ColumnParallelLinear> lm_head_;      // no weight of its own
   std::shared_ptr<DropoutState> dropout_;
+  std::unique_ptr<FsdpUnit> root_unit_;   // FSDP: wte, wpe, ln_f (the blocks have their own)
 };
 
 // ---- MLP stack --------------------------------------------------------------------------------------
@@ -427,6 +466,7 @@ class MlpModel final : public Model {
       mlps_.push_back(std::make_unique<Mlp>(fmt::format("h.{}.mlp", i), cfg.hidden, cfg.ffn_size(), cfg.layers, ctx_,
                                             seed, cfg.dtype));
     }
+    if (ctx_->fsdp_active()) unit_ = std::make_unique<FsdpUnit>("mlp_stack", parameters(), ctx_);   // one unit
   }
   MlpModel(const MlpModel&) = delete;
   MlpModel& operator=(const MlpModel&) = delete;
@@ -446,6 +486,7 @@ class MlpModel final : public Model {
     Tensor h = input_.detach();
     h.set_requires_grad();
     trace::Scope model_scope("mlp_stack");
+    const FsdpForwardScope gathered(unit_.get(), /*release=*/!autograd::GradMode::is_enabled());
     for (std::size_t i = 0; i < mlps_.size(); ++i) {
       const std::string name = fmt::format("h.{}", i);
       dist::CommLabelScope label(name);
@@ -470,12 +511,16 @@ class MlpModel final : public Model {
   const ModelConfig& config() const override { return cfg_; }
   void set_training(bool) override {}
   dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
+  void set_accumulating(bool on) override {
+    if (unit_) unit_->set_accumulating(on);
+  }
 
  private:
   ModelConfig cfg_;
   ParallelContextPtr ctx_;
   std::uint64_t seed_;
   std::vector<std::unique_ptr<Mlp>> mlps_;
+  std::unique_ptr<FsdpUnit> unit_;   // FSDP: every parameter, one unit
   Tensor input_;        // this rank's piece of the fixed input
   Shape input_shape_;   // the global shape it was drawn for
 };

@@ -1,6 +1,8 @@
 // The parallel context of a model and its summation-order policy (parallel_context.hpp).
 #include "meshgrad/nn/parallel_context.hpp"
 
+#include <algorithm>
+
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/shard.hpp"
@@ -32,11 +34,48 @@ const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh) {
   return mesh.group("tp");
 }
 
+namespace {
+// The axes of parameter_shard_group: those that shard some parameter, else the tp axes.
+std::vector<int> shard_group_axes(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params) {
+  dist::AxisMask mask = 0;
+  for (const Parameter* p : params) mask |= dist::sharded_axes(p->placements);
+  std::vector<int> axes;
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    const std::string& name = mesh.axes()[static_cast<std::size_t>(a)].name;
+    const bool tp_axis = name == "tp" || name == "tp_row" || name == "tp_col";
+    if (mask != 0 ? (mask & dist::axis_bit(a)) != 0 : tp_axis) axes.push_back(a);
+  }
+  return axes;
+}
+}  // namespace
+
+const dist::ProcessGroup& parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params) {
+  const std::vector<int> axes = shard_group_axes(mesh, params);
+  if (axes.empty()) return tensor_parallel_group(mesh);
+  return mesh.flattened_group(axes);
+}
+
+bool in_first_parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params) {
+  const std::vector<int> axes = shard_group_axes(mesh, params);
+  for (int a = 0; a < mesh.ndim(); ++a) {
+    if (std::find(axes.begin(), axes.end(), a) == axes.end() && mesh.coordinate(a) != 0) return false;
+  }
+  return true;
+}
+
 std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
   MG_CHECK(mesh != nullptr, "model: no mesh given");
   auto ctx = std::make_shared<ParallelContext>();
   ctx->config = config;
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
+  ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
+  if (config.shard_optimizer) {
+    MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "
+             "over the dp axis, and the mesh {} has no dp axis of more than one rank", mesh->str());
+    MG_CHECK(ctx->fsdp_axis < 0 || mesh->axis_size(ctx->fsdp_axis) == 1, "--shard-optimizer with an fsdp axis ({}): "
+             "fsdp shards the optimizer state already; use one of them", mesh->str());
+    ctx->fsdp_axis = ctx->dp_axis;
+  }
   if (mesh->has_axis("tp_row") || mesh->has_axis("tp_col")) {
     MG_CHECK(mesh->has_axis("tp_row") && mesh->has_axis("tp_col") && !mesh->has_axis("tp"),
              "model: a 2-D tensor-parallel mesh has axes tp_row and tp_col (and no tp), got {}", mesh->str());
@@ -69,7 +108,9 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
 }
 
 dist::Placements ParallelContext::replicated() const {
-  return dist::Placements(static_cast<std::size_t>(mesh->ndim()), Placement::replicate());
+  dist::Placements out(static_cast<std::size_t>(mesh->ndim()), Placement::replicate());
+  if (fsdp_axis >= 0) out[static_cast<std::size_t>(fsdp_axis)] = Placement::shard_of_piece(0);
+  return out;
 }
 
 dist::Placements ParallelContext::on_tp(Placement p) const {
@@ -97,8 +138,11 @@ Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
 }
 
 Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
-  if (dp_axis < 0 || mesh->axis_size(dp_axis) == 1) return loss;
-  return dist::mark_partial_grad(loss, dist::axis_bit(dp_axis));
+  dist::AxisMask axes = 0;
+  for (const int a : {dp_axis, fsdp_axis}) {
+    if (a >= 0 && mesh->axis_size(a) > 1) axes |= dist::axis_bit(a);
+  }
+  return dist::mark_partial_grad(loss, axes);   // axes 0: the loss itself
 }
 
 // ---- the summation-order policy ------------------------------------------------------------------

@@ -18,6 +18,15 @@ dist::PieceLayout Parameter::layout() const {
   return dist::piece_layout(full_shape, *mesh, placements, mesh->coordinates());
 }
 
+Shape Parameter::operand_shape() const {
+  MG_CHECK(mesh != nullptr, "parameter '{}' has no mesh", name);
+  dist::Placements gathered_over_fsdp = placements;
+  for (dist::Placement& pl : gathered_over_fsdp) {
+    if (pl.is_shard() && pl.of_piece) pl = dist::Placement::replicate();
+  }
+  return dist::piece_layout(full_shape, *mesh, gathered_over_fsdp, mesh->coordinates()).local_shape;
+}
+
 Tensor take_shard(const Tensor& full, const Parameter& p) {
   MG_CHECK(full.shape() == p.full_shape, "take_shard: tensor {} for parameter '{}' of full shape {}", full.str(),
            p.name, shape_str(p.full_shape));

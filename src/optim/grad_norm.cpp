@@ -171,9 +171,12 @@ double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::De
       // integer whatever the order the backend adds in.
       local.normalize();
       const dist::ProcessGroup& group = mesh.flattened_group(axes);
-      std::vector<double> counts(local.bins().begin(), local.bins().end());
-      group.comm->all_reduce(comm::MutableBuffer{counts.data(), counts.size(), DType::Float64}, comm::ReduceOp::Sum);
-      for (std::size_t e = 0; e < counts.size(); ++e) local.bins()[e] = static_cast<std::int64_t>(counts[e]);
+      std::vector<double> bins(local.bins().begin(), local.bins().end());
+      // Through dist::all_reduce, so that counters and traces see it like every other collective.
+      const Tensor counts = dist::all_reduce(Tensor::from_values(bins, {static_cast<std::int64_t>(bins.size())},
+                                                                 DType::Float64), group);
+      const double* c = counts.data<double>();
+      for (std::size_t e = 0; e < bins.size(); ++e) local.bins()[e] = static_cast<std::int64_t>(c[e]);
       // Inf / NaN squares are rare: one more scalar all-reduce keeps every rank's verdict the same.
       local.special() = dist::all_reduce(Tensor::scalar(local.special(), DType::Float64), group).item();
     }

@@ -173,6 +173,9 @@ struct GradientSynchronizer::State {
     std::vector<DType> dtypes;
     for (std::size_t k = entries.size(); k-- > 0;) {
       Entry& e = entries[k];
+      // A parameter sharded over dp (--shard-optimizer) got its dp reduction as a reduce-scatter in
+      // backward (nn/fsdp.hpp): only the replicated ones are all-reduced here.
+      if (!(e.param->replicated_axes() & dist::axis_bit(dp_axis))) continue;
       const Tensor& v = e.param->value;
       const auto elem = static_cast<std::int64_t>(dtype_size(v.dtype()));
       const bool fits = !sizes.empty() && dtypes.back() == v.dtype() &&

@@ -28,9 +28,24 @@ Storage::Storage(std::byte* external, std::size_t nbytes, std::function<void()> 
 Storage::~Storage() {
   if (release_) {
     release_();
-  } else {
+  } else if (!released_) {
     memory::deallocate(data_, nbytes_, memory_domain_);
   }
+}
+
+void Storage::release_memory() {
+  MG_CHECK(!release_, "Storage::release_memory: the memory is not the storage's own (an external buffer)");
+  if (released_) return;
+  memory::deallocate(data_, nbytes_, memory_domain_);
+  data_ = nullptr;
+  released_ = true;
+}
+
+void Storage::restore_memory() {
+  if (!released_) return;
+  data_ = static_cast<std::byte*>(memory::allocate(nbytes_));
+  memory_domain_ = memory::current_domain();
+  released_ = false;
 }
 
 Tensor Tensor::from_external(void* data, std::size_t nbytes, DType dtype, Shape shape, Strides strides,

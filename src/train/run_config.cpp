@@ -46,6 +46,8 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("overlap", parallel.overlap),
         MG_FIELD("regather", parallel.recompute_allgather),
         MG_FIELD("checkpoint-blocks", parallel.checkpoint_blocks),
+        MG_FIELD("reshard-after-forward", parallel.reshard_after_forward),
+        MG_FIELD("shard-optimizer", parallel.shard_optimizer),
         MG_FIELD("tp-invariant", parallel.tp_invariant),
         MG_FIELD("invariant-blocks", parallel.invariant_blocks),
         MG_FIELD("steps", steps),

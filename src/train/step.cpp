@@ -18,15 +18,22 @@ namespace meshgrad::train {
 
 namespace {
 
-// This rank's place on the data-parallel axis (a mesh without "dp" is one replica).
+// This rank's place among the ranks that split the batch: the dp and fsdp axes together, row-major
+// (dp outermost), so that dp=M,fsdp=F holds the rows dp=M*F would, rank for rank. A mesh without
+// either is one replica.
 struct DpPlace {
   int rank = 0;
   int size = 1;
   const dist::ProcessGroup* group = nullptr;
 };
 DpPlace dp_place(const dist::DeviceMesh& mesh) {
-  if (!mesh.has_axis("dp")) return {};
-  return {mesh.coordinate("dp"), mesh.axis_size("dp"), &mesh.group("dp")};
+  std::vector<int> axes;
+  for (const char* name : {"dp", "fsdp"}) {
+    if (mesh.has_axis(name)) axes.push_back(mesh.axis_index(name));
+  }
+  if (axes.empty()) return {};
+  const dist::ProcessGroup& group = mesh.flattened_group(axes);
+  return {group.rank(), group.size(), &group};
 }
 
 // The sum over dp of this rank's share (replicated over tp), outside the model's communication.
@@ -84,6 +91,7 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
     const nn::Batch micro = grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum);
     model.set_random_state(dropout_start);
     gradients.before_backward(k);
+    model.set_accumulating(k + 1 < grad_accum);   // FSDP: reduce the micro-batches' sum once, as dp does
     const Tensor loss = model.loss(micro, targets);
     backward(loss);
     gradients.after_backward(k);
@@ -93,8 +101,9 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   sync.finish();
   StepOutcome out;
   out.loss = losses.total();
-  // The exact norm in the tree order: its bits must not depend on how the gradient is split.
-  const bool exact = order == dist::ReduceOrder::FixedTree;
+  // The exact norm in the tree order, and wherever the batch is split (dp, fsdp): its bits must not
+  // depend on how the gradient is split, so that fsdp=N clips exactly as dp=N does.
+  const bool exact = order == dist::ReduceOrder::FixedTree || dp.size > 1;
   out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, exact)
                                 : optim::global_grad_norm(params, mesh, exact);
   optimizer.step();
@@ -145,7 +154,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   sync.finish();
   GradientDump dump;
   dump.loss = sum_over_dp(loss, dp, model.reduce_order());
-  dump.gradients = checkpoint::gather_gradients(params, nn::tensor_parallel_group(*mesh));
+  dump.gradients = checkpoint::gather_gradients(params, nn::parameter_shard_group(*mesh, params));
   return dump;
 }
 

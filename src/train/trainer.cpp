@@ -106,10 +106,15 @@ class Run {
 const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMesh& mesh) {
   MG_CHECK(o.steps >= 1, "train: --steps must be >= 1, got {}", o.steps);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
-  const int dp = mesh.has_axis("dp") ? mesh.axis_size("dp") : 1;
-  MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per dp replica "
-           "(dp={})", o.model.batch, dp);
+  // The ranks that split the batch: dp x fsdp.
+  const int dp = (mesh.has_axis("dp") ? mesh.axis_size("dp") : 1) * (mesh.has_axis("fsdp") ? mesh.axis_size("fsdp") : 1);
+  MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
+           "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());
   if (o.parallel.tp_invariant) check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
+  MG_CHECK(!(o.parallel.tp_invariant && o.grad_accum > 1 && mesh.has_axis("fsdp") && mesh.axis_size("fsdp") > 1),
+           "train: --tp-invariant with --grad-accum {} on an fsdp axis ({}) is not supported yet: the micro-batches "
+           "would have to be added in the fixed tree before the reduce-scatter; use --grad-accum 1 or dp instead of "
+           "fsdp", o.grad_accum, mesh.str());
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);
   MG_CHECK(o.eval_every >= 0 && o.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "
@@ -256,11 +261,13 @@ void Run::print_start() const {
   const nn::ParallelConfig& p = options_.parallel;
   fmt::print(stderr,
              "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
-             "[{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
+             "[{}{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
              config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
-             p.tp_invariant ? ", tp-invariant" : "", options_.steps, options_.lr, dataset().source(),
+             p.tp_invariant ? ", tp-invariant" : "",
+             p.shard_optimizer ? ", shard-optimizer" : !p.reshard_after_forward ? ", no-reshard-after-forward" : "",
+             options_.steps, options_.lr, dataset().source(),
              dataset().description(), dataset().size(), dataset().vocab());
   fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
              blas::kernel_description());   // policy set by whoever launched the ranks
@@ -379,9 +386,10 @@ void Run::finish() {
   result_.seconds = seconds_since(start_);
   result_.tokens_per_s = static_cast<double>(tokens_per_step_) * static_cast<double>(result_.losses.size()) / result_.seconds;
   result_.gflops = result_.tokens_per_s * flops_per_token_ * 1e-9;
-  if (!options_.save_path.empty() && (!mesh_->has_axis("dp") || mesh_->coordinate("dp") == 0)) {
-    // One tp group (dp coordinate 0) gathers and writes the full tensors; the replicas are identical.
-    checkpoint::save_parameters(options_.save_path, params_, nn::tensor_parallel_group(*mesh_), 0,
+  if (!options_.save_path.empty() && nn::in_first_parameter_shard_group(*mesh_, params_)) {
+    // One group of the axes that shard parameters (tp, fsdp; dp under --shard-optimizer) gathers and
+    // writes the full tensors; the replicas are identical.
+    checkpoint::save_parameters(options_.save_path, params_, nn::parameter_shard_group(*mesh_, params_), 0,
                                 interop::hf_checkpoint_metadata(config_, dataset()));
   }
 }

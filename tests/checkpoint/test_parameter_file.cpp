@@ -52,7 +52,7 @@ Tensor reference(std::size_t k, DType dtype, double offset = 0.0) {
 thread_local dist::DeviceMeshPtr current_mesh;
 
 nn::Parameter param_of(const Case& c, const Tensor& value) {
-  return {c.name, value, c.full_shape, {c.spec}, current_mesh};
+  return {c.name, value, c.full_shape, {c.spec}, current_mesh, Tensor()};
 }
 
 // This rank's piece of case k's reference (the parameter's layout on the current mesh).

@@ -18,7 +18,7 @@ set(tiny --steps 1 ${tiny_no_steps})
 set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
 
 # --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
-meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'pp'.*valid axes are dp and tp" ${mg} train --mesh pp=2 ${tiny})
+meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'pp'.*valid axes are dp, fsdp and tp" ${mg} train --mesh pp=2 ${tiny})
 meshgrad_cli_test(mesh_miscased_axis 1 "unknown axis 'TP' \\(did you mean 'tp'\\?\\)" ${mg} train --mesh TP=2 ${tiny})
 meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=4,tp=1073741825 ${tiny})

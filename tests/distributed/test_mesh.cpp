@@ -55,10 +55,23 @@ TEST(MeshSpec, TwoDimensionalGivesDpRowCol) {
   EXPECT_NE(mesh_error("dp=2x2").find("'2x2'"), std::string::npos) << "only tp is 2-D";
 }
 
-TEST(MeshSpec, OnlyDpAndTpCaseSensitive) {
-  for (const std::string spec : {"pp=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2"}) {
+TEST(MeshSpec, FsdpComesAfterDpAndBeforeTheTpAxesOnlyWhenGiven) {
+  EXPECT_EQ(axes_str(parse_mesh("fsdp=4")), "dp=1 fsdp=4 tp=1");
+  EXPECT_EQ(axes_str(parse_mesh("tp=2,fsdp=2,dp=2")), "dp=2 fsdp=2 tp=2");
+  EXPECT_EQ(axes_str(parse_mesh("dp=2,fsdp=2,tp=2x2")), "dp=2 fsdp=2 tp_row=2 tp_col=2");
+  EXPECT_EQ(mesh_world_size("dp=2,fsdp=3,tp=2x2"), 24);
+  for (const std::string spec : {"fsdp=4", "fsdp=2,tp=2", "dp=2,fsdp=2,tp=2", "dp=3,fsdp=2,tp=2x2", "fsdp=1"}) {
+    EXPECT_EQ(mesh_spec(parse_mesh(spec)), spec == "fsdp=4" ? "fsdp=4,tp=1" : spec == "fsdp=1" ? "fsdp=1,tp=1" : spec);
+  }
+  EXPECT_NE(mesh_error("fsdp=2x2").find("'2x2'"), std::string::npos) << "only tp is 2-D";
+  EXPECT_NE(mesh_error("fsdp=2,fsdp=2").find("appears twice"), std::string::npos);
+  EXPECT_NE(mesh_error("FSDP=2").find("did you mean 'fsdp'"), std::string::npos);
+}
+
+TEST(MeshSpec, OnlyDpFsdpAndTpCaseSensitive) {
+  for (const std::string spec : {"pp=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2"}) {
     const std::string msg = mesh_error(spec);
-    EXPECT_NE(msg.find("valid axes are dp and tp"), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find("valid axes are dp, fsdp and tp"), std::string::npos) << spec << ": " << msg;
     EXPECT_NE(msg.find(spec), std::string::npos) << "names the spec: " << msg;
   }
   EXPECT_NE(mesh_error("TP=2").find("did you mean 'tp'"), std::string::npos);

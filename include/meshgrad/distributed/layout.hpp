@@ -3,7 +3,9 @@
 // extent; an axis placed S(d) (with blocks and units, placement.hpp) holds its part of dim d. Two or
 // more axes that shard the same dim split it as ONE axis of their product, in mesh order with the
 // first axis outermost, i.e. by the rank of mesh.make_group(those axes) (a vocabulary split over the
-// whole tp grid of a 2-D mesh).
+// whole tp grid of a 2-D mesh). An axis placed Sp(d) (FSDP) then splits dim d of that piece by
+// the shard rule: its part is a run of the piece's elements along d, so the pieces of every fsdp
+// coordinate, concatenated along d in coordinate order, are the piece of the other axes.
 #pragma once
 
 #include <vector>

@@ -43,7 +43,10 @@ struct MeshAxis {
 //   "dp=M,tp=N"     [dp=M, tp=N]: dp outermost, tp innermost, so tp groups are adjacent ranks
 //   "tp=RxC"        [dp=1, tp_row=R, tp_col=C]: 2-D tensor parallelism (no plain "tp" axis then)
 //   "dp=M,tp=RxC"   [dp=M, tp_row=R, tp_col=C]
-// A missing dp or tp is size 1, so models always find both. The axis names are dp and tp
+//   "fsdp=F,..."    adds [fsdp=F] after dp, before the tp axes: sharded data parallelism (the
+//                   parameters, gradients and optimizer state split over it, nn/fsdp.hpp); "dp=M,fsdp=F"
+//                   is HSDP, M replicas of an F-way sharded model. Present only when given.
+// A missing dp or tp is size 1, so models always find both. The axis names are dp, fsdp and tp
 // (case-sensitive): anything else is refused, since an unknown axis would be silently ignored.
 
 // The most ranks a mesh may have. Checked before anything is allocated (the threads backend

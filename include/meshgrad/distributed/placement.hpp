@@ -32,19 +32,26 @@ struct Placement {
   // split); this coordinate's piece is its part of every block, concatenated. 1, 1: a plain shard.
   int blocks = 1;
   std::int64_t unit = 1;
+  // Shard only: the axis splits dim `dim` of the piece the other axes leave (by the shard rule, over
+  // its local extent), not the full dim: FSDP's placement on the fsdp axis, applied after tensor
+  // parallelism, so that gathering it over fsdp gives back exactly the tensor-parallel piece the
+  // layers compute with (PyTorch DTensor calls this a strided shard). Prints Sp(d).
+  bool of_piece = false;
 
   static Placement shard(int d, int blocks = 1, std::int64_t unit = 1) { return {Kind::Shard, d, blocks, unit}; }
+  static Placement shard_of_piece(int d) { return {Kind::Shard, d, 1, 1, true}; }
   static Placement replicate() { return {Kind::Replicate, 0}; }
   static Placement partial() { return {Kind::Partial, 0}; }
   bool is_shard() const { return kind == Kind::Shard; }
   bool is_shard(int d) const { return kind == Kind::Shard && dim == d; }
   bool is_replicate() const { return kind == Kind::Replicate; }
   bool is_partial() const { return kind == Kind::Partial; }
-  bool is_plain_shard() const { return is_shard() && blocks == 1 && unit == 1; }
+  bool is_plain_shard() const { return is_shard() && blocks == 1 && unit == 1 && !of_piece; }
   bool operator==(const Placement& o) const {
-    return kind == o.kind && (kind != Kind::Shard || (dim == o.dim && blocks == o.blocks && unit == o.unit));
+    return kind == o.kind &&
+           (kind != Kind::Shard || (dim == o.dim && blocks == o.blocks && unit == o.unit && of_piece == o.of_piece));
   }
-  std::string str() const;   // "S(0)", "S(1)x3/64" (3 blocks in units of 64), "R", "P"
+  std::string str() const;   // "S(0)", "S(1)x3/64" (3 blocks in units of 64), "Sp(0)", "R", "P"
   // The ranges of a dim of extent `full` that part `index` of `parts` holds, one per block, in
   // order. Throws when the extent is not `blocks` blocks of whole units.
   std::vector<ShardRange> ranges(std::int64_t full, int parts, int index) const;
@@ -56,7 +63,7 @@ inline Placement Replicate() { return Placement::replicate(); }
 inline Placement Partial() { return Placement::partial(); }
 
 std::string placements_str(const Placements& p);   // "[S(0), R]"
-// Parses "S(0)", "R", "P"; throws naming the text.
+// Parses "S(0)", "Sp(0)", "R", "P"; throws naming the text.
 Placement parse_placement(const std::string& text);
 
 // The annotation on a gradient tensor. Summing gradients with different masks is refused: the

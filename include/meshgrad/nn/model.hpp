@@ -53,6 +53,15 @@ struct ParallelConfig {
   // thread per rank (its results depend on the thread count).
   bool tp_invariant = false;
   int invariant_blocks = 4;
+  // FSDP (a mesh with fsdp > 1, nn/fsdp.hpp): give each block's gathered parameters back after its
+  // forward and gather them again for its backward (ZeRO-3's memory); false keeps them from forward
+  // to backward (--no-reshard-after-forward: one gather fewer per block and step, ZeRO-2's memory).
+  bool reshard_after_forward = true;
+  // ZeRO on the dp axis (--shard-optimizer): the parameters' shards, gradients and AdamW moments are
+  // Sp(0) on dp as on an fsdp axis, but every rank keeps the whole parameters between steps, gathered
+  // once per step after the update (lazily, at the next forward): plain dp's memory for parameters,
+  // 1/dp of it for gradients and moments, no gather in backward. Needs dp > 1 and no fsdp axis.
+  bool shard_optimizer = false;
 };
 
 // One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch). Its rows
@@ -99,6 +108,11 @@ class Model {
   // it so that a resumed run draws the masks of the run never stopped.
   virtual std::uint64_t random_state() const { return 0; }
   virtual void set_random_state(std::uint64_t /*state*/) {}
+  // Gradient accumulation under FSDP (nn/fsdp.hpp): while on, backward sums the gathered
+  // parameters' gradients unsharded and reduces nothing; the backward after it is turned off reduces
+  // the whole sum, as dp reduces .grad once. Every rank switches at the same micro-batch. No effect
+  // without an fsdp axis.
+  virtual void set_accumulating(bool /*on*/) {}
 
   // ---- inference (GPT only; the others throw InvalidArgument naming their kind) --------------------
   // An empty cache for `batch` sequences (collective-free; allocates the whole capacity).

@@ -44,6 +44,9 @@ struct ParallelContext {
   int tp_axis = -1;                  // 1-D
   int row_axis = -1, col_axis = -1;  // 2-D
   int dp_axis = -1;                  // -1: no dp axis
+  // The axis parameters are sharded over for data parallelism (nn/fsdp.hpp): fsdp, or dp under
+  // --shard-optimizer; -1: none.
+  int fsdp_axis = -1;
   ParallelConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
@@ -55,16 +58,29 @@ struct ParallelContext {
   const dist::ProcessGroup& row() const { return mesh->group(row_axis); }
   const dist::ProcessGroup& col() const { return mesh->group(col_axis); }
   bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
+  // Parameters are sharded over an fsdp axis of more than one rank and gathered per unit (fsdp.hpp).
+  bool fsdp_active() const { return fsdp_axis >= 0 && mesh->axis_size(fsdp_axis) > 1; }
+  // Whether an FSDP unit gives its gathered bytes back after its forward (see fsdp.hpp): yes unless
+  // --no-reshard-after-forward, and not under block checkpointing, whose recomputation in backward
+  // is followed at once by the block's backward.
+  bool reshard_after_forward() const {
+    return config.reshard_after_forward && !config.checkpoint_blocks && !config.shard_optimizer;
+  }
+  // --shard-optimizer: the units keep their gathered parameters from step to step, and gather again
+  // only when a shard changed (the optimizer stepped it).
+  bool keeps_gathered_parameters() const { return config.shard_optimizer; }
   // Placements of a parameter: replicated everywhere; `p` on the tp axis (1-D) or on both grid
   // axes (2-D: the dim split over the whole grid); or p_row on tp_row and p_col on tp_col (2-D).
+  // With an fsdp axis every parameter is Sp(0) there (replicated() included: FSDP shards them all).
   dist::Placements replicated() const;
   dist::Placements on_tp(dist::Placement p) const;
   dist::Placements on_grid(dist::Placement p_row, dist::Placement p_col) const;
   // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data
   // whose rows are disjoint over tp, such as the position table: its sum is exact in any order).
   Tensor partial_over_tp(const Tensor& x) const;
-  // Marks a loss partial over dp: each replica's loss is its share of the global one, so every
-  // gradient arrives partial over dp and the synchroniser reduces it by the one rule.
+  // Marks a loss partial over the axes that split the batch, dp and fsdp: each replica's loss is its
+  // share of the global one, so every gradient arrives partial there; the FSDP units reduce-scatter
+  // over fsdp and the synchroniser all-reduces over dp, both by the one rule.
   Tensor loss_partial_over_dp(const Tensor& loss) const;
 
   // ---- the summation-order policy (ParallelConfig::tp_invariant; docs/tp-invariance.md) ----------
@@ -99,5 +115,12 @@ using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
 // The whole tensor-parallel group of a mesh: the "tp" axis, or both axes of a 2-D grid (tp_row and
 // tp_col). Collective over the mesh on first use for a grid (every rank calls it in the same order).
 const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
+// The group of every mesh axis that shards some parameter of `params` (tp, fsdp, and dp under
+// --shard-optimizer): the group a full parameter is gathered over, which one rank of writes it. The
+// tensor-parallel group when none is sharded. Collective on first use, as above.
+const dist::ProcessGroup& parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params);
+// Whether this rank lies in the first such group: coordinate 0 on every axis that shards no
+// parameter (the replicas hold the same values: one group gathers and writes them).
+bool in_first_parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params);
 
 }  // namespace meshgrad::nn

@@ -26,6 +26,13 @@ struct Parameter {
   Shape full_shape;
   dist::Placements placements;    // one per mesh axis (never P)
   dist::DeviceMeshPtr mesh;
+  // FSDP (nn/fsdp.hpp): while its unit runs forward, the piece gathered over the fsdp axis (the
+  // tensor-parallel piece the layers compute with, recorded so that its gradient is reduce-scattered
+  // back to `value`); undefined otherwise.
+  Tensor gathered;
+
+  // The tensor layers compute with: the gathered piece under FSDP, else value itself.
+  const Tensor& operand() const { return gathered.defined() ? gathered : value; }
 
   // The mesh axes the parameter is replicated on: its gradient must be complete there before an
   // optimizer step (the synchroniser reduces it by the one rule).
@@ -33,6 +40,9 @@ struct Parameter {
   bool sharded() const { return dist::sharded_axes(placements) != 0; }
   // This rank's layout of the full tensor.
   dist::PieceLayout layout() const;
+  // The shape of operand(): value's, or under FSDP the piece gathered over fsdp (the layout with the
+  // Sp placements read as R).
+  Shape operand_shape() const;
 };
 
 // This rank's piece of a full tensor for p (a packed copy; int64 and floats alike).

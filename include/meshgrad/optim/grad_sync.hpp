@@ -16,6 +16,11 @@
 //                  grad(p1) ready -> bucket 1 ...                                     overlaps the rest of backward
 //   finish():  wait every reduction (each with the communicator's deadline); param.grad = its slot
 //
+// Parameters sharded over a data-parallel axis (FSDP's fsdp axis, or dp under --shard-optimizer;
+// nn/fsdp.hpp) arrive already reduce-scattered there by the rule's backward of their gather: the
+// synchroniser reduces only the axes a parameter is replicated on, so it all-reduces them over dp
+// (HSDP) or not at all.
+//
 // Why a SUM over dp and not an average: Model::loss divides by the *global* token count, so each
 // rank's loss is already its share of the global mean and the global gradient is the plain sum of
 // the per-rank gradients. Averaging would divide by dp a second time.

@@ -44,6 +44,15 @@ class Storage {
   std::byte* data() const { return data_; }
   std::size_t nbytes() const { return nbytes_; }
 
+  // FSDP's reshard (nn/fsdp.hpp): release_memory() gives the bytes back while every handle on the
+  // storage stays valid (a graph that saved a gathered parameter keeps its handle); restore_memory()
+  // takes fresh bytes of the same size, whose contents are undefined until written (the gather that
+  // refills them). In between data() is nullptr, so the owner must restore before anyone reads.
+  // Owned memory only; each call is a no-op when the storage already is in that state.
+  void release_memory();
+  void restore_memory();
+  bool resident() const { return !released_; }
+
   // How many in-place writes these bytes have seen. Atomic (relaxed): rank threads of the threads
   // backend may hold handles to one storage, and a counter must never tear or lose a bump even
   // where the data writes themselves are ordered by the caller. Relaxed is enough: the counter
@@ -55,6 +64,7 @@ class Storage {
   std::byte* data_;
   std::size_t nbytes_;
   std::function<void()> release_;   // set for external memory
+  bool released_ = false;           // release_memory() gave the bytes back
   int memory_domain_;   // the allocator's accounting domain it was counted in (allocator.hpp)
   std::atomic<std::uint64_t> version_{0};
 };
