@@ -7,6 +7,7 @@
 #include "dist_test_util.hpp"
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/layout.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 #include <fmt/format.h>
@@ -185,4 +186,36 @@ TEST(PendingTensor, DroppedInFlightWaitsBeforeFreeingItsBuffers) {
     }   // dropped without wait()
     EXPECT_TRUE(peer_joined.load()) << "the PendingTensor went before its operation finished";
   });
+}
+
+// Sp(0) on fsdp splits the piece the tp axis leaves, not the full dim: gathering the fsdp pieces in
+// coordinate order gives back exactly the tp piece (uneven counts by the shard rule, fused blocks
+// kept whole), and gather_pieces over both axes gives back the full tensor.
+TEST(Layout, ShardOfPieceSplitsTheTensorParallelPieceAndGathersBack) {
+  EXPECT_EQ(parse_placement("Sp(0)"), Placement::shard_of_piece(0));
+  EXPECT_EQ(Placement::shard_of_piece(1).str(), "Sp(1)");
+  EXPECT_FALSE(Placement::shard_of_piece(0) == Placement::shard(0));
+  EXPECT_THROW(parse_placement("Sp(x)"), InvalidArgument);
+  const std::vector<MeshAxis> axes{{"dp", 1}, {"fsdp", 3}, {"tp", 2}};
+  struct Case {
+    Shape full;
+    Placement tp;
+  };
+  // c_proj-like rows split by tp then fsdp; c_attn-like bias: 3 blocks of heads of 2 on tp, then fsdp.
+  for (const Case& c : {Case{{10, 4}, Shard(0)}, Case{{7, 5}, Shard(1)}, Case{{24}, Placement::shard(0, 3, 2)}}) {
+    const Placements with_fsdp{Replicate(), Placement::shard_of_piece(0), c.tp};
+    const Placements tp_only{Replicate(), Replicate(), c.tp};
+    const Tensor full = meshgrad::testing::global_randn(c.full, 3);
+    run_on_mesh(6, [&](const DeviceMeshPtr& mesh) {
+      const PieceLayout piece = piece_layout(c.full, *mesh, with_fsdp, mesh->coordinates());
+      const PieceLayout tp_piece = piece_layout(c.full, *mesh, tp_only, mesh->coordinates());
+      const Tensor mine = take_piece(full, piece);
+      // Rows f of the tp piece by the shard rule.
+      const ShardRange rows = shard_range(tp_piece.local_shape[0], 3, mesh->coordinate("fsdp"));
+      const Tensor expected = take_piece(full, tp_piece).narrow(0, rows.offset, rows.size);
+      EXPECT_TRUE(bitwise_equal(mine, expected.contiguous())) << shape_str(c.full) << " " << c.tp.str();
+      const Tensor again = gather_pieces(mine, c.full, *mesh, with_fsdp);
+      EXPECT_TRUE(bitwise_equal(again, full)) << shape_str(c.full) << " " << c.tp.str();
+    }, axes);
+  }
 }
