@@ -1,8 +1,10 @@
-// `meshgrad bench memory`: peak tensor memory per rank of GPT training steps at tp = 1, 2, 4, ...
-// next to the ideal (parameters, gradients and AdamW's two moments divided by tp, plus the
-// activations one step keeps for backward, from the formula below).
+// `meshgrad bench memory`: peak tensor memory per rank of GPT training steps at tp = 1, 2, 4, ... or
+// on any meshes (fsdp, dp with --shard-optimizer), next to the ideal (parameters, gradients and
+// AdamW's two moments divided by the ranks that shard them, plus the activations one step keeps for
+// backward, from the formula below).
 //
 //   meshgrad bench memory --mesh tp=1,2,4 --layers 4 --hidden 256 --heads 8 --seq 128 --batch 8
+//   meshgrad bench memory --mesh 'dp=2;dp=2+shard-optimizer;fsdp=2;fsdp=2,tp=2;dp=2,tp=2'
 //
 // Measured: every rank thread allocates in its own accounting domain of the caching allocator
 // (tensor/allocator.hpp), so a rank's peak is the most bytes its tensors held at once (size-class
@@ -10,9 +12,10 @@
 // gradient synchronisation, AdamW). The process's peak RSS (VmHWM, all ranks, allocator cache and
 // everything else included) is shown beside it.
 //
-// Ideal per rank, es = bytes per element, N = parameters of the full model, S = B T tokens, C =
-// hidden, F = ffn, H = heads, V = vocab, L = layers, t = tp:
-//   states      = 4 N es / t        (parameters, gradients, AdamW m and v, each sharded 1/t)
+// Ideal per rank, es = bytes per element, N = parameters of the full model, S = B T / (dp fsdp) tokens
+// (the rank's rows), C = hidden, F = ffn, H = heads, V = vocab, L = layers, t = tp, f = fsdp:
+//   states      = 4 N es / (t f)    (parameters, gradients, AdamW m and v, each sharded 1/(t f); with
+//                                    --shard-optimizer the last three 1/(t dp) instead)
 //   activations = es [ L (4 S C + S (5 C + 2 F) / t + 4 S + S H / t) + 2 S C + S V / t + 3 S ]
 // which is what the graph saves for backward (see docs/BENCHMARKS.md): per block the inputs of ln_1
 // and ln_2 (x and h) and of c_attn and c_fc (their outputs), replicated [S, C] each, 2 x 2 S
@@ -36,6 +39,7 @@
 #include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 #include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/data/dataset.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -53,25 +57,55 @@ struct BenchMemoryOptions {
   bool sequence_parallel = false;
 };
 
-// "tp=1,2,4" -> {1, 2, 4}.
-std::vector<int> parse_tp_list(const std::string& spec) {
-  MG_CHECK(spec.rfind("tp=", 0) == 0 && spec.size() > 3, "bench memory: --mesh must be tp=N[,N...], e.g. tp=1,2,4; "
-           "got '{}'", spec);
-  std::vector<int> out;
-  std::stringstream ss(spec.substr(3));
-  for (std::string item; std::getline(ss, item, ',');) {
-    std::size_t used = 0;
-    int v = 0;
-    try {
-      v = std::stoi(item, &used);
-    } catch (const std::exception&) {
-      used = 0;
+// One mesh to measure: its spec and whether the optimizer is sharded over dp (--shard-optimizer).
+struct MeshItem {
+  std::string spec;
+  bool shard_optimizer = false;
+  std::string label() const { return shard_optimizer ? spec + " zero" : spec; }
+};
+
+// "tp=1,2,4" -> tp=1, tp=2, tp=4 (the tensor-parallel sweep); otherwise meshes separated by ';' or blanks, each
+// with an optional "+shard-optimizer": "dp=2;dp=2+shard-optimizer;fsdp=2;fsdp=2,tp=2".
+std::vector<MeshItem> parse_mesh_list(const std::string& spec) {
+  std::vector<MeshItem> out;
+  const std::string rest = spec.size() > 3 ? spec.substr(3) : "";
+  const bool tp_sweep = spec.rfind("tp=", 0) == 0 && rest.find_first_of("=; ") == std::string::npos &&
+                        (rest.find(',') != std::string::npos ||
+                         std::all_of(rest.begin(), rest.end(), [](char c) { return c >= '0' && c <= '9'; }));
+  if (tp_sweep) {
+    std::stringstream ss(spec.substr(3));
+    for (std::string item; std::getline(ss, item, ',');) {
+      std::size_t used = 0;
+      int v = 0;
+      try {
+        v = std::stoi(item, &used);
+      } catch (const std::exception&) {
+        used = 0;
+      }
+      MG_CHECK(used == item.size() && !item.empty() && v >= 1 && v < memory::kMaxDomains,
+               "bench memory: --mesh {}: '{}' is not a tp size (an integer from 1 to {})", spec, item,
+               memory::kMaxDomains - 1);
+      out.push_back({fmt::format("tp={}", v), false});
     }
-    MG_CHECK(used == item.size() && !item.empty() && v >= 1 && v < memory::kMaxDomains,
-             "bench memory: --mesh {}: '{}' is not a tp size (an integer from 1 to {})", spec, item,
-             memory::kMaxDomains - 1);
-    out.push_back(v);
+    return out;
   }
+  std::string items = spec;   // ';' or blanks between meshes
+  std::replace(items.begin(), items.end(), ';', ' ');
+  std::stringstream ss(items);
+  for (std::string item; ss >> item;) {
+    MeshItem m;
+    const std::string suffix = "+shard-optimizer";
+    if (item.size() > suffix.size() && item.compare(item.size() - suffix.size(), suffix.size(), suffix) == 0) {
+      m.shard_optimizer = true;
+      item.resize(item.size() - suffix.size());
+    }
+    const int ranks = dist::mesh_world_size(item);   // throws naming the spec and the valid axes
+    MG_CHECK(ranks < memory::kMaxDomains, "bench memory: --mesh {}: {} ranks, at most {}", item, ranks,
+             memory::kMaxDomains - 1);
+    m.spec = item;
+    out.push_back(m);
+  }
+  MG_CHECK(!out.empty(), "bench memory: --mesh names no mesh, e.g. tp=1,2,4 or 'dp=2;fsdp=2'");
   return out;
 }
 
@@ -94,17 +128,30 @@ void reset_peak_rss() {
 
 struct Ideal {
   double states = 0, activations = 0;
+  double gradients = 0;   // part of states
   double total() const { return states + activations; }
 };
 
-Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, int tp, bool sequence_parallel) {
+// Per rank on a mesh of t = tp ranks (both grid axes for tp=RxC), d = dp and f = fsdp: the batch
+// rows split over d f; parameters, gradients and moments split over t f (and, with the optimizer
+// sharded over dp, gradients and moments over t d).
+Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& item, bool sequence_parallel) {
+  int tp = 1, dp = 1, fsdp = 1;
+  for (const dist::MeshAxis& a : dist::parse_mesh(item.spec)) {
+    if (a.name == "dp") dp = a.size;
+    else if (a.name == "fsdp") fsdp = a.size;
+    else tp *= a.size;
+  }
   const double es = static_cast<double>(dtype_size(c.dtype));
-  const double S = double(c.seq) * c.batch, C = c.hidden, F = c.ffn_size(), H = c.heads, V = c.vocab, t = tp;
+  const double rows = double(c.batch) / (dp * fsdp);
+  const double S = double(c.seq) * rows, C = c.hidden, F = c.ffn_size(), H = c.heads, V = c.vocab, t = tp;
   // Under sequence parallelism the LayerNorm inputs and statistics are sharded along the sequence;
   // the column layers still keep their gathered [S, C] inputs.
   const double sp = sequence_parallel ? t : 1;
   Ideal i;
-  i.states = 4 * n_params * es / t;
+  const double optimizer_shards = item.shard_optimizer ? t * dp : t * fsdp;
+  i.states = n_params * es / (t * fsdp) + 3 * n_params * es / optimizer_shards;
+  i.gradients = n_params * es / optimizer_shards;
   i.activations = es * (c.layers * (2 * S * C / sp + 2 * S * C + S * (5 * C + 2 * F) / t + 4 * S / sp + S * H / t) +
                         S * C / sp + S * C + S * V / t + 2 * S / sp + S);
   return i;
@@ -119,29 +166,31 @@ struct RankFigures {
 };
 
 struct TpFigures {
-  int tp = 0;
+  MeshItem mesh;
   double n_params = 0;
   std::vector<RankFigures> ranks;
   std::size_t peak_rss = 0;
 };
 
-TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, int tp) {
+TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, const MeshItem& item) {
   TpFigures fig;
-  fig.tp = tp;
-  fig.ranks.resize(static_cast<std::size_t>(tp));
+  fig.mesh = item;
+  const int ranks = dist::mesh_world_size(item.spec);
+  fig.ranks.resize(static_cast<std::size_t>(ranks));
   memory::release_cached();   // RSS of this run should not include the previous run's cached blocks
   memory::reset_peaks();
   reset_peak_rss();
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = o.sequence_parallel;
+  parallel.shard_optimizer = item.shard_optimizer;
   std::mutex mu;
-  launch::run_on_backend("threads", tp, [&](const comm::CommunicatorPtr& world) {
+  launch::run_on_backend("threads", ranks, [&](const comm::CommunicatorPtr& world) {
     const int r = world->rank();
     // Domain r + 1: 0 is every other thread's (the launcher's, the executor's).
     const memory::ScopedDomain domain(r + 1);
     RankFigures mine;
     {
-      auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", tp}});
+      auto mesh = std::make_shared<const dist::DeviceMesh>(world, dist::parse_mesh(item.spec));
       auto model = nn::make_model(cfg, parallel, mesh, /*seed=*/1);
       const std::vector<nn::Parameter*> params = model->parameters();
       for (const nn::Parameter* p : params) {
@@ -166,8 +215,17 @@ TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, int t
       optimizer.zero_grad();
       memory::reset_peak(r + 1);
       // The step by hand (train_step's body without clipping) to see what the forward pass keeps.
+      nn::Batch share = batch;   // this rank's rows: the batch is split over dp x fsdp
+      std::vector<int> batch_axes;
+      for (const char* name : {"dp", "fsdp"}) {
+        if (mesh->has_axis(name)) batch_axes.push_back(mesh->axis_index(name));
+      }
+      if (!batch_axes.empty()) {
+        const dist::ProcessGroup& rows = mesh->flattened_group(batch_axes);
+        share = data::dp_shard(batch, rows.rank(), rows.size());
+      }
       const std::size_t before = memory::domain_stats(r + 1).live_bytes;
-      Tensor loss = model->loss(batch, std::int64_t(cfg.batch) * cfg.seq);
+      Tensor loss = model->loss(share, std::int64_t(cfg.batch) * cfg.seq);
       mine.saved_bytes = memory::domain_stats(r + 1).live_bytes - before;
       backward(loss);
       loss = Tensor();
@@ -192,28 +250,29 @@ TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, int t
 double mib(double bytes) { return bytes / double(1 << 20); }
 
 int run_bench_memory(const BenchMemoryOptions& o) {
-  const std::vector<int> tps = parse_tp_list(o.mesh);
+  const std::vector<MeshItem> meshes = parse_mesh_list(o.mesh);
   MG_CHECK(o.steps >= 1, "bench memory: --steps must be >= 1, got {}", o.steps);
   const nn::ModelConfig cfg =
       nn::ModelConfig::gpt(o.layers, o.hidden, o.heads, o.vocab, o.seq, o.batch, parse_dtype(o.dtype));
   fmt::print("meshgrad bench memory: GPT layers {} hidden {} heads {} seq {} batch {} vocab {} {}{}, {} training "
              "step(s), threads backend\n", cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.batch, cfg.vocab, o.dtype,
              o.sequence_parallel ? ", sequence-parallel" : "", o.steps);
-  fmt::print("per rank, MiB. ideal: states = 4 N es / tp (parameters, gradients, AdamW m and v), act = activations "
+  fmt::print("per rank, MiB. ideal: states = N es / (tp fsdp) parameters + 3 N es / (tp fsdp) gradients and AdamW m "
+             "and v (/ (tp dp) with zero = --shard-optimizer), act = activations of the rank's rows "
              "one step saves (formula in docs/BENCHMARKS.md); measured: the rank's tensor bytes (caching allocator, "
              "one accounting domain per rank thread)\n");
-  fmt::print("{:>3} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>10} | {:>8} {:>9} {:>9} | {:>8}\n", "tp", "params",
+  fmt::print("{:<22} {:>8} {:>8} {:>8} {:>8} | {:>8} {:>8} {:>10} | {:>8} {:>9} {:>9} | {:>8}\n", "mesh", "params",
              "states", "act", "ideal", "resident", "peak", "peak/ideal", "saved", "grads+act", "step-pmv", "RSS");
-  for (int tp : tps) {
-    const TpFigures fig = measure(o, cfg, tp);
-    const Ideal ideal = ideal_bytes(cfg, fig.n_params, tp, o.sequence_parallel);
+  for (const MeshItem& item : meshes) {
+    const TpFigures fig = measure(o, cfg, item);
+    const Ideal ideal = ideal_bytes(cfg, fig.n_params, item, o.sequence_parallel);
     RankFigures worst;   // the rank with the highest peak
     for (const RankFigures& r : fig.ranks) {
       if (r.peak_bytes >= worst.peak_bytes) worst = r;
     }
-    const double grads = ideal.states / 4;
-    fmt::print("{:>3} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.2f} {:>8.2f} {:>10.2f} | {:>8.2f} {:>9.2f} {:>9.2f} | "
-               "{:>8.1f}\n", tp, mib(double(worst.params_bytes)), mib(ideal.states), mib(ideal.activations),
+    const double grads = ideal.gradients;
+    fmt::print("{:<22} {:>8.2f} {:>8.2f} {:>8.2f} {:>8.2f} | {:>8.2f} {:>8.2f} {:>10.2f} | {:>8.2f} {:>9.2f} {:>9.2f} | "
+               "{:>8.1f}\n", item.label(), mib(double(worst.params_bytes)), mib(ideal.states), mib(ideal.activations),
                mib(ideal.total()), mib(double(worst.resident_bytes)), mib(double(worst.peak_bytes)),
                double(worst.peak_bytes) / ideal.total(), mib(double(worst.saved_bytes)), mib(grads + ideal.activations),
                mib(double(worst.step_extra)), mib(double(fig.peak_rss)));
@@ -229,7 +288,9 @@ int run_bench_memory(const BenchMemoryOptions& o) {
 
 CommandSetup setup = [](CLI::App& app) {
   auto o = std::make_shared<BenchMemoryOptions>();
-  app.add_option("--mesh", o->mesh, "tensor-parallel sizes to measure, tp=N[,N...]")->capture_default_str();
+  app.add_option("--mesh", o->mesh, "meshes to measure: tensor-parallel sizes tp=N[,N...], or meshes separated by "
+                 "';' or blanks, each optionally +shard-optimizer, e.g. 'dp=2;dp=2+shard-optimizer;fsdp=2;fsdp=2,tp=2'")
+      ->capture_default_str();
   app.add_option("--layers", o->layers, "transformer blocks")->check(at_least(1))->capture_default_str();
   app.add_option("--hidden", o->hidden, "model width")->check(at_least(1))->capture_default_str();
   app.add_option("--heads", o->heads, "attention heads")->check(at_least(1))->capture_default_str();
@@ -245,7 +306,7 @@ CommandSetup setup = [](CLI::App& app) {
 };
 
 MESHGRAD_REGISTER_COMMAND(bench_memory, {"bench", "memory",
-    "peak tensor memory per rank at several tp sizes next to the ideal (states / tp + activations)", setup});
+    "peak tensor memory per rank on several meshes next to the ideal (sharded states + activations)", setup});
 
 }  // namespace
 }  // namespace meshgrad::tools

@@ -114,10 +114,13 @@ meshgrad_cli_test(bench_iters_negative 105 "--iters: must be an integer >= 0, go
 meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too large"
                   ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)
 # bench memory: one row per tp size; a --mesh it cannot read is named.
-meshgrad_cli_test(bench_memory_tiny 0 "peak/ideal.* 1 +[0-9.]+ +[0-9.]+.* 2 +[0-9.]+ +[0-9.]+.*RSS proc"
+meshgrad_cli_test(bench_memory_tiny 0 "peak/ideal.*tp=1 +[0-9.]+ +[0-9.]+.*tp=2 +[0-9.]+ +[0-9.]+.*RSS proc"
                   ${mg} bench memory --mesh tp=1,2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 2 --vocab 64)
-meshgrad_cli_test(bench_memory_not_tp 1 "--mesh must be tp=N\\[,N...\\], e.g. tp=1,2,4; got 'dp=2'"
-                  ${mg} bench memory --mesh dp=2)
+# Any meshes, fsdp and the sharded optimizer included, one row each.
+meshgrad_cli_test(bench_memory_meshes 0 "peak/ideal.*dp=2 +[0-9.]+.*dp=2 zero +[0-9.]+.*fsdp=2,tp=2 +[0-9.]+.*RSS proc"
+                  ${mg} bench memory --mesh "dp=2 dp=2+shard-optimizer fsdp=2,tp=2" --layers 1 --hidden 32 --heads 4
+                  --seq 16 --batch 2 --vocab 64)
+meshgrad_cli_test(bench_memory_not_a_mesh 1 "unknown axis 'pp'" ${mg} bench memory --mesh "dp=2 pp=2")
 meshgrad_cli_test(bench_memory_bad_size 1 "--mesh tp=1,x: 'x' is not a tp size" ${mg} bench memory --mesh tp=1,x)
 
 # An allocation that fails says what ran out and what to change, not just "std::bad_alloc". The

@@ -78,3 +78,17 @@ if(MESHGRAD_WITH_MPI)
   set_tests_properties(train_multihost_cleanup PROPERTIES LABELS "train;mpi;multihost" TIMEOUT 60
                        FIXTURES_CLEANUP multihost_netns)
 endif()
+
+# Sharded data parallelism end to end (tests/cli/cli_fsdp.sh): fsdp=2 and --shard-optimizer bitwise as
+# dp=2, a sharded checkpoint resumed on another mesh, the trace, refusals; with MPI the same runs
+# under mpirun, bitwise against the threads runs.
+add_test(NAME train_cli_fsdp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_fsdp.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_fsdp)
+set_tests_properties(train_cli_fsdp PROPERTIES LABELS train TIMEOUT 180)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_fsdp_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_fsdp.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_fsdp_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_fsdp_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240)
+endif()
