@@ -3,10 +3,12 @@
 
 #include <fmt/format.h>
 
+#include <deque>
 #include <utility>
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/autograd/node.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
@@ -15,12 +17,39 @@
 
 namespace meshgrad::nn {
 
+// The reduce-scatters a model's units left in flight during one backward (see FsdpReductions in
+// fsdp.hpp): each unit's gradients leave as async reduce-scatters that overlap the next unit's
+// backward, and are delivered to the shards' leaves (the engine's accumulation and hooks, so the
+// gradient synchroniser sees them as any other) by the next unit's backward, or by the model's own
+// unit, whose backward is the last.
+struct FsdpReductions {
+  struct InFlight {
+    Tensor leaf;                  // the shard the gradient belongs to
+    dist::PendingTensor shard;    // its reduce-scatter
+    dist::AxisMask partial = 0;   // the axes the result is still partial on (dp)
+  };
+  std::deque<InFlight> queue;
+
+  // Waits for every reduction in flight (each bounded by the communicator's deadline) and delivers it.
+  void deliver() {
+    while (!queue.empty()) {
+      InFlight f = std::move(queue.front());
+      queue.pop_front();
+      Tensor g = f.shard.wait();
+      dist::set_partial_axes(g, f.partial);
+      autograd::grad_accumulator(f.leaf)->apply(TensorList{std::move(g)});
+    }
+  }
+};
+
 // What a unit and the graph nodes it records share (nodes hold it, so a graph never points into a
 // unit that died; the parameters themselves are reached only from the unit's calls).
 struct FsdpUnitState {
   std::string name;
   std::vector<Parameter*> params;
   ParallelContextPtr ctx;
+  std::shared_ptr<FsdpReductions> reductions;    // shared by the model's units
+  bool last_in_backward = false;                 // the model's own unit: delivers everything
   const dist::ProcessGroup* fsdp = nullptr;
   std::vector<std::vector<std::int64_t>> rows;   // per parameter: every fsdp coordinate's rows of dim 0
   std::vector<Tensor> full;                      // per parameter: the gathered piece (its bytes may be released)
@@ -98,6 +127,11 @@ class GatherUnitFn final : public autograd::Function {
     FsdpUnitState& s = *state_;
     trace::Span span(fmt::format("fsdp:{}", s.name), "fsdp_reduce");
     dist::CommLabelScope label(fmt::format("fsdp:{}", s.name));
+    // Overlapped: this unit's reduce-scatters stay in flight through the next unit's backward. Not
+    // inside a checkpointed block's recomputation (its inner backward hands gradients back to the
+    // checkpoint) and not for the last unit, whose gradients are returned as they are.
+    const bool defer = s.reductions && !s.last_in_backward && !autograd::PassState::recomputing();
+    std::vector<FsdpReductions::InFlight> launched;
     TensorList out(grads.size());
     for (std::size_t i = 0; i < grads.size(); ++i) {
       Tensor g = grads[i];
@@ -112,16 +146,29 @@ class GatherUnitFn final : public autograd::Function {
         s.accumulated[i] = g.detach();
         continue;
       }
-      out[i] = reduce(i, g);
+      launched.push_back(reduce(i, g));
     }
     if (!s.accumulating) s.release();   // the next use gathers again
-    return out;
+    // What earlier units left in flight has had this unit's whole backward to finish: deliver it.
+    if (s.reductions) s.reductions->deliver();
+    std::size_t k = 0;
+    for (std::size_t i = 0; i < grads.size() && k < launched.size(); ++i) {
+      if (!grads[i].defined() || s.accumulating) continue;
+      FsdpReductions::InFlight& f = launched[k++];
+      if (defer) {
+        s.reductions->queue.push_back(std::move(f));
+        continue;
+      }
+      out[i] = f.shard.wait();
+      dist::set_partial_axes(out[i], f.partial);
+    }
+    return out;   // deferred: none yet (FsdpReductions::deliver gives them to the leaves)
   }
 
  private:
   // The gathered piece's gradient -> the shard's: over tp where it is partial there, then the rule's
-  // backward of Sp(0) -> R over fsdp. Partial over dp stays (the synchroniser's).
-  Tensor reduce(std::size_t i, Tensor g) const {
+  // backward of Sp(0) -> R over fsdp, launched (not waited). Partial over dp stays (the synchroniser's).
+  FsdpReductions::InFlight reduce(std::size_t i, Tensor g) const {
     const FsdpUnitState& s = *state_;
     const dist::DeviceMesh& mesh = *s.ctx->mesh;
     dist::StepArgs args = s.gather_args(i);
@@ -137,10 +184,11 @@ class GatherUnitFn final : public autograd::Function {
     const dist::Placement arriving = (mask & dist::axis_bit(s.ctx->fsdp_axis)) ? dist::Placement::partial()
                                                                                  : dist::Placement::replicate();
     const dist::BackwardStep step = dist::backward_step(dist::Placement::shard(0), dist::Placement::replicate(), arriving);
-    Tensor shard = dist::run_primitive(step.op, g.contiguous(), *s.fsdp, args);
-    if (shard.storage() == g.storage()) shard = shard.detach();   // a new handle for its annotation
-    dist::set_partial_axes(shard, mask & ~dist::axis_bit(s.ctx->fsdp_axis));
-    return shard;
+    FsdpReductions::InFlight f;
+    f.leaf = s.params[i]->value;
+    f.shard = dist::run_primitive_async(step.op, g.contiguous(), *s.fsdp, args);
+    f.partial = mask & ~dist::axis_bit(s.ctx->fsdp_axis);
+    return f;
   }
 
   std::shared_ptr<FsdpUnitState> state_;
@@ -166,7 +214,8 @@ class RegatherFn final : public autograd::Function {
 
 }  // namespace
 
-FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelContextPtr ctx)
+FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelContextPtr ctx,
+                   std::shared_ptr<FsdpReductions> reductions, bool last_in_backward)
     : state_(std::make_shared<FsdpUnitState>()) {
   MG_CHECK(ctx != nullptr && ctx->fsdp_active(), "fsdp unit '{}': the mesh has no fsdp axis of size > 1 (nor dp with "
            "--shard-optimizer)", name);
@@ -174,6 +223,8 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelCon
   s.name = std::move(name);
   s.params = std::move(params);
   s.ctx = std::move(ctx);
+  s.reductions = std::move(reductions);
+  s.last_in_backward = last_in_backward;
   s.fsdp = &s.ctx->mesh->group(s.ctx->fsdp_axis);
   for (const Parameter* p : s.params) {
     MG_CHECK(p != nullptr && p->value.defined(), "fsdp unit '{}': a parameter without a value", s.name);
@@ -206,8 +257,13 @@ const std::string& FsdpUnit::name() const { return state_->name; }
 
 void FsdpUnit::prefetch() { state_->issue(); }
 
+std::shared_ptr<FsdpReductions> FsdpUnit::new_reductions() { return std::make_shared<FsdpReductions>(); }
+
 void FsdpUnit::begin_forward() {
   FsdpUnitState& s = *state_;
+  // A backward that failed half-way may have left reductions in flight: a new forward of the model
+  // (its last unit in backward is its first in forward) drops them, each waited for by its destructor.
+  if (s.last_in_backward && s.reductions) s.reductions->queue.clear();
   {
     trace::Span span(fmt::format("fsdp:{}", s.name), "fsdp_gather");
     s.settle();

@@ -186,7 +186,9 @@ class Mlp {
 
 class Block {
  public:
-  Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
+  // reductions: the model's FSDP units share it (FsdpUnit).
+  Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed,
+        const std::shared_ptr<FsdpReductions>& reductions = nullptr)
       : prefix_(fmt::format("h.{}", index)),
         ln_1_(prefix_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
         attn_(prefix_ + ".attn", cfg, ctx, seed),
@@ -195,7 +197,7 @@ class Block {
     if (ctx->fsdp_active()) {
       std::vector<Parameter*> params;
       collect(params);
-      fsdp_ = std::make_unique<FsdpUnit>(prefix_, std::move(params), ctx);
+      fsdp_ = std::make_unique<FsdpUnit>(prefix_, std::move(params), ctx, reductions);
     }
   }
 
@@ -260,7 +262,8 @@ class Gpt final : public Model {
     invariant::check_model(cfg, *ctx_);
     wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx_->replicated(), *ctx_, seed, 0.02, 0.0,
                           cfg.dtype);
-    for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed));
+    const std::shared_ptr<FsdpReductions> reductions = ctx_->fsdp_active() ? FsdpUnit::new_reductions() : nullptr;
+    for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed, reductions));
     ColumnParallelLinear::Options o;
     o.bias = false;
     o.owns_weight = false;   // the LM head's weight is wte^T
@@ -269,7 +272,8 @@ class Gpt final : public Model {
       // The model's own parameters are one unit, gathered for the whole forward and backward: the
       // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum).
       root_unit_ = std::make_unique<FsdpUnit>("gpt", std::vector<Parameter*>{&wte_.weight, &wpe_, &ln_f_.weight,
-                                                                             &ln_f_.bias}, ctx_);
+                                                                             &ln_f_.bias},
+                                              ctx_, reductions, /*last_in_backward=*/true);
     }
   }
   Gpt(const Gpt&) = delete;

@@ -17,7 +17,8 @@
 //             all-gather is a reduce-scatter (P -> S(0)): the shard's gradient, complete over fsdp,
 //             still partial over dp, which the gradient synchroniser reduces as for any replica.
 //             A gradient also partial over the tp axis (LayerNorm weights under SP) is all-reduced
-//             over tp first, as the synchroniser does before dp.
+//             over tp first, as the synchroniser does before dp. The reduce-scatters stay in flight
+//             through the next unit's backward (FsdpReductions below).
 //
 // Bitwise equal to plain dp: every reduction adds the ranks' terms in the order the dp all-reduce
 // does (comm contract: reduce-scatter and all-reduce add element by element in rank order; the
@@ -35,12 +36,20 @@
 namespace meshgrad::nn {
 
 struct FsdpUnitState;
+struct FsdpReductions;
 
 class FsdpUnit {
  public:
   // params: the unit's parameters (owned by the model, outliving the unit), each placed Sp(0) on the
   // context's fsdp axis. ctx->fsdp_active() must hold.
-  FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelContextPtr ctx);
+  // reductions: shared by a model's units (new_reductions()): a unit's reduce-scatters then stay in
+  // flight through the next unit's backward, and each unit's backward delivers what the one before
+  // left (to the shards' leaves, through the engine's accumulation and hooks). The unit whose backward
+  // comes last (the model's own, gathered first in forward) says so with last_in_backward: it
+  // delivers everything before backward ends. nullptr: every reduction is waited for in place.
+  FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelContextPtr ctx,
+           std::shared_ptr<FsdpReductions> reductions = nullptr, bool last_in_backward = false);
+  static std::shared_ptr<FsdpReductions> new_reductions();
   ~FsdpUnit();
   FsdpUnit(const FsdpUnit&) = delete;
   FsdpUnit& operator=(const FsdpUnit&) = delete;
