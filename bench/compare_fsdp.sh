@@ -4,7 +4,9 @@
 # run ROUNDS times interleaved (these machines are noisy: only ratios within one run mean anything),
 # the median of each, and its ratio to dp=2 (the goal: fsdp=2 at most 10% slower).
 # tokens/s: the steady rate over STEPS timed steps after 3 warm-ups, from the per-step metrics.
-# Usage: bench/compare_fsdp.sh [BUILD_DIR [STEPS [ROUNDS [LAYERS HIDDEN HEADS SEQ BATCH]]]]
+# Usage: [CONFIGS="dp=2 fsdp=2 ..."] [DATA=dir] bench/compare_fsdp.sh [BUILD_DIR [STEPS [ROUNDS [LAYERS HIDDEN HEADS SEQ BATCH]]]]
+#   (a config is a mesh, with a train flag after a +: dp=2+--shard-optimizer; DATA: a `meshgrad
+#   prepare` directory, e.g. GPT-2 BPE tokens for GPT-2 small's vocabulary; default: the built-in bytes)
 set -eu
 build=${1:-build}
 steps=${2:-10}
@@ -12,7 +14,7 @@ rounds=${3:-2}
 layers=${4:-6} hidden=${5:-384} heads=${6:-6} seq=${7:-256} batch=${8:-8}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-configs="dp=2 dp=2+--shard-optimizer fsdp=2 fsdp=2+--no-reshard-after-forward dp=2,tp=2 fsdp=2,tp=2"
+configs=${CONFIGS:-"dp=2 dp=2+--shard-optimizer fsdp=2 fsdp=2+--no-reshard-after-forward dp=2,tp=2 fsdp=2,tp=2"}
 r=0
 while [ "$r" -lt "$rounds" ]; do
   for c in $configs; do
@@ -20,7 +22,7 @@ while [ "$r" -lt "$rounds" ]; do
     flag=""
     case "$c" in *+*) flag=${c#*+} ;; esac
     name=$(echo "$c" | tr '+,=' '_._')
-    "$build/meshgrad" train --mesh "$mesh" $flag --steps $((steps + 3)) --layers "$layers" --hidden "$hidden" \
+    "$build/meshgrad" train --mesh "$mesh" $flag ${DATA:+--data "$DATA"} --steps $((steps + 3)) --layers "$layers" --hidden "$hidden" \
       --heads "$heads" --seq "$seq" --batch "$batch" --metrics "$work/$name.$r.jsonl" > "$work/$name.$r.log" 2>&1 ||
       { cat "$work/$name.$r.log"; exit 1; }
   done

@@ -354,6 +354,8 @@ py::list train_job(const py::kwargs& kwargs) {
     d["gflops"] = m.gflops;
     d["elapsed_s"] = m.elapsed_s;
     d["lr"] = m.lr;
+    d["grad_norm"] = m.grad_norm;
+    if (m.evaluated) d["val_loss"] = m.val_loss;   // only on the steps that evaluated
     out.append(d);
   }
   return out;
@@ -527,7 +529,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
         "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False) -> list of per-step "
-        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr), as `meshgrad train`. A path left out (None) is none; "
+        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, and val_loss on the steps that evaluated), as `meshgrad train`. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

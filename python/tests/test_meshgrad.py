@@ -49,6 +49,27 @@ def test_train_tp_invariant_gives_the_same_bytes_on_any_mesh(tmp_path):
     assert saved("normal.safetensors", mesh="tp=2")[1] != one[1]
 
 
+def test_fsdp_and_the_sharded_optimizer_train_the_bytes_of_dp(tmp_path):
+    # mesh="fsdp=2,tp=2" and shard_optimizer=True at dp=2 save the bytes and losses of plain dp
+    # (docs/training.md, "Sharded data parallelism"); their gradients are the same arrays.
+    def saved(name, **kw):
+        path = tmp_path / name
+        steps = meshgrad.train(steps=3, layers=2, hidden=32, heads=4, seq=16, batch=6, dropout=0.1,
+                               grad_clip=0.5, save=str(path), **kw)
+        return [(s["loss"], s["grad_norm"]) for s in steps], path.read_bytes()
+    dp = saved("dp.safetensors", mesh="dp=2,tp=2", sequence_parallel=True)
+    assert saved("fsdp.safetensors", mesh="fsdp=2,tp=2", sequence_parallel=True) == dp
+    assert saved("zero.safetensors", mesh="dp=2,tp=2", sequence_parallel=True, shard_optimizer=True) == dp
+    assert saved("fsdp3.safetensors", mesh="fsdp=3", reshard_after_forward=False) == \
+        saved("dp3.safetensors", mesh="dp=3")
+    sharded, plain = meshgrad.grads(mesh="fsdp=3", batch=6), meshgrad.grads(mesh="dp=3", batch=6)
+    assert sharded.keys() == plain.keys()
+    for name in plain:
+        assert np.array_equal(sharded[name], plain[name]), name
+    with pytest.raises(meshgrad.InvalidArgument, match="--shard-optimizer shards the optimizer state over the dp"):
+        meshgrad.train(steps=1, mesh="tp=2", shard_optimizer=True)
+
+
 def test_train_takes_a_text_file(tmp_path):
     data = tmp_path / "text.txt"
     data.write_text("the quick brown fox jumps over the lazy dog. " * 20)
