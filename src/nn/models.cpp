@@ -478,14 +478,21 @@ class MlpModel final : public Model {
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
     const ParallelContext& ctx = *ctx_;
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), hdim = cfg_.hidden;
-    random::Box box{{0, seq}, {0, b}, {0, hdim}};
+    // This rank's rows of the global batch (a dp or fsdp replica, a micro-batch hold a slice of it):
+    // its piece of the one global input, so every mesh computes the same function.
+    const std::int64_t rows = batch.global_rows > 0 ? batch.global_rows : b;
+    const std::int64_t row0 = batch.global_rows > 0 ? batch.row_offset : 0;
+    MG_CHECK(row0 >= 0 && row0 + b <= rows, "mlp: batch rows [{}, {}) lie outside its global batch of {} rows", row0,
+             row0 + b, rows);
+    random::Box box{{0, seq}, {row0, b}, {0, hdim}};
     if (ctx.sequence_parallel()) box[0] = shard_range(seq, ctx.tp_size(), ctx.tp_rank());
-    // The input is drawn once per shape; each call uses a fresh leaf over it that requires grad
+    // The input is drawn once per piece; each call uses a fresh leaf over it that requires grad
     // (as in the PyTorch peer benchmark), so backward computes and communicates dX of the first
     // layer too.
-    if (!input_.defined() || input_shape_ != Shape{seq, b, hdim}) {
-      input_ = random::randn({seq, b, hdim}, seed_ ^ 0x1A9u, cfg_.dtype, 0.0, 1.0, box);
-      input_shape_ = {seq, b, hdim};
+    const Shape key{seq, rows, hdim, row0, b};
+    if (!input_.defined() || input_shape_ != key) {
+      input_ = random::randn({seq, rows, hdim}, seed_ ^ 0x1A9u, cfg_.dtype, 0.0, 1.0, box);
+      input_shape_ = key;
     }
     Tensor h = input_.detach();
     h.set_requires_grad();
@@ -526,7 +533,7 @@ class MlpModel final : public Model {
   std::vector<std::unique_ptr<Mlp>> mlps_;
   std::unique_ptr<FsdpUnit> unit_;   // FSDP: every parameter, one unit
   Tensor input_;        // this rank's piece of the fixed input
-  Shape input_shape_;   // the global shape it was drawn for
+  Shape input_shape_;   // what it was drawn for: the global shape, then the rows' offset and count
 };
 
 }  // namespace

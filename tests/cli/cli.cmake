@@ -30,6 +30,14 @@ meshgrad_cli_test(check_tp_2x2 0 "on mesh tp=2x2.*PASS: the mesh model matches"
                   ${mg} check --mesh tp=2x2 --layers 1)
 meshgrad_cli_test(check_dp2_tp_2x2 0 "on mesh dp=2,tp=2x2.*PASS: the mesh model matches"
                   ${mg} check --mesh dp=2,tp=2x2 --layers 1)
+# Sharded and replicated data axes against one rank: the GPT, and the MLP stack, whose fixed input
+# each replica must take its own rows of (it took rows 0.. on every replica before).
+meshgrad_cli_test(check_fsdp2_tp2_sp 0 "on mesh fsdp=2,tp=2.*PASS: the mesh model matches"
+                  ${mg} check --mesh fsdp=2,tp=2 --sequence-parallel --layers 1)
+meshgrad_cli_test(check_hsdp 0 "on mesh dp=2,fsdp=2.*PASS: the mesh model matches" ${mg} check --mesh dp=2,fsdp=2 --layers 1)
+meshgrad_cli_test(check_mlp_dp2_tp2 0 "on mesh dp=2,tp=2.*PASS: the mesh model matches"
+                  ${mg} check --model mlp --mesh dp=2,tp=2)
+meshgrad_cli_test(check_mlp_fsdp2 0 "on mesh fsdp=2.*PASS: the mesh model matches" ${mg} check --model mlp --mesh fsdp=2)
 meshgrad_cli_test(check_tp_invariant_tp4_sp 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
                   ${mg} check --mesh tp=4 --tp-invariant --sequence-parallel --overlap --layers 1)
 meshgrad_cli_test(check_tp_invariant_refuses_tp3 1 "tp=3 cannot keep the fixed tree.*Degrees that work for this model: tp = 1, 2, 4"
