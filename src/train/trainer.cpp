@@ -111,10 +111,11 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
            "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());
   if (o.parallel.tp_invariant) check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
-  MG_CHECK(!(o.parallel.tp_invariant && o.grad_accum > 1 && mesh.has_axis("fsdp") && mesh.axis_size("fsdp") > 1),
-           "train: --tp-invariant with --grad-accum {} on an fsdp axis ({}) is not supported yet: the micro-batches "
-           "would have to be added in the fixed tree before the reduce-scatter; use --grad-accum 1 or dp instead of "
-           "fsdp", o.grad_accum, mesh.str());
+  const bool sharded_data = (mesh.has_axis("fsdp") && mesh.axis_size("fsdp") > 1) || o.parallel.shard_optimizer;
+  MG_CHECK(!(o.parallel.tp_invariant && o.grad_accum > 1 && sharded_data),
+           "train: --tp-invariant with --grad-accum {} on {} is not supported yet: the micro-batches would have to be "
+           "added in the fixed tree before the reduce-scatter; use --grad-accum 1, or dp without sharding",
+           o.grad_accum, o.parallel.shard_optimizer ? "--shard-optimizer" : "an fsdp axis (" + mesh.str() + ")");
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);
   MG_CHECK(o.eval_every >= 0 && o.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "

@@ -270,6 +270,10 @@ TEST(Fsdp, RefusesWhatItCannotDoBeforeTheFirstStepNamingIt) {
   o.grad_accum = 2;
   EXPECT_NE(train_error("fsdp=2", o).find("--tp-invariant with --grad-accum 2 on an fsdp axis"), std::string::npos)
       << train_error("fsdp=2", o);
+  o.parallel.shard_optimizer = true;
+  EXPECT_NE(train_error("dp=2", o).find("--tp-invariant with --grad-accum 2 on --shard-optimizer"), std::string::npos)
+      << train_error("dp=2", o);
+  o.parallel.shard_optimizer = false;
   o.grad_accum = 1;
   EXPECT_NE(train_error("fsdp=3", o).find("must be powers of two"), std::string::npos) << train_error("fsdp=3", o);
   o.parallel.tp_invariant = false;
