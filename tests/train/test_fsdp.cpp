@@ -150,6 +150,49 @@ INSTANTIATE_TEST_SUITE_P(
                     {.sp = true, .shard_optimizer = true, .grad_accum = 2}}),
     [](const ::testing::TestParamInfo<BitwiseCase>& info) { return info.param.name; });
 
+// The gradients themselves, at the parameters 20 steps of training reached: every full gradient of
+// the sharded run is the dp run's, bit for bit (train_step for 20 steps, then compute_gradients).
+TEST(Fsdp, GradientsAfter20StepsAreTheBitsOfDataParallel) {
+  struct Pair {
+    std::string dp, sharded;
+    Options x, sharded_x;
+  };
+  for (const Pair& c : {Pair{"dp=3", "fsdp=3", {}, {}},
+                        Pair{"dp=2,tp=2", "fsdp=2,tp=2", {.sp = true}, {.sp = true}},
+                        Pair{"dp=2", "dp=2", {.grad_accum = 2}, {.shard_optimizer = true, .grad_accum = 2}},
+                        Pair{"dp=4", "dp=2,fsdp=2", {.tree = true}, {.tree = true}}}) {
+    SCOPED_TRACE(c.sharded + " against " + c.dp);
+    auto gradients = [&](const std::string& mesh_spec, const Options& x) {
+      const TrainOptions o = options_for(x, 20);
+      GradientDump dump;
+      run_on(mesh_spec, [&](const dist::DeviceMeshPtr& mesh) {
+        auto model = nn::make_model(o.model, o.parallel, mesh, 7);
+        const std::vector<nn::Parameter*> params = model->parameters();
+        {
+          optim::GradientSynchronizer sync(params, mesh, {.order = model->reduce_order()});
+          optim::AdamW adamw(params, mesh, {.lr = o.lr});
+          for (int step = 0; step < 20; ++step) {
+            train_step(*model, data::make_synthetic_batch(o.model, 1, 0, 100 + step), *mesh, sync, adamw, o.grad_clip,
+                       o.grad_accum);
+          }
+          adamw.zero_grad();
+        }
+        GradientDump d = compute_gradients(*model, data::make_synthetic_batch(o.model, 1, 0, 999), mesh);
+        if (mesh->rank() == 0) dump = std::move(d);
+      });
+      return dump;
+    };
+    const GradientDump ref = gradients(c.dp, c.x);
+    const GradientDump got = gradients(c.sharded, c.sharded_x);
+    EXPECT_EQ(got.loss, ref.loss);
+    ASSERT_EQ(got.gradients.size(), ref.gradients.size());
+    for (std::size_t i = 0; i < ref.gradients.size(); ++i) {
+      EXPECT_EQ(got.gradients[i].first, ref.gradients[i].first);
+      EXPECT_TRUE(bitwise_equal(got.gradients[i].second, ref.gradients[i].second)) << ref.gradients[i].first;
+    }
+  }
+}
+
 // Every rank holds 1/fsdp of each parameter (by the shard rule over the rows of its tp piece), and
 // its gradient and moments have that shape: nothing whole survives a step.
 TEST(Fsdp, EveryRankHoldsItsShardOfParametersGradientsAndMoments) {
