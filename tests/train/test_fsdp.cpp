@@ -123,11 +123,6 @@ TEST_P(FsdpBitwise, LossesNormsAndParametersAfter20StepsEqualDataParallel) {
   EXPECT_LT(ref.losses.back(), ref.losses.front());
 }
 
-Options with(Options o, void (*change)(Options&)) {
-  change(o);
-  return o;
-}
-
 INSTANTIATE_TEST_SUITE_P(
     Meshes, FsdpBitwise,
     ::testing::Values(
