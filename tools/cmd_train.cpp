@@ -97,6 +97,30 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& o) {
       ->group("Checkpoints");
 }
 
+// --grad-accum, its pipeline name --micro-batches, and the pipeline's own options.
+void add_micro_batch_options(CLI::App& app, train::TrainOptions& o) {
+  CLI::Option* grad_accum =
+      app.add_option("--grad-accum", o.grad_accum,
+                     "Micro-batches per step: each replica's rows of --batch in K parts, one reduction per step (on a "
+                     "pipeline: what flows through the stages)")
+          ->check(at_least(1))
+          ->capture_default_str();
+  app.add_option("--micro-batches", o.grad_accum,
+                 "The same as --grad-accum, the pipeline's name for it: with pp=P, M micro-batches flow through the "
+                 "stages; the bubble is (P-1)/(M+P-1)")
+      ->check(at_least(1))
+      ->excludes(grad_accum);
+  app.add_option("--pp-layers", o.parallel.pp_layers,
+                 "With pp=P: transformer blocks per stage, e.g. 3,3 (P counts summing to --layers; default an even "
+                 "split)")
+      ->delimiter(',');
+  app.add_option("--pp-schedule", o.pp_schedule,
+                 "With pp=P: 1f1b (activations of at most P micro-batches per stage) or gpipe (all forwards, then all "
+                 "backwards)")
+      ->check(CLI::IsMember({"1f1b", "gpipe"}))
+      ->capture_default_str();
+}
+
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
@@ -108,7 +132,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--config", a->config, "JSON file of options, e.g. {\"steps\": 100, \"mesh\": "
                              "\"tp=2\", \"sequence-parallel\": true}; the command line overrides it")
                   ->group(kJsonConfigGroup);
-              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D)")
+              app.add_option("--mesh", a->mesh, "Mesh axes pp, dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2,tp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
@@ -132,10 +156,7 @@ MESHGRAD_REGISTER_COMMAND(
                              "Clip the global L2 norm of the gradient to this (0 = off); grad_norm is in the metrics "
                              "either way")
                   ->capture_default_str();
-              app.add_option("--grad-accum", o.grad_accum,
-                             "Micro-batches per step: each replica's rows of --batch in K parts, one reduction per step")
-                  ->check(at_least(1))
-                  ->capture_default_str();
+              add_micro_batch_options(app, o);
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();

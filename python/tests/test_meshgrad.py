@@ -333,8 +333,8 @@ def test_out_of_range_and_invalid_numbers_are_named():
 def test_meshgrad_errors_keep_their_message():
     with pytest.raises(meshgrad.InvalidArgument, match="--mesh 'tp2': 'tp2' is not axis=size"):
         meshgrad.train(mesh="tp2")
-    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .pp.; the valid axes are dp, fsdp and tp"):
-        meshgrad.grads(mesh="tp=2,pp=2")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .ep.; the valid axes are pp, dp, fsdp and tp"):
+        meshgrad.grads(mesh="tp=2,ep=2")
     with pytest.raises(ValueError, match="--layers must be >= 1, got 0"):
         meshgrad.train(layers=0)
     with pytest.raises(meshgrad.Error, match="unknown --backend 'thread'"):

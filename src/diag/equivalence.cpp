@@ -96,6 +96,9 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
   int mesh_dp = 1;   // the mesh's dp size (the TP-invariant reference runs that many micro-batches)
   const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : o.seed;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    MG_CHECK(!mesh->has_axis("pp") || mesh->axis_size("pp") == 1, "check: the mesh {} is a pipeline, and check runs the "
+             "whole model on every rank; a pipeline's equivalence with one rank is tested bitwise by the suite "
+             "(PipelineBitwise): give check a mesh without pp", mesh->str());
     if (mesh->rank() == 0) mesh_dp = mesh->has_axis("dp") ? mesh->axis_size("dp") : 1;
     train_and_collect(o, mesh, mesh_seed, sharded, mu);
   });

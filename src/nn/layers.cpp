@@ -368,9 +368,12 @@ VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int
   offset_ = shard_range(vocab, ctx_->tp_size(), ctx_->tp_rank()).offset;
 }
 
-Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {
+Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids, const Tensor& table) const {
   check_dtype(ids, DType::Int64, "vocab_parallel_embedding", "ids");
-  const std::int64_t local_vocab = weight.operand().size(0);
+  MG_CHECK(table.defined() && table.shape() == weight.operand_shape(), "vocab_parallel_embedding: the table {} is not "
+           "this rank's rows of '{}' ({})", table.defined() ? shape_str(table.shape()) : "(undefined)", weight.name,
+           shape_str(weight.operand_shape()));
+  const std::int64_t local_vocab = table.size(0);
   // Ids outside this rank's rows look up row 0 and are multiplied by 0: they contribute nothing.
   const auto values = ids.to_int64_vector();
   std::vector<std::int64_t> local_ids(values.size());
@@ -382,11 +385,11 @@ Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids) const {
     local_ids[i] = mine ? values[i] - offset_ : 0;
     keep[i] = mine ? 1.0 : 0.0;
   }
-  Tensor rows = meshgrad::embedding(weight.operand(), Tensor::from_int64(local_ids, ids.shape()));
+  Tensor rows = meshgrad::embedding(table, Tensor::from_int64(local_ids, ids.shape()));
   if (ctx_->tp_size() == 1) return rows;
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
-  return meshgrad::mul(rows, Tensor::from_values(keep, mask_shape, weight.operand().dtype()));
+  return meshgrad::mul(rows, Tensor::from_values(keep, mask_shape, table.dtype()));
 }
 
 // ---- vocab-parallel cross-entropy -----------------------------------------------------------------

@@ -9,6 +9,7 @@
 #include "meshgrad/nn/fsdp.hpp"
 #include "meshgrad/nn/invariant.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/nn/tied_weight.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
@@ -255,23 +256,39 @@ class Gpt final : public Model {
  public:
   Gpt(const ModelConfig& cfg, const ParallelConfig& parallel, dist::DeviceMeshPtr mesh, std::uint64_t seed)
       : cfg_(cfg), ctx_(ParallelContext::on(std::move(mesh), parallel)),
-        wte_("wte", cfg.vocab, cfg.hidden, ctx_, seed, cfg.dtype),
         ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx_, cfg.dtype),
         dropout_(std::make_shared<DropoutState>(DropoutState{cfg.dropout, true, ctx_, random::Generator(seed ^ 0xD50F)})) {
     check_split(cfg, *ctx_);
     invariant::check_model(cfg, *ctx_);
-    wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx_->replicated(), *ctx_, seed, 0.02, 0.0,
-                          cfg.dtype);
+    const std::vector<int> counts = stage_layer_counts(cfg.layers, ctx_->pp_size(), parallel.pp_layers);
+    stage_.index = ctx_->pp_rank();
+    stage_.count = ctx_->pp_size();
+    for (int s = 0; s < stage_.index; ++s) stage_.first_block += counts[static_cast<std::size_t>(s)];
+    stage_.end_block = stage_.first_block + counts[static_cast<std::size_t>(stage_.index)];
+    // Every parameter is built with its global name and seed, so a stage's are the one-rank model's.
+    // The first stage holds wte (a parameter) and wpe; the last holds ln_f and a copy of wte for the
+    // tied output layer (a parameter only when it is also the first).
+    if (stage_.is_first() || stage_.is_last()) {
+      wte_ = std::make_unique<VocabParallelEmbedding>("wte", cfg.vocab, cfg.hidden, ctx_, seed, cfg.dtype);
+    }
+    if (stage_.is_first()) {
+      wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx_->replicated(), *ctx_, seed, 0.02, 0.0,
+                            cfg.dtype);
+    }
+    tied_ = std::make_unique<TiedWeight>("wte", ctx_, stage_);
     const std::shared_ptr<FsdpReductions> reductions = ctx_->fsdp_active() ? FsdpUnit::new_reductions() : nullptr;
-    for (int i = 0; i < cfg.layers; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed, reductions));
+    for (int i = stage_.first_block; i < stage_.end_block; ++i) {
+      blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed, reductions));
+    }
     ColumnParallelLinear::Options o;
     o.bias = false;
     o.owns_weight = false;   // the LM head's weight is wte^T
     lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
     if (ctx_->fsdp_active()) {
       // The model's own parameters are one unit, gathered for the whole forward and backward: the
-      // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum).
-      root_unit_ = std::make_unique<FsdpUnit>("gpt", std::vector<Parameter*>{&wte_.weight, &wpe_, &ln_f_.weight,
+      // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum). (FSDP
+      // and pipeline stages are not combined: ParallelContext::on refuses it.)
+      root_unit_ = std::make_unique<FsdpUnit>("gpt", std::vector<Parameter*>{&wte_->weight, &wpe_, &ln_f_.weight,
                                                                              &ln_f_.bias},
                                               ctx_, reductions, /*last_in_backward=*/true);
     }
@@ -280,6 +297,30 @@ class Gpt final : public Model {
   Gpt& operator=(const Gpt&) = delete;
 
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
+    // Training and evaluation run a pipeline's stages through pipeline/executor.hpp; what calls
+    // loss() (grads, check, explain) runs the whole model on every rank.
+    MG_CHECK(stage_.count == 1, "gpt: the mesh {} is a pipeline of {} stages (this rank holds blocks {}..{}), and only "
+             "`train` runs pipelines so far: grads, check, explain and sample take meshes without pp",
+             ctx_->mesh->str(), stage_.count, stage_.first_block, stage_.end_block - 1);
+    return forward_stage(batch, Tensor(), global_tokens);
+  }
+
+  PipelineStage stage() const override { return stage_; }
+
+  Shape stage_input_shape(const Batch& batch) const override {
+    const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1);
+    const ParallelContext& ctx = *ctx_;
+    const std::int64_t t_local = ctx.sequence_parallel() ? shard_range(seq, ctx.tp_size(), ctx.tp_rank()).size : seq;
+    return {t_local, b, cfg_.hidden};
+  }
+
+  void refresh_stage_copies() override {
+    if (stage_.count == 1) return;
+    tied_->refresh_copy(stage_.is_first() ? wte_->weight.value : Tensor(),
+                        stage_.is_last() ? wte_->weight.value : Tensor());
+  }
+
+  Tensor forward_stage(const Batch& batch, const Tensor& input, std::int64_t global_tokens) override {
     check_dtype(batch.inputs, DType::Int64, "gpt", "inputs");
     check_dtype(batch.targets, DType::Int64, "gpt", "targets");
     MG_CHECK(batch.inputs.dim() == 2 && batch.targets.shape() == batch.inputs.shape(),
@@ -288,28 +329,20 @@ class Gpt final : public Model {
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), c = cfg_.hidden;
     MG_CHECK(seq >= 1 && b >= 1, "gpt: a batch needs at least one row and one position, got [B, T] = [{}, {}]", b, seq);
     MG_CHECK(seq <= cfg_.n_positions(), "gpt: sequence length {} exceeds n_positions {}", seq, cfg_.n_positions());
-    check_tokens(batch.inputs, "input", /*ignore_allowed=*/false);
-    check_tokens(batch.targets, "target", /*ignore_allowed=*/true);
+    if (stage_.is_first()) check_tokens(batch.inputs, "input", /*ignore_allowed=*/false);
+    if (stage_.is_last()) check_tokens(batch.targets, "target", /*ignore_allowed=*/true);
+    MG_CHECK(stage_.is_first() != input.defined(), "gpt stage {} of {}: {}", stage_.index, stage_.count,
+             stage_.is_first() ? "the first stage embeds the tokens and takes no input activation"
+                               : "a later stage needs the activation of the stage before it");
+    if (input.defined()) {
+      MG_CHECK(input.shape() == stage_input_shape(batch) && input.dtype() == cfg_.dtype, "gpt stage {}: the input "
+               "activation is {} {}, expected {} {}", stage_.index, shape_str(input.shape()), dtype_name(input.dtype()),
+               shape_str(stage_input_shape(batch)), dtype_name(cfg_.dtype));
+    }
     const ParallelContext& ctx = *ctx_;
-    const bool sp = ctx.sequence_parallel();
     trace::Scope model_scope("gpt");   // ops between the layers (positions, dropout) belong to it
     const bool recording = autograd::GradMode::is_enabled();
     const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/!recording);
-    const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
-
-    // Embedding: vocab-parallel partial sums, reduced over tp (all-reduce, or reduce-scatter along
-    // the sequence under SP), plus positions.
-    Tensor h;
-    {
-      dist::CommLabelScope label("wte");
-      trace::Scope scope("wte");
-      const Tensor partial = wte_.forward_partial(ids);               // [T, B, C], partial over tp
-      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
-    }
-    const std::int64_t t0 = activation_offsets(ctx, seq)[0];
-    const std::int64_t t_local = h.size(0);
-    Tensor pos = reshape(narrow(wpe_.operand(), 0, t0, t_local), {t_local, 1, c});
-    h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
 
     // Holds the shared state, not the model: a checkpointed block calls it again during backward.
     const std::shared_ptr<DropoutState> state = dropout_;
@@ -324,7 +357,13 @@ class Gpt final : public Model {
       offsets[1] = row0;
       return dropout_global(x, state->p, state->gen.next_seed(), {seq, rows, c}, offsets);
     };
-    h = dropout(h);
+    // A stage draws the dropout seeds the whole model draws for its layers: one for the embedding,
+    // two per block (dropout_draws), and leaves the stream where the whole model's forward does.
+    const bool draws = state->training && state->p > 0;
+    const std::uint64_t stream_start = state->gen.counter();
+    if (draws) state->gen.set_counter(stream_start + (stage_.is_first() ? 0 : dropout_draws(stage_.first_block)));
+
+    Tensor h = stage_.is_first() ? embed(batch, dropout) : input;
     if (!blocks_.empty() && blocks_[0]->fsdp()) blocks_[0]->fsdp()->prefetch();
     for (std::size_t i = 0; i < blocks_.size(); ++i) {
       const std::shared_ptr<const Block> block = blocks_[i];
@@ -342,16 +381,44 @@ class Gpt final : public Model {
         }
       }
     }
+    if (draws) state->gen.set_counter(stream_start + dropout_draws(cfg_.layers));
+    if (!stage_.is_last()) return h;
     h = ln_f_.forward(h, seq);
 
     // Tied output layer: column-parallel over the vocabulary with wte^T; logits stay sharded.
-    const Tensor logits = lm_head_->forward_with(h, seq, transpose(wte_.weight.operand(), 0, 1), Tensor());   // [T, B, V_local]
+    const Tensor head = tied_->output_use(wte_->weight.operand());
+    const Tensor logits = lm_head_->forward_with(h, seq, transpose(head, 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
-                                                     wte_.vocab_offset(), cfg_.vocab, ctx.tp,
+                                                     wte_->vocab_offset(), cfg_.vocab, ctx.tp,
                                                      static_cast<double>(global_tokens), -100, &lm_head_->plan(),
                                                      ctx.reduce_order());
     return ctx.loss_partial_over_dp(loss);
+  }
+
+  // Dropout seeds the forward draws before block `block` (the embedding's one, two per block).
+  static std::uint64_t dropout_draws(int block) { return 1 + 2 * static_cast<std::uint64_t>(block); }
+
+  // The first stage's layers before the blocks: [T(_local), B, C], dropout applied.
+  Tensor embed(const Batch& batch, const std::function<Tensor(const Tensor&)>& dropout) const {
+    const ParallelContext& ctx = *ctx_;
+    const bool sp = ctx.sequence_parallel();
+    const std::int64_t seq = batch.inputs.size(1), c = cfg_.hidden;
+    const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
+    // Embedding: vocab-parallel partial sums, reduced over tp (all-reduce, or reduce-scatter along
+    // the sequence under SP), plus positions.
+    Tensor h;
+    {
+      dist::CommLabelScope label("wte");
+      trace::Scope scope("wte");
+      const Tensor partial = wte_->forward_partial(ids, tied_->embedding_use(wte_->weight.operand()));   // [T, B, C]
+      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
+    }
+    const std::int64_t t0 = activation_offsets(ctx, seq)[0];
+    const std::int64_t t_local = h.size(0);
+    Tensor pos = reshape(narrow(wpe_.operand(), 0, t0, t_local), {t_local, 1, c});
+    h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
+    return dropout(h);
   }
 
   // Every token of a [B, T] batch tensor in [0, vocab) (a target may be the ignore index -100), or an
@@ -368,11 +435,19 @@ class Gpt final : public Model {
     }
   }
 
+  // This stage's parameters, in the one-rank model's order (a pipeline's stages, concatenated in
+  // stage order, list every parameter once: the last stage's wte copy is not one).
   std::vector<Parameter*> parameters() override {
-    std::vector<Parameter*> out{&wte_.weight, &wpe_};
+    std::vector<Parameter*> out;
+    if (stage_.is_first()) {
+      out.push_back(&wte_->weight);
+      out.push_back(&wpe_);
+    }
     for (auto& b : blocks_) b->collect(out);
-    out.push_back(&ln_f_.weight);
-    out.push_back(&ln_f_.bias);
+    if (stage_.is_last()) {
+      out.push_back(&ln_f_.weight);
+      out.push_back(&ln_f_.bias);
+    }
     return out;
   }
   const ModelConfig& config() const override { return cfg_; }
@@ -381,6 +456,7 @@ class Gpt final : public Model {
   dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
   void set_accumulating(bool on) override {
+    tied_->set_accumulating(on);
     if (root_unit_) root_unit_->set_accumulating(on);
     for (const auto& b : blocks_) {
       if (b->fsdp()) b->fsdp()->set_accumulating(on);
@@ -388,6 +464,7 @@ class Gpt final : public Model {
   }
 
   KvCache new_cache(std::int64_t batch) override {
+    check_one_stage("new_cache");
     MG_CHECK(batch >= 1, "gpt: a key/value cache needs at least one sequence, got batch {}", batch);
     KvCache cache;
     cache.batch = batch;
@@ -404,6 +481,7 @@ class Gpt final : public Model {
   // The forward of loss() on the new positions only, every block reading the earlier positions'
   // keys and values from the cache instead of recomputing them.
   Tensor decode(const Tensor& ids, KvCache& cache, bool all_positions) override {
+    check_one_stage("decode");
     check_dtype(ids, DType::Int64, "gpt decode", "ids");
     MG_CHECK(cache.keys.size() == blocks_.size() && cache.values.size() == blocks_.size() &&
                  cache.capacity == cfg_.n_positions() && cache.length >= 0 && cache.length <= cache.capacity,
@@ -424,7 +502,7 @@ class Gpt final : public Model {
     Tensor h;
     {
       dist::CommLabelScope label("wte");
-      h = dist::reduce_from_region(wte_.forward_partial(tids), ctx.tp);   // [T_new, B, C]
+      h = dist::reduce_from_region(wte_->forward_partial(tids), ctx.tp);   // [T_new, B, C]
     }
     h = add(h, reshape(narrow(wpe_.operand(), 0, start, t_new), {t_new, 1, c}));
     for (std::size_t l = 0; l < blocks_.size(); ++l) {
@@ -433,7 +511,7 @@ class Gpt final : public Model {
     if (!all_positions) h = narrow(h, 0, t_new - 1, 1);   // only the last position's logits are wanted
     h = ln_f_.forward(h);
     const std::int64_t rows = h.size(0);
-    const Tensor local = lm_head_->forward_with(h, rows, transpose(wte_.weight.operand(), 0, 1), Tensor());   // [T', B, V_local]
+    const Tensor local = lm_head_->forward_with(h, rows, transpose(wte_->weight.operand(), 0, 1), Tensor());   // [T', B, V_local]
     Tensor logits;
     {
       dist::CommLabelScope label("lm_head");
@@ -445,10 +523,17 @@ class Gpt final : public Model {
   }
 
  private:
+  void check_one_stage(const char* what) const {
+    MG_CHECK(stage_.count == 1, "gpt {}: incremental decoding runs the whole model on one stage, and this mesh has a "
+             "pipeline of {} stages (sample and generate on a mesh without pp)", what, stage_.count);
+  }
+
   ModelConfig cfg_;
   ParallelContextPtr ctx_;
-  VocabParallelEmbedding wte_;
-  Parameter wpe_;
+  PipelineStage stage_;
+  std::unique_ptr<VocabParallelEmbedding> wte_;   // the first and the last stage (a copy there)
+  Parameter wpe_;                                  // the first stage
+  std::unique_ptr<TiedWeight> tied_;
   std::vector<std::shared_ptr<Block>> blocks_;   // shared with checkpointed regions' closures
   LayerNorm ln_f_;
   std::unique_ptr<ColumnParallelLinear> lm_head_;      // no weight of its own
@@ -466,6 +551,8 @@ class MlpModel final : public Model {
   MlpModel(const ModelConfig& cfg, const ParallelConfig& parallel, dist::DeviceMeshPtr mesh, std::uint64_t seed)
       : cfg_(cfg), ctx_(ParallelContext::on(std::move(mesh), parallel)), seed_(seed) {
     invariant::check_model(cfg, *ctx_);
+    MG_CHECK(ctx_->pp_size() == 1, "mlp: the MLP stack has no pipeline stages ({}): use a mesh without pp",
+             ctx_->mesh->str());
     for (int i = 0; i < cfg.layers; ++i) {
       mlps_.push_back(std::make_unique<Mlp>(fmt::format("h.{}.mlp", i), cfg.hidden, cfg.ffn_size(), cfg.layers, ctx_,
                                             seed, cfg.dtype));
@@ -562,6 +649,36 @@ ModelConfig ModelConfig::with_shape_of(const ModelConfig& shape) const {
   c.positions = shape.positions;
   c.layer_norm_epsilon = shape.layer_norm_epsilon;
   return c;
+}
+
+std::vector<int> stage_layer_counts(int layers, int stages, const std::vector<int>& requested) {
+  MG_CHECK(stages >= 1, "pipeline: {} stages", stages);
+  MG_CHECK(stages <= layers, "--mesh pp={}: a pipeline of {} stages needs at least {} transformer blocks, and the model "
+           "has {} (--layers): use pp <= {}", stages, stages, stages, layers, layers);
+  if (requested.empty()) {
+    std::vector<int> counts;
+    for (int s = 0; s < stages; ++s) counts.push_back(static_cast<int>(shard_range(layers, stages, s).size));
+    return counts;
+  }
+  const std::string given = fmt::format("{}", fmt::join(requested, ","));
+  MG_CHECK(static_cast<int>(requested.size()) == stages, "--pp-layers {}: {} counts for a pipeline of {} stages (pp={})",
+           given, requested.size(), stages, stages);
+  int sum = 0;
+  for (const int n : requested) {
+    MG_CHECK(n >= 1, "--pp-layers {}: every stage needs at least one transformer block", given);
+    sum += n;
+  }
+  MG_CHECK(sum == layers, "--pp-layers {}: the counts add up to {} blocks, and the model has {} (--layers)", given, sum,
+           layers);
+  return requested;
+}
+
+Tensor Model::forward_stage(const Batch&, const Tensor&, std::int64_t) {
+  throw InvalidArgument(fmt::format("model '{}' has no pipeline stages: only gpt has", config().kind));
+}
+
+Shape Model::stage_input_shape(const Batch&) const {
+  throw InvalidArgument(fmt::format("model '{}' has no pipeline stages: only gpt has", config().kind));
 }
 
 KvCache Model::new_cache(std::int64_t) {

@@ -152,6 +152,24 @@ void add_squares(ExactSum& acc, const Tensor& g) {
   });
 }
 
+// The pp group when the mesh is a pipeline of more than one stage (each stage holds other
+// parameters), else nullptr.
+const dist::ProcessGroup* pipeline_stages(const dist::DeviceMesh& mesh) {
+  if (!mesh.has_axis("pp") || mesh.axis_size(mesh.axis_index("pp")) == 1) return nullptr;
+  return &mesh.group("pp");
+}
+
+// Every stage's terms (mask, sum of squares per parameter), concatenated in stage order: the
+// one-rank model's parameter order (Model::parameters), so the sums below add them in its order
+// and a pipeline's norm is the bits of the model it splits.
+std::vector<double> terms_of_every_stage(const std::vector<double>& terms, const dist::ProcessGroup& stages) {
+  const auto n = static_cast<std::int64_t>(terms.size());
+  const Tensor local = Tensor::from_values(terms, {n}, DType::Float64);
+  const Tensor all = dist::all_gather(local, stages, 0, dist::exchange_sizes(n, stages));
+  const double* v = all.data<double>();
+  return std::vector<double>(v, v + all.numel());
+}
+
 double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh) {
   std::map<dist::AxisMask, ExactSum> sums;
   for (const nn::Parameter* p : params) {
@@ -183,6 +201,16 @@ double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::De
     total.add_bins(local);
     total.normalize();
   }
+  if (const dist::ProcessGroup* stages = pipeline_stages(mesh)) {
+    // Each stage's exact sum, added exactly over the stages (normalised bins, as above).
+    std::vector<double> bins(total.bins().begin(), total.bins().end());
+    const Tensor counts = dist::all_reduce(Tensor::from_values(bins, {static_cast<std::int64_t>(bins.size())},
+                                                               DType::Float64), *stages);
+    const double* c = counts.data<double>();
+    for (std::size_t e = 0; e < bins.size(); ++e) total.bins()[e] = static_cast<std::int64_t>(c[e]);
+    total.special() = dist::all_reduce(Tensor::scalar(total.special(), DType::Float64), *stages).item();
+    total.normalize();
+  }
   return std::sqrt(total.value());
 }
 
@@ -190,18 +218,25 @@ double exact_grad_norm(const std::vector<nn::Parameter*>& params, const dist::De
 
 double global_grad_norm(const std::vector<nn::Parameter*>& params, const dist::DeviceMesh& mesh, bool exact) {
   trace::Span span("grad_norm", "optimizer");
-  // Sums of squares per set of sharding axes (0: replicated everywhere), in a fixed order.
-  std::map<dist::AxisMask, double> sums;
+  // One term per parameter: its sharding axes (0: replicated everywhere) and its sum of squares.
+  std::vector<double> terms;   // mask, value, mask, value, ...
   for (const nn::Parameter* p : params) {
     MG_CHECK(static_cast<int>(p->placements.size()) == mesh.ndim(), "global_grad_norm: parameter '{}' has {} "
              "placements for {}", p->name, p->placements.size(), mesh.str());
     const Tensor g = p->value.grad();
     MG_CHECK(!g.defined() || dist::partial_axes(g) == 0, "global_grad_norm: the gradient of '{}' is still partial: "
              "run GradientSynchronizer::finish() first", p->name);
-    if (!exact) sums[dist::sharded_axes(p->placements)] += g.defined() ? sum_of_squares(g) : 0.0;
+    if (!exact) {
+      terms.push_back(static_cast<double>(dist::sharded_axes(p->placements)));
+      terms.push_back(g.defined() ? sum_of_squares(g) : 0.0);
+    }
   }
   if (exact) return exact_grad_norm(params, mesh);
   dist::PhaseScope phase(dist::Phase::Optimizer);
+  if (pipeline_stages(mesh) != nullptr) terms = terms_of_every_stage(terms, *pipeline_stages(mesh));
+  // Sums of squares per set of sharding axes, each in the one-rank model's parameter order.
+  std::map<dist::AxisMask, double> sums;
+  for (std::size_t i = 0; i < terms.size(); i += 2) sums[static_cast<dist::AxisMask>(terms[i])] += terms[i + 1];
   double total = 0;
   for (const auto& [mask, local] : sums) {
     if (mask == 0) {

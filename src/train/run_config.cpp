@@ -50,6 +50,8 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("shard-optimizer", parallel.shard_optimizer),
         MG_FIELD("tp-invariant", parallel.tp_invariant),
         MG_FIELD("invariant-blocks", parallel.invariant_blocks),
+        MG_FIELD("pp-layers", parallel.pp_layers),
+        MG_FIELD("pp-schedule", pp_schedule),
         MG_FIELD("steps", steps),
         MG_FIELD("lr", lr),
         MG_FIELD("warmup", warmup_steps),

@@ -12,6 +12,7 @@
 #include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/optim/grad_norm.hpp"
 #include "meshgrad/optim/micro_batches.hpp"
+#include "meshgrad/pipeline/executor.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::train {
@@ -70,7 +71,8 @@ void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum)
 }
 
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip, int grad_accum) {
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip, int grad_accum,
+                       pipeline::ScheduleKind schedule) {
   const DpPlace dp = dp_place(mesh);
   const dist::ReduceOrder order = model.reduce_order();
   optimizer.zero_grad();
@@ -84,6 +86,19 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   const std::vector<nn::Parameter*> params = model.parameters();
   optim::MicroBatchGradients gradients(params, sync, order, grad_accum);
   optim::MicroBatchLosses losses(order);
+  StepOutcome out;
+  if (model.stage().count > 1) {
+    std::vector<nn::Batch> micro;
+    for (int k = 0; k < grad_accum; ++k) micro.push_back(grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum));
+    const Tensor stage_loss = pipeline::run_step(model, micro, targets, schedule, gradients, mesh);
+    gradients.finish();
+    sync.finish();
+    out.loss = pipeline::losses_over_stages(stage_loss, mesh);
+    out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, dp.size > 1)
+                                  : optim::global_grad_norm(params, mesh, dp.size > 1);
+    optimizer.step();
+    return out;
+  }
   // Every micro-batch draws the dropout seeds of one forward of the whole batch: masks depend on the
   // seed and the global row, so its rows get the masks they get at K = 1 (and on a dp replica).
   const std::uint64_t dropout_start = model.random_state();
@@ -99,7 +114,6 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   }
   gradients.finish();
   sync.finish();
-  StepOutcome out;
   out.loss = losses.total();
   // The exact norm in the tree order, and wherever the batch is split (dp, fsdp): its bits must not
   // depend on how the gradient is split, so that fsdp=N clips exactly as dp=N does.
@@ -128,6 +142,13 @@ double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches
     const std::int64_t targets = count_loss_targets(global_batch.targets);
     optim::MicroBatchLosses losses(model.reduce_order());
     const int pieces = static_cast<int>(std::min<std::int64_t>(micro_batches, share.inputs.size(0)));
+    if (model.stage().count > 1) {
+      std::vector<nn::Batch> micro;
+      for (int k = 0; k < pieces; ++k) micro.push_back(pieces == 1 ? share : data::dp_shard(share, k, pieces));
+      const Tensor stage_loss = pipeline::forward_only(model, micro, targets, mesh);
+      total += sum_over_dp(pipeline::losses_over_stages(stage_loss, mesh), dp, model.reduce_order());
+      continue;
+    }
     for (int k = 0; k < pieces; ++k) {
       losses.push(model.loss(pieces == 1 ? share : data::dp_shard(share, k, pieces), targets));
     }

@@ -20,6 +20,7 @@
 #include "meshgrad/checkpoint/saver.hpp"
 #include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/data/dataset.hpp"
+#include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
@@ -28,6 +29,7 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/pipeline/schedule.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/run_config.hpp"
@@ -101,6 +103,33 @@ class Run {
   int last_saved_ = -1;
 };
 
+// A pipeline's options (a mesh with pp > 1), and pipeline options without one. What pipelines do not
+// combine with yet is refused naming it (see docs/training.md, "Pipeline parallelism").
+void check_pipeline_options(const TrainOptions& o, const dist::DeviceMesh& mesh, int dp) {
+  const int stages = mesh.has_axis("pp") ? mesh.axis_size("pp") : 1;
+  (void)pipeline::parse_schedule(o.pp_schedule);
+  if (stages == 1) {
+    MG_CHECK(o.parallel.pp_layers.empty(), "train: --pp-layers {} needs a pipeline: add pp=N to --mesh ({})",
+             fmt::join(o.parallel.pp_layers, ","), mesh.str());
+    MG_CHECK(o.pp_schedule == "1f1b" || o.given_options.count("pp-schedule") == 0,
+             "train: --pp-schedule {} needs a pipeline: add pp=N to --mesh ({})", o.pp_schedule, mesh.str());
+    return;
+  }
+  if (o.init_from.empty()) (void)nn::stage_layer_counts(o.model.layers, stages, o.parallel.pp_layers);
+  const std::int64_t rows = o.model.batch / dp;
+  MG_CHECK(o.model.batch % dp == 0 && rows % o.grad_accum == 0,
+           "train: --micro-batches {} on {}: each data-parallel replica's {} rows of --batch {} must divide into {} "
+           "micro-batches of equal rows", o.grad_accum, mesh.str(), o.model.batch / std::max(dp, 1), o.model.batch,
+           o.grad_accum);
+  for (const auto& [given, what] : {std::pair<bool, const char*>{!o.checkpoint_dir.empty(), "--checkpoint-dir"},
+                                    {!o.resume.empty() || !o.resume_dir.empty(), "--resume"},
+                                    {!o.save_path.empty(), "--save"},
+                                    {!o.init_from.empty(), "--init-from"}}) {
+    MG_CHECK(!given, "train: {} with pipeline parallelism ({}) is not supported yet: each stage holds only its blocks, "
+             "and saving or loading them per stage is still to come", what, mesh.str());
+  }
+}
+
 // The options that need no file: sizes, rates and the checkpointing options' combinations. Returns
 // options.
 const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMesh& mesh) {
@@ -124,6 +153,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
            o.save_every, o.keep);
   MG_CHECK(o.save_every == 0 || !o.checkpoint_dir.empty(), "train: --save-every needs --checkpoint-dir");
   MG_CHECK(o.keep == 0 || !o.checkpoint_dir.empty(), "train: --keep needs --checkpoint-dir");
+  check_pipeline_options(o, mesh, dp);
   return o;
 }
 
@@ -248,10 +278,14 @@ void Run::build() {
   last_saved_ = resume_ ? result_.first_step : -1;
   if (saver_ && options_.handle_signals) signals_.emplace();
   result_.parameters = count_parameters(params_);
-  std::int64_t wpe = 0;
-  for (const nn::Parameter* p : params_) {
-    if (p->name == "wpe.weight") wpe = shape_numel(p->full_shape);
+  if (model_->stage().count > 1) {
+    // Each stage holds its own parameters: the model's are every stage's (exact in float64).
+    dist::PhaseScope phase(dist::Phase::Optimizer);
+    result_.parameters = static_cast<std::int64_t>(
+        dist::all_reduce(Tensor::scalar(static_cast<double>(result_.parameters), DType::Float64), mesh_->group("pp"))
+            .item());
   }
+  const std::int64_t wpe = config_.kind == "gpt" ? std::int64_t{config_.n_positions()} * config_.hidden : 0;
   flops_per_token_ = model_flops_per_token(config_, result_.parameters - wpe);
   tokens_per_step_ = static_cast<std::int64_t>(config_.batch) * config_.seq;
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
@@ -279,7 +313,8 @@ Run::StepFigures Run::step(int step, double lr) {
   optimizer_->set_lr(lr);
   const nn::Batch global_batch = dataset().next_batch(step);
   const StepOutcome outcome =
-      train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, options_.grad_accum);
+      train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, options_.grad_accum,
+                 pipeline::parse_schedule(options_.pp_schedule));
   const double global = global_loss(outcome.loss, *mesh_, model_->reduce_order());
   result_.losses.push_back(global);
   MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);

@@ -69,10 +69,26 @@ TEST(MeshSpec, FsdpComesAfterDpAndBeforeTheTpAxesOnlyWhenGiven) {
   EXPECT_NE(mesh_error("FSDP=2").find("did you mean 'fsdp'"), std::string::npos);
 }
 
-TEST(MeshSpec, OnlyDpFsdpAndTpCaseSensitive) {
-  for (const std::string spec : {"pp=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2"}) {
+// pp (pipeline stages) is the outermost axis, present only when given, and written back the same way.
+TEST(MeshSpec, PpComesFirstOnlyWhenGiven) {
+  EXPECT_EQ(axes_str(parse_mesh("pp=2")), "pp=2 dp=1 tp=1");
+  EXPECT_EQ(axes_str(parse_mesh("tp=2,pp=4,dp=2")), "pp=4 dp=2 tp=2");
+  EXPECT_EQ(axes_str(parse_mesh("dp=2,tp=2x2,pp=2")), "pp=2 dp=2 tp_row=2 tp_col=2");
+  for (const std::string spec : {"pp=2,tp=1", "pp=2,dp=2,tp=2", "pp=3,dp=2,fsdp=2,tp=2x2", "pp=1,tp=2"}) {
+    EXPECT_EQ(mesh_spec(parse_mesh(spec)), spec);
+  }
+  EXPECT_EQ(mesh_spec(parse_mesh("tp=2,pp=2")), "pp=2,tp=2");
+  EXPECT_NE(mesh_error("pp=2,pp=2").find("appears twice"), std::string::npos);
+  EXPECT_NE(mesh_error("pp=2x2").find("'2x2'"), std::string::npos) << "only tp is 2-D";
+  EXPECT_NE(mesh_error("pp=0").find("positive integer"), std::string::npos);
+  EXPECT_NE(mesh_error("pp=4096,tp=2").find("at most 4096"), std::string::npos);
+  EXPECT_NE(mesh_error("PP=2").find("did you mean 'pp'"), std::string::npos);
+}
+
+TEST(MeshSpec, OnlyPpDpFsdpAndTpCaseSensitive) {
+  for (const std::string spec : {"ep=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2", "PP=2"}) {
     const std::string msg = mesh_error(spec);
-    EXPECT_NE(msg.find("valid axes are dp, fsdp and tp"), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find("valid axes are pp, dp, fsdp and tp"), std::string::npos) << spec << ": " << msg;
     EXPECT_NE(msg.find(spec), std::string::npos) << "names the spec: " << msg;
   }
   EXPECT_NE(mesh_error("TP=2").find("did you mean 'tp'"), std::string::npos);

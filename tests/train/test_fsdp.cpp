@@ -21,6 +21,7 @@
 
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/comm/threads.hpp"
+#include "run_on_spec.hpp"
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/train/trainer.hpp"
@@ -29,15 +30,6 @@ namespace meshgrad::train {
 namespace {
 
 namespace fs = std::filesystem;
-
-void run_on(const std::string& spec, const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
-  comm::ThreadsOptions options;
-  options.timeout = std::chrono::milliseconds(120000);
-  const std::vector<dist::MeshAxis> axes = dist::parse_mesh(spec);
-  comm::run_ranks(dist::mesh_world_size(spec),
-                  [&](const comm::CommunicatorPtr& world) { fn(std::make_shared<const dist::DeviceMesh>(world, axes)); },
-                  options);
-}
 
 struct Options {
   bool sp = false, overlap = false, tree = false, checkpoint_blocks = false, shard_optimizer = false;

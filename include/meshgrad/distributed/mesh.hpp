@@ -46,7 +46,10 @@ struct MeshAxis {
 //   "fsdp=F,..."    adds [fsdp=F] after dp, before the tp axes: sharded data parallelism (the
 //                   parameters, gradients and optimizer state split over it, nn/fsdp.hpp); "dp=M,fsdp=F"
 //                   is HSDP, M replicas of an F-way sharded model. Present only when given.
-// A missing dp or tp is size 1, so models always find both. The axis names are dp, fsdp and tp
+//   "pp=S,..."      adds [pp=S] before every other axis: a pipeline of S stages (pipeline/), each a
+//                   whole dp x fsdp x tp mesh of its own; outermost, so a stage's ranks are adjacent
+//                   (one host per stage). Present only when given.
+// A missing dp or tp is size 1, so models always find both. The axis names are pp, dp, fsdp and tp
 // (case-sensitive): anything else is refused, since an unknown axis would be silently ignored.
 
 // The most ranks a mesh may have. Checked before anything is allocated (the threads backend

@@ -112,7 +112,10 @@ class VocabParallelEmbedding {
   VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
                          ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
   // ids: int64 [...] -> [..., C], partial over tp.
-  Tensor forward_partial(const Tensor& ids) const;
+  Tensor forward_partial(const Tensor& ids) const { return forward_partial(ids, weight.operand()); }
+  // The same with `table` (this rank's [V_local, C] rows: the weight's operand, or a node of it) as
+  // the table: how a model adds its own step between the weight and the lookup.
+  Tensor forward_partial(const Tensor& ids, const Tensor& table) const;
   std::int64_t vocab_offset() const { return offset_; }
   std::int64_t vocab() const { return vocab_; }
   Parameter weight;

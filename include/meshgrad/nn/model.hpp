@@ -62,7 +62,28 @@ struct ParallelConfig {
   // once per step after the update (lazily, at the next forward): plain dp's memory for parameters,
   // 1/dp of it for gradients and moments, no gather in backward. Needs dp > 1 and no fsdp axis.
   bool shard_optimizer = false;
+  // Pipeline parallelism (a mesh with a pp axis of p > 1 stages): the number of transformer blocks
+  // of each stage, in stage order (p entries summing to the model's layers); empty: an even split,
+  // the first layers % p stages taking one more. The embedding lives on the first stage, ln_f and
+  // the tied output layer on the last.
+  std::vector<int> pp_layers = {};
 };
+
+// Where this rank's stage lies in a pipeline: stage `index` of `count` holds transformer blocks
+// [first_block, end_block). A mesh without a pp axis is one stage holding every block.
+struct PipelineStage {
+  int index = 0;
+  int count = 1;
+  int first_block = 0;
+  int end_block = 0;
+  bool is_first() const { return index == 0; }
+  bool is_last() const { return index + 1 == count; }
+};
+
+// The blocks of each of `stages` stages for a model of `layers` blocks: `requested` (--pp-layers)
+// when given, else the even split. Throws InvalidArgument naming the values when there are more
+// stages than blocks, or `requested` has the wrong count, a stage without blocks, or another sum.
+std::vector<int> stage_layer_counts(int layers, int stages, const std::vector<int>& requested);
 
 // One batch: int64 tokens and targets, [B, T] (this dp rank's share of the global batch). Its rows
 // are rows [row_offset, row_offset + B) of a global batch of global_rows rows (0: the batch is the
@@ -113,6 +134,22 @@ class Model {
   // the whole sum, as dp reduces .grad once. Every rank switches at the same micro-batch. No effect
   // without an fsdp axis.
   virtual void set_accumulating(bool /*on*/) {}
+
+  // ---- pipeline parallelism (a mesh with a pp axis; pipeline/executor.hpp runs the stages) ---------
+  // This rank's stage (one stage of every block without a pp axis).
+  virtual PipelineStage stage() const { return {0, 1, 0, config().layers}; }
+  // One micro-batch through this rank's stage. input: the activation the previous stage sent
+  // (stage_input_shape; undefined on the first stage). Returns the activation for the next stage
+  // (every stage but the last), or the loss as loss() returns it (the last stage). Records the
+  // graph when parameters require grad; the executor ties it to the neighbours' with dist::send /
+  // dist::recv. Models without stages throw InvalidArgument naming their kind.
+  virtual Tensor forward_stage(const Batch& batch, const Tensor& input, std::int64_t global_tokens);
+  // The shape of the activation a stage receives for micro-batch `batch` (in the model's dtype).
+  virtual Shape stage_input_shape(const Batch& batch) const;
+  // Before the first forward of a step or an evaluation: the copies a stage keeps of another
+  // stage's parameters (GPT: the last stage's copy of the tied wte) take their current values.
+  // Collective over the pp group; nothing without a pp axis.
+  virtual void refresh_stage_copies() {}
 
   // ---- inference (GPT only; the others throw InvalidArgument naming their kind) --------------------
   // An empty cache for `batch` sequences (collective-free; allocates the whole capacity).

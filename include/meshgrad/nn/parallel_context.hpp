@@ -47,6 +47,7 @@ struct ParallelContext {
   // The axis parameters are sharded over for data parallelism (nn/fsdp.hpp): fsdp, or dp under
   // --shard-optimizer; -1: none.
   int fsdp_axis = -1;
+  int pp_axis = -1;                  // -1: no pp axis (pipeline parallelism, pipeline/executor.hpp)
   ParallelConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
@@ -57,6 +58,9 @@ struct ParallelContext {
   int tp_rank() const { return tp.rank(); }
   const dist::ProcessGroup& row() const { return mesh->group(row_axis); }
   const dist::ProcessGroup& col() const { return mesh->group(col_axis); }
+  // The pipeline's stages: this rank's group along the pp axis (stage = rank in it); 1 without one.
+  int pp_size() const { return pp_axis >= 0 ? mesh->axis_size(pp_axis) : 1; }
+  int pp_rank() const { return pp_axis >= 0 ? mesh->coordinate(pp_axis) : 0; }
   bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
   // Parameters are sharded over an fsdp axis of more than one rank and gathered per unit (fsdp.hpp).
   bool fsdp_active() const { return fsdp_axis >= 0 && mesh->axis_size(fsdp_axis) > 1; }

@@ -52,8 +52,11 @@ struct TrainOptions {
   int eval_every = 0;
   // Clip the global gradient norm to this (0 = off); the norm is reported every step either way.
   double grad_clip = 0;
-  // Micro-batches per step (each rank's rows of --batch split in K; see train_step).
+  // Micro-batches per step (each rank's rows of --batch split in K; see train_step). On a pipeline
+  // (a mesh with pp > 1) they are what flows through the stages (--micro-batches is its other name).
   int grad_accum = 1;
+  // The pipeline schedule on a mesh with pp > 1: "1f1b" or "gpipe" (pipeline/schedule.hpp).
+  std::string pp_schedule = "1f1b";
   int eval_steps = 20;
   // Sharded checkpoints (checkpoint/saver.hpp): every save_every steps and after the last step,
   // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background

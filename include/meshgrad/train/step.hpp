@@ -13,6 +13,7 @@
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/pipeline/schedule.hpp"
 
 namespace meshgrad::train {
 
@@ -41,8 +42,12 @@ struct StepOutcome {
 // reduced once after the last: the same loss and gradients as K = 1 up to rounding, dropout masks
 // included (every micro-batch draws the seeds of one forward of the whole batch, and masks are by
 // global row), with one dp reduction per step and the activations of one micro-batch at a time.
+// On a pipeline (a mesh with pp > 1; the model is this rank's stage), the K micro-batches run
+// through the stages in `schedule`'s order (pipeline/executor.hpp) with the same accumulation, so
+// the step is bitwise one rank's with the same K; the loss is the last stage's, on every stage.
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
-                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip = 0, int grad_accum = 1);
+                       optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip = 0, int grad_accum = 1,
+                       pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB);
 // The K micro-batches are added in the model's order (optim/micro_batches.hpp): in TP-invariant mode
 // their gradients and losses in the fixed binary tree, and the synchroniser must be built with the
 // same order (GradSyncOptions::order), so the step is bitwise the same on every mesh with the same

@@ -1,0 +1,51 @@
+// Runs a step's micro-batches through this rank's pipeline stage in a schedule's order
+// (schedule.hpp). Each forward receives the previous stage's activation (dist::recv, recorded),
+// runs Model::forward_stage and sends the result on (dist::send) or, on the last stage, keeps the
+// loss; each backward is autograd's backward from that token or loss: the graph's send and receive
+// nodes move the gradients between stages, so nothing here writes a gradient transfer.
+//
+// The micro-batches' gradients accumulate exactly as optim::MicroBatchGradients accumulates them on
+// one rank (the same object drives the gradient synchroniser), and the model is told which backward
+// is the last (Model::set_accumulating), so `--mesh pp=P --grad-accum M` gives the bits of one rank
+// with `--grad-accum M`.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "meshgrad/distributed/mesh.hpp"
+#include "meshgrad/nn/model.hpp"
+#include "meshgrad/optim/micro_batches.hpp"
+#include "meshgrad/pipeline/schedule.hpp"
+
+namespace meshgrad::pipeline {
+
+// What a step's stage did, for traces, explain and benchmarks.
+struct StageTimes {
+  double forward_s = 0, backward_s = 0;   // computing (transfers inside them included)
+  double wait_s = 0;                      // blocked receiving from a neighbour
+  int peak_in_flight = 0;                 // micro-batches whose activations were held at once
+};
+
+// The pp group of the mesh; throws when the mesh has no pp axis.
+const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh);
+
+// Forward and backward of every micro-batch on this rank's stage. micro: the step's micro-batches,
+// in order (the same on every stage: the first reads inputs, the last targets). targets: the
+// global batch's loss-target count. Returns the sum of the micro-batch losses in the model's order
+// on the last stage and a zero of the model's dtype elsewhere (losses_over_stages shares it).
+// Waits for every send before returning.
+Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets,
+                ScheduleKind schedule, optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh,
+                StageTimes* times = nullptr);
+
+// The forward of every micro-batch without recording a graph (evaluation): the summed loss on the
+// last stage, a zero elsewhere.
+Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets,
+                    const dist::DeviceMesh& mesh);
+
+// The last stage's value of `stage_loss` on every stage (an all-reduce over the pp group in which
+// the other stages add zeros: exact).
+Tensor losses_over_stages(const Tensor& stage_loss, const dist::DeviceMesh& mesh);
+
+}  // namespace meshgrad::pipeline

@@ -1,0 +1,123 @@
+// A weight tied between the embedding and the output layer (contracts in nn/tied_weight.hpp).
+#include "meshgrad/nn/tied_weight.hpp"
+
+#include "meshgrad/autograd/function.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/distributed/p2p.hpp"
+#include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+
+namespace meshgrad::nn {
+
+namespace {
+// Tags of the two transfers between the first and last stage, outside dist::tags_for's range.
+constexpr int kTagOutputGradient = 32000;
+constexpr int kTagWeightCopy = 32001;
+
+Tensor plus(const Tensor& a, const Tensor& b) {
+  Tensor sum = kernels::binary(kernels::Binary::Add, a, b);
+  dist::set_partial_axes(sum, dist::partial_axes(a));
+  return sum;
+}
+}  // namespace
+
+struct TiedWeightState {
+  std::string name;
+  ParallelContextPtr ctx;
+  PipelineStage stage;
+  bool accumulating = false;
+  Tensor output_sum;   // H of the micro-batches so far (undefined: none yet)
+  dist::SendQueuePtr sends = std::make_shared<dist::SendQueue>();
+  bool pipelined() const { return stage.count > 1; }
+  const dist::ProcessGroup& pp() const { return ctx->mesh->group(ctx->pp_axis); }
+};
+
+namespace {
+
+class TiedOutputUseFn final : public autograd::Function {
+ public:
+  explicit TiedOutputUseFn(std::shared_ptr<TiedWeightState> state) : state_(std::move(state)) {}
+  std::string_view name() const override { return "tied_output_use"; }
+  TensorList forward(const TensorList& x) override { return {x[0]}; }
+  TensorList backward(const TensorList& g) override {
+    TiedWeightState& s = *state_;
+    if (!s.output_sum.defined()) {
+      s.output_sum = g[0].contiguous().clone();
+      dist::set_partial_axes(s.output_sum, dist::partial_axes(g[0]));
+    } else {
+      MG_CHECK(dist::partial_axes(g[0]) == dist::partial_axes(s.output_sum), "{}: the output layer's gradient is "
+               "partial on axes {:#x} in this micro-batch and {:#x} in earlier ones", s.name,
+               dist::partial_axes(g[0]), dist::partial_axes(s.output_sum));
+      s.output_sum = plus(s.output_sum, g[0]);
+    }
+    if (s.accumulating) return {Tensor()};
+    Tensor total = std::move(s.output_sum);
+    s.output_sum = Tensor();
+    if (!s.pipelined()) return {total};
+    // The first stage adds it to the embedding's gradient (TiedEmbeddingUseFn), which carries the
+    // same partial axes (the batch's).
+    s.sends->add(dist::send_async(total, s.pp(), 0, kTagOutputGradient));
+    return {Tensor()};
+  }
+
+ private:
+  std::shared_ptr<TiedWeightState> state_;
+};
+
+class TiedEmbeddingUseFn final : public autograd::Function {
+ public:
+  explicit TiedEmbeddingUseFn(std::shared_ptr<TiedWeightState> state) : state_(std::move(state)) {}
+  std::string_view name() const override { return "tied_embedding_use"; }
+  TensorList forward(const TensorList& x) override { return {x[0]}; }
+  TensorList backward(const TensorList& g) override {
+    const TiedWeightState& s = *state_;
+    if (s.accumulating) return {g[0]};
+    // H of every micro-batch, from the same tp coordinate of the last stage; annotated as the
+    // embedding's gradient is (both are partial over the axes that split the batch).
+    Tensor output = dist::recv(g[0].shape(), g[0].dtype(), s.pp(), s.stage.count - 1, kTagOutputGradient);
+    dist::set_partial_axes(output, dist::partial_axes(g[0]));
+    return {plus(g[0], output)};
+  }
+
+ private:
+  std::shared_ptr<TiedWeightState> state_;
+};
+
+}  // namespace
+
+TiedWeight::TiedWeight(std::string name, ParallelContextPtr ctx, PipelineStage stage)
+    : state_(std::make_shared<TiedWeightState>()) {
+  state_->name = std::move(name);
+  state_->ctx = std::move(ctx);
+  state_->stage = stage;
+}
+
+TiedWeight::~TiedWeight() = default;
+
+Tensor TiedWeight::output_use(const Tensor& w) const {
+  if (state_->ctx->reduce_order() == dist::ReduceOrder::FixedTree) return w;
+  return autograd::apply<TiedOutputUseFn>({w}, state_)[0];
+}
+
+Tensor TiedWeight::embedding_use(const Tensor& w) const {
+  if (!state_->pipelined() || state_->ctx->reduce_order() == dist::ReduceOrder::FixedTree) return w;
+  return autograd::apply<TiedEmbeddingUseFn>({w}, state_)[0];
+}
+
+void TiedWeight::set_accumulating(bool on) { state_->accumulating = on; }
+
+void TiedWeight::refresh_copy(const Tensor& w, const Tensor& copy) const {
+  const TiedWeightState& s = *state_;
+  if (!s.pipelined()) return;
+  s.sends->wait_all();
+  if (s.stage.is_first()) {
+    s.sends->add(dist::send_async(w, s.pp(), s.stage.count - 1, kTagWeightCopy));
+  } else if (s.stage.is_last()) {
+    const Tensor fresh = dist::recv(copy.shape(), copy.dtype(), s.pp(), 0, kTagWeightCopy);
+    autograd::NoGradGuard no_grad;
+    Tensor target = copy;
+    target.copy_from(fresh);
+  }
+}
+
+}  // namespace meshgrad::nn
