@@ -60,6 +60,7 @@ const char* python_type_name() {
   else if constexpr (std::is_integral_v<T>) return "int";
   else if constexpr (std::is_floating_point_v<T>) return "float";
   else if constexpr (std::is_same_v<T, std::string>) return "str";
+  else if constexpr (std::is_same_v<T, std::vector<int>>) return "a list of int";
   else return "a list of str";
 }
 
@@ -311,6 +312,13 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("eval_steps", o.eval_steps);
   k.get("grad_clip", o.grad_clip);
   k.get("grad_accum", o.grad_accum);
+  if (kwargs.contains("micro_batches")) {
+    // The pipeline's name for grad_accum (as --micro-batches); both at once is ambiguous.
+    MG_CHECK(!kwargs.contains("grad_accum"), "train: give micro_batches or grad_accum, not both (they are one setting)");
+    k.get("micro_batches", o.grad_accum);
+  }
+  k.get("pp_layers", o.parallel.pp_layers);
+  k.get("pp_schedule", o.pp_schedule);
   k.get_path("checkpoint_dir", o.checkpoint_dir);
   k.get("save_every", o.save_every);
   k.get("keep", o.keep);
@@ -523,12 +531,13 @@ PYBIND11_MODULE(meshgrad, m) {
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
   m.def("train", &train_job,
-        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
+        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
         "lr=3e-3, warmup=10, seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
         "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
-        "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False) -> list of per-step "
+        "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
+        "pp_layers=None (list of blocks per stage), pp_schedule='1f1b') -> list of per-step "
         "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, and val_loss on the steps that evaluated), as `meshgrad train`. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");

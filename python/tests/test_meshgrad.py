@@ -70,6 +70,24 @@ def test_fsdp_and_the_sharded_optimizer_train_the_bytes_of_dp(tmp_path):
         meshgrad.train(steps=1, mesh="tp=2", shard_optimizer=True)
 
 
+def test_a_pipeline_trains_the_bits_of_gradient_accumulation():
+    # mesh="pp=2" with micro_batches=4 runs the stages in 1F1B (or GPipe) and reports the losses and
+    # gradient norms of one rank with grad_accum=4, bit for bit (docs/training.md, "Pipeline parallelism").
+    def run(**kw):
+        steps = meshgrad.train(steps=4, layers=4, hidden=32, heads=4, seq=16, batch=8, dropout=0.1,
+                               grad_clip=0.5, **kw)
+        return [(s["loss"], s["grad_norm"]) for s in steps]
+    one_rank = run(mesh="tp=1", grad_accum=4)
+    assert run(mesh="pp=2", micro_batches=4) == one_rank
+    assert run(mesh="pp=2", micro_batches=4, pp_schedule="gpipe", pp_layers=[1, 3]) == one_rank
+    assert run(mesh="pp=2,tp=2", micro_batches=2, sequence_parallel=True) == \
+        run(mesh="tp=2", grad_accum=2, sequence_parallel=True)
+    with pytest.raises(meshgrad.InvalidArgument, match="give micro_batches or grad_accum, not both"):
+        meshgrad.train(mesh="pp=2", micro_batches=2, grad_accum=2)
+    with pytest.raises(meshgrad.InvalidArgument, match="--pp-layers 1,1,1: 3 counts for a pipeline of 2 stages"):
+        meshgrad.train(mesh="pp=2", layers=3, pp_layers=[1, 1, 1])
+
+
 def test_train_takes_a_text_file(tmp_path):
     data = tmp_path / "text.txt"
     data.write_text("the quick brown fox jumps over the lazy dog. " * 20)

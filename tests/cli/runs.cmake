@@ -79,6 +79,19 @@ if(MESHGRAD_WITH_MPI)
                        FIXTURES_CLEANUP multihost_netns)
 endif()
 
+# Pipeline parallelism end to end (tests/cli/cli_pipeline.sh): pp=2, pp=4, pp=2,tp=2 and pp=2,dp=2 bitwise
+# as --grad-accum, both schedules, the trace, refusals; with MPI the same on 4 processes and a stage
+# killed mid-run failing the survivor at the deadline, naming the operation and the missing rank.
+add_test(NAME train_cli_pipeline
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_pipeline.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_pipeline)
+set_tests_properties(train_cli_pipeline PROPERTIES LABELS train TIMEOUT 180)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_pipeline_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_pipeline.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_pipeline_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
+  set_tests_properties(train_cli_pipeline_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240)
+endif()
 # Sharded data parallelism end to end (tests/cli/cli_fsdp.sh): fsdp=2 and --shard-optimizer bitwise as
 # dp=2, a sharded checkpoint resumed on another mesh, the trace, refusals; with MPI the same runs
 # under mpirun, bitwise against the threads runs.

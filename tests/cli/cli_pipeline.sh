@@ -1,0 +1,137 @@
+#!/usr/bin/env bash
+# Pipeline parallelism end to end through `meshgrad train` (docs/training.md, "Pipeline
+# parallelism"): pp=2 and pp=4 with --micro-batches M report bitwise the losses and gradient norms of
+# one rank with --grad-accum M, in both schedules; pp=2,tp=2 those of tp=2; the trace shows every
+# stage's forwards, backwards, sends and receives; bad combinations are refused before step 1,
+# naming them.
+# Usage: cli_pipeline.sh path/to/meshgrad scratch-dir [mpirun command...]
+#   with an mpirun command: pp=2,tp=2 and pp=2,dp=2 under `--backend mpi` (4 processes), bitwise
+#   against the threads runs, and a stage killed (SIGKILL) under `mpirun --enable-recovery`: the
+#   surviving stage stops with meshgrad's deadline error naming the peer rank and the operation.
+set -euo pipefail
+M=$1
+W=$2
+shift 2
+rm -rf "$W"
+mkdir -p "$W"
+cd "$W"
+failures=0
+fail() {
+  echo "FAIL $*"
+  failures=$((failures + 1))
+}
+model=(--layers 4 --hidden 32 --heads 4 --seq 16 --batch 8 --steps 8 --grad-clip 0.5 --dropout 0.1)
+
+# run NAME MESH [FLAGS...]: train on rank threads (or under mpirun when MPIRUN is set), keep metrics.
+run() {
+  local name=$1 mesh=$2
+  shift 2
+  local ranks
+  ranks=$(python3 -c "import sys,math; print(math.prod(int(x) for a in sys.argv[1].split(',') for x in a.split('=')[1].split('x')))" "$mesh")
+  if [ ${#MPIRUN[@]} -gt 0 ]; then
+    "${MPIRUN[@]}" -np "$ranks" "$M" train --backend mpi --mesh "$mesh" "${model[@]}" "$@" --metrics "$name.jsonl" \
+      >"$name.out" 2>&1 || fail "$name: $(tail -c 600 "$name.out")"
+  else
+    "$M" train --mesh "$mesh" "${model[@]}" "$@" --metrics "$name.jsonl" >"$name.out" 2>&1 ||
+      fail "$name: $(tail -c 600 "$name.out")"
+  fi
+}
+# same A B: the losses and gradient norms of every step are the same bits (and the run moved).
+same() {
+  python3 - "$1.jsonl" "$2.jsonl" <<'PY' || fail "$1 and $2: different losses or norms"
+import json, sys
+def steps(p):
+    return [(r["loss"], r["grad_norm"]) for r in map(json.loads, open(p)) if "loss" in r]
+a, b = steps(sys.argv[1]), steps(sys.argv[2])
+sys.exit(0 if a == b and len(a) == 8 and a[-1][0] < a[0][0] else 1)
+PY
+}
+
+MPIRUN=()
+backends="threads"
+run one4 tp=1 --grad-accum 4
+run pp2 pp=2 --micro-batches 4
+run pp2gpipe pp=2 --micro-batches 4 --pp-schedule gpipe --pp-layers 3,1
+run pp4 pp=4 --micro-batches 4
+run tp2 tp=2 --grad-accum 2 --sequence-parallel --overlap
+run pp2tp2 pp=2,tp=2 --micro-batches 2 --sequence-parallel --overlap
+run dp2 dp=2 --grad-accum 2
+run pp2dp2 pp=2,dp=2 --micro-batches 2
+same one4 pp2
+same one4 pp2gpipe
+same one4 pp4
+same tp2 pp2tp2
+same dp2 pp2dp2
+
+if [ $# -gt 0 ]; then
+  MPIRUN=("$@")
+  run mpi_pp2tp2 pp=2,tp=2 --micro-batches 2 --sequence-parallel --overlap
+  run mpi_pp2dp2 pp=2,dp=2 --micro-batches 2
+  same tp2 mpi_pp2tp2
+  same dp2 mpi_pp2dp2
+  # A stage killed mid-run: the other stage's receive or send fails at the deadline, naming them.
+  MESHGRAD_COMM_TIMEOUT_MS=3000 "$@" --enable-recovery -x MESHGRAD_COMM_TIMEOUT_MS -np 2 "$M" train --backend mpi \
+    --mesh pp=2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 100000 --metrics killed.jsonl \
+    >killed.out 2>&1 &
+  job=$!
+  for _ in $(seq 1 200); do
+    [ -s killed.jsonl ] && [ "$(grep -c '"loss"' killed.jsonl || true)" -ge 2 ] && break
+    sleep 0.1
+  done
+  victim=""
+  for pid in $(pgrep -f "meshgrad train --backend mpi --mesh pp=2 --layers 2" || true); do
+    if tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx "OMPI_COMM_WORLD_RANK=1"; then victim=$pid; fi
+  done
+  if [ -z "$victim" ]; then
+    fail "killed stage: no rank-1 process found"
+    kill "$job" 2>/dev/null || true
+  else
+    t0=$(date +%s)
+    kill -9 "$victim"
+    rc=0
+    wait "$job" || rc=$?
+    elapsed=$(($(date +%s) - t0))
+    # (mpirun --enable-recovery may exit 0 after the survivor's abort: the message is the verdict.)
+    echo "killed stage: mpirun exited $rc after ${elapsed}s" >killed.verdict
+    [ "$elapsed" -le 15 ] || fail "killed stage: the survivor took ${elapsed}s (deadline 3 s)"
+    grep -qE "error on rank 0 of 2: mpi: (recv|send) .* of group pp: deadline passed .*missing rank: 1" killed.out ||
+      fail "killed stage: the survivor's error does not name the operation and the missing rank: $(tail -c 800 killed.out)"
+    ! grep -q '"step": *100000' killed.jsonl || fail "killed stage: the run finished"
+  fi
+  MPIRUN=()
+  backends="threads and mpi"
+fi
+
+# The trace shows each stage's micro-batch forwards and backwards and the sends and receives.
+"$M" train --mesh pp=2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --micro-batches 2 --steps 1 --no-metrics \
+  --trace t.json >t.out 2>&1 || fail "trace: $(tail -c 600 t.out)"
+for needle in '"forward 0"' '"backward 1"' '"pipeline_forward"' '"send"' '"recv"'; do
+  grep -qF -- "$needle" t.json || fail "no $needle in the pipeline trace"
+done
+
+# Refusals, before step 1, naming what is wrong.
+refused() {
+  local needle=$1
+  shift
+  if "$M" train "$@" >r.out 2>&1; then fail "accepted: $*"; return 0; fi
+  grep -qF -- "$needle" r.out || fail "'$*' refused without '$needle': $(tail -c 400 r.out)"
+  if grep -q "^step " r.out; then fail "'$*' ran a step before refusing"; fi
+  return 0
+}
+refused "a pipeline of 3 stages needs at least 3 transformer blocks, and the model has 2" --mesh pp=3 --layers 2 --steps 1
+refused "each data-parallel replica's 8 rows of --batch 8 must divide into 3 micro-batches" --mesh pp=2 --batch 8 \
+  --micro-batches 3 --steps 1
+refused "--pp-layers 1,2: the counts add up to 3 blocks, and the model has 4" --mesh pp=2 --layers 4 --pp-layers 1,2 \
+  --steps 1
+refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
+refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
+refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
+refused "with --tp-invariant is not supported yet" --mesh pp=2 --tp-invariant --steps 1
+refused "--save with pipeline parallelism" --mesh pp=2 --save x.safetensors --steps 1
+refused "--checkpoint-dir with pipeline parallelism" --mesh pp=2 --checkpoint-dir ck --steps 1
+refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
+if "$M" explain --mesh pp=2 >g.out 2>&1; then fail "explain accepted a pipeline"; fi
+grep -qF "only \`train\` runs pipelines so far" g.out || fail "explain on pp=2: $(tail -c 400 g.out)"
+
+[ "$failures" -eq 0 ] && echo "ok   pipeline: bitwise as gradient accumulation ($backends), trace, refusals"
+exit "$failures"
