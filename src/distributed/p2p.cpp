@@ -7,6 +7,7 @@
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::dist {
 
@@ -124,6 +125,13 @@ PendingTensor send_async(const Tensor& x, const ProcessGroup& group, int peer, i
   MG_CHECK(x.defined(), "send over {}: the tensor is undefined", group.axis);
   check_peer(group, peer, "send");
   record_collective("send", group.axis, nbytes(x));
+  // A trace shows the post (the transfer itself runs while this rank goes on; the receiver's span
+  // shows how long it waited for it).
+  trace::Span span("send", "p2p");
+  span.arg("peer", std::int64_t{peer});
+  span.arg("group", group.axis);
+  span.arg("bytes", nbytes(x));
+  span.arg("tag", std::int64_t{tag});
   const Tensor packed = x.contiguous();
   auto work = group.comm->send_async({packed.raw_data(), static_cast<std::size_t>(packed.numel()), packed.dtype()},
                                      peer, tag, p2p_options());
@@ -135,6 +143,12 @@ Tensor recv(const Shape& shape, DType dtype, const ProcessGroup& group, int peer
   check_peer(group, peer, "recv");
   Tensor out = Tensor::empty(shape, dtype);
   record_collective("recv", group.axis, nbytes(out));
+  // The span is the wait for the neighbour: a pipeline's bubble, seen from this stage.
+  trace::Span span("recv", "p2p");
+  span.arg("peer", std::int64_t{peer});
+  span.arg("group", group.axis);
+  span.arg("bytes", nbytes(out));
+  span.arg("tag", std::int64_t{tag});
   const auto start = std::chrono::steady_clock::now();
   group.comm->recv_async({out.raw_data(), static_cast<std::size_t>(out.numel()), dtype}, peer, tag, p2p_options())
       ->wait();

@@ -107,9 +107,15 @@ fi
 # The trace shows each stage's micro-batch forwards and backwards and the sends and receives.
 "$M" train --mesh pp=2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --micro-batches 2 --steps 1 --no-metrics \
   --trace t.json >t.out 2>&1 || fail "trace: $(tail -c 600 t.out)"
-for needle in '"forward 0"' '"backward 1"' '"pipeline_forward"' '"send"' '"recv"'; do
-  grep -qF -- "$needle" t.json || fail "no $needle in the pipeline trace"
-done
+python3 - t.json <<'PY' || fail "the pipeline trace lacks a stage's forwards, backwards, sends or receives"
+import json, sys
+d = json.load(open(sys.argv[1]))
+events = d["traceEvents"] if isinstance(d, dict) else d
+seen = {(e.get("name"), e.get("cat")) for e in events}
+need = {("forward 0", "pipeline_forward"), ("forward 1", "pipeline_forward"), ("backward 0", "pipeline_backward"),
+        ("backward 1", "pipeline_backward"), ("send", "p2p"), ("recv", "p2p")}
+sys.exit(0 if need <= seen else 1)
+PY
 
 # Refusals, before step 1, naming what is wrong.
 refused() {
