@@ -121,6 +121,12 @@ meshgrad_cli_test(bench_iters_negative 105 "--iters: must be an integer >= 0, go
                   ${mg} bench collectives --iters -1 ${tiny_bench})
 meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too large"
                   ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)
+# bench pipeline: a row per schedule, p and m with the ideal bubble and one idle fraction per stage;
+# micro-batches that do not divide the batch are named.
+meshgrad_cli_test(bench_pipeline_tiny 0 "gpipe +2 +2 +0\\.333 +[0-9.]+ +[0-9.]+ [0-9.]+.*1f1b +2 +2 +0\\.333"
+                  ${mg} bench pipeline --stages 2 --micro 2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 1)
+meshgrad_cli_test(bench_pipeline_bad_micro 1 "--batch 4 does not divide into 3 micro-batches"
+                  ${mg} bench pipeline --stages 2 --micro 3 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4)
 # bench memory: one row per tp size; a --mesh it cannot read is named.
 meshgrad_cli_test(bench_memory_tiny 0 "peak/ideal.*tp=1 +[0-9.]+ +[0-9.]+.*tp=2 +[0-9.]+ +[0-9.]+.*RSS proc"
                   ${mg} bench memory --mesh tp=1,2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 2 --vocab 64)
