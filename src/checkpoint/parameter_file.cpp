@@ -4,6 +4,7 @@
 #include <set>
 
 #include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/distributed/p2p.hpp"
 
 namespace meshgrad::checkpoint {
 
@@ -92,9 +93,48 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   }
 }
 
+namespace {
+
+// A pipeline's later stage hands its full tensors to stage 0's writer: their count, then per tensor
+// its name (int64 words), dtype, shape, then the data. Tags above dist::tags_for's range.
+constexpr int kTagHeader = 32100, kTagData = 32101;
+
+void send_full_tensors(const std::vector<std::pair<std::string, Tensor>>& full, const dist::ProcessGroup& stages) {
+  std::vector<std::int64_t> header{static_cast<std::int64_t>(full.size())};
+  for (const auto& [name, t] : full) {
+    header.push_back(static_cast<std::int64_t>(name.size()));
+    for (const char c : name) header.push_back(static_cast<unsigned char>(c));
+    header.push_back(static_cast<std::int64_t>(t.dtype()));
+    header.push_back(t.dim());
+    for (const std::int64_t d : t.shape()) header.push_back(d);
+  }
+  const std::int64_t words[1] = {static_cast<std::int64_t>(header.size())};
+  dist::send_async(Tensor::from_int64(words, {1}), stages, 0, kTagHeader).wait();
+  dist::send_async(Tensor::from_int64(header, {static_cast<std::int64_t>(header.size())}), stages, 0, kTagHeader).wait();
+  for (const auto& [name, t] : full) dist::send_async(t, stages, 0, kTagData).wait();
+}
+
+std::vector<std::pair<std::string, Tensor>> receive_full_tensors(const dist::ProcessGroup& stages, int from) {
+  const std::int64_t n = dist::recv({1}, DType::Int64, stages, from, kTagHeader).to_int64_vector()[0];
+  const std::vector<std::int64_t> h = dist::recv({n}, DType::Int64, stages, from, kTagHeader).to_int64_vector();
+  std::vector<std::pair<std::string, Tensor>> out;
+  std::size_t i = 1;
+  for (std::int64_t k = 0; k < h[0]; ++k) {
+    std::string name;
+    for (std::int64_t c = h[i++]; c > 0; --c) name.push_back(static_cast<char>(h[i++]));
+    const auto dtype = static_cast<DType>(h[i++]);
+    Shape shape;
+    for (std::int64_t d = h[i++]; d > 0; --d) shape.push_back(h[i++]);
+    out.emplace_back(std::move(name), dist::recv(shape, dtype, stages, from, kTagData));
+  }
+  return out;
+}
+
+}  // namespace
+
 void save_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
                      const dist::ProcessGroup& tp, int writer_rank,
-                     const std::map<std::string, std::string>& metadata) {
+                     const std::map<std::string, std::string>& metadata, const dist::ProcessGroup* stages) {
   if (writer_rank < 0 || writer_rank >= tp.size())
     throw io::SafetensorsError(path, fmt::format("save_parameters: writer rank {} is not a rank of the {} group of "
                                              "size {}",
@@ -104,7 +144,19 @@ void save_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   std::vector<std::pair<std::string, Tensor>> full;
   full.reserve(params.size());
   for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p));
-  if (tp.rank() == writer_rank) io::write_safetensors(path, full, metadata);
+  if (tp.rank() != writer_rank) return;
+  if (stages == nullptr || stages->size() == 1) {
+    io::write_safetensors(path, full, metadata);
+    return;
+  }
+  if (stages->rank() != 0) {
+    send_full_tensors(full, *stages);
+    return;
+  }
+  for (int s = 1; s < stages->size(); ++s) {
+    for (auto& entry : receive_full_tensors(*stages, s)) full.push_back(std::move(entry));
+  }
+  io::write_safetensors(path, full, metadata);
 }
 
 std::vector<std::pair<std::string, Tensor>> gather_gradients(const std::vector<nn::Parameter*>& params,

@@ -6,6 +6,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <map>
 #include <chrono>
 #include <cstdio>
 #include <cstring>
@@ -57,6 +58,116 @@ std::vector<StateTensor> check_and_describe(const std::vector<StateTensor>& tens
     meta.push_back({t.name, t.full_shape, t.placements, Tensor::empty({0}, t.local.dtype())});
   }
   return meta;
+}
+
+// ---- Every rank's tensors -------------------------------------------------------------------------
+// Ranks may hold different tensors (a pipeline stage holds its own blocks): the save is of the union,
+// each tensor written by the ranks that hold it. A tensor several ranks hold must be described the
+// same on all of them.
+
+// A description (name, dtype, full shape, placements) as int64 words, for an all-gather.
+void encode_description(const StateTensor& t, std::vector<std::int64_t>& out) {
+  out.push_back(static_cast<std::int64_t>(t.name.size()));
+  for (std::size_t i = 0; i < t.name.size(); i += 8) {
+    std::int64_t word = 0;
+    std::memcpy(&word, t.name.data() + i, std::min<std::size_t>(8, t.name.size() - i));
+    out.push_back(word);
+  }
+  out.push_back(static_cast<std::int64_t>(t.local.dtype()));
+  out.push_back(static_cast<std::int64_t>(t.full_shape.size()));
+  for (const std::int64_t d : t.full_shape) out.push_back(d);
+  out.push_back(static_cast<std::int64_t>(t.placements.size()));
+  for (const dist::Placement& p : t.placements) {
+    for (const std::int64_t v : {static_cast<std::int64_t>(p.kind), std::int64_t{p.dim}, std::int64_t{p.blocks}, p.unit,
+                                 std::int64_t{p.of_piece}}) {
+      out.push_back(v);
+    }
+  }
+}
+
+// The descriptions in words[begin, end) (one rank's), as StateTensors without data.
+std::vector<StateTensor> decode_descriptions(const std::vector<std::int64_t>& words, std::size_t begin, std::size_t end) {
+  std::vector<StateTensor> out;
+  std::size_t i = begin;
+  auto next = [&] {
+    MG_CHECK(i < end, "checkpoint: internal error: a tensor description ends early");
+    return words[i++];
+  };
+  while (i < end) {
+    StateTensor t;
+    const auto length = static_cast<std::size_t>(next());
+    t.name.resize(length);
+    for (std::size_t k = 0; k < length; k += 8) {
+      const std::int64_t word = next();
+      std::memcpy(t.name.data() + k, &word, std::min<std::size_t>(8, length - k));
+    }
+    const auto dtype = static_cast<DType>(next());
+    for (std::int64_t d = next(); d > 0; --d) t.full_shape.push_back(next());
+    for (std::int64_t n = next(); n > 0; --n) {
+      dist::Placement p;
+      p.kind = static_cast<dist::Placement::Kind>(next());
+      p.dim = static_cast<int>(next());
+      p.blocks = static_cast<int>(next());
+      p.unit = next();
+      p.of_piece = next() != 0;
+      t.placements.push_back(p);
+    }
+    t.local = Tensor::empty({0}, dtype);
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+struct SaveTensors {
+  std::vector<StateTensor> tensors;        // the union: no data (Tensor::empty of the dtype)
+  std::vector<std::vector<int>> holders;   // per tensor, the ranks holding it, ascending
+  std::vector<int> local;                  // per tensor, its index in this rank's list (-1: not held)
+};
+
+// The union of every rank's tensors (comm: the saver's communicator over the whole mesh), in rank
+// order of first appearance: when every rank holds the same list, that list, held by every rank.
+SaveTensors every_ranks_tensors(const std::vector<StateTensor>& mine, comm::Communicator& comm,
+                                const comm::CollectiveOptions& opt) {
+  std::vector<std::int64_t> words;
+  for (const StateTensor& t : mine) encode_description(t, words);
+  std::int64_t count = static_cast<std::int64_t>(words.size());
+  std::vector<std::int64_t> counts(static_cast<std::size_t>(comm.size()));
+  comm.all_gather(comm::ConstBuffer{&count, 1, DType::Int64},
+                  comm::MutableBuffer{counts.data(), counts.size(), DType::Int64}, {}, opt);
+  std::vector<std::size_t> sizes(counts.begin(), counts.end());
+  std::size_t total = 0;
+  for (const std::size_t n : sizes) total += n;
+  std::vector<std::int64_t> all(total);
+  comm.all_gather(comm::ConstBuffer{words.data(), words.size(), DType::Int64},
+                  comm::MutableBuffer{all.data(), all.size(), DType::Int64}, sizes, opt);
+  SaveTensors out;
+  std::map<std::string, std::size_t> index;
+  std::size_t begin = 0;
+  for (int r = 0; r < comm.size(); ++r) {
+    const std::size_t end = begin + sizes[static_cast<std::size_t>(r)];
+    for (StateTensor& t : decode_descriptions(all, begin, end)) {
+      const auto [it, fresh] = index.emplace(t.name, out.tensors.size());
+      if (fresh) {
+        out.tensors.push_back(std::move(t));
+        out.holders.emplace_back();
+      } else {
+        const StateTensor& first = out.tensors[it->second];
+        if (first.full_shape != t.full_shape || first.placements != t.placements ||
+            first.local.dtype() != t.local.dtype()) {
+          throw CheckpointError(fmt::format(
+              "checkpoint: ranks describe state tensor '{}' differently: {} {} placed {} on rank {}, {} {} placed {} "
+              "on rank {}", t.name, dtype_name(first.local.dtype()), shape_str(first.full_shape),
+              dist::placements_str(first.placements), out.holders[it->second].front(), dtype_name(t.local.dtype()),
+              shape_str(t.full_shape), dist::placements_str(t.placements), r));
+        }
+      }
+      out.holders[it->second].push_back(r);
+    }
+    begin = end;
+  }
+  out.local.assign(out.tensors.size(), -1);
+  for (std::size_t k = 0; k < mine.size(); ++k) out.local[index.at(mine[k].name)] = static_cast<int>(k);
+  return out;
 }
 
 // ---- The pieces this rank writes ----------------------------------------------------------------
@@ -237,15 +348,23 @@ SaveTimes CheckpointSaver::save(std::int64_t step, const std::vector<StateTensor
   const Clock::time_point t0 = Clock::now();
   auto job = std::make_unique<Job>();
   // What can fail on one rank only (a tensor that is not this rank's piece, no memory for the
-  // snapshot) is agreed on before any rank writes, so that no rank waits for one that gave up.
+  // snapshot) is agreed on before any rank goes on, so that no rank waits for one that gave up.
+  comm::run_agreed(*comm_, [&] { (void)check_and_describe(tensors, *mesh_); }, save_collective_options());
+  // The same on every rank (an inconsistency throws everywhere alike).
+  SaveTensors every = every_ranks_tensors(tensors, *comm_, save_collective_options());
   comm::run_agreed(*comm_, [&] {
     job->step = step;
     job->final_dir = (fs::path(root_) / checkpoint_dir_name(step)).string();
     job->stage_dir = stage_path(root_, step);
     job->state = state;
-    job->meta = check_and_describe(tensors, *mesh_);
-    job->plan = plan_pieces(tensors, *mesh_, files_per_rank_);
-    collect_pieces(*job, tensors, async);   // the stall of an async save
+    job->plan = plan_pieces(every.tensors, every.holders, *mesh_, files_per_rank_);
+    // This rank's tensors at the union's indices (the pieces it writes are all among them).
+    std::vector<StateTensor> aligned = every.tensors;
+    for (std::size_t i = 0; i < aligned.size(); ++i) {
+      if (every.local[i] >= 0) aligned[i] = tensors[static_cast<std::size_t>(every.local[i])];
+    }
+    job->meta = every.tensors;
+    collect_pieces(*job, aligned, async);   // the stall of an async save
   }, save_collective_options());
   job->times.snapshot_s = seconds_since(t0);
   job->times.bytes_written = job->bytes;

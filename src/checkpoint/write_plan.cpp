@@ -14,10 +14,11 @@ namespace {
 
 // A tensor's distinct non-empty boxes over all ranks, in rank order of first appearance, each with
 // the ranks that hold it.
-std::vector<std::pair<Box, std::vector<int>>> distinct_boxes(const StateTensor& t, const dist::DeviceMesh& mesh) {
+std::vector<std::pair<Box, std::vector<int>>> distinct_boxes(const StateTensor& t, const std::vector<int>& ranks,
+                                                             const dist::DeviceMesh& mesh) {
   std::map<std::vector<std::pair<std::int64_t, std::int64_t>>, std::size_t> index;
   std::vector<std::pair<Box, std::vector<int>>> unique;
-  for (int r = 0; r < mesh.size(); ++r) {
+  for (const int r : ranks) {
     const dist::PieceLayout layout = dist::piece_layout(t.full_shape, mesh, t.placements, mesh.coordinates_of(r));
     for (const LocalBox& lb : local_boxes(layout)) {
       if (box_volume(lb.box) == 0) continue;
@@ -33,19 +34,22 @@ std::vector<std::pair<Box, std::vector<int>>> distinct_boxes(const StateTensor& 
 
 }  // namespace
 
-std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh,
+std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors,
+                                      const std::vector<std::vector<int>>& holders, const dist::DeviceMesh& mesh,
                                       int files_per_rank) {
+  MG_CHECK(holders.size() == tensors.size(), "checkpoint: internal error: {} holder lists for {} tensors", holders.size(),
+           tensors.size());
   std::vector<PlannedPiece> plan;
   const std::size_t k = static_cast<std::size_t>(files_per_rank);
   std::vector<std::uint64_t> file_end(static_cast<std::size_t>(mesh.size()) * k, 0);
   std::size_t counter = 0;   // spreads replicated pieces over their holders
   for (std::size_t i = 0; i < tensors.size(); ++i) {
     const StateTensor& t = tensors[i];
-    for (auto& [box, holders] : distinct_boxes(t, mesh)) {
+    for (auto& [box, holding] : distinct_boxes(t, holders[i], mesh)) {
       PlannedPiece p;
       p.tensor = i;
       p.box = box;
-      p.writer = holders[counter++ % holders.size()];
+      p.writer = holding[counter++ % holding.size()];
       p.bytes = static_cast<std::uint64_t>(box_volume(box)) * dtype_size(t.local.dtype());
       const std::size_t first = static_cast<std::size_t>(p.writer) * k;
       p.file = first;

@@ -23,13 +23,15 @@ struct PlannedPiece {
   std::uint64_t bytes = 0;
 };
 
-// For each tensor in order, its distinct non-empty boxes over all ranks. A box several ranks hold (a
-// replica over dp, a parameter replicated over tp) is written once, by one of its holders chosen
+// For each tensor in order, its distinct non-empty boxes over the ranks that hold it (holders[i],
+// ascending: every rank, or the ranks of one pipeline stage). A box several ranks hold (a replica
+// over dp, a parameter replicated over tp) is written once, by one of its holders chosen
 // round-robin over the whole save, so the bytes spread over the ranks. Each rank spreads its pieces
 // over files_per_rank files (the emptiest takes the next piece), written and hashed by as many
 // threads: one SHA-256 stream per file is what bounds a rank that has the cores to itself. Pieces
 // lie back to back in their file, in plan order.
-std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors, const dist::DeviceMesh& mesh,
+std::vector<PlannedPiece> plan_pieces(const std::vector<StateTensor>& tensors,
+                                      const std::vector<std::vector<int>>& holders, const dist::DeviceMesh& mesh,
                                       int files_per_rank);
 
 // rank_RRRRR.bin, or rank_RRRRR_F.bin when each rank writes several files (file as in PlannedPiece).

@@ -58,6 +58,8 @@ const dist::ProcessGroup& parameter_shard_group(const dist::DeviceMesh& mesh, co
 bool in_first_parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params) {
   const std::vector<int> axes = shard_group_axes(mesh, params);
   for (int a = 0; a < mesh.ndim(); ++a) {
+    // Every pipeline stage holds parameters of its own: each stage has its first group.
+    if (mesh.axes()[static_cast<std::size_t>(a)].name == "pp") continue;
     if (std::find(axes.begin(), axes.end(), a) == axes.end() && mesh.coordinate(a) != 0) return false;
   }
   return true;

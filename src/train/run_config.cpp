@@ -101,6 +101,9 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
       continue;
     }
     const bool given = options.given_options.count(f.name) > 0;
+    // The stages' split belongs to the mesh it was written on: a resume on another mesh (given)
+    // splits evenly unless --pp-layers is given too.
+    if (!given && f.name == "pp-layers" && options.given_options.count("mesh") > 0) continue;
     if (!given) {
       try {
         f.set(out, *it);

@@ -121,13 +121,6 @@ void check_pipeline_options(const TrainOptions& o, const dist::DeviceMesh& mesh,
            "train: --micro-batches {} on {}: each data-parallel replica's {} rows of --batch {} must divide into {} "
            "micro-batches of equal rows", o.grad_accum, mesh.str(), o.model.batch / std::max(dp, 1), o.model.batch,
            o.grad_accum);
-  for (const auto& [given, what] : {std::pair<bool, const char*>{!o.checkpoint_dir.empty(), "--checkpoint-dir"},
-                                    {!o.resume.empty() || !o.resume_dir.empty(), "--resume"},
-                                    {!o.save_path.empty(), "--save"},
-                                    {!o.init_from.empty(), "--init-from"}}) {
-    MG_CHECK(!given, "train: {} with pipeline parallelism ({}) is not supported yet: each stage holds only its blocks, "
-             "and saving or loading them per stage is still to come", what, mesh.str());
-  }
 }
 
 // The options that need no file: sizes, rates and the checkpointing options' combinations. Returns
@@ -426,7 +419,8 @@ void Run::finish() {
     // One group of the axes that shard parameters (tp, fsdp; dp under --shard-optimizer) gathers and
     // writes the full tensors; the replicas are identical.
     checkpoint::save_parameters(options_.save_path, params_, nn::parameter_shard_group(*mesh_, params_), 0,
-                                interop::hf_checkpoint_metadata(config_, dataset()));
+                                interop::hf_checkpoint_metadata(config_, dataset()),
+                                model_->stage().count > 1 ? &mesh_->group("pp") : nullptr);
   }
 }
 

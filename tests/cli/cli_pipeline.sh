@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # Pipeline parallelism end to end through `meshgrad train` (docs/training.md, "Pipeline
 # parallelism"): pp=2 and pp=4 with --micro-batches M report bitwise the losses and gradient norms of
-# one rank with --grad-accum M, in both schedules; pp=2,tp=2 those of tp=2; the trace shows every
-# stage's forwards, backwards, sends and receives; bad combinations are refused before step 1,
-# naming them.
+# one rank with --grad-accum M, in both schedules, and save its parameters' bytes; pp=2,tp=2 those of
+# tp=2; checkpoints written per stage resume bitwise on other meshes (pp=2 -> one rank, pp=2 with
+# --pp-layers -> pp=4, tp=2 -> pp=2,tp=2); the trace shows every stage's forwards, backwards, sends and
+# receives; bad combinations are refused before step 1, naming them.
 # Usage: cli_pipeline.sh path/to/meshgrad scratch-dir [mpirun command...]
 #   with an mpirun command: pp=2,tp=2 and pp=2,dp=2 under `--backend mpi` (4 processes), bitwise
 #   against the threads runs, and a stage killed (SIGKILL) under `mpirun --enable-recovery`: the
@@ -30,14 +31,16 @@ run() {
   ranks=$(python3 -c "import sys,math; print(math.prod(int(x) for a in sys.argv[1].split(',') for x in a.split('=')[1].split('x')))" "$mesh")
   if [ ${#MPIRUN[@]} -gt 0 ]; then
     "${MPIRUN[@]}" -np "$ranks" "$M" train --backend mpi --mesh "$mesh" "${model[@]}" "$@" --metrics "$name.jsonl" \
-      >"$name.out" 2>&1 || fail "$name: $(tail -c 600 "$name.out")"
+      --save "$name.safetensors" >"$name.out" 2>&1 || fail "$name: $(tail -c 600 "$name.out")"
   else
-    "$M" train --mesh "$mesh" "${model[@]}" "$@" --metrics "$name.jsonl" >"$name.out" 2>&1 ||
+    "$M" train --mesh "$mesh" "${model[@]}" "$@" --metrics "$name.jsonl" --save "$name.safetensors" >"$name.out" 2>&1 ||
       fail "$name: $(tail -c 600 "$name.out")"
   fi
 }
-# same A B: the losses and gradient norms of every step are the same bits (and the run moved).
+# same A B: the losses and gradient norms of every step and the saved parameters are the same bits
+# (and the run moved).
 same() {
+  cmp -s "$1.safetensors" "$2.safetensors" || fail "$1 and $2 saved different parameters"
   python3 - "$1.jsonl" "$2.jsonl" <<'PY' || fail "$1 and $2: different losses or norms"
 import json, sys
 def steps(p):
@@ -104,6 +107,24 @@ if [ $# -gt 0 ]; then
   backends="threads and mpi"
 fi
 
+# Checkpoints: every stage writes its own tensors into one checkpoint, which resumes on any mesh.
+resumed() {   # resumed NAME CHECKPOINT REFERENCE [FLAGS...]: resume, save, compare with REFERENCE's save
+  local name=$1 ck=$2 ref=$3
+  shift 3
+  "$M" train --resume "$ck" "$@" --save "$name.safetensors" --no-metrics >"$name.out" 2>&1 ||
+    fail "$name: $(tail -c 600 "$name.out")"
+  cmp -s "$name.safetensors" "$ref.safetensors" || fail "$name: the resumed run's parameters differ from $ref's"
+}
+"$M" train --mesh pp=2 "${model[@]}" --micro-batches 4 --pp-layers 3,1 --checkpoint-dir ck --save-every 4 \
+  --no-metrics >ck.out 2>&1 || fail "pp=2 checkpoints: $(tail -c 600 ck.out)"
+"$M" checkpoint verify ck/step_00000004 >verify.out 2>&1 || fail "pp=2 checkpoint verify: $(cat verify.out)"
+resumed pp2_on_one ck/step_00000004 one4 --mesh tp=1
+resumed pp2_on_pp2 ck/step_00000004 one4
+resumed pp2_on_pp4 ck/step_00000004 one4 --mesh pp=4
+"$M" train --mesh tp=2 "${model[@]}" --grad-accum 2 --sequence-parallel --overlap --checkpoint-dir ck_tp --save-every 4 \
+  --no-metrics >ck_tp.out 2>&1 || fail "tp=2 checkpoints: $(tail -c 600 ck_tp.out)"
+resumed tp2_on_pp2tp2 ck_tp/step_00000004 tp2 --mesh pp=2,tp=2
+
 # The trace shows each stage's micro-batch forwards and backwards and the sends and receives.
 "$M" train --mesh pp=2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --micro-batches 2 --steps 1 --no-metrics \
   --trace t.json >t.out 2>&1 || fail "trace: $(tail -c 600 t.out)"
@@ -135,11 +156,9 @@ refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
 refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
 refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
 refused "with --tp-invariant is not supported yet" --mesh pp=2 --tp-invariant --steps 1
-refused "--save with pipeline parallelism" --mesh pp=2 --save x.safetensors --steps 1
-refused "--checkpoint-dir with pipeline parallelism" --mesh pp=2 --checkpoint-dir ck --steps 1
 refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
 if "$M" explain --mesh pp=2 >g.out 2>&1; then fail "explain accepted a pipeline"; fi
 grep -qF "only \`train\` runs pipelines so far" g.out || fail "explain on pp=2: $(tail -c 400 g.out)"
 
-[ "$failures" -eq 0 ] && echo "ok   pipeline: bitwise as gradient accumulation ($backends), trace, refusals"
+[ "$failures" -eq 0 ] && echo "ok   pipeline: bitwise as gradient accumulation ($backends), checkpoints across meshes, trace, refusals"
 exit "$failures"

@@ -34,7 +34,8 @@ after every other check passed, when /dev/net/tun (the slow link) cannot be open
 failure (of ip, of mpirun, of a run) fails the test.
 
   multihost.py MESHGRAD WORKDIR MPIRUN                      the test (about 20 s on 2 cores)
-  multihost.py MESHGRAD WORKDIR MPIRUN --bench [--steps N] [--repeats R]
+  multihost.py MESHGRAD WORKDIR MPIRUN --bench [--steps N] [--repeats R] [--meshes 'tp=2;dp=2;pp=2']
+               [--pp-micro-batches M]
       step times of N-step runs (default 40), R of each (default 3), on each link, as a table
       (docs/BENCHMARKS.md)
   multihost.py --cleanup
@@ -64,6 +65,9 @@ MG, WORK, MPIRUN = (None, None, None) if CLEANUP else (sys.argv[1], os.path.absp
 BENCH = "--bench" in sys.argv[4:]
 BENCH_STEPS = int(sys.argv[sys.argv.index("--steps") + 1]) if "--steps" in sys.argv else 40
 BENCH_REPEATS = int(sys.argv[sys.argv.index("--repeats") + 1]) if "--repeats" in sys.argv else 3
+# The meshes the bench compares (";"-separated); a pp mesh runs its batch as BENCH_PP_MICRO micro-batches.
+BENCH_MESHES = (sys.argv[sys.argv.index("--meshes") + 1] if "--meshes" in sys.argv else "tp=2;dp=2").split(";")
+BENCH_PP_MICRO = int(sys.argv[sys.argv.index("--pp-micro-batches") + 1]) if "--pp-micro-batches" in sys.argv else 2
 # A tiny model with dropout (the masks must agree across hosts too): a few ms a step on rank threads.
 MODEL = ["--layers", "2", "--hidden", "32", "--heads", "4", "--seq", "16", "--batch", "4", "--dropout", "0.1",
          "--warmup", "3"]
@@ -516,20 +520,22 @@ def bench(hosts):
         for label, kind, loss in configs:
             if kind == "slow":
                 hosts.start_slow_link(DELAY_MS, loss)
-            for mesh in ("tp=2", "dp=2"):
+            for mesh in BENCH_MESHES:
                 out = os.path.join(w, "bench")
+                # A pipeline's micro-batches (the other meshes' step is the same computation in one).
+                args = MODEL + steps + (["--micro-batches", str(BENCH_PP_MICRO)] if mesh.startswith("pp=") else [])
                 if kind == "threads":
-                    elapsed = threads_run(out, mesh, MODEL + steps)[1]
+                    elapsed = threads_run(out, mesh, args)[1]
                 elif kind == "shm":
                     # No binding here either: the runs' BLAS threads must be free, as on the hosts.
                     r = run([MPIRUN, "--allow-run-as-root", "--oversubscribe", "--bind-to", "none", "-np", "2", MG,
-                             "train", "--backend", "mpi", *MODEL, *steps, "--mesh", mesh, "--metrics", out + ".jsonl"],
+                             "train", "--backend", "mpi", *args, "--mesh", mesh, "--metrics", out + ".jsonl"],
                             f"mpi {mesh} {label}")
                     if not check(r.returncode == 0, f"mpi {mesh} on one host: {r.stderr[-800:]}"):
                         continue
                     elapsed = metrics(out + ".jsonl")[1]
                 else:
-                    elapsed = mpi_run(hosts, out, MODEL + steps + ["--mesh", mesh], f"mpi {mesh} over {label}",
+                    elapsed = mpi_run(hosts, out, args + ["--mesh", mesh], f"mpi {mesh} over {label}",
                                       link=kind)[1]
                 runs.setdefault((label, mesh), []).append(elapsed)
             hosts.stop_slow_link()

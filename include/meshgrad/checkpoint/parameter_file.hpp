@@ -38,9 +38,13 @@ void load_parameters(const std::string& path, const std::vector<nn::Parameter*>&
 // atomically (see write_safetensors), with the given metadata ("format": "pt" lets Hugging Face
 // tools load the file). Other ranks return once their part of the gathers is done. With several tp
 // groups (a dp axis), call it from one of them or give each a different path.
+// stages (a pipeline's pp group, more than one stage): each stage calls it with its own parameters
+// from its own group; the writers of the later stages send their full tensors to stage 0's, which
+// writes every stage's, in stage order (the one-rank model's order).
 void save_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
                      const dist::ProcessGroup& tp, int writer_rank = 0,
-                     const std::map<std::string, std::string>& metadata = {{"format", "pt"}});
+                     const std::map<std::string, std::string>& metadata = {{"format", "pt"}},
+                     const dist::ProcessGroup* stages = nullptr);
 
 // The full gradient of every parameter by name, for gradient dumps (`meshgrad grads`): each rank's
 // param->value.grad() is gathered over tp like the values (collective: every rank calls it). A

@@ -61,8 +61,9 @@ class CheckpointSaver {
   CheckpointSaver& operator=(const CheckpointSaver&) = delete;
 
   // Saves `tensors` and `state` as ROOT/step_XXXXXXXX (collective: every rank calls it with the same
-  // names, full shapes, placements and dtypes in the same order, and the same step; state matters on
-  // rank 0). Waits for the previous save first. Copies this rank's pieces into memory, then writes them
+  // step; state matters on rank 0). Ranks may hold different tensors (a pipeline stage holds its own
+  // blocks): the checkpoint is their union, each tensor's boxes written by ranks that hold them; a
+  // tensor several ranks hold must have the same full shape, placements and dtype on all of them. Waits for the previous save first. Copies this rank's pieces into memory, then writes them
   // on a background thread (async) or before returning. Throws CheckpointError for inconsistent
   // tensors; errors of the writing itself surface from this call (sync) or from the next save()/wait().
   SaveTimes save(std::int64_t step, const std::vector<StateTensor>& tensors, const nlohmann::json& state, bool async);

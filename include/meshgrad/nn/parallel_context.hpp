@@ -124,7 +124,8 @@ const dist::ProcessGroup& tensor_parallel_group(const dist::DeviceMesh& mesh);
 // tensor-parallel group when none is sharded. Collective on first use, as above.
 const dist::ProcessGroup& parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params);
 // Whether this rank lies in the first such group: coordinate 0 on every axis that shards no
-// parameter (the replicas hold the same values: one group gathers and writes them).
+// parameter (the replicas hold the same values: one group gathers and writes them), but any pp
+// coordinate (each pipeline stage holds other parameters: one group per stage).
 bool in_first_parameter_shard_group(const dist::DeviceMesh& mesh, const std::vector<Parameter*>& params);
 
 }  // namespace meshgrad::nn
