@@ -78,8 +78,6 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
              "axis is not supported yet: use pp with dp and tp", mesh->str());
     MG_CHECK(!config.shard_optimizer, "pipeline parallelism ({}) with --shard-optimizer is not supported yet",
              mesh->str());
-    MG_CHECK(!config.tp_invariant, "pipeline parallelism ({}) with --tp-invariant is not supported yet (its fixed "
-             "tree over micro-batches is not yet kept across stages)", mesh->str());
   }
   if (config.shard_optimizer) {
     MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "

@@ -29,6 +29,9 @@ struct TiedWeightState {
   Tensor output_sum;   // H of the micro-batches so far (undefined: none yet)
   dist::SendQueuePtr sends = std::make_shared<dist::SendQueue>();
   bool pipelined() const { return stage.count > 1; }
+  // The tp-invariant mode adds micro-batches in its fixed tree, each micro-batch's gradient whole:
+  // the output layer's gradient then goes to the first stage every micro-batch, unsummed.
+  bool per_micro_batch() const { return ctx->reduce_order() == dist::ReduceOrder::FixedTree; }
   const dist::ProcessGroup& pp() const { return ctx->mesh->group(ctx->pp_axis); }
 };
 
@@ -41,6 +44,10 @@ class TiedOutputUseFn final : public autograd::Function {
   TensorList forward(const TensorList& x) override { return {x[0]}; }
   TensorList backward(const TensorList& g) override {
     TiedWeightState& s = *state_;
+    if (s.per_micro_batch()) {   // pipelined only (one stage uses w itself in this mode)
+      s.sends->add(dist::send_async(g[0], s.pp(), 0, kTagOutputGradient));
+      return {Tensor()};
+    }
     if (!s.output_sum.defined()) {
       s.output_sum = g[0].contiguous().clone();
       dist::set_partial_axes(s.output_sum, dist::partial_axes(g[0]));
@@ -71,7 +78,7 @@ class TiedEmbeddingUseFn final : public autograd::Function {
   TensorList forward(const TensorList& x) override { return {x[0]}; }
   TensorList backward(const TensorList& g) override {
     const TiedWeightState& s = *state_;
-    if (s.accumulating) return {g[0]};
+    if (s.accumulating && !s.per_micro_batch()) return {g[0]};
     // H of every micro-batch, from the same tp coordinate of the last stage; annotated as the
     // embedding's gradient is (both are partial over the axes that split the batch).
     Tensor output = dist::recv(g[0].shape(), g[0].dtype(), s.pp(), s.stage.count - 1, kTagOutputGradient);
@@ -95,12 +102,12 @@ TiedWeight::TiedWeight(std::string name, ParallelContextPtr ctx, PipelineStage s
 TiedWeight::~TiedWeight() = default;
 
 Tensor TiedWeight::output_use(const Tensor& w) const {
-  if (state_->ctx->reduce_order() == dist::ReduceOrder::FixedTree) return w;
+  if (!state_->pipelined() && state_->per_micro_batch()) return w;
   return autograd::apply<TiedOutputUseFn>({w}, state_)[0];
 }
 
 Tensor TiedWeight::embedding_use(const Tensor& w) const {
-  if (!state_->pipelined() || state_->ctx->reduce_order() == dist::ReduceOrder::FixedTree) return w;
+  if (!state_->pipelined()) return w;
   return autograd::apply<TiedEmbeddingUseFn>({w}, state_)[0];
 }
 

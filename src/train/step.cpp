@@ -94,8 +94,9 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
     gradients.finish();
     sync.finish();
     out.loss = pipeline::losses_over_stages(stage_loss, mesh);
-    out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, dp.size > 1)
-                                  : optim::global_grad_norm(params, mesh, dp.size > 1);
+    const bool exact = order == dist::ReduceOrder::FixedTree || dp.size > 1;
+    out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, exact)
+                                  : optim::global_grad_norm(params, mesh, exact);
     optimizer.step();
     return out;
   }

@@ -65,6 +65,10 @@ same one4 pp2gpipe
 same one4 pp4
 same tp2 pp2tp2
 same dp2 pp2dp2
+# TP-invariant: the bits of one rank whatever the tp and pp.
+run inv_one tp=1 --grad-accum 4 --tp-invariant
+run inv_pp2tp2 pp=2,tp=2 --micro-batches 4 --tp-invariant --sequence-parallel
+same inv_one inv_pp2tp2
 
 if [ $# -gt 0 ]; then
   MPIRUN=("$@")
@@ -155,7 +159,6 @@ refused "--pp-layers 1,2: the counts add up to 3 blocks, and the model has 4" --
 refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
 refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
 refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
-refused "with --tp-invariant is not supported yet" --mesh pp=2 --tp-invariant --steps 1
 refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
 if "$M" explain --mesh pp=2 >g.out 2>&1; then fail "explain accepted a pipeline"; fi
 grep -qF "only \`train\` runs pipelines so far" g.out || fail "explain on pp=2: $(tail -c 400 g.out)"

@@ -26,7 +26,7 @@ namespace meshgrad::train {
 namespace {
 
 struct Options {
-  bool sp = false, overlap = false, checkpoint_blocks = false;
+  bool sp = false, overlap = false, checkpoint_blocks = false, tree = false;
   int layers = 4;
   int micro = 4;
   double dropout = 0.1;
@@ -46,6 +46,7 @@ nn::ParallelConfig parallel_for(const Options& x, const dist::DeviceMesh& mesh) 
   p.sequence_parallel = x.sp;
   p.overlap = x.overlap;
   p.checkpoint_blocks = x.checkpoint_blocks;
+  p.tp_invariant = x.tree;
   if (mesh.has_axis("pp")) p.pp_layers = x.pp_layers;
   return p;
 }
@@ -139,7 +140,13 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineCase{"pp2_dp2", "dp=2", "pp=2,dp=2", {.micro = 2}},
         PipelineCase{"pp2_tp1x2", "tp=1x2", "pp=2,tp=1x2", {.micro = 2}},
         PipelineCase{"pp2_checkpointed_blocks", "tp=1", "pp=2", {.checkpoint_blocks = true}},
-        PipelineCase{"pp2_float64_no_dropout", "tp=1", "pp=2", {.dropout = 0.0, .dtype = DType::Float64}}),
+        PipelineCase{"pp2_float64_no_dropout", "tp=1", "pp=2", {.dropout = 0.0, .dtype = DType::Float64}},
+        // TP-invariant: the micro-batches meet in the fixed tree on every stage, and the bits do not
+        // depend on tp either: pp=2,tp=2 against one rank.
+        PipelineCase{"pp2_tp_invariant", "tp=1", "pp=2", {.tree = true}},
+        PipelineCase{"pp2_tp2_sp_tp_invariant_against_one_rank", "tp=1", "pp=2,tp=2", {.sp = true, .tree = true}},
+        PipelineCase{"pp2_dp2_tp_invariant_gpipe", "dp=2", "pp=2,dp=2",
+                     {.tree = true, .micro = 2, .schedule = ScheduleKind::GPipe}}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 }  // namespace

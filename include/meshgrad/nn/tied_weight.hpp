@@ -11,8 +11,10 @@
 // keeps a copy of the weight that the first stage's values refresh before each step
 // (refresh_copy). One micro-batch (K = 1) is the plain tied gradient e_0 + h_0.
 //
-// The tp-invariant mode adds micro-batches in its fixed tree instead (optim/micro_batches.hpp); its
-// uses are not separated (output_use and embedding_use return w) and it has no pipeline yet.
+// The tp-invariant mode adds micro-batches in its fixed tree instead (optim/micro_batches.hpp), each
+// micro-batch's gradient whole, so its uses are not separated: on one stage output_use and
+// embedding_use return w (the engine adds h_k + e_k), and in a pipeline every micro-batch's h_k goes
+// to the first stage, which adds it to e_k (V x C values per micro-batch instead of per step).
 //
 // Shapes: w is this rank's [V_local, C] rows (vocab-parallel over tp); H travels between the same
 // tp coordinates of the two stages.
