@@ -412,6 +412,11 @@ py::list explain_job(const py::kwargs& kwargs) {
   k.get("overlap", parallel.overlap);
   k.get("recompute", parallel.recompute_allgather);
   k.get("checkpoint_blocks", parallel.checkpoint_blocks);
+  diag::ExplainPipeline pipe;
+  std::string schedule = "1f1b";
+  k.get("micro_batches", pipe.micro_batches);
+  k.get("pp_layers", parallel.pp_layers);
+  k.get("pp_schedule", schedule);
   k.get("link", link_name);
   k.get("alpha_us", alpha_us);
   k.get("beta_gbs", beta_gbs);
@@ -428,7 +433,8 @@ py::list explain_job(const py::kwargs& kwargs) {
   std::vector<diag::ExplainRow> rows;
   {
     py::gil_scoped_release release;
-    rows = diag::explain_model(c, parallel, dist::parse_mesh(mesh), link);
+    pipe.schedule = pipeline::parse_schedule(schedule);
+    rows = diag::explain_model(c, parallel, dist::parse_mesh(mesh), link, pipe);
   }
   py::list out;
   for (const auto& r : rows) {
@@ -442,6 +448,7 @@ py::list explain_job(const py::kwargs& kwargs) {
     d["ranks"] = r.ranks;
     d["algorithm"] = r.algorithm;
     d["source"] = diag::explain_source_name(r.source);
+    d["stage"] = r.stage;
     out.append(d);
   }
   return out;
@@ -548,9 +555,10 @@ PYBIND11_MODULE(meshgrad, m) {
         "the seed, not the mesh. Under backend='mpi' the process of rank 0 gets the dict, the others {}.");
   m.def("explain", &explain_job,
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "
-        "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, link='nvlink4' | "
-        "alpha_us=..., beta_gbs=...) -> list of row dicts (layer, phase, op, axis, bytes, predicted_us, ranks, "
-        "algorithm, source), as `meshgrad explain`");
+        "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, micro_batches=1, "
+        "pp_layers=None, pp_schedule='1f1b', link='nvlink4' | alpha_us=..., beta_gbs=...) -> list of row dicts "
+        "(layer, phase, op, axis, bytes, predicted_us, ranks, algorithm, source, stage), as `meshgrad explain` "
+        "(mesh='pp=2,tp=2': the first rank of each stage, its sends and receives included)");
   m.def("sample", &sample_job,
         "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
         "tokenizer=None, backend='threads', tp_invariant=False, invariant_blocks=4) -> str: the prompt and its continuation, as `meshgrad sample` prints "

@@ -30,6 +30,8 @@ struct ExplainArgs {
   bool custom_link = false;            // --alpha-us and --beta-gbs were given (CLI11: both or neither)
   bool rules = false;                  // print the rule table instead
   std::string format = "table";
+  diag::ExplainPipeline pipeline;
+  std::string schedule = "1f1b";
 };
 
 int run_explain(const ExplainArgs& a) {
@@ -42,11 +44,13 @@ int run_explain(const ExplainArgs& a) {
     return 0;
   }
   const std::vector<dist::MeshAxis> axes = dist::parse_mesh(a.mesh);
-  const std::vector<diag::ExplainRow> rows = diag::explain_model(a.config, a.parallel, axes, link);
+  diag::ExplainPipeline pipe = a.pipeline;
+  pipe.schedule = pipeline::parse_schedule(a.schedule);
+  const std::vector<diag::ExplainRow> rows = diag::explain_model(a.config, a.parallel, axes, link, pipe);
   if (a.format == "json") {
     fmt::print("{}", diag::format_explain_json(rows));
   } else {
-    fmt::print("{}", diag::format_explain_table(rows, {a.config, a.parallel, axes, link}));
+    fmt::print("{}", diag::format_explain_table(rows, {a.config, a.parallel, axes, link, pipe}));
   }
   return 0;
 }
@@ -66,7 +70,7 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
       app.add_option("--seq", c.seq, "sequence length T")->check(at_least(1))->capture_default_str();
       app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(at_least(1))
           ->capture_default_str();
-      app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4, dp=2,tp=2 or tp=2x2 (missing axes have size 1)")
+      app.add_option("--mesh", a->mesh, "mesh, e.g. tp=4, dp=2,tp=2, pp=2,tp=2 or tp=2x2 (missing axes have size 1)")
           ->capture_default_str();
       app.add_flag("--sequence-parallel", a->parallel.sequence_parallel,
                    "sequence parallelism: all-gather / reduce-scatter along the sequence instead of all-reduce");
@@ -78,6 +82,14 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
                    "backward) and exit");
       app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,
                    "activation checkpointing per block (adds a recompute phase)");
+      app.add_option("--micro-batches", a->pipeline.micro_batches,
+                     "with pp=P in --mesh: micro-batches of the pipeline step")
+          ->check(at_least(1))
+          ->capture_default_str();
+      app.add_option("--pp-layers", a->parallel.pp_layers, "with pp=P: blocks per stage, e.g. 3,1")->delimiter(',');
+      app.add_option("--pp-schedule", a->schedule, "with pp=P: 1f1b or gpipe")
+          ->check(CLI::IsMember({"1f1b", "gpipe"}))
+          ->capture_default_str();
       std::string presets;
       for (const auto& link : dist::link_presets()) presets += (presets.empty() ? "" : ", ") + link.name;
       auto* link = app.add_option("--link", a->link, "link preset: " + presets)->capture_default_str();

@@ -82,6 +82,10 @@ def test_a_pipeline_trains_the_bits_of_gradient_accumulation():
     assert run(mesh="pp=2", micro_batches=4, pp_schedule="gpipe", pp_layers=[1, 3]) == one_rank
     assert run(mesh="pp=2,tp=2", micro_batches=2, sequence_parallel=True) == \
         run(mesh="tp=2", grad_accum=2, sequence_parallel=True)
+    rows = meshgrad.explain(mesh="pp=2", layers=2, batch=4, micro_batches=4)
+    sends = [r for r in rows if r["op"] == "send" and r["layer"] == "pp 0->1" and r["phase"] == "forward"]
+    assert len(sends) == 4 and all(r["stage"] == 0 and r["axis"] == "pp" for r in sends)
+    assert {r["stage"] for r in rows} == {0, 1}
     with pytest.raises(meshgrad.InvalidArgument, match="give micro_batches or grad_accum, not both"):
         meshgrad.train(mesh="pp=2", micro_batches=2, grad_accum=2)
     with pytest.raises(meshgrad.InvalidArgument, match="--pp-layers 1,1,1: 3 counts for a pipeline of 2 stages"):

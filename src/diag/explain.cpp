@@ -12,6 +12,9 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/optim/micro_batches.hpp"
+#include "meshgrad/pipeline/executor.hpp"
+#include "meshgrad/train/step.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -102,39 +105,69 @@ std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveReco
 }
 
 std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
-                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link) {
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link,
+                                      const ExplainPipeline& pipe) {
   int world = 1;
   for (const auto& axis : axes) world *= axis.size;
   const auto dp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "dp"; });
   const int dp_size = dp == axes.end() ? 1 : dp->size;
+  const auto pp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "pp"; });
+  const int stages = pp == axes.end() ? 1 : pp->size;
   const std::int64_t global_tokens = static_cast<std::int64_t>(config.batch) * config.seq;
   // Fail before starting ranks when the batch does not split (the same check every rank would make).
   MG_CHECK(config.batch % dp_size == 0,
            "explain: the global batch {} does not split over dp = {} ranks (make --batch a multiple of dp)",
            config.batch, dp_size);
+  MG_CHECK(pipe.micro_batches >= 1 && (config.batch / dp_size) % pipe.micro_batches == 0,
+           "explain: each dp replica's {} rows of --batch {} do not divide into {} micro-batches",
+           config.batch / dp_size, config.batch, pipe.micro_batches);
+  MG_CHECK(stages > 1 || pipe.micro_batches == 1, "explain: --micro-batches {} needs a pipeline (pp=N in --mesh)",
+           pipe.micro_batches);
 
-  std::vector<dist::CollectiveRecord> records;   // written by rank 0 only
+  std::vector<std::vector<dist::CollectiveRecord>> records(static_cast<std::size_t>(stages));   // per stage
   blas::ThreadsPerRank blas_policy(world);   // the rank threads share this process's cores
   comm::run_ranks(world, [&](const comm::CommunicatorPtr& comm) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
     std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);
     model->set_training(true);
-    optim::GradientSynchronizer sync(model->parameters(), mesh, {.order = model->reduce_order()});
+    const std::vector<Parameter*> params = model->parameters();
+    optim::GradientSynchronizer sync(params, mesh, {.order = model->reduce_order()});
     const int dp_rank = mesh->has_axis("dp") ? mesh->coordinate("dp") : 0;
     const Batch batch = data::make_synthetic_batch(config, dp_size, dp_rank, kBatchSeed);
-
+    // The first rank of each stage counts (rank 0 without pp); every rank runs the same step.
+    bool counts = true;
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (mesh->axes()[static_cast<std::size_t>(a)].name != "pp" && mesh->coordinate(a) != 0) counts = false;
+    }
+    const int stage = model->stage().index;
     dist::CommCounter counter;
     {
-      // Only rank 0 counts; every rank runs the same step so the collectives match up.
       std::unique_ptr<dist::CountingScope> counting;
-      if (comm->rank() == 0) counting = std::make_unique<dist::CountingScope>(counter);
-      Tensor loss = model->loss(batch, global_tokens);
-      backward(loss);
+      if (counts) counting = std::make_unique<dist::CountingScope>(counter);
+      if (stages == 1) {
+        Tensor loss = model->loss(batch, global_tokens);
+        backward(loss);
+      } else {
+        std::vector<Batch> micro;
+        for (int k = 0; k < pipe.micro_batches; ++k) {
+          micro.push_back(pipe.micro_batches == 1 ? batch : data::dp_shard(batch, k, pipe.micro_batches));
+        }
+        optim::MicroBatchGradients gradients(params, sync, model->reduce_order(), pipe.micro_batches);
+        (void)pipeline::run_step(*model, micro, global_tokens, pipe.schedule, gradients, *mesh);
+        gradients.finish();
+      }
       sync.finish();
     }
-    if (comm->rank() == 0) records = counter.records();
+    if (counts) records[static_cast<std::size_t>(stage)] = counter.records();
   });
-  return rows_from_records(records, axes, link);
+  std::vector<ExplainRow> rows;
+  for (int s = 0; s < stages; ++s) {
+    for (ExplainRow& row : rows_from_records(records[static_cast<std::size_t>(s)], axes, link)) {
+      row.stage = s;
+      rows.push_back(std::move(row));
+    }
+  }
+  return rows;
 }
 
 void PhaseTotals::add(const ExplainRow& row) {
@@ -197,15 +230,67 @@ std::string human_bytes(std::int64_t bytes) {
   return fmt::format("{:.1f} {}", value, units[unit]);
 }
 
-std::string format_explain_table(const std::vector<ExplainRow>& rows, const ExplainHeader& h) {
+namespace {
+
+// A pipeline's section of the table: the stages, the schedule's bubble, and per stage its
+// point-to-point transfers (from the rows) and the micro-batches it keeps in flight.
+std::string format_pipeline_section(const std::vector<ExplainRow>& rows, const ExplainHeader& h, int stages) {
+  const int m = h.pipeline.micro_batches;
+  const pipeline::ScheduleKind kind = h.pipeline.schedule;
+  const std::vector<int> counts = nn::stage_layer_counts(h.config.layers, stages, h.parallel.pp_layers);
+  const pipeline::Timeline t = pipeline::simulate(kind, stages, m, 1.0, 2.0);
+  std::string out = fmt::format(
+      "\npipeline: {} stages, schedule {}, {} micro-batches; bubble (p-1)/(m+p-1) = {:.3f} of each stage's step "
+      "(the schedule played with forward 1, backward 2: {:.3f})\n",
+      stages, pipeline::schedule_name(kind), m, pipeline::ideal_bubble(stages, m),
+      *std::max_element(t.idle_fraction.begin(), t.idle_fraction.end()));
+  out += fmt::format("  {:<6} {:<8} {:>9} {:>6} {:>6} {:>10} {:>13}\n", "stage", "blocks", "in flight", "sends", "recvs",
+                     "p2p bytes", "p2p pred. us");
+  int first = 0;
+  for (int s = 0; s < stages; ++s) {
+    const int n = counts[static_cast<std::size_t>(s)];
+    int sends = 0, recvs = 0;
+    std::int64_t bytes = 0;
+    double us = 0;
+    for (const ExplainRow& r : rows) {
+      if (r.stage != s || (r.op != "send" && r.op != "recv")) continue;
+      (r.op == "send" ? sends : recvs) += 1;
+      bytes += r.bytes;
+      us += r.predicted_us;
+    }
+    out += fmt::format("  {:<6} {:<8} {:>9} {:>6} {:>6} {:>10} {:>13.2f}\n", s, fmt::format("{}..{}", first, first + n - 1),
+                       pipeline::peak_in_flight(pipeline::stage_actions(kind, stages, s, m)), sends, recvs,
+                       human_bytes(bytes), us);
+    first += n;
+  }
+  out += "  (sends and receives of activations and their gradients, and of the tied wte between the first and\n"
+         "   last stage; a stage's receives wait for its neighbour, which is where the bubble shows)\n";
+  return out;
+}
+
+}  // namespace
+
+std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, const ExplainHeader& h) {
   const ModelConfig& c = h.config;
-  int world = 1;
-  for (const auto& axis : h.axes) world *= axis.size;
+  int world = 1, stages = 1;
+  for (const auto& axis : h.axes) {
+    world *= axis.size;
+    if (axis.name == "pp") stages = axis.size;
+  }
+  // A pipeline's rows name their stage with their layer ("s1 h.2.attn"): each stage has its own.
+  std::vector<ExplainRow> rows = stage_rows;
+  if (stages > 1) {
+    for (ExplainRow& r : rows) r.layer = fmt::format("s{} {}", r.stage, r.layer.empty() ? "(unlabelled)" : r.layer);
+  }
   std::string out;
   out += fmt::format("meshgrad explain: model {}, layers {}, hidden {}, ffn {}, heads {}, vocab {}, seq {}, batch {}, {}\n",
                      c.kind, c.layers, c.hidden, c.ffn_size(), c.heads, c.vocab, c.seq, c.batch, dtype_name(c.dtype));
-  out += fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on rank 0 over one forward + backward\n",
-                     dist::mesh_spec(h.axes), world, on_off(h.parallel.sequence_parallel));
+  out += stages > 1
+             ? fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on the first rank of each stage over one "
+                           "pipeline step of {} micro-batches\n", dist::mesh_spec(h.axes), world,
+                           on_off(h.parallel.sequence_parallel), h.pipeline.micro_batches)
+             : fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on rank 0 over one forward + backward\n",
+                           dist::mesh_spec(h.axes), world, on_off(h.parallel.sequence_parallel));
   out += fmt::format("link {}: alpha {:g} us per step, beta {:g} GB/s per rank ({})\n", h.link.name, h.link.alpha_us,
                      h.link.beta_gbs, h.link.source);
   out += "bytes: nccl-tests size (the whole gathered / unreduced buffer); n: ranks in the axis' group\n";
@@ -276,6 +361,7 @@ std::string format_explain_table(const std::vector<ExplainRow>& rows, const Expl
   out += fmt::format("  {:<26} {:>11} {:>10} {:>12} {:>13.2f}\n", "all", all.count, human_bytes(all.bytes), all.bytes,
                      all.predicted_us);
   out += fmt::format("(predicted on {}: collectives one after another, no overlap with compute)\n", h.link.name);
+  if (stages > 1) out += format_pipeline_section(stage_rows, h, stages);
   return out;
 }
 

@@ -102,9 +102,13 @@ CollectiveCost predict_collective(std::string_view op, int n, double bytes, cons
     CollectiveCost tree = tree_all_reduce(n, bytes, link);
     return tree.time_us < ring.time_us ? tree : ring;
   }
+  if (op == "send" || op == "recv") {
+    // One message between two ranks of the group (a pipeline's neighbours): one step, the bytes once.
+    return make_cost("point-to-point", link.alpha_us, transfer_us(bytes, link));
+  }
   const bool known = op == "all_gather" || op == "reduce_scatter" || op == "all_to_all" || op == "broadcast";
   MG_CHECK(known, "cost model: unknown collective '{}' (known: all_reduce, all_gather, reduce_scatter, all_to_all, "
-           "broadcast)", op);
+           "broadcast, send, recv)", op);
   if (n == 1) return make_cost("none", 0, 0);
   if (op == "broadcast") {
     // Pipelined binary tree: ceil(log2 n) steps to reach the last rank, then the buffer streams.

@@ -31,7 +31,7 @@ comm::CollectiveOptions p2p_options() {
 class SendFn final : public autograd::Function {
  public:
   SendFn(ProcessGroup group, int peer, P2PTags tags, SendQueuePtr queue)
-      : group_(std::move(group)), peer_(peer), tags_(tags), queue_(std::move(queue)) {}
+      : group_(std::move(group)), peer_(peer), tags_(tags), queue_(std::move(queue)), label_(current_comm_label()) {}
   std::string_view name() const override { return "send"; }
   TensorList forward(const TensorList& x) override {
     shape_ = x[0].shape();
@@ -40,6 +40,7 @@ class SendFn final : public autograd::Function {
     return {Tensor::scalar(0.0, dtype_)};
   }
   TensorList backward(const TensorList& /*token gradient: its value means nothing*/) override {
+    const CommLabelScope label(label_);   // the forward's label, for counters and traces
     // The axes the gradient is partial on (those that split the batch: dp), then the gradient.
     const Tensor axes = recv({1}, DType::Int64, group_, peer_, tags_.backward);
     Tensor grad = recv(shape_, dtype_, group_, peer_, tags_.backward);
@@ -52,6 +53,7 @@ class SendFn final : public autograd::Function {
   int peer_;
   P2PTags tags_;
   SendQueuePtr queue_;
+  std::string label_;
   Shape shape_;
   DType dtype_ = DType::Float32;
 };
@@ -62,12 +64,13 @@ class RecvFn final : public autograd::Function {
  public:
   RecvFn(Shape shape, DType dtype, ProcessGroup group, int peer, P2PTags tags, SendQueuePtr queue)
       : shape_(std::move(shape)), dtype_(dtype), group_(std::move(group)), peer_(peer), tags_(tags),
-        queue_(std::move(queue)) {}
+        queue_(std::move(queue)), label_(current_comm_label()) {}
   std::string_view name() const override { return "recv"; }
   TensorList forward(const TensorList& /*anchor*/) override {
     return {recv(shape_, dtype_, group_, peer_, tags_.forward)};
   }
   TensorList backward(const TensorList& g) override {
+    const CommLabelScope label(label_);
     // A gradient partial on an axis (dp: the loss is each replica's share) stays so on the other
     // stage: the two ranks have the same coordinates on every axis but this group's, so the sum
     // over that axis is the same sum. The group's own axis cannot be partial (nothing sums over it).
@@ -87,6 +90,7 @@ class RecvFn final : public autograd::Function {
   int peer_;
   P2PTags tags_;
   SendQueuePtr queue_;
+  std::string label_;
 };
 
 }  // namespace

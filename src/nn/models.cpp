@@ -297,10 +297,10 @@ class Gpt final : public Model {
   Gpt& operator=(const Gpt&) = delete;
 
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
-    // Training and evaluation run a pipeline's stages through pipeline/executor.hpp; what calls
-    // loss() (grads, check, explain) runs the whole model on every rank.
+    // Training, evaluation and explain run a pipeline's stages through pipeline/executor.hpp; what
+    // calls loss() (grads, check) runs the whole model on every rank.
     MG_CHECK(stage_.count == 1, "gpt: the mesh {} is a pipeline of {} stages (this rank holds blocks {}..{}), and only "
-             "`train` runs pipelines so far: grads, check, explain and sample take meshes without pp",
+             "`train` and `explain` run pipelines so far: grads, check and sample take meshes without pp",
              ctx_->mesh->str(), stage_.count, stage_.first_block, stage_.end_block - 1);
     return forward_stage(batch, Tensor(), global_tokens);
   }
@@ -386,7 +386,11 @@ class Gpt final : public Model {
     h = ln_f_.forward(h, seq);
 
     // Tied output layer: column-parallel over the vocabulary with wte^T; logits stay sharded.
-    const Tensor head = tied_->output_use(wte_->weight.operand());
+    Tensor head;
+    {
+      dist::CommLabelScope label("lm_head");   // a pipeline's tied gradient goes to the first stage from here
+      head = tied_->output_use(wte_->weight.operand());
+    }
     const Tensor logits = lm_head_->forward_with(h, seq, transpose(head, 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,

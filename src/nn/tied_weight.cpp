@@ -3,6 +3,7 @@
 
 #include "meshgrad/autograd/function.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/p2p.hpp"
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/tensor/kernels.hpp"
@@ -39,10 +40,12 @@ namespace {
 
 class TiedOutputUseFn final : public autograd::Function {
  public:
-  explicit TiedOutputUseFn(std::shared_ptr<TiedWeightState> state) : state_(std::move(state)) {}
+  explicit TiedOutputUseFn(std::shared_ptr<TiedWeightState> state)
+      : state_(std::move(state)), label_(dist::current_comm_label()) {}
   std::string_view name() const override { return "tied_output_use"; }
   TensorList forward(const TensorList& x) override { return {x[0]}; }
   TensorList backward(const TensorList& g) override {
+    const dist::CommLabelScope label(label_);
     TiedWeightState& s = *state_;
     if (s.per_micro_batch()) {   // pipelined only (one stage uses w itself in this mode)
       s.sends->add(dist::send_async(g[0], s.pp(), 0, kTagOutputGradient));
@@ -69,14 +72,17 @@ class TiedOutputUseFn final : public autograd::Function {
 
  private:
   std::shared_ptr<TiedWeightState> state_;
+  std::string label_;
 };
 
 class TiedEmbeddingUseFn final : public autograd::Function {
  public:
-  explicit TiedEmbeddingUseFn(std::shared_ptr<TiedWeightState> state) : state_(std::move(state)) {}
+  explicit TiedEmbeddingUseFn(std::shared_ptr<TiedWeightState> state)
+      : state_(std::move(state)), label_(dist::current_comm_label()) {}
   std::string_view name() const override { return "tied_embedding_use"; }
   TensorList forward(const TensorList& x) override { return {x[0]}; }
   TensorList backward(const TensorList& g) override {
+    const dist::CommLabelScope label(label_);
     const TiedWeightState& s = *state_;
     if (s.accumulating && !s.per_micro_batch()) return {g[0]};
     // H of every micro-batch, from the same tp coordinate of the last stage; annotated as the
@@ -88,6 +94,7 @@ class TiedEmbeddingUseFn final : public autograd::Function {
 
  private:
   std::shared_ptr<TiedWeightState> state_;
+  std::string label_;
 };
 
 }  // namespace

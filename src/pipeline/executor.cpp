@@ -24,15 +24,18 @@ Tensor forward_micro(nn::Model& model, const nn::Batch& batch, int k, std::int64
                      const dist::ProcessGroup& stages, const dist::SendQueuePtr& sends, StageTimes* times) {
   const nn::PipelineStage st = model.stage();
   const bool recording = autograd::GradMode::is_enabled();
+  // The transfers (and, through the graph, their gradients') are labelled as the stage boundary.
   Tensor input;
   if (!st.is_first()) {
     const double before = dist::comm_blocked_seconds();
+    const dist::CommLabelScope label(fmt::format("pp {}->{}", st.index - 1, st.index));
     input = dist::recv(model.stage_input_shape(batch), model.config().dtype, stages, st.index - 1, dist::tags_for(k),
                        sends, recording);
     if (times) times->wait_s += dist::comm_blocked_seconds() - before;
   }
   const Tensor out = model.forward_stage(batch, input, targets);
   if (st.is_last()) return out;
+  const dist::CommLabelScope label(fmt::format("pp {}->{}", st.index, st.index + 1));
   return dist::send(out, stages, st.index + 1, dist::tags_for(k), sends);
 }
 
@@ -58,7 +61,10 @@ Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int6
   // Every micro-batch draws the dropout seeds of one forward of the whole batch (as train_step).
   const std::uint64_t dropout_start = model.random_state();
   int live = 0;
-  model.refresh_stage_copies();
+  {
+    const dist::CommLabelScope label("wte copy");
+    model.refresh_stage_copies();
+  }
   for (const Action& a : actions) {
     const auto k = static_cast<std::size_t>(a.micro);
     const auto t0 = std::chrono::steady_clock::now();
@@ -96,7 +102,10 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
   const dist::ProcessGroup& stages = stage_group(mesh);
   auto sends = std::make_shared<dist::SendQueue>();
   optim::MicroBatchLosses losses(model.reduce_order());
-  model.refresh_stage_copies();
+  {
+    const dist::CommLabelScope label("wte copy");
+    model.refresh_stage_copies();
+  }
   for (std::size_t k = 0; k < micro.size(); ++k) {
     const Tensor out = forward_micro(model, micro[k], static_cast<int>(k), targets, stages, sends, nullptr);
     if (st.is_last()) losses.push(out);

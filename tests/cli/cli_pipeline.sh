@@ -160,8 +160,14 @@ refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
 refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
 refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
 refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
-if "$M" explain --mesh pp=2 >g.out 2>&1; then fail "explain accepted a pipeline"; fi
-grep -qF "only \`train\` runs pipelines so far" g.out || fail "explain on pp=2: $(tail -c 400 g.out)"
+if "$M" check --mesh pp=2 >g.out 2>&1; then fail "check accepted a pipeline"; fi
+grep -qF "check: the mesh pp=2,tp=1 is a pipeline" g.out || fail "check on pp=2: $(tail -c 400 g.out)"
+# explain counts every stage's sends and receives and prints the schedule's bubble.
+"$M" explain --mesh pp=2,tp=2 --layers 2 --batch 4 --micro-batches 4 --pp-schedule gpipe >explain.out 2>&1 ||
+  fail "explain on pp=2,tp=2: $(tail -c 600 explain.out)"
+grep -qF "pipeline: 2 stages, schedule gpipe, 4 micro-batches; bubble (p-1)/(m+p-1) = 0.200" explain.out ||
+  fail "explain on pp=2,tp=2 prints no bubble: $(tail -c 600 explain.out)"
+grep -qE "^ +1 +1\.\.1 +4 " explain.out || fail "explain: stage 1's row (blocks 1..1, 4 in flight under gpipe) is missing"
 
 [ "$failures" -eq 0 ] && echo "ok   pipeline: bitwise as gradient accumulation ($backends), checkpoints across meshes, trace, refusals"
 exit "$failures"

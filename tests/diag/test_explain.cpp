@@ -400,3 +400,55 @@ TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
 
 }  // namespace
 }  // namespace meshgrad::diag
+
+namespace meshgrad::diag {
+namespace {
+
+// A pipeline's step, counted on the first rank of each stage: each stage sends its activation of
+// every micro-batch forward and receives its gradient back (first the partial axes, 8 bytes, then
+// the gradient), the last stage mirrors it, and the tied wte crosses twice (the copy forward, the
+// output layer's gradient backward). pp=2, tp=1, 4 micro-batches of 1 row.
+TEST(ExplainPipeline, EachStageSendsAndReceivesEveryMicroBatchAndTheTiedWeight) {
+  nn::ModelConfig c = nn::ModelConfig::gpt(2, 32, 4, 64, 8, 4);
+  const int m = 4;
+  const auto rows = explain_model(c, {}, explain_mesh_axes("pp=2"), kLink, {.micro_batches = m});
+  const std::int64_t activation = 8 * (4 / m) * 32 * 4, wte = 64 * 32 * 4;
+  // (stage, label, phase, op, bytes) -> count
+  std::map<std::tuple<int, std::string, std::string, std::string, std::int64_t>, int> seen;
+  for (const ExplainRow& r : rows) {
+    ASSERT_EQ(r.axis, "pp") << r.layer << " " << r.op << ": a pp=2,tp=1 mesh communicates over pp only";
+    ++seen[{r.stage, r.layer, r.phase, r.op, r.bytes}];
+  }
+  using Key = std::tuple<int, std::string, std::string, std::string, std::int64_t>;
+  const std::map<Key, int> expected{
+      {{0, "wte copy", "forward", "send", wte}, 1},
+      {{0, "pp 0->1", "forward", "send", activation}, m},
+      {{0, "pp 0->1", "backward", "recv", 8}, m},
+      {{0, "pp 0->1", "backward", "recv", activation}, m},
+      {{0, "wte", "backward", "recv", wte}, 1},
+      {{1, "wte copy", "forward", "recv", wte}, 1},
+      {{1, "pp 0->1", "forward", "recv", activation}, m},
+      {{1, "pp 0->1", "backward", "send", 8}, m},
+      {{1, "pp 0->1", "backward", "send", activation}, m},
+      {{1, "lm_head", "backward", "send", wte}, 1},
+  };
+  // The step's scalar collectives over pp (none: the norm and the loss are the trainer's, not counted
+  // here) and nothing else.
+  EXPECT_EQ(seen, expected);
+  for (const ExplainRow& r : rows) {
+    EXPECT_DOUBLE_EQ(r.predicted_us, kLink.alpha_us + static_cast<double>(r.bytes) / (kLink.beta_gbs * 1e3)) << r.op;
+  }
+  const std::string table = format_explain_table(rows, {c, {}, explain_mesh_axes("pp=2"), kLink, {.micro_batches = m}});
+  EXPECT_NE(table.find("pipeline: 2 stages, schedule 1f1b, 4 micro-batches; bubble (p-1)/(m+p-1) = 0.200"),
+            std::string::npos) << table;
+  EXPECT_NE(table.find("s1 lm_head"), std::string::npos) << table;
+}
+
+TEST(ExplainPipeline, MicroBatchesThatDoNotSplitTheBatchOrNeedAPipelineAreRefused) {
+  const nn::ModelConfig c = nn::ModelConfig::gpt(2, 32, 4, 64, 8, 4);
+  EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("pp=2"), kLink, {.micro_batches = 3}), InvalidArgument);
+  EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("tp=2"), kLink, {.micro_batches = 2}), InvalidArgument);
+}
+
+}  // namespace
+}  // namespace meshgrad::diag

@@ -23,6 +23,7 @@
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/pipeline/schedule.hpp"
 
 namespace meshgrad::diag {
 
@@ -46,6 +47,14 @@ struct ExplainRow {
   int ranks = 1;            // size of the axis' group (n of the cost model)
   std::string algorithm;    // the cost model's choice ("ring", "tree", ...)
   ExplainSource source = ExplainSource::Graph;
+  int stage = 0;            // the pipeline stage whose first rank issued it (0 without pp)
+};
+
+// A pipeline's part of the report (a mesh with pp > 1): the micro-batches of the step and the
+// schedule that orders them.
+struct ExplainPipeline {
+  int micro_batches = 1;
+  pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB;
 };
 
 // Rows for collective records (rank 0's), costed on link with n = the size of the record's axis
@@ -58,8 +67,12 @@ std::vector<ExplainRow> rows_from_records(const std::vector<dist::CollectiveReco
 // 0 issued them. axes: the mesh (the CLI's --mesh parsed; needs "dp" and "tp", or "tp_row" and
 // "tp_col"). Every rank runs the same step; only rank 0 is counted. Throws (from the ranks) on an
 // invalid configuration, naming what was wrong.
+// With a pp axis of P > 1 stages the step is a pipeline step of `pipeline.micro_batches` through the
+// stages (pipeline/executor.hpp), and the first rank of every stage (coordinate 0 on the other axes)
+// is counted: rows carry their stage, and a stage's sends and receives are rows of their own.
 std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelConfig& parallel,
-                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link);
+                                      const std::vector<dist::MeshAxis>& axes, const dist::Link& link,
+                                      const ExplainPipeline& pipeline = {});
 
 // Aggregates. Layers appear in the order of their first row; phases in Phase order.
 struct PhaseTotals {
@@ -91,6 +104,7 @@ struct ExplainHeader {
   ParallelConfig parallel;
   std::vector<dist::MeshAxis> axes;
   dist::Link link;
+  ExplainPipeline pipeline;
 };
 // The table: per layer its collectives (phase, op, axis, n, bytes human-readable and exact,
 // algorithm, predicted us), then the per-layer and per-phase totals and the link used.
