@@ -82,7 +82,7 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.seq = 16;
   o.model.batch = 4;
   app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
-  app.add_option("--mesh", o.mesh, "mesh axes dp and tp, e.g. tp=2, dp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
+  app.add_option("--mesh", o.mesh, "mesh axes pp, dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, pp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
   app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
   app.add_option("--hidden", o.model.hidden, "width")->check(at_least(1))->capture_default_str();
@@ -98,6 +98,11 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_flag("--overlap", o.parallel.overlap, "overlap backward communication with compute");
   app.add_flag("--regather", a->recompute, "keep only the input shard and re-gather it in backward (with SP)");
   app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks, "activation checkpointing per block");
+  app.add_option("--micro-batches", o.micro_batches,
+                 "micro-batches per step on the mesh and in the single-rank reference (a pipeline's, with pp=P)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--pp-layers", o.parallel.pp_layers, "with pp=P: blocks per stage, e.g. 1,1")->delimiter(',');
   app.add_flag("--tp-invariant", o.parallel.tp_invariant,
                "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/tp-invariance.md)");
   app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "

@@ -82,6 +82,11 @@ def test_a_pipeline_trains_the_bits_of_gradient_accumulation():
     assert run(mesh="pp=2", micro_batches=4, pp_schedule="gpipe", pp_layers=[1, 3]) == one_rank
     assert run(mesh="pp=2,tp=2", micro_batches=2, sequence_parallel=True) == \
         run(mesh="tp=2", grad_accum=2, sequence_parallel=True)
+    # grads on a pipeline: one micro-batch through the stages, every stage's gradients, one rank's bits.
+    piped, whole = meshgrad.grads(mesh="pp=2,tp=2", layers=2, batch=4), meshgrad.grads(mesh="tp=2", layers=2, batch=4)
+    assert piped.keys() == whole.keys()
+    for name in whole:
+        assert np.array_equal(piped[name], whole[name]), name
     rows = meshgrad.explain(mesh="pp=2", layers=2, batch=4, micro_batches=4)
     sends = [r for r in rows if r["op"] == "send" and r["layer"] == "pp 0->1" and r["phase"] == "forward"]
     assert len(sends) == 4 and all(r["stage"] == 0 and r["axis"] == "pp" for r in sends)

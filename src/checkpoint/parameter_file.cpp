@@ -145,18 +145,24 @@ void save_parameters(const std::string& path, const std::vector<nn::Parameter*>&
   full.reserve(params.size());
   for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p));
   if (tp.rank() != writer_rank) return;
-  if (stages == nullptr || stages->size() == 1) {
-    io::write_safetensors(path, full, metadata);
-    return;
-  }
-  if (stages->rank() != 0) {
-    send_full_tensors(full, *stages);
-    return;
-  }
-  for (int s = 1; s < stages->size(); ++s) {
-    for (auto& entry : receive_full_tensors(*stages, s)) full.push_back(std::move(entry));
+  if (stages != nullptr && stages->size() > 1) {
+    full = collect_on_first_stage(std::move(full), *stages);
+    if (stages->rank() != 0) return;
   }
   io::write_safetensors(path, full, metadata);
+}
+
+std::vector<std::pair<std::string, Tensor>> collect_on_first_stage(std::vector<std::pair<std::string, Tensor>> full,
+                                                                   const dist::ProcessGroup& stages) {
+  if (stages.size() == 1) return full;
+  if (stages.rank() != 0) {
+    send_full_tensors(full, stages);
+    return {};
+  }
+  for (int s = 1; s < stages.size(); ++s) {
+    for (auto& entry : receive_full_tensors(stages, s)) full.push_back(std::move(entry));
+  }
+  return full;
 }
 
 std::vector<std::pair<std::string, Tensor>> gather_gradients(const std::vector<nn::Parameter*>& params,

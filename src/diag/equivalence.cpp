@@ -5,12 +5,14 @@
 #include <mutex>
 
 #include "meshgrad/autograd/engine.hpp"
+#include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/nn/parallel_context.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/train/trainer.hpp"
 
@@ -57,13 +59,23 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   {
     dist::CommCounter ignored;
     dist::CountingScope not_counted(ignored);
+    std::vector<std::pair<std::string, Tensor>> g_full, w_full;
     for (nn::Parameter* p : params) {
       Tensor g = p->value.grad();
       if (!g.defined()) g = Tensor::zeros(p->value.shape(), p->value.dtype());
-      grads[p->name] = nn::gather_full(g, *p).to(DType::Float64);
-      weights[p->name] = nn::gather_full(p->value.detach(), *p).to(DType::Float64);
-      order.push_back(p->name);
+      g_full.emplace_back(p->name, nn::gather_full(g, *p).to(DType::Float64));
+      w_full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p).to(DType::Float64));
     }
+    if (model->stage().count > 1 && nn::parameter_shard_group(*mesh, params).rank() == 0) {
+      // Every stage's tensors to stage 0 (whose first rank is the mesh's rank 0).
+      g_full = checkpoint::collect_on_first_stage(std::move(g_full), mesh->group("pp"));
+      w_full = checkpoint::collect_on_first_stage(std::move(w_full), mesh->group("pp"));
+    }
+    for (auto& [name, t] : g_full) {
+      grads[name] = t;
+      order.push_back(name);
+    }
+    for (auto& [name, t] : w_full) weights[name] = t;
   }
   if (mesh->rank() == 0) {
     std::lock_guard<std::mutex> lock(mu);
@@ -96,11 +108,8 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
   int mesh_dp = 1;   // the mesh's dp size (the TP-invariant reference runs that many micro-batches)
   const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : o.seed;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
-    MG_CHECK(!mesh->has_axis("pp") || mesh->axis_size("pp") == 1, "check: the mesh {} is a pipeline, and check runs the "
-             "whole model on every rank; a pipeline's equivalence with one rank is tested bitwise by the suite "
-             "(PipelineBitwise): give check a mesh without pp", mesh->str());
     if (mesh->rank() == 0) mesh_dp = mesh->has_axis("dp") ? mesh->axis_size("dp") : 1;
-    train_and_collect(o, mesh, mesh_seed, sharded, mu);
+    train_and_collect(o, mesh, mesh_seed, sharded, mu, o.micro_batches);
   });
   if (!sharded.collected) {
     // Under mpi, ranks other than 0 live in other processes: the results (and the verdict) are rank 0's.
@@ -112,7 +121,11 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
   // The reference: the same model on one rank.
   comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
-    train_and_collect(o, mesh, o.seed, reference, mu, o.parallel.tp_invariant ? mesh_dp : 1);
+    nn::ParallelConfig one_rank = o.parallel;
+    one_rank.pp_layers.clear();   // a pipeline's split means nothing on one rank
+    EquivalenceOptions ro = o;
+    ro.parallel = one_rank;
+    train_and_collect(ro, mesh, o.seed, reference, mu, (o.parallel.tp_invariant ? mesh_dp : 1) * o.micro_batches);
   });
 
   EquivalenceReport report;

@@ -171,12 +171,26 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   optim::GradientSynchronizer sync(params, mesh, {.order = model.reduce_order()});
   const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
   const nn::Batch local = data::dp_shard(global_batch, dp.rank, dp.size);
+  GradientDump dump;
+  const dist::ProcessGroup& shard_group = nn::parameter_shard_group(*mesh, params);
+  if (model.stage().count > 1) {
+    // A pipeline of one micro-batch; every stage's gradients end on stage 0.
+    optim::MicroBatchGradients gradients(params, sync, model.reduce_order(), 1);
+    const Tensor stage_loss = pipeline::run_step(model, {local}, global_tokens, pipeline::ScheduleKind::OneFOneB,
+                                                 gradients, *mesh);
+    gradients.finish();
+    sync.finish();
+    dump.loss = sum_over_dp(pipeline::losses_over_stages(stage_loss, *mesh), dp, model.reduce_order());
+    dump.gradients = checkpoint::gather_gradients(params, shard_group);
+    if (shard_group.rank() == 0) dump.gradients = checkpoint::collect_on_first_stage(std::move(dump.gradients),
+                                                                                    mesh->group("pp"));
+    return dump;
+  }
   const Tensor loss = model.loss(local, global_tokens);
   backward(loss);
   sync.finish();
-  GradientDump dump;
   dump.loss = sum_over_dp(loss, dp, model.reduce_order());
-  dump.gradients = checkpoint::gather_gradients(params, nn::parameter_shard_group(*mesh, params));
+  dump.gradients = checkpoint::gather_gradients(params, shard_group);
   return dump;
 }
 

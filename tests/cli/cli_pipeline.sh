@@ -160,8 +160,12 @@ refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
 refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
 refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
 refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
-if "$M" check --mesh pp=2 >g.out 2>&1; then fail "check accepted a pipeline"; fi
-grep -qF "check: the mesh pp=2,tp=1 is a pipeline" g.out || fail "check on pp=2: $(tail -c 400 g.out)"
+# check: a pipeline with tp-invariance against one rank, bitwise (the PASS line says so).
+"$M" check --mesh pp=2,tp=2 --micro-batches 2 --tp-invariant --sequence-parallel >check.out 2>&1 ||
+  fail "check on pp=2,tp=2: $(tail -c 600 check.out)"
+grep -qF "PASS: tp-invariant: losses, gradients and weights are bitwise those of the single rank" check.out ||
+  fail "check on pp=2,tp=2: no bitwise PASS: $(tail -c 600 check.out)"
+"$M" check --mesh pp=2 --micro-batches 2 --steps 3 >check2.out 2>&1 || fail "check on pp=2: $(tail -c 600 check2.out)"
 # explain counts every stage's sends and receives and prints the schedule's bubble.
 "$M" explain --mesh pp=2,tp=2 --layers 2 --batch 4 --micro-batches 4 --pp-schedule gpipe >explain.out 2>&1 ||
   fail "explain on pp=2,tp=2: $(tail -c 600 explain.out)"

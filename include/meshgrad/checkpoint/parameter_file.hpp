@@ -54,4 +54,11 @@ void save_parameters(const std::string& path, const std::vector<nn::Parameter*>&
 std::vector<std::pair<std::string, Tensor>> gather_gradients(const std::vector<nn::Parameter*>& params,
                                                              const dist::ProcessGroup& tp);
 
+// A pipeline's full tensors in one place: each stage's caller passes what its stage holds; stage 0
+// (rank 0 of `stages`) gets every stage's, in stage order (the one-rank model's), the others an
+// empty list. Collective over `stages`, one caller per stage (e.g. the first rank of each stage's
+// parameter group). Point to point with the communicator's deadline.
+std::vector<std::pair<std::string, Tensor>> collect_on_first_stage(std::vector<std::pair<std::string, Tensor>> full,
+                                                                   const dist::ProcessGroup& stages);
+
 }  // namespace meshgrad::checkpoint

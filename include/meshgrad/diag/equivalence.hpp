@@ -24,6 +24,8 @@ struct EquivalenceOptions {
   // Seed of the mesh model when it must differ from the reference's (0: the same). Only for
   // showing that the checker catches a mismatch; a real check leaves it 0.
   std::uint64_t mesh_seed = 0;
+  // Micro-batches per step, on the mesh and in the reference alike (a pipeline's --micro-batches).
+  int micro_batches = 1;
 };
 
 struct ParameterDifference {

@@ -65,7 +65,9 @@ struct GradientDump {
 // [B, T], split over dp by the shard rule; loss = mean over the positions whose target is not
 // kIgnoreIndex), then every
 // parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
-// full result). The model's parameters must not have gradients yet.
+// full result). On a pipeline (pp > 1) the step is one micro-batch through the stages and the first
+// rank of stage 0's parameter group gets every stage's gradients (the others their stage's); the
+// loss is on every rank. The model's parameters must not have gradients yet.
 GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);
 
 // The global loss: the sum over the dp replicas of each rank's share (replicated over tp), in the
