@@ -355,6 +355,9 @@ SampleResult run_sample_job(const SampleJob& job, const dist::RunOnMesh& run_on_
   std::mutex mu;
   bool have = false;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    MG_CHECK(!mesh->has_axis("pp") || mesh->axis_size("pp") == 1, "sample: the mesh {} is a pipeline, and sampling "
+             "decodes with the whole model on every rank: give --mesh without pp (a pipeline's checkpoint samples on "
+             "any such mesh)", mesh->str());
     nn::ParallelConfig parallel;
     parallel.tp_invariant = job.tp_invariant;
     parallel.invariant_blocks = job.invariant_blocks;

@@ -188,8 +188,10 @@ class Mlp {
 class Block {
  public:
   // reductions: the model's FSDP units share it (FsdpUnit).
+  // last_in_backward: the first block of a pipeline stage without the model's own unit (a middle
+  // stage): its backward ends the stage's, so its FSDP unit delivers every reduction.
   Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed,
-        const std::shared_ptr<FsdpReductions>& reductions = nullptr)
+        const std::shared_ptr<FsdpReductions>& reductions = nullptr, bool last_in_backward = false)
       : prefix_(fmt::format("h.{}", index)),
         ln_1_(prefix_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
         attn_(prefix_ + ".attn", cfg, ctx, seed),
@@ -198,7 +200,7 @@ class Block {
     if (ctx->fsdp_active()) {
       std::vector<Parameter*> params;
       collect(params);
-      fsdp_ = std::make_unique<FsdpUnit>(prefix_, std::move(params), ctx, reductions);
+      fsdp_ = std::make_unique<FsdpUnit>(prefix_, std::move(params), ctx, reductions, last_in_backward);
     }
   }
 
@@ -277,8 +279,12 @@ class Gpt final : public Model {
     }
     tied_ = std::make_unique<TiedWeight>("wte", ctx_, stage_);
     const std::shared_ptr<FsdpReductions> reductions = ctx_->fsdp_active() ? FsdpUnit::new_reductions() : nullptr;
+    // The unit gathered first in a stage's forward comes last in its backward and delivers every
+    // reduction: the model's own (below) where the stage has one, else the stage's first block.
+    const bool has_own_unit = stage_.is_first() || stage_.is_last();
     for (int i = stage_.first_block; i < stage_.end_block; ++i) {
-      blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed, reductions));
+      const bool last_in_backward = !has_own_unit && i == stage_.first_block;
+      blocks_.push_back(std::make_shared<Block>(i, cfg_, ctx_, seed, reductions, last_in_backward));
     }
     ColumnParallelLinear::Options o;
     o.bias = false;
@@ -286,11 +292,18 @@ class Gpt final : public Model {
     lm_head_ = std::make_unique<ColumnParallelLinear>("lm_head", cfg_.hidden, cfg_.vocab, o, ctx_, 0, cfg_.dtype);
     if (ctx_->fsdp_active()) {
       // The model's own parameters are one unit, gathered for the whole forward and backward: the
-      // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum). (FSDP
-      // and pipeline stages are not combined: ParallelContext::on refuses it.)
-      root_unit_ = std::make_unique<FsdpUnit>("gpt", std::vector<Parameter*>{&wte_->weight, &wpe_, &ln_f_.weight,
-                                                                             &ln_f_.bias},
-                                              ctx_, reductions, /*last_in_backward=*/true);
+      // tied wte is used at both ends, and its two gradients must meet unsharded (dp's sum). In a
+      // pipeline each end has its own: the first stage's (wte, wpe), the last stage's (ln_f); each is
+      // gathered first in its stage's forward (forward_stage), so it comes last in backward.
+      std::vector<Parameter*> own;
+      if (stage_.is_first()) own = {&wte_->weight, &wpe_};
+      if (stage_.is_last()) {
+        own.push_back(&ln_f_.weight);
+        own.push_back(&ln_f_.bias);
+      }
+      if (!own.empty()) {
+        root_unit_ = std::make_unique<FsdpUnit>("gpt", std::move(own), ctx_, reductions, /*last_in_backward=*/true);
+      }
     }
   }
   Gpt(const Gpt&) = delete;
@@ -389,7 +402,7 @@ class Gpt final : public Model {
     Tensor head;
     {
       dist::CommLabelScope label("lm_head");   // a pipeline's tied gradient goes to the first stage from here
-      head = tied_->output_use(wte_->weight.operand());
+      head = tied_->output_use(stage_.is_first() ? wte_->weight.operand() : tied_copy());
     }
     const Tensor logits = lm_head_->forward_with(h, seq, transpose(head, 0, 1), Tensor());   // [T, B, V_local]
     const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
@@ -398,6 +411,24 @@ class Gpt final : public Model {
                                                      static_cast<double>(global_tokens), -100, &lm_head_->plan(),
                                                      ctx.reduce_order());
     return ctx.loss_partial_over_dp(loss);
+  }
+
+  // The last stage's copy of wte, as the output layer uses it: this rank's tp piece. With parameters
+  // sharded over fsdp (or dp under --shard-optimizer) the copy holds this rank's rows like the first
+  // stage's shard it is refreshed from, and is gathered here (not differentiable: the gradient goes
+  // to the first stage, nn/tied_weight.hpp).
+  Tensor tied_copy() const {
+    const Tensor& shard = wte_->weight.value;
+    if (ctx_->fsdp_axis < 0 || ctx_->mesh->axis_size(ctx_->fsdp_axis) == 1) return shard;
+    const dist::ProcessGroup& group = ctx_->mesh->group(ctx_->fsdp_axis);
+    const Shape piece = wte_->weight.operand_shape();
+    Tensor gathered;
+    {
+      autograd::NoGradGuard no_grad;
+      gathered = dist::all_gather(shard.detach(), group, 0, shard_sizes(piece[0], group.size()));
+    }
+    gathered.set_requires_grad(true);
+    return gathered;
   }
 
   // Dropout seeds the forward draws before block `block` (the embedding's one, two per block).

@@ -72,13 +72,6 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
-  if (ctx->pp_axis >= 0 && mesh->axis_size(ctx->pp_axis) > 1) {
-    // Not yet combined with the pipeline (refused by name rather than run wrong).
-    MG_CHECK(ctx->fsdp_axis < 0 || mesh->axis_size(ctx->fsdp_axis) == 1, "pipeline parallelism ({}) with an fsdp "
-             "axis is not supported yet: use pp with dp and tp", mesh->str());
-    MG_CHECK(!config.shard_optimizer, "pipeline parallelism ({}) with --shard-optimizer is not supported yet",
-             mesh->str());
-  }
   if (config.shard_optimizer) {
     MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "
              "over the dp axis, and the mesh {} has no dp axis of more than one rank (a resumed run takes the option "

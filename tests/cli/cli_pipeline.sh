@@ -65,6 +65,10 @@ same one4 pp2gpipe
 same one4 pp4
 same tp2 pp2tp2
 same dp2 pp2dp2
+# Sharded data parallelism on every stage.
+run fsdp2 fsdp=2 --grad-accum 2
+run pp2fsdp2 pp=2,fsdp=2 --micro-batches 2
+same fsdp2 pp2fsdp2
 # TP-invariant: the bits of one rank whatever the tp and pp.
 run inv_one tp=1 --grad-accum 4 --tp-invariant
 run inv_pp2tp2 pp=2,tp=2 --micro-batches 4 --tp-invariant --sequence-parallel
@@ -128,6 +132,13 @@ resumed pp2_on_pp4 ck/step_00000004 one4 --mesh pp=4
 "$M" train --mesh tp=2 "${model[@]}" --grad-accum 2 --sequence-parallel --overlap --checkpoint-dir ck_tp --save-every 4 \
   --no-metrics >ck_tp.out 2>&1 || fail "tp=2 checkpoints: $(tail -c 600 ck_tp.out)"
 resumed tp2_on_pp2tp2 ck_tp/step_00000004 tp2 --mesh pp=2,tp=2
+# A pipeline's checkpoint samples on a mesh without pp; sampling on a pp mesh is refused, naming it.
+"$M" sample --checkpoint ck/step_00000008 --mesh tp=1 --prompt "a" --tokens 4 --temperature 0 >sample.out 2>&1 ||
+  fail "sample from a pp checkpoint: $(tail -c 400 sample.out)"
+if "$M" sample --checkpoint ck/step_00000008 --mesh pp=2 --prompt "a" --tokens 4 >sample_pp.out 2>&1; then
+  fail "sample accepted a pp mesh"
+fi
+grep -qF "sample: the mesh pp=2,tp=1 is a pipeline" sample_pp.out || fail "sample on pp=2: $(tail -c 400 sample_pp.out)"
 
 # The trace shows each stage's micro-batch forwards and backwards and the sends and receives.
 "$M" train --mesh pp=2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --micro-batches 2 --steps 1 --no-metrics \
@@ -158,7 +169,6 @@ refused "--pp-layers 1,2: the counts add up to 3 blocks, and the model has 4" --
   --steps 1
 refused "--pp-layers 2,2 needs a pipeline" --mesh tp=2 --pp-layers 2,2 --steps 1
 refused "--pp-schedule gpipe needs a pipeline" --mesh tp=1 --pp-schedule gpipe --steps 1
-refused "with an fsdp axis is not supported yet" --mesh pp=2,fsdp=2 --steps 1
 refused "unknown axis 'PP' (did you mean 'pp'?)" --mesh PP=2 --steps 1
 # check: a pipeline with tp-invariance against one rank, bitwise (the PASS line says so).
 "$M" check --mesh pp=2,tp=2 --micro-batches 2 --tp-invariant --sequence-parallel >check.out 2>&1 ||

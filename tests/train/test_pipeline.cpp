@@ -26,7 +26,8 @@ namespace meshgrad::train {
 namespace {
 
 struct Options {
-  bool sp = false, overlap = false, checkpoint_blocks = false, tree = false;
+  bool sp = false, overlap = false, checkpoint_blocks = false, tree = false, shard_optimizer = false;
+  bool reshard = true;
   int layers = 4;
   int micro = 4;
   double dropout = 0.1;
@@ -47,6 +48,8 @@ nn::ParallelConfig parallel_for(const Options& x, const dist::DeviceMesh& mesh) 
   p.overlap = x.overlap;
   p.checkpoint_blocks = x.checkpoint_blocks;
   p.tp_invariant = x.tree;
+  p.shard_optimizer = x.shard_optimizer;
+  p.reshard_after_forward = x.reshard;
   if (mesh.has_axis("pp")) p.pp_layers = x.pp_layers;
   return p;
 }
@@ -146,7 +149,15 @@ INSTANTIATE_TEST_SUITE_P(
         PipelineCase{"pp2_tp_invariant", "tp=1", "pp=2", {.tree = true}},
         PipelineCase{"pp2_tp2_sp_tp_invariant_against_one_rank", "tp=1", "pp=2,tp=2", {.sp = true, .tree = true}},
         PipelineCase{"pp2_dp2_tp_invariant_gpipe", "dp=2", "pp=2,dp=2",
-                     {.tree = true, .micro = 2, .schedule = ScheduleKind::GPipe}}),
+                     {.tree = true, .micro = 2, .schedule = ScheduleKind::GPipe}},
+        // Sharded data parallelism on every stage: fsdp's own units per stage, the last stage's wte
+        // copy gathered over fsdp.
+        PipelineCase{"pp2_fsdp2", "fsdp=2", "pp=2,fsdp=2", {.micro = 2}},
+        PipelineCase{"pp2_fsdp2_tp2_sp_gpipe", "fsdp=2,tp=2", "pp=2,fsdp=2,tp=2",
+                     {.sp = true, .micro = 2, .schedule = ScheduleKind::GPipe}},
+        PipelineCase{"pp2_fsdp2_no_reshard_4_micro", "fsdp=2", "pp=2,fsdp=2", {.reshard = false}},
+        PipelineCase{"pp3_fsdp2_a_middle_stage", "fsdp=2", "pp=3,fsdp=2", {.micro = 2}},
+        PipelineCase{"pp2_dp2_shard_optimizer", "dp=2", "pp=2,dp=2", {.shard_optimizer = true, .micro = 2}}),
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 }  // namespace
