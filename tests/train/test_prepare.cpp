@@ -318,5 +318,40 @@ TEST(Prepare, ValidationLossIsEvaluatedOnTheValSplitAtAnyMesh) {
   fs::remove_all(d);
 }
 
+// A pipeline evaluates its micro-batches through the stages (pipeline::forward_only): the
+// validation losses, like the training losses, are the bits of one rank with the same micro-batches.
+TEST(Prepare, APipelineEvaluatesTheBitsOfOneRank) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = fresh_dir("eval_pp");
+  const data::PrepareOptions p = prepare_readme(d, 0.2);
+  TrainOptions o;
+  o.model.vocab = 0;
+  o.model.layers = 2;
+  o.model.hidden = 16;
+  o.model.heads = 2;
+  o.model.seq = 16;
+  o.model.batch = 4;
+  o.model.dropout = 0.1;
+  o.grad_accum = 2;
+  o.steps = 4;
+  o.eval_every = 2;
+  o.eval_steps = 2;
+  o.data_path = p.out_dir;
+  o.progress = false;
+  auto run = [&](const std::string& spec) {
+    TrainResult result;
+    comm::run_ranks(dist::mesh_world_size(spec), [&](const comm::CommunicatorPtr& world) {
+      TrainResult r = train(o, std::make_shared<const dist::DeviceMesh>(world, dist::parse_mesh(spec)));
+      if (world->rank() == 0) result = r;
+    });
+    return result;
+  };
+  const TrainResult one = run("tp=1");
+  const TrainResult piped = run("pp=2");
+  ASSERT_EQ(one.val_losses.size(), 2u);
+  EXPECT_EQ(piped.val_losses, one.val_losses);
+  EXPECT_EQ(piped.losses, one.losses);
+}
+
 }  // namespace
 }  // namespace meshgrad::train
