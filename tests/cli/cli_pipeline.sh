@@ -132,6 +132,13 @@ resumed pp2_on_pp4 ck/step_00000004 one4 --mesh pp=4
 "$M" train --mesh tp=2 "${model[@]}" --grad-accum 2 --sequence-parallel --overlap --checkpoint-dir ck_tp --save-every 4 \
   --no-metrics >ck_tp.out 2>&1 || fail "tp=2 checkpoints: $(tail -c 600 ck_tp.out)"
 resumed tp2_on_pp2tp2 ck_tp/step_00000004 tp2 --mesh pp=2,tp=2
+# --init-from: each stage loads its own parameters from a Hugging Face directory (exported here).
+"$M" export --checkpoint ck/step_00000008 --out hf >export.out 2>&1 || fail "export of a pp checkpoint: $(tail -c 400 export.out)"
+"$M" train --init-from hf --mesh tp=1 --steps 3 --seq 16 --batch 8 --grad-accum 2 --save init_one.safetensors \
+  --no-metrics >init_one.out 2>&1 || fail "init-from on one rank: $(tail -c 400 init_one.out)"
+"$M" train --init-from hf --mesh pp=2 --steps 3 --seq 16 --batch 8 --micro-batches 2 --save init_pp.safetensors \
+  --no-metrics >init_pp.out 2>&1 || fail "init-from on pp=2: $(tail -c 400 init_pp.out)"
+cmp -s init_one.safetensors init_pp.safetensors || fail "--init-from on pp=2 trained other parameters than on one rank"
 # A pipeline's checkpoint samples on a mesh without pp; sampling on a pp mesh is refused, naming it.
 "$M" sample --checkpoint ck/step_00000008 --mesh tp=1 --prompt "a" --tokens 4 --temperature 0 >sample.out 2>&1 ||
   fail "sample from a pp checkpoint: $(tail -c 400 sample.out)"
