@@ -296,7 +296,9 @@ class MpiComm final : public detail::CommBase {
     check_mpi(mpi_call(*rt_, [&] {
                 return MPI_Irecv(out.data, as_int(out.count, "recv"), mpi_type(out.dtype), peer, tag, p2p_, &req);
               }), "MPI_Irecv", OpKind::Recv, op->seq);
-    return p2p_work(op, req, peer);
+    // A message of another size than posted is an error, not a partial fill (MPI truncates a longer
+    // one with an error code, and takes a shorter one silently): the receive checks its count.
+    return std::make_shared<P2PWork>(this, op, req, peer, RecvCheck{out.count, out.dtype, tag});
   }
 
  private:
@@ -453,11 +455,20 @@ class MpiComm final : public detail::CommBase {
   }
 
   // A point-to-point Work: polls its request on wait(); on the deadline cancels it (MPI_Cancel).
+  // What a receive expects: its element count and dtype (count 0 with `check` false: a send).
+  struct RecvCheck {
+    std::size_t count = 0;
+    DType dtype = DType::Float32;
+    int tag = 0;
+    bool check = true;
+  };
+
   class P2PWork final : public Work {
    public:
-    P2PWork(MpiComm* comm, std::shared_ptr<OpState> op, MPI_Request req, int peer)
+    P2PWork(MpiComm* comm, std::shared_ptr<OpState> op, MPI_Request req, int peer,
+            RecvCheck recv = {0, DType::Float32, 0, false})
         : rank_(comm->rank()), rt_(comm->rt_), op_(std::move(op)), req_(req), peer_(peer),
-          where_(comm->where(op_->kind, op_->seq)) {}
+          where_(comm->where(op_->kind, op_->seq)), recv_(recv) {}
     ~P2PWork() override {
       if (!done_) {
         try {
@@ -469,14 +480,28 @@ class MpiComm final : public detail::CommBase {
     bool is_completed() override {
       if (!done_) {
         int flag = 0;
-        mpi_call(*rt_, [&] { return MPI_Test(&req_, &flag, MPI_STATUS_IGNORE); });
-        done_ = flag != 0;
+        MPI_Status status;
+        const int code = mpi_call(*rt_, [&] { return MPI_Test(&req_, &flag, &status); });
+        done_ = flag != 0 || code != MPI_SUCCESS;
+        if (recv_.check && done_) {
+          int got = -1;
+          if (code == MPI_SUCCESS) MPI_Get_count(&status, mpi_type(recv_.dtype), &got);
+          if (code != MPI_SUCCESS || got != static_cast<int>(recv_.count)) {
+            error_ = fmt::format("{}: the message from rank {} (tag {}) does not match the recv of {} {} posted for it"
+                                 "{}", where_, peer_, recv_.tag, recv_.count, dtype_name(recv_.dtype),
+                                 code != MPI_SUCCESS ? fmt::format(" ({}: it is longer)", mpi_error_text(code))
+                                                     : fmt::format(" (it holds {} elements)", got));
+          }
+        }
       }
       return done_;
     }
     void wait(Milliseconds timeout) override {
       MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
-      if (done_) return;
+      if (done_) {
+        throw_if_failed();
+        return;
+      }
       const auto until = timeout.count() == 0 ? op_->deadline : detail::add_saturated(Clock::now(), timeout);
       auto sleep = std::chrono::microseconds(20);
       const auto start = Clock::now();
@@ -497,15 +522,22 @@ class MpiComm final : public detail::CommBase {
           sleep = std::min(sleep * 2, std::chrono::microseconds(1000));
         }
       }
+      throw_if_failed();
     }
 
    private:
+    void throw_if_failed() const {
+      if (!error_.empty()) throw CommError(error_, "mpi", std::string(detail::op_name(op_->kind)), op_->seq, rank_);
+    }
+
     int rank_;
     std::shared_ptr<Runtime> rt_;
     std::shared_ptr<OpState> op_;
     MPI_Request req_;
     int peer_;
     std::string where_;
+    RecvCheck recv_;
+    std::string error_;   // a receive whose message did not match it
     bool done_ = false;
   };
 

@@ -296,6 +296,34 @@ inline void send_recv_tags(Harness& h) {
   }
 }
 
+// A receive posted for another number of elements than the matching send carries is an error on the
+// receiving rank naming the mismatch (longer or shorter), never a partial or truncated fill.
+inline void send_recv_size_mismatch(Harness& h) {
+  h.run(2, [&](Communicator& c) {
+    std::vector<double> six(6, 1.0), three(3, 2.0), got8(8, -1.0), got2(2, -1.0);
+    if (c.rank() == 0) {
+      for (auto* msg : {&six, &three}) {
+        try {
+          c.send(buffer(std::span<const double>(*msg)), 1, msg == &six ? 5 : 6);
+        } catch (const std::exception&) {   // the threads backend fails both sides of a mismatch
+        }
+      }
+      return;
+    }
+    for (auto [out, tag] : {std::pair{&got8, 5}, std::pair{&got2, 6}}) {
+      std::string error;
+      try {
+        c.recv(buffer(std::span<double>(*out)), 0, tag);
+      } catch (const std::exception& e) {
+        error = e.what();
+      }
+      EXPECT_NE(error.find("does not match the recv of"), std::string::npos)
+          << "tag " << tag << ": a receive of " << out->size() << " elements took a message of another size: '" << error
+          << "'";
+    }
+  });
+}
+
 inline double seconds_now() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -471,6 +499,9 @@ inline void misuse_local(Harness& h) {
   TEST(Suite, AllToAllEvenUnevenFloat32) { ::meshgrad::comm::testing::all_to_all_even_uneven<float>(harness_expr); } \
   TEST(Suite, AllToAllEvenUnevenFloat64) { ::meshgrad::comm::testing::all_to_all_even_uneven<double>(harness_expr); } \
   TEST(Suite, SendRecvMatchesByTagInOrder) { ::meshgrad::comm::testing::send_recv_tags(harness_expr); } \
+  TEST(Suite, SendRecvOfAnotherSizeIsAnErrorOnTheReceiver) {                                        \
+    ::meshgrad::comm::testing::send_recv_size_mismatch(harness_expr);                               \
+  }                                                                                                 \
   TEST(Suite, BarrierWaitsForTheLastRank) { ::meshgrad::comm::testing::barrier_orders(harness_expr); } \
   TEST(Suite, AsyncProgressesWhileCallerWorksFloat32) {                                             \
     ::meshgrad::comm::testing::async_overlaps_work<float>(harness_expr);                            \
