@@ -12,7 +12,8 @@
 // Matching: a send matches the receive on `peer` with the same tag, in posting order (comm
 // contract). Forward and backward transfers of micro-batch m use different tags (tags_for), so an
 // activation is never taken for a gradient. Every wait has the communicator's deadline; a receive
-// whose element count differs from the send is an error on both ranks naming the tag.
+// whose element count differs from the send is an error on the receiving rank (on both with rank
+// threads) naming the tag and the counts, never a partial fill.
 #pragma once
 
 #include <memory>
