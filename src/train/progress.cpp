@@ -32,7 +32,8 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
                    {"regather", o.parallel.recompute_allgather}, {"checkpoint_blocks", o.parallel.checkpoint_blocks},
                    {"tp_invariant", o.parallel.tp_invariant}, {"invariant_blocks", o.parallel.invariant_blocks},
                    {"reshard_after_forward", o.parallel.reshard_after_forward},
-                   {"shard_optimizer", o.parallel.shard_optimizer}}},
+                   {"shard_optimizer", o.parallel.shard_optimizer}, {"pp_layers", o.parallel.pp_layers},
+                   {"pp_schedule", o.pp_schedule}}},
                  {"steps", o.steps}, {"lr", o.lr}, {"warmup_steps", o.warmup_steps}, {"min_lr_ratio", o.min_lr_ratio},
                  {"weight_decay", o.weight_decay}, {"seed", o.seed}, {"grad_clip", o.grad_clip},
                  {"grad_accum", o.grad_accum}, {"eval_every", o.eval_every}, {"eval_steps", o.eval_steps}};

@@ -61,6 +61,14 @@ run pp2tp2 pp=2,tp=2 --micro-batches 2 --sequence-parallel --overlap
 run dp2 dp=2 --grad-accum 2
 run pp2dp2 pp=2,dp=2 --micro-batches 2
 same one4 pp2
+# The metrics header records the pipeline's options.
+python3 - pp2gpipe.jsonl <<'PY' || fail "the metrics header lacks the pipeline's options"
+import json, sys
+header = json.loads(open(sys.argv[1]).readline())
+parallel = header["config"]["parallel"]
+sys.exit(0 if header["mesh"] == "pp=2,tp=1" and parallel["pp_schedule"] == "gpipe" and parallel["pp_layers"] == [3, 1]
+         else 1)
+PY
 same one4 pp2gpipe
 same one4 pp4
 same tp2 pp2tp2
