@@ -35,7 +35,10 @@ if(MESHGRAD_WITH_MPI)
            COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/kill_resume_soak.py $<TARGET_FILE:meshgrad_cli>
                    ${CMAKE_CURRENT_BINARY_DIR}/train_kill_resume_soak_mpi --cycles 6 --mesh dp=2 --mpi
                    "${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe")
-  set_tests_properties(train_kill_resume_soak_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300)
+  # RESOURCE_LOCK mpirun_kill: the tests that kill a rank of an mpirun job and time the survivors run
+  # one at a time (train_multihost's --enable-recovery survivor once ended before its deadline while
+  # another such test ran beside it under ctest -j2; alone it passed every time).
+  set_tests_properties(train_kill_resume_soak_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 300 RESOURCE_LOCK mpirun_kill)
 endif()
 # `meshgrad export` and `train --init-from` end to end (tests/cli/cli_hf.sh); with MPI, the same
 # loading at tp=2 across processes (label mpi).
@@ -74,7 +77,7 @@ if(MESHGRAD_WITH_MPI)
   add_test(NAME train_multihost_cleanup
            COMMAND python3 ${CMAKE_CURRENT_SOURCE_DIR}/cli/multihost.py --cleanup)
   set_tests_properties(train_multihost PROPERTIES LABELS "train;mpi;multihost" TIMEOUT 240 SKIP_RETURN_CODE 77
-                       FIXTURES_REQUIRED multihost_netns)
+                       FIXTURES_REQUIRED multihost_netns RESOURCE_LOCK mpirun_kill)
   set_tests_properties(train_multihost_cleanup PROPERTIES LABELS "train;mpi;multihost" TIMEOUT 60
                        FIXTURES_CLEANUP multihost_netns)
 endif()
@@ -90,7 +93,7 @@ if(MESHGRAD_WITH_MPI)
   add_test(NAME train_cli_pipeline_mpi
            COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_pipeline.sh $<TARGET_FILE:meshgrad_cli>
                    ${CMAKE_CURRENT_BINARY_DIR}/train_cli_pipeline_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
-  set_tests_properties(train_cli_pipeline_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240)
+  set_tests_properties(train_cli_pipeline_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240 RESOURCE_LOCK mpirun_kill)
 endif()
 # Sharded data parallelism end to end (tests/cli/cli_fsdp.sh): fsdp=2 and --shard-optimizer bitwise as
 # dp=2, a sharded checkpoint resumed on another mesh, the trace, refusals; with MPI the same runs
