@@ -52,7 +52,7 @@ class TiedOutputUseFn final : public autograd::Function {
       return {Tensor()};
     }
     if (!s.output_sum.defined()) {
-      s.output_sum = g[0].contiguous().clone();
+      s.output_sum = g[0].clone();   // a packed copy
       dist::set_partial_axes(s.output_sum, dist::partial_axes(g[0]));
     } else {
       MG_CHECK(dist::partial_axes(g[0]) == dist::partial_axes(s.output_sum), "{}: the output layer's gradient is "

@@ -1,8 +1,6 @@
 // A pipeline stage's step (contracts in include/meshgrad/pipeline/executor.hpp).
 #include "meshgrad/pipeline/executor.hpp"
 
-#include <chrono>
-
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/distributed/collectives.hpp"
@@ -14,24 +12,18 @@ namespace meshgrad::pipeline {
 
 namespace {
 
-double seconds_since(std::chrono::steady_clock::time_point t0) {
-  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-}
-
 // The forward of micro-batch k on this stage: the activation in from the previous stage, the
 // stage's layers, the activation out to the next (the token returned stands for it) or the loss.
 Tensor forward_micro(nn::Model& model, const nn::Batch& batch, int k, std::int64_t targets,
-                     const dist::ProcessGroup& stages, const dist::SendQueuePtr& sends, StageTimes* times) {
+                     const dist::ProcessGroup& stages, const dist::SendQueuePtr& sends) {
   const nn::PipelineStage st = model.stage();
   const bool recording = autograd::GradMode::is_enabled();
   // The transfers (and, through the graph, their gradients') are labelled as the stage boundary.
   Tensor input;
   if (!st.is_first()) {
-    const double before = dist::comm_blocked_seconds();
     const dist::CommLabelScope label(fmt::format("pp {}->{}", st.index - 1, st.index));
     input = dist::recv(model.stage_input_shape(batch), model.config().dtype, stages, st.index - 1, dist::tags_for(k),
                        sends, recording);
-    if (times) times->wait_s += dist::comm_blocked_seconds() - before;
   }
   const Tensor out = model.forward_stage(batch, input, targets);
   if (st.is_last()) return out;
@@ -47,7 +39,7 @@ const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh) {
 }
 
 Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets, ScheduleKind schedule,
-                optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh, StageTimes* times) {
+                optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh) {
   const nn::PipelineStage st = model.stage();
   const dist::ProcessGroup& stages = stage_group(mesh);
   MG_CHECK(stages.size() == st.count && stages.rank() == st.index, "pipeline: the model was built as stage {} of {}, "
@@ -60,23 +52,17 @@ Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int6
   std::vector<Tensor> roots(micro.size());   // per micro-batch, from its forward to its backward
   // Every micro-batch draws the dropout seeds of one forward of the whole batch (as train_step).
   const std::uint64_t dropout_start = model.random_state();
-  int live = 0;
   {
     const dist::CommLabelScope label("wte copy");
     model.refresh_stage_copies();
   }
   for (const Action& a : actions) {
     const auto k = static_cast<std::size_t>(a.micro);
-    const auto t0 = std::chrono::steady_clock::now();
     if (a.kind == Action::Kind::Forward) {
       trace::Span span(fmt::format("forward {}", a.micro), "pipeline_forward");
       model.set_random_state(dropout_start);
-      roots[k] = forward_micro(model, micro[k], a.micro, targets, stages, sends, times);
+      roots[k] = forward_micro(model, micro[k], a.micro, targets, stages, sends);
       if (st.is_last()) losses.push(roots[k].detach());
-      if (times) {
-        times->forward_s += seconds_since(t0);
-        times->peak_in_flight = std::max(times->peak_in_flight, ++live);
-      }
     } else {
       trace::Span span(fmt::format("backward {}", a.micro), "pipeline_backward");
       gradients.before_backward(a.micro);
@@ -84,10 +70,6 @@ Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int6
       backward(roots[k]);
       roots[k] = Tensor();   // the micro-batch's graph and activations go
       gradients.after_backward(a.micro);
-      if (times) {
-        times->backward_s += seconds_since(t0);
-        --live;
-      }
     }
   }
   model.set_accumulating(false);
@@ -107,7 +89,7 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
     model.refresh_stage_copies();
   }
   for (std::size_t k = 0; k < micro.size(); ++k) {
-    const Tensor out = forward_micro(model, micro[k], static_cast<int>(k), targets, stages, sends, nullptr);
+    const Tensor out = forward_micro(model, micro[k], static_cast<int>(k), targets, stages, sends);
     if (st.is_last()) losses.push(out);
   }
   sends->wait_all();

@@ -20,13 +20,6 @@
 
 namespace meshgrad::pipeline {
 
-// What a step's stage did, for traces, explain and benchmarks.
-struct StageTimes {
-  double forward_s = 0, backward_s = 0;   // computing (transfers inside them included)
-  double wait_s = 0;                      // blocked receiving from a neighbour
-  int peak_in_flight = 0;                 // micro-batches whose activations were held at once
-};
-
 // The pp group of the mesh; throws when the mesh has no pp axis.
 const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh);
 
@@ -36,8 +29,7 @@ const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh);
 // on the last stage and a zero of the model's dtype elsewhere (losses_over_stages shares it).
 // Waits for every send before returning.
 Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets,
-                ScheduleKind schedule, optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh,
-                StageTimes* times = nullptr);
+                ScheduleKind schedule, optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh);
 
 // The forward of every micro-batch without recording a graph (evaluation): the summed loss on the
 // last stage, a zero elsewhere.
