@@ -1,7 +1,10 @@
 # Entry points for people and CI. Each target installs missing Debian packages first
-# (scripts/install-deps.sh; needs root or sudo only when something is missing).
-#   make train      build and run the main job (meshgrad train on the threads backend, defaults)
-#   make test       build and run the whole test suite with ctest
+# (scripts/install-deps.sh; needs root or sudo only when something is missing): `make train` only
+# what building and training need, the test targets the rest too.
+#   make train      build the meshgrad program and run the main job (meshgrad train, threads backend,
+#                   defaults): on a fresh 2-core machine the first step comes within 5 minutes
+#   make test       build everything (library, program, tests, benchmarks, Python module) and run the
+#                   whole test suite with ctest
 #   make test-asan  the suite under AddressSanitizer + UndefinedBehaviorSanitizer
 #   make test-tsan  the threads-backend communication and tensor (caching allocator) tests under TSan
 #   make fuzz       the libFuzzer targets (clang), 20000 runs each from fuzz/corpus
@@ -11,19 +14,31 @@ CMAKE_FLAGS ?=
 # -march=native for this machine's speed; NATIVE=OFF builds what runs on any x86-64 (e.g. to install).
 NATIVE ?= ON
 
-.PHONY: deps build train gradcheck test test-asan test-tsan fuzz clean
+.PHONY: deps deps-train build build-program train gradcheck test test-asan test-tsan fuzz clean
 
 deps:
-	@scripts/install-deps.sh
+	@scripts/install-deps.sh all
+
+deps-train:
+	@scripts/install-deps.sh train
+
+# The program alone, configured without the tests, benchmarks and Python module (whose packages
+# `make train` does not install); the same build directory and compile flags as `build`, so a later
+# `make test` reuses every object and only adds the rest.
+build-program: deps-train
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) -DMESHGRAD_BUILD_TESTS=OFF \
+	      -DMESHGRAD_BUILD_BENCH=OFF -DMESHGRAD_PYTHON=OFF $(CMAKE_FLAGS)
+	cmake --build $(BUILD) -j $(JOBS) --target meshgrad_cli
 
 build: deps
-	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) $(CMAKE_FLAGS)
+	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) -DMESHGRAD_BUILD_TESTS=ON \
+	      -DMESHGRAD_BUILD_BENCH=ON -DMESHGRAD_PYTHON=ON $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
-train: build
+train: build-program
 	$(BUILD)/meshgrad train
 
-gradcheck: build
+gradcheck: build-program
 	$(BUILD)/meshgrad gradcheck
 
 test: build

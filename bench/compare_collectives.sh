@@ -16,7 +16,7 @@ out=${3:-/tmp/meshgrad-collectives}
 peers=$(dirname "$0")/peers
 meshgrad=${MESHGRAD:-$build/meshgrad}
 mpirun="mpirun --allow-run-as-root --oversubscribe"
-sizes="65536 262144 1048576 4194304 16777216 67108864"
+sizes="1024 4096 16384 65536 262144 1048576 4194304 16777216 67108864"
 mkdir -p "$out"
 rm -f "$out"/peer_*.txt "$out"/meshgrad_*.txt
 mpicc -O2 "$peers/mpi_allreduce.c" -o "$out/mpi_allreduce"
@@ -28,7 +28,7 @@ while [ "$round" -le "$rounds" ]; do
     # shellcheck disable=SC2086
     $mpirun -np $np "$out/mpi_allreduce" $sizes > "$out/peer_np${np}_r$round.txt"
     "$meshgrad" bench collectives --backend threads --ranks $np --ops all_reduce,all_gather,reduce_scatter \
-        --min-bytes 64K --max-bytes 64M --step-factor 4 > "$out/meshgrad_np${np}_r$round.txt"
+        --min-bytes 1K --max-bytes 64M --step-factor 4 > "$out/meshgrad_np${np}_r$round.txt"
   done
   echo "round $round of $rounds done" >&2
   round=$((round + 1))

