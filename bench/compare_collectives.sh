@@ -4,9 +4,12 @@
 # 2 and 4 ranks, in one run, and one table: per op, ranks and size the best (lowest) time of each side
 # over ROUNDS alternated rounds (this machine is shared: one preemption can double a single figure;
 # the best of a few is what each side reaches), busbw (nccl-tests) and ratio = OpenMPI time / meshgrad
-# time. The goal is ratio >= 2. Also: the memory traffic meshgrad's op implies (bytes every rank reads
-# and writes, at least) per second, next to one core's memcpy bandwidth (bench/peers/membw.c), the limit
-# at large sizes.
+# time. The goals: ratio >= 2 at every size from 1 KiB to 64 MiB; no size slower than a larger one
+# (per op and rank count); from 1 MiB, at least half of what memcpy moves: the memory traffic
+# meshgrad's op implies (bytes every rank reads and writes, at least) per second against one core's
+# memcpy bandwidth (bench/peers/membw.c, read + write), the limit at large sizes. At small sizes the
+# limit is the hand-off between cores (bench/peers/handoff.c: two pinned threads passing a flag, and
+# pulling the bytes one rank would from the other), printed with the table.
 # Usage: bench/compare_collectives.sh BUILD_DIR [ROUNDS] [OUT_DIR]   (MESHGRAD=/path/to/meshgrad
 # overrides BUILD_DIR/meshgrad; raw outputs are kept in OUT_DIR, default /tmp/meshgrad-collectives)
 set -eu
@@ -21,7 +24,9 @@ mkdir -p "$out"
 rm -f "$out"/peer_*.txt "$out"/meshgrad_*.txt
 mpicc -O2 "$peers/mpi_allreduce.c" -o "$out/mpi_allreduce"
 gcc -O3 -march=native "$peers/membw.c" -o "$out/membw"
+gcc -O2 -pthread "$peers/handoff.c" -o "$out/handoff"
 "$out/membw" 64 | tee "$out/membw.txt"
+{ "$out/handoff" 0; "$out/handoff" 512; "$out/handoff" 2048; } | tee "$out/handoff.txt"
 round=1
 while [ "$round" -le "$rounds" ]; do
   for np in 2 4; do
@@ -74,4 +79,21 @@ for op in ('all_reduce', 'all_gather', 'reduce_scatter'):
                   f'{traffic(op, n, s) / m / 1e3:>9.1f}{ratio:>7.2f}x{mark}')
 print('ratio = OpenMPI time / meshgrad time; goal >= 2x: ' + ('met everywhere' if not misses else
       'not met at ' + ', '.join(misses)))
+# No size slower than a larger one; from 1 MiB at least half of memcpy's traffic.
+slower, below = [], []
+for op in ('all_reduce', 'all_gather', 'reduce_scatter'):
+    for n in (2, 4):
+        sizes = sorted({k[3] for k in best if k[0] == 'meshgrad' and k[1] == n and k[2] == op})
+        for i, s in enumerate(sizes):
+            m = best[('meshgrad', n, op, s)]
+            for t in sizes[i + 1:]:
+                if m > best[('meshgrad', n, op, t)]:
+                    slower.append(f'{op} {n} ranks {s} B ({m:.1f} us) > {t} B ({best[("meshgrad", n, op, t)]:.1f} us)')
+            if s >= 1 << 20 and traffic(op, n, s) / m / 1e3 < float(membw) / 2:
+                below.append(f'{op} {n} ranks {s >> 20}M ({traffic(op, n, s) / m / 1e3:.1f} GB/s)')
+print('no size slower than a larger one: ' + ('met' if not slower else 'not met: ' + '; '.join(slower)))
+print(f'from 1 MiB >= half of memcpy ({float(membw) / 2:.1f} GB/s traffic): ' +
+      ('met' if not below else 'not met at ' + ', '.join(below)))
+print('hand-off between two cores (bench/peers/handoff.c): ' +
+      '; '.join(l.strip() for l in open(os.path.join(out, 'handoff.txt'))))
 EOF

@@ -532,6 +532,21 @@ void Executor::record(const OpState& op, Clock::time_point started, Clock::time_
   trace::complete(lane_.id(), op_name(op.kind), "comm", begin, end, std::move(args));
 }
 
+bool Executor::try_begin_inline() {
+  std::lock_guard lock(m_);
+  if (!queue_.empty() || busy_) return false;
+  busy_ = true;
+  return true;
+}
+
+void Executor::end_inline() {
+  {
+    std::lock_guard lock(m_);
+    busy_ = false;
+  }
+  cv_.notify_all();
+}
+
 void Executor::submit(const std::shared_ptr<OpState>& op, bool caller_waits) {
   {
     std::unique_lock lock(m_);
@@ -735,6 +750,21 @@ class WorkHandle final : public Work {
 
 }  // namespace
 
+namespace {
+// submit's inline path ran the op to completion before returning this.
+class DoneWork final : public Work {
+ public:
+  bool is_completed() override { return true; }
+  void wait(Milliseconds timeout) override {
+    MG_CHECK(timeout.count() >= 0, "Work::wait: timeout must be >= 0 ms, got {}", timeout.count());
+  }
+};
+}  // namespace
+
+CommBase::CommBase(int rank, int size, Milliseconds default_timeout, bool debug_checks)
+    : rank_(rank), size_(size), default_timeout_(default_timeout), debug_checks_(debug_checks),
+      done_work_(std::make_shared<DoneWork>()) {}
+
 CommBase::~CommBase() = default;
 
 void CommBase::check_usable(OpKind op, std::uint64_t seq) const {
@@ -750,11 +780,15 @@ std::string CommBase::where(OpKind op, std::uint64_t seq) const {
                      label_.empty() ? std::string() : " of group " + label_);
 }
 
+Clock::time_point CommBase::deadline_of(const CollectiveOptions& opt) const {
+  return add_saturated(Clock::now(), resolve_timeout(opt.timeout, default_timeout_));
+}
+
 std::shared_ptr<OpState> CommBase::new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const {
   auto op = std::make_shared<OpState>();
   op->kind = kind;
   op->seq = seq;
-  op->deadline = add_saturated(Clock::now(), resolve_timeout(opt.timeout, default_timeout_));
+  op->deadline = deadline_of(opt);
   return op;
 }
 

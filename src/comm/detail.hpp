@@ -181,6 +181,10 @@ class Executor {
   Executor() = default;
   ~Executor();
   void submit(const std::shared_ptr<OpState>& op, bool caller_waits);
+  // For an op the caller runs itself (CommBase::submit's inline path): true, and the executor is
+  // held, when nothing is queued or running; end_inline() releases it. False: queue it instead.
+  bool try_begin_inline();
+  void end_inline();
   trace::Lane& lane() { return lane_; }
 
  private:
@@ -211,8 +215,7 @@ struct Health {
 // state a timeout leaves behind.
 class CommBase : public Communicator {
  public:
-  CommBase(int rank, int size, Milliseconds default_timeout, bool debug_checks)
-      : rank_(rank), size_(size), default_timeout_(default_timeout), debug_checks_(debug_checks) {}
+  CommBase(int rank, int size, Milliseconds default_timeout, bool debug_checks);
   ~CommBase() override;
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -234,6 +237,36 @@ class CommBase : public Communicator {
   // bytes: what a trace shows (OpTrace::bytes).
   WorkPtr submit_collective(OpKind kind, const CollectiveOptions& opt, std::int64_t bytes,
                             std::function<void(OpState&)> body);
+  // submit_collective, and for the blocking forms (opt.caller_waits) with nothing queued and tracing
+  // off, body runs right here on an OpState on the stack: no allocation, no Work of its own (the
+  // returned one is already complete; errors are thrown from here). What that saves is most of a
+  // small collective's cost: a 1 KiB all_reduce on one rank, 0.4 us through submit_collective.
+  template <class Body>
+  WorkPtr submit(OpKind kind, const CollectiveOptions& opt, std::int64_t bytes, Body&& body) {
+    if (!opt.caller_waits || trace::enabled() || !executor_->try_begin_inline()) {
+      return submit_collective(kind, opt, bytes, std::function<void(OpState&)>(std::forward<Body>(body)));
+    }
+    struct Release {
+      Executor& e;
+      ~Release() { e.end_inline(); }
+    } release{*executor_};
+    OpState st;
+    st.kind = kind;
+    st.seq = next_seq_++;
+    st.deadline = deadline_of(opt);
+    st.status.store(1, std::memory_order_relaxed);
+    check_usable(kind, st.seq);
+    try {
+      body(st);
+    } catch (const CommTimeout& e) {
+      health_->mark_broken(e.what());
+      throw;
+    } catch (const PeerFailed& e) {
+      health_->mark_broken(e.what());
+      throw;
+    }
+    return done_work_;
+  }
   // A new op with its deadline (now + the call's timeout); point to point ops use it directly.
   std::shared_ptr<OpState> new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const;
   // The caller's handle on op.
@@ -248,8 +281,11 @@ class CommBase : public Communicator {
   std::uint64_t next_seq_ = 0;  // issued by the (one) thread that calls this communicator
 
  private:
+  Clock::time_point deadline_of(const CollectiveOptions& opt) const;
+
   std::shared_ptr<Health> health_ = std::make_shared<Health>();
   std::unique_ptr<Executor> executor_ = std::make_unique<Executor>();
+  WorkPtr done_work_;  // what submit's inline path returns: complete, nothing to wait for
 };
 
 }  // namespace meshgrad::comm::detail

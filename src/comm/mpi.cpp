@@ -147,7 +147,7 @@ class MpiComm final : public detail::CommBase {
   WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
     detail::check_all_reduce_args(in, out, rank_);
     as_int(in.count, "all_reduce");
-    return submit_collective(OpKind::AllReduce, opt, detail::bytes_of(in), [this, in, out, op](OpState& st) {
+    return submit(OpKind::AllReduce, opt, detail::bytes_of(in), [this, in, out, op](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op)));
       if (size_ > 1 && in.count * dtype_size(in.dtype) * std::size_t(size_ - 1) <= kExchangeReduceBytes) {
         exchange_reduce(st, in, out, op);
@@ -173,7 +173,7 @@ class MpiComm final : public detail::CommBase {
     constexpr std::string_view name = "all_gather";
     auto resolved = detail::check_all_gather_args(in, out, counts, size_, rank_);
     auto icounts = as_ints(resolved, name), displs = as_ints(detail::offsets_of(resolved), name);
-    return submit_collective(OpKind::AllGather, opt, detail::bytes_of(out),
+    return submit(OpKind::AllGather, opt, detail::bytes_of(out),
                              [this, in, out, resolved, icounts, displs, given = !counts.empty()](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
                                         given ? Counts(resolved) : Counts{}));
@@ -185,7 +185,7 @@ class MpiComm final : public detail::CommBase {
                                const CollectiveOptions& opt) override {
     auto resolved = detail::check_reduce_scatter_args(in, out, counts, size_, rank_);
     as_int(in.count, "reduce_scatter");
-    return submit_collective(OpKind::ReduceScatter, opt, detail::bytes_of(in), [this, in, out, op, resolved,
+    return submit(OpKind::ReduceScatter, opt, detail::bytes_of(in), [this, in, out, op, resolved,
                                                           given = !counts.empty()](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::ReduceScatter, st.seq, in.dtype, in.count, out.count, -1, int(op),
                                         given ? Counts(resolved) : Counts{}));
@@ -196,7 +196,7 @@ class MpiComm final : public detail::CommBase {
   WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
     detail::check_broadcast_args(buf, root, size_);
     as_int(buf.count, "broadcast");
-    return submit_collective(OpKind::Broadcast, opt, detail::bytes_of(buf), [this, buf, root](OpState& st) {
+    return submit(OpKind::Broadcast, opt, detail::bytes_of(buf), [this, buf, root](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root));
       MPI_Request req;
       check_mpi(mpi_call(*rt_, [&] {
@@ -212,7 +212,7 @@ class MpiComm final : public detail::CommBase {
     const auto [sends, recvs] = detail::check_all_to_all_args(in, out, send_counts, recv_counts, size_);
     auto sc = as_ints(sends, name), sd = as_ints(detail::offsets_of(sends), name);
     auto rc = as_ints(recvs, name), rd = as_ints(detail::offsets_of(recvs), name);
-    return submit_collective(OpKind::AllToAll, opt, detail::bytes_of(in),
+    return submit(OpKind::AllToAll, opt, detail::bytes_of(in),
                              [this, in, out, sc, sd, rc, rd](OpState& st) {
       if (debug_checks_) {
         debug_check(st, detail::make_desc(OpKind::AllToAll, st.seq, in.dtype, in.count, out.count));
@@ -245,7 +245,7 @@ class MpiComm final : public detail::CommBase {
   }
 
   WorkPtr barrier_async(const CollectiveOptions& opt) override {
-    return submit_collective(OpKind::Barrier, opt, 0, [this](OpState& st) {
+    return submit(OpKind::Barrier, opt, 0, [this](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::Barrier, st.seq, DType::Float32, 0, 0));
       MPI_Request req;
       check_mpi(mpi_call(*rt_, [&] { return MPI_Ibarrier(coll_, &req); }), "MPI_Ibarrier", st.kind, st.seq);
@@ -257,7 +257,7 @@ class MpiComm final : public detail::CommBase {
     std::shared_ptr<Communicator> result;
     CollectiveOptions opt;
     opt.caller_waits = true;
-    submit_collective(OpKind::Split, opt, 0, [this, color, key, &result](OpState& st) {
+    submit(OpKind::Split, opt, 0, [this, color, key, &result](OpState& st) {
       debug_check(st, detail::make_desc(OpKind::Split, st.seq, DType::Float32, 0, 0, color));
       // First an allgather under our deadline: once it completes every rank is in the split, so the
       // blocking MPI_Comm_split below cannot wait for a rank that never comes.

@@ -21,6 +21,11 @@
 //   all_gather: chunk = a piece of rank q's input, copied into block q of every output (read once).
 //   reduce_scatter: chunk = a piece of rank q's shard, reduced over every input into rank q's output.
 //
+// Small all_reduce, all_gather and reduce_scatter (kEagerBytes) take the eager path instead: each rank
+// copies its input into its slot's staging area before it arrives, and after the arrival computes its
+// own output from the staged copies alone, so it leaves at once (one rendezvous, not two; the sums
+// are in rank order, the chunked path's bits). The shared state is in threads_group.hpp.
+//
 // Broadcast, all_to_all, barrier and split keep a second rendezvous instead: every rank signals "done
 // reading" and waits for all. Progress counters only grow: collective seq s uses the values 4s+1
 // (arrival), 4s+2 (split's middle step) and 4s+3 (exit). Waits spin for an adaptive 0-20 us (only
@@ -31,9 +36,7 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 #include <pthread.h>
-#include <linux/futex.h>
 #include <sched.h>
-#include <sys/syscall.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -48,6 +51,7 @@
 #include <thread>
 
 #include "comm/detail.hpp"
+#include "comm/threads_group.hpp"
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/tensor/shard.hpp"
 #include "meshgrad/tensor/trace.hpp"
@@ -59,188 +63,7 @@ using detail::CallDesc;
 using detail::Clock;
 using detail::OpKind;
 using detail::OpState;
-
-void futex_wait(std::atomic<std::uint32_t>* word, std::uint32_t expected, std::chrono::nanoseconds timeout) {
-  timespec ts{};
-  ts.tv_sec = static_cast<time_t>(timeout.count() / 1000000000);
-  ts.tv_nsec = static_cast<long>(timeout.count() % 1000000000);
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAIT_PRIVATE, expected, &ts, nullptr, 0);
-}
-void futex_wake_all(std::atomic<std::uint32_t>* word) {
-  syscall(SYS_futex, reinterpret_cast<std::uint32_t*>(word), FUTEX_WAKE_PRIVATE, INT_MAX, nullptr, nullptr, 0);
-}
-inline void cpu_relax() {
-#if defined(__x86_64__)
-  __builtin_ia32_pause();
-#endif
-}
-
-// Cores this process may run on: ranks spin briefly in waits only when each can have a core.
-int available_cores() {
-  cpu_set_t set;
-  CPU_ZERO(&set);
-  if (sched_getaffinity(0, sizeof(set), &set) == 0) return std::max(1, CPU_COUNT(&set));
-  return std::max(1, static_cast<int>(std::thread::hardware_concurrency()));
-}
-
-struct Group;
-
-// Everything one run_ranks call created: the world group and every group split from it. A rank that
-// throws fails the universe: every wait in every group sees it.
-struct Universe {
-  std::atomic<bool> failed{false};
-  std::mutex m;
-  int failed_rank = -1;  // world rank
-  std::string failed_what;
-  std::vector<std::weak_ptr<Group>> groups;
-
-  void add(const std::shared_ptr<Group>& g) {
-    std::lock_guard lock(m);
-    groups.push_back(g);
-  }
-  void fail(int world_rank, const std::string& what);
-  std::string failure() {
-    std::lock_guard lock(m);
-    return fmt::format("rank {} (world) failed: {}", failed_rank, failed_what);
-  }
-};
-
-// One pending point-to-point request. Completed by the peer's matching call, under Group::p2p_m.
-struct P2PRequest {
-  int tag;
-  const void* send_data = nullptr;
-  void* recv_data = nullptr;
-  std::size_t count;
-  DType dtype;
-  std::shared_ptr<OpState> op;
-};
-
-// What a rank publishes for one collective: written by the owner before its arrival, read by every
-// rank after the arrival completed. Two per slot, by sequence parity: a rank that left collective s
-// (every chunk done) may publish s+1 while a slower peer still reads its entry of s, but it cannot
-// publish s+2 before that peer arrived at s+1, i.e. stopped reading s. The counts are copies (the
-// capacity is reused): the owner's operation, and the vectors it holds, may end before a peer reads.
-struct CallData {
-  CallDesc desc;
-  const void* in = nullptr;
-  void* out = nullptr;
-  std::vector<std::size_t> counts;        // resolved per-rank counts / all_to_all send counts
-  std::vector<std::size_t> recv_counts;   // all_to_all
-  std::vector<std::size_t> send_offsets;  // all_to_all
-  int color = 0, key = 0;
-  std::shared_ptr<Group> new_group;  // split: set by each new group's first member
-};
-
-struct alignas(128) Slot {
-  std::atomic<std::uint64_t> progress{0};
-  alignas(64) CallData data[2];
-};
-
-// One atomic counter on its own cache line.
-struct alignas(64) Counter {
-  std::atomic<std::uint64_t> value{0};
-};
-
-// The work of one chunked collective: claims per block (rank q's block: its input for all_gather,
-// its shard for reduce_scatter, range q of the buffers for all_reduce), and the chunks done.
-struct ChunkWork {
-  explicit ChunkWork(int n) : claimed(static_cast<std::size_t>(n)) {}
-  std::vector<Counter> claimed;  // chunks of block q handed out (may run past the block's count)
-  Counter done;
-  void reset() {
-    for (Counter& c : claimed) c.value.store(0, std::memory_order_relaxed);
-    done.value.store(0, std::memory_order_relaxed);
-  }
-};
-
-struct Group {
-  Group(int n, std::shared_ptr<Universe> u, std::vector<int> world)
-      : size(n), slots(static_cast<std::size_t>(n)), work{ChunkWork(n), ChunkWork(n)}, universe(std::move(u)),
-        world_ranks(std::move(world)), sends(static_cast<std::size_t>(n) * n), recvs(static_cast<std::size_t>(n) * n),
-        spin(n <= available_cores()) {}
-
-  const int size;
-  std::vector<Slot> slots;
-  // Arrivals of all ranks at all collectives: collective seq s is complete when it reaches (s+1) x size.
-  // A rank giving up (deadline, peer failure) withdraws its arrival with a CAS that only succeeds while
-  // the count is short: once complete, nobody can withdraw, so no rank reads a buffer whose owner left.
-  alignas(64) std::atomic<std::uint64_t> arrivals{0};
-  // Per sequence parity. The counters of collective s+1 are reset by the rank whose arrival completes
-  // s: then every rank has left s-1 (the last user of that parity) and none can claim for s+1 before
-  // that rank arrives at s+1, after the reset.
-  ChunkWork work[2];
-  alignas(64) std::atomic<std::uint32_t> futex_word{0};
-  alignas(64) std::atomic<int> sleepers{0};
-  std::shared_ptr<Universe> universe;
-  std::vector<int> world_ranks;  // group rank -> world rank
-  // Point to point: pending sends / recvs of channel (src -> dst) at index src * size + dst.
-  std::mutex p2p_m;
-  std::vector<std::list<std::shared_ptr<P2PRequest>>> sends, recvs;
-  const bool spin;  // ranks <= cores: spinning briefly beats sleeping
-
-  void signal(int rank, std::uint64_t value) {
-    slots[static_cast<std::size_t>(rank)].progress.store(value, std::memory_order_seq_cst);
-    wake();
-  }
-  void wake() {
-    futex_word.fetch_add(1, std::memory_order_seq_cst);
-    if (sleepers.load(std::memory_order_seq_cst) > 0) futex_wake_all(&futex_word);
-  }
-  bool arrivals_reached(std::uint64_t target) const { return arrivals.load(std::memory_order_acquire) >= target; }
-  bool all_reached(std::uint64_t target) const {
-    for (const Slot& s : slots) {
-      if (s.progress.load(std::memory_order_acquire) < target) return false;
-    }
-    return true;
-  }
-  std::vector<int> missing(std::uint64_t target) const {
-    std::vector<int> out;
-    for (int q = 0; q < size; ++q) {
-      if (slots[static_cast<std::size_t>(q)].progress.load(std::memory_order_acquire) < target) out.push_back(q);
-    }
-    return out;
-  }
-  void fail_pending_p2p(const std::string& why);
-};
-
-void Universe::fail(int world_rank, const std::string& what) {
-  std::vector<std::shared_ptr<Group>> live;
-  {
-    std::lock_guard lock(m);
-    if (!failed.load()) {
-      failed_rank = world_rank;
-      failed_what = what;
-    }
-    failed.store(true, std::memory_order_seq_cst);
-    for (auto& w : groups) {
-      if (auto g = w.lock()) live.push_back(std::move(g));
-    }
-  }
-  const std::string why = failure();
-  for (auto& g : live) {
-    g->wake();
-    g->fail_pending_p2p(why);
-  }
-}
-
-void Group::fail_pending_p2p(const std::string& why) {
-  std::vector<std::shared_ptr<P2PRequest>> pending;
-  {
-    std::lock_guard lock(p2p_m);
-    for (auto* lists : {&sends, &recvs}) {
-      for (auto& l : *lists) {
-        for (auto& r : l) pending.push_back(r);
-        l.clear();
-      }
-    }
-  }
-  for (auto& r : pending) {
-    r->op->finish(std::make_exception_ptr(PeerFailed(
-        fmt::format("threads: {} (message {} , tag {}) to/from rank {}: {}", detail::op_name(r->op->kind),
-                    r->op->seq, r->tag, r->op->peer, why),
-        "threads", std::string(detail::op_name(r->op->kind)), r->op->seq, -1)));
-  }
-}
+using namespace threads_detail;
 
 class ThreadsComm final : public detail::CommBase {
  public:
@@ -253,13 +76,31 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr all_reduce_async(ConstBuffer in, MutableBuffer out, ReduceOp op, const CollectiveOptions& opt) override {
     detail::check_all_reduce_args(in, out, rank_);
-    return submit_collective(OpKind::AllReduce, opt, detail::bytes_of(in), [this, in, out, op](OpState& st) {
+    return submit(OpKind::AllReduce, opt, detail::bytes_of(in), [this, in, out, op](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::AllReduce, st.seq, in.dtype, in.count, out.count, -1, int(op));
       me.in = in.data;
       me.out = out.data;
-      // Blocks: shard_range's parts of the buffers; a chunk is one element range of every buffer.
       const std::size_t es = dtype_size(in.dtype);
+      auto checks = [&] {
+        check_equal_field(st, "elements", [](const CallData& c) { return c.desc.in_count; });
+        check_equal_field(st, "dtype", [](const CallData& c) { return std::uint64_t(c.desc.dtype); });
+        check_equal_field(st, "reduce op", [](const CallData& c) { return std::uint64_t(c.desc.reduce_op); },
+                          /*mismatch=*/true);
+      };
+      if (in.count * es <= kEagerAllReduceBytes) {
+        // Every rank sums the staged inputs in rank order into its own output: the bits of the chunked
+        // path (the same sum, whoever computes it).
+        stage(st.seq, in);
+        eager_collective(st, checks, [&] {
+          for (int q = 0; q < size_; ++q) ins_[q] = slot(q).staged(st.seq);
+          void* dst = out.data;
+          detail::reduce_rank_order(in.dtype, op, size_, ins_.data(), size_, &dst, 1, in.count,
+                                    detail::Stores::Cached);
+        });
+        return;
+      }
+      // Blocks: shard_range's parts of the buffers; a chunk is one element range of every buffer.
       std::vector<std::size_t> shards(static_cast<std::size_t>(size_));
       for (int q = 0; q < size_; ++q) {
         shards[q] = static_cast<std::size_t>(shard_range(static_cast<std::int64_t>(in.count), size_, q).size);
@@ -268,12 +109,7 @@ class ThreadsComm final : public detail::CommBase {
       // Cached stores at every size: streaming the P outputs measured slower here (5.8 vs 8.0 ms at
       // 64 MiB, 2 ranks), unlike all_gather's and reduce_scatter's (see stores_for).
       const detail::Stores stores = detail::Stores::Cached;
-      chunked_collective(st, plan, stores, [&] {
-        check_equal_field(st, "elements", [](const CallData& c) { return c.desc.in_count; });
-        check_equal_field(st, "dtype", [](const CallData& c) { return std::uint64_t(c.desc.dtype); });
-        check_equal_field(st, "reduce op", [](const CallData& c) { return std::uint64_t(c.desc.reduce_op); },
-                          /*mismatch=*/true);
-      }, [&](const BlockChunks::Piece& piece) {
+      chunked_collective(st, plan, stores, checks, [&](const BlockChunks::Piece& piece) {
         const std::size_t first = (plan.offset[piece.block] + piece.offset) * es;
         for (int q = 0; q < size_; ++q) {
           ins_[q] = static_cast<const char*>(call(q, st.seq).in) + first;
@@ -286,7 +122,7 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr all_gather_async(ConstBuffer in, MutableBuffer out, Counts counts, const CollectiveOptions& opt) override {
     auto resolved = detail::check_all_gather_args(in, out, counts, size_, rank_);
-    return submit_collective(OpKind::AllGather, opt, detail::bytes_of(out), [this, in, out, resolved = std::move(resolved),
+    return submit(OpKind::AllGather, opt, detail::bytes_of(out), [this, in, out, resolved = std::move(resolved),
                                                       counts_given = !counts.empty()](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::AllGather, st.seq, in.dtype, in.count, out.count, -1, -1,
@@ -294,15 +130,29 @@ class ThreadsComm final : public detail::CommBase {
       me.in = in.data;
       me.out = out.data;
       me.counts.assign(resolved.begin(), resolved.end());
-      // Chunks: pieces of each rank's block (its input); a chunk is copied into every output.
       const std::size_t es = dtype_size(in.dtype);
-      const BlockChunks plan = plan_blocks(resolved, out.count, es);
-      const detail::Stores stores = stores_for(out.count * es, out.count * es * std::size_t(size_));
-      chunked_collective(st, plan, stores, [&] {
+      auto checks = [&] {
         check_equal_field(st, "output elements", [](const CallData& c) { return c.desc.out_count; });
         check_equal_field(st, "dtype", [](const CallData& c) { return std::uint64_t(c.desc.dtype); });
         check_equal_counts(st);
-      }, [&](const BlockChunks::Piece& piece) {
+      };
+      if (out.count * es <= kEagerBytes) {  // the output's size agrees on every rank (checked): so does the path
+        stage(st.seq, in);
+        eager_collective(st, checks, [&] {
+          std::size_t dst = 0;
+          for (int q = 0; q < size_; ++q) {
+            if (resolved[q] > 0) {
+              std::memcpy(static_cast<char*>(out.data) + dst * es, slot(q).staged(st.seq), resolved[q] * es);
+            }
+            dst += resolved[q];
+          }
+        });
+        return;
+      }
+      // Chunks: pieces of each rank's block (its input); a chunk is copied into every output.
+      const BlockChunks plan = plan_blocks(resolved, out.count, es);
+      const detail::Stores stores = stores_for(out.count * es, out.count * es * std::size_t(size_));
+      chunked_collective(st, plan, stores, checks, [&](const BlockChunks::Piece& piece) {
         const char* src = static_cast<const char*>(call(piece.block, st.seq).in) + piece.offset * es;
         const std::size_t dst_off = (plan.offset[piece.block] + piece.offset) * es;
         for (int k = 0; k < size_; ++k) {
@@ -317,7 +167,7 @@ class ThreadsComm final : public detail::CommBase {
   WorkPtr reduce_scatter_async(ConstBuffer in, MutableBuffer out, ReduceOp op, Counts counts,
                                const CollectiveOptions& opt) override {
     auto resolved = detail::check_reduce_scatter_args(in, out, counts, size_, rank_);
-    return submit_collective(OpKind::ReduceScatter, opt, detail::bytes_of(in), [this, in, out, op, resolved = std::move(resolved),
+    return submit(OpKind::ReduceScatter, opt, detail::bytes_of(in), [this, in, out, op, resolved = std::move(resolved),
                                                           counts_given = !counts.empty()](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::ReduceScatter, st.seq, in.dtype, in.count, out.count, -1, int(op),
@@ -325,16 +175,28 @@ class ThreadsComm final : public detail::CommBase {
       me.in = in.data;
       me.out = out.data;
       me.counts.assign(resolved.begin(), resolved.end());
-      // Chunks: pieces of each rank's shard, reduced over every input into that rank's output.
       const std::size_t es = dtype_size(in.dtype);
-      const BlockChunks plan = plan_blocks(resolved, in.count, es);
-      const detail::Stores stores = stores_for(in.count * es * std::size_t(size_), in.count * es);
-      chunked_collective(st, plan, stores, [&] {
+      auto checks = [&] {
         check_equal_field(st, "input elements", [](const CallData& c) { return c.desc.in_count; });
         check_equal_field(st, "dtype", [](const CallData& c) { return std::uint64_t(c.desc.dtype); });
         check_equal_field(st, "reduce op", [](const CallData& c) { return std::uint64_t(c.desc.reduce_op); }, true);
         check_equal_counts(st);
-      }, [&](const BlockChunks::Piece& piece) {
+      };
+      if (in.count * es <= kEagerBytes) {
+        stage(st.seq, in);
+        eager_collective(st, checks, [&] {
+          const std::size_t first = std::accumulate(resolved.begin(), resolved.begin() + rank_, std::size_t{0}) * es;
+          for (int q = 0; q < size_; ++q) ins_[q] = slot(q).staged(st.seq) + first;
+          void* dst = out.data;
+          detail::reduce_rank_order(in.dtype, op, size_, ins_.data(), size_, &dst, 1, resolved[rank_],
+                                    detail::Stores::Cached);
+        });
+        return;
+      }
+      // Chunks: pieces of each rank's shard, reduced over every input into that rank's output.
+      const BlockChunks plan = plan_blocks(resolved, in.count, es);
+      const detail::Stores stores = stores_for(in.count * es * std::size_t(size_), in.count * es);
+      chunked_collective(st, plan, stores, checks, [&](const BlockChunks::Piece& piece) {
         const std::size_t src_off = (plan.offset[piece.block] + piece.offset) * es;
         for (int q = 0; q < size_; ++q) ins_[q] = static_cast<const char*>(call(q, st.seq).in) + src_off;
         void* dst = static_cast<char*>(call(piece.block, st.seq).out) + piece.offset * es;
@@ -345,7 +207,7 @@ class ThreadsComm final : public detail::CommBase {
 
   WorkPtr broadcast_async(MutableBuffer buf, int root, const CollectiveOptions& opt) override {
     detail::check_broadcast_args(buf, root, size_);
-    return submit_collective(OpKind::Broadcast, opt, detail::bytes_of(buf), [this, buf, root](OpState& st) {
+    return submit(OpKind::Broadcast, opt, detail::bytes_of(buf), [this, buf, root](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::Broadcast, st.seq, buf.dtype, buf.count, buf.count, root);
       me.out = buf.data;
@@ -364,7 +226,7 @@ class ThreadsComm final : public detail::CommBase {
                            const CollectiveOptions& opt) override {
     auto resolved = std::make_shared<detail::AllToAllCounts>(
         detail::check_all_to_all_args(in, out, send_counts, recv_counts, size_));
-    return submit_collective(OpKind::AllToAll, opt, detail::bytes_of(in), [this, in, out, resolved](OpState& st) {
+    return submit(OpKind::AllToAll, opt, detail::bytes_of(in), [this, in, out, resolved](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::AllToAll, st.seq, in.dtype, in.count, out.count);
       me.in = in.data;
@@ -396,7 +258,7 @@ class ThreadsComm final : public detail::CommBase {
   }
 
   WorkPtr barrier_async(const CollectiveOptions& opt) override {
-    return submit_collective(OpKind::Barrier, opt, 0, [this](OpState& st) {
+    return submit(OpKind::Barrier, opt, 0, [this](OpState& st) {
       my_call(st.seq).desc = detail::make_desc(OpKind::Barrier, st.seq, DType::Float32, 0, 0);
       collective(st, [] {});
     });
@@ -406,7 +268,7 @@ class ThreadsComm final : public detail::CommBase {
     std::shared_ptr<Communicator> result;
     CollectiveOptions opt;
     opt.caller_waits = true;
-    submit_collective(OpKind::Split, opt, 0, [this, color, key, &result](OpState& st) {
+    submit(OpKind::Split, opt, 0, [this, color, key, &result](OpState& st) {
       CallData& me = my_call(st.seq);
       me.desc = detail::make_desc(OpKind::Split, st.seq, DType::Float32, 0, 0, color);
       me.color = color;
@@ -523,6 +385,32 @@ class ThreadsComm final : public detail::CommBase {
     return p;
   }
 
+  void stage(std::uint64_t seq, ConstBuffer in) const {
+    if (in.count > 0) std::memcpy(my_slot().staged(seq), in.data, in.count * dtype_size(in.dtype));
+  }
+
+  // The eager path (see kEagerBytes): the caller staged its input in its slot before; arrival, checks,
+  // then compute(), which reads only staged copies and writes only this rank's output, so the rank
+  // leaves without waiting for the others: nobody reads its buffers. The staging of seq is reused at
+  // seq + 2, after every rank arrived at seq + 1 (and so finished reading seq). A failed check is
+  // thrown by every rank alike, after a full exit rendezvous (as in chunked_collective).
+  template <class Checks, class Compute>
+  void eager_collective(OpState& st, Checks&& checks, Compute&& compute) {
+    const std::uint64_t base = st.seq * 4;
+    arrive(st);
+    try {
+      check_kinds(st);
+      checks();
+    } catch (...) {
+      const std::exception_ptr err = std::current_exception();
+      group_->signal(rank_, base + 3);
+      wait_all(st, base + 3, /*abortable=*/false);
+      std::rethrow_exception(err);
+    }
+    compute();
+    my_slot().progress.store(base + 3, std::memory_order_release);  // for timeout messages only
+  }
+
   // Arrival, checks, then the data phase as the plan's chunks (see the top). Each rank first claims
   // the chunks of its own block, in order (the same rank touches the same memory every time: its
   // caches stay warm), then takes what is left of the other blocks: a descheduled rank's share is
@@ -562,7 +450,7 @@ class ThreadsComm final : public detail::CommBase {
     }
     if (mine > 0) {
       if (stores == detail::Stores::Streaming) detail::stream_fence();  // our stores visible before "done" is
-      if (work.done.value.fetch_add(mine, std::memory_order_acq_rel) + mine == n_chunks) g.wake();
+      if (work.done.value.fetch_add(mine, std::memory_order_seq_cst) + mine == n_chunks) g.wake();
     }
     // Chunks still running on other ranks: bounded work (no waits inside), so not abortable; the
     // deadline (with wait_all's grace) still holds.
@@ -650,7 +538,7 @@ class ThreadsComm final : public detail::CommBase {
     Group& g = *group_;
     const std::uint64_t base = st.seq * 4;
     const std::uint64_t target = (st.seq + 1) * static_cast<std::uint64_t>(size_);
-    my_slot().progress.store(base + 1, std::memory_order_seq_cst);
+    my_slot().progress.store(base + 1, std::memory_order_release);  // read only to name missing ranks
     if (g.arrivals.fetch_add(1, std::memory_order_seq_cst) + 1 == target) {
       g.work[(st.seq + 1) & 1].reset();  // see Group::work
     }
@@ -685,6 +573,14 @@ class ThreadsComm final : public detail::CommBase {
                 Clock::time_point deadline) {
     Group& g = *group_;
     if (done()) return;
+    // 0) a short spin before reading the clock (tens of ns on a VM: a tenth of a small collective):
+    // a peer on another core usually arrives within it.
+    if (g.spin) {
+      for (int i = 0; i < 64; ++i) {
+        cpu_relax();
+        if (done()) return;
+      }
+    }
     // 1) spin, only when every rank can have its own core, for an adaptive budget of 0-20 us; 2) yield
     // until 50 us have passed: when the rank we wait for is runnable on our core (more ranks than
     // cores, or a neighbour's load) this hands it the CPU at once, where a futex sleep costs a trip
@@ -712,6 +608,12 @@ class ThreadsComm final : public detail::CommBase {
       if (done()) return adapt();
     }
     spin_budget_ /= 2;
+    // Counted in as a sleeper before reading the word and checking done(): see Group::wake.
+    struct Sleeper {
+      std::atomic<int>& n;
+      explicit Sleeper(std::atomic<int>& count) : n(count) { n.fetch_add(1, std::memory_order_seq_cst); }
+      ~Sleeper() { n.fetch_sub(1, std::memory_order_seq_cst); }
+    } sleeper(g.sleepers);
     for (;;) {
       const std::uint32_t seen = g.futex_word.load(std::memory_order_seq_cst);
       if (done()) return;
@@ -730,9 +632,7 @@ class ThreadsComm final : public detail::CommBase {
                           "threads", std::string(detail::op_name(st.kind)), st.seq, rank_, missing);
       }
       const auto slice = std::min<std::chrono::nanoseconds>(deadline - now, std::chrono::milliseconds(10));
-      g.sleepers.fetch_add(1, std::memory_order_seq_cst);
       futex_wait(&g.futex_word, seen, slice);
-      g.sleepers.fetch_sub(1, std::memory_order_seq_cst);
     }
   }
 

@@ -344,6 +344,32 @@ inline void barrier_orders(Harness& h) {
   }
 }
 
+// Blocking calls issued while async ones are still queued or running run after them, in issue order
+// (the blocking forms run on the caller only when nothing is pending): rounds of a large async
+// all_reduce, a small blocking all_reduce and all_gather right behind it (both small sizes, so a
+// backend's small-message path is what is checked), then the wait; every value depends on the round.
+inline void blocking_after_async_keeps_order(Harness& h) {
+  for (int P : sizes_of(h)) {
+    h.run(P, [&](Communicator& c) {
+      const int r = c.rank();
+      const std::size_t big = 1 << 15, small = 64;
+      for (int round = 0; round < 40; ++round) {
+        std::vector<float> a(big, float(r + round)), s(small, float(r * 3 + round)), g(small * std::size_t(P));
+        std::vector<float> mine(small, float(r - round));
+        auto w = c.all_reduce_async(buffer(std::span<const float>(a)), buffer(std::span<float>(a)), ReduceOp::Sum);
+        c.all_reduce(buffer(std::span<const float>(s)), buffer(std::span<float>(s)), ReduceOp::Max);
+        c.all_gather(buffer(std::span<const float>(mine)), buffer(std::span<float>(g)));
+        w->wait();
+        const float sum = float(P * (P - 1) / 2 + P * round);
+        ASSERT_EQ(a[0], sum) << "round " << round;
+        ASSERT_EQ(a[big - 1], sum) << "round " << round;
+        ASSERT_EQ(s[small - 1], float((P - 1) * 3 + round)) << "round " << round;
+        for (int q = 0; q < P; ++q) ASSERT_EQ(g[std::size_t(q) * small + 1], float(q - round)) << "round " << round;
+      }
+    });
+  }
+}
+
 // Async: the op must make progress while the caller computes and never calls wait(): is_completed()
 // turns true on its own (a backend that only progresses inside wait() fails this).
 template <class T>
@@ -508,6 +534,9 @@ inline void misuse_local(Harness& h) {
   }                                                                                                 \
   TEST(Suite, AsyncProgressesWhileCallerWorksFloat64) {                                             \
     ::meshgrad::comm::testing::async_overlaps_work<double>(harness_expr);                           \
+  }                                                                                                 \
+  TEST(Suite, BlockingCallsRunAfterPendingAsyncOnes) {                                              \
+    ::meshgrad::comm::testing::blocking_after_async_keeps_order(harness_expr);                       \
   }                                                                                                 \
   TEST(Suite, SplitRowsAndColumns) { ::meshgrad::comm::testing::split_rows_columns(harness_expr); } \
   TEST(Suite, MisuseIsRejectedBeforeDataMoves) { ::meshgrad::comm::testing::misuse_local(harness_expr); }
