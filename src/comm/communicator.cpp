@@ -815,18 +815,7 @@ WorkPtr CommBase::submit_collective(OpKind kind, const CollectiveOptions& opt, s
     }
   }
   auto health = health_;
-  op->body = [this, health, body = std::move(body)](OpState& state) {
-    check_usable(state.kind, state.seq);
-    try {
-      body(state);
-    } catch (const CommTimeout& e) {
-      health->mark_broken(e.what());
-      throw;
-    } catch (const PeerFailed& e) {
-      health->mark_broken(e.what());
-      throw;
-    }
-  };
+  op->body = [this, health, body = std::move(body)](OpState& state) mutable { run_body(*this, *health, body, state); };
   try {
     executor_->submit(op, opt.caller_waits);
   } catch (const std::system_error& e) {

@@ -255,17 +255,22 @@ class CommBase : public Communicator {
     st.seq = next_seq_++;
     st.deadline = deadline_of(opt);
     st.status.store(1, std::memory_order_relaxed);
-    check_usable(kind, st.seq);
+    run_body(*this, *health_, body, st);
+    return done_work_;
+  }
+  // Runs an op's body: refused when the communicator is broken; a timeout or a failed peer breaks it.
+  template <class Body>
+  static void run_body(const CommBase& comm, Health& health, Body& body, OpState& st) {
+    comm.check_usable(st.kind, st.seq);
     try {
       body(st);
     } catch (const CommTimeout& e) {
-      health_->mark_broken(e.what());
+      health.mark_broken(e.what());
       throw;
     } catch (const PeerFailed& e) {
-      health_->mark_broken(e.what());
+      health.mark_broken(e.what());
       throw;
     }
-    return done_work_;
   }
   // A new op with its deadline (now + the call's timeout); point to point ops use it directly.
   std::shared_ptr<OpState> new_op(OpKind kind, std::uint64_t seq, const CollectiveOptions& opt) const;

@@ -394,8 +394,10 @@ class ThreadsComm final : public detail::CommBase {
   // leaves without waiting for the others: nobody reads its buffers. The staging of seq is reused at
   // seq + 2, after every rank arrived at seq + 1 (and so finished reading seq). A failed check is
   // thrown by every rank alike, after a full exit rendezvous (as in chunked_collective).
-  template <class Checks, class Compute>
-  void eager_collective(OpState& st, Checks&& checks, Compute&& compute) {
+  // Arrival, then the checks (check_kinds, checks()); a failed check is thrown by every rank alike
+  // (they all read the same slots), after a full exit rendezvous so no slot is rewritten while read.
+  template <class Checks>
+  void arrive_and_check(OpState& st, Checks& checks) {
     const std::uint64_t base = st.seq * 4;
     arrive(st);
     try {
@@ -407,6 +409,12 @@ class ThreadsComm final : public detail::CommBase {
       wait_all(st, base + 3, /*abortable=*/false);
       std::rethrow_exception(err);
     }
+  }
+
+  template <class Checks, class Compute>
+  void eager_collective(OpState& st, Checks&& checks, Compute&& compute) {
+    const std::uint64_t base = st.seq * 4;
+    arrive_and_check(st, checks);
     compute();
     my_slot().progress.store(base + 3, std::memory_order_release);  // for timeout messages only
   }
@@ -422,16 +430,7 @@ class ThreadsComm final : public detail::CommBase {
   void chunked_collective(OpState& st, const BlockChunks& plan, detail::Stores stores, Checks&& checks,
                           RunChunk&& run_chunk) {
     const std::uint64_t base = st.seq * 4;
-    arrive(st);
-    try {
-      check_kinds(st);
-      checks();
-    } catch (...) {
-      const std::exception_ptr err = std::current_exception();
-      group_->signal(rank_, base + 3);
-      wait_all(st, base + 3, /*abortable=*/false);
-      std::rethrow_exception(err);
-    }
+    arrive_and_check(st, checks);
     Group& g = *group_;
     ChunkWork& work = g.work[st.seq & 1];
     const std::size_t n_chunks = plan.total();
