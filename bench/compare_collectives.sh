@@ -75,7 +75,7 @@ for op in ('all_reduce', 'all_gather', 'reduce_scatter'):
             mark = '' if ratio >= 2 else '  < 2'
             if ratio < 2:
                 misses.append(f'{op} {n} ranks {size}')
-            print(f'{op:<15}{n:>5}{size:>10}{p:>12.1f}{busbw(op, n, s, p):>8.2f}{m:>13.1f}{busbw(op, n, s, m):>8.2f}'
+            print(f'{op:<15}{n:>5}{size:>10}{p:>12.2f}{busbw(op, n, s, p):>8.2f}{m:>13.2f}{busbw(op, n, s, m):>8.2f}'
                   f'{traffic(op, n, s) / m / 1e3:>9.1f}{ratio:>7.2f}x{mark}')
 print('ratio = OpenMPI time / meshgrad time; goal >= 2x: ' + ('met everywhere' if not misses else
       'not met at ' + ', '.join(misses)))

@@ -201,7 +201,7 @@ std::string format_collective_table(const std::vector<CollectiveBenchRow>& rows,
   std::vector<std::string> order;
   std::size_t wrong_total = 0;
   for (const auto& row : rows) {
-    s += fmt::format(" {:>14} {:>12} {:>8} {:>15} {:>10.1f} {:>8.2f} {:>8.2f} {:>7}\n", row.op, row.bytes, row.count,
+    s += fmt::format(" {:>14} {:>12} {:>8} {:>15} {:>10.2f} {:>8.2f} {:>8.2f} {:>7}\n", row.op, row.bytes, row.count,
                      dtype_name(row.dtype), row.time_us, row.algbw_gbps, row.busbw_gbps, row.wrong);
     if (!avg.count(row.op)) order.push_back(row.op);
     avg[row.op].first += row.busbw_gbps;
