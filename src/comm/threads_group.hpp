@@ -114,9 +114,14 @@ struct ChunkWork {
   explicit ChunkWork(int n) : claimed(static_cast<std::size_t>(n)) {}
   std::vector<Counter> claimed;  // chunks of block q handed out (may run past the block's count)
   Counter done;
+  // Stores only where a counter moved: after eager collectives (which claim nothing) the lines stay
+  // shared in every core's cache instead of being pulled over by whichever rank arrived last.
   void reset() {
-    for (Counter& c : claimed) c.value.store(0, std::memory_order_relaxed);
-    done.value.store(0, std::memory_order_relaxed);
+    for (Counter& c : claimed) clear(c);
+    clear(done);
+  }
+  static void clear(Counter& c) {
+    if (c.value.load(std::memory_order_relaxed) != 0) c.value.store(0, std::memory_order_relaxed);
   }
 };
 
