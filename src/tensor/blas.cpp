@@ -53,7 +53,8 @@ std::string kernel_description() {
   if (forced == nullptr || *forced == '\0') return fmt::format("OpenBLAS {} kernels (OpenBLAS's choice for this CPU)", core);
   if (cpu_has_avx512() && !is_avx512_kernel(core))
     return fmt::format("OpenBLAS {} kernels (OPENBLAS_CORETYPE={} in the environment; this CPU has AVX-512, which they do "
-                       "not use: unset it for up to twice the GEMM speed)",
+                       "not use: unset it to let OpenBLAS choose, which can be faster or slower, see "
+                       "bench/compare_train.sh)",
                        core, forced);
   return fmt::format("OpenBLAS {} kernels (OPENBLAS_CORETYPE={} in the environment)", core, forced);
 }
