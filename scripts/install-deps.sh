@@ -6,10 +6,15 @@
 #   scripts/install-deps.sh [all]   the train set and what the tests, benchmarks, sanitizer and fuzz
 #                                   runs add (GoogleTest, Google Benchmark, clang, pybind11, PyTorch as
 #                                   the tests' reference, node for the tokenizer's reference data)
+#   scripts/install-deps.sh SET --list   print the set's packages, one per line, and install nothing
 # Idempotent: when every package is already installed it does nothing (so `make train` / `make test`
 # stay fast on a set-up machine). Needs root (or sudo) only when something is missing.
 set -euo pipefail
 set_name=${1:-all}
+list_only=0
+if [ "${2:-}" = --list ]; then list_only=1; elif [ -n "${2:-}" ]; then
+  echo "install-deps: unknown option '$2' (expected --list)" >&2; exit 2
+fi
 case "$set_name" in
   train|all) ;;
   *) echo "install-deps: unknown set '$set_name' (expected 'train' or 'all')" >&2; exit 2 ;;
@@ -42,6 +47,10 @@ if [ "$set_name" = all ]; then
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     packages+=(nodejs npm)
   fi
+fi
+if [ "$list_only" = 1 ]; then
+  printf '%s\n' "${packages[@]}"
+  exit 0
 fi
 missing=()
 for p in "${packages[@]}"; do

@@ -108,3 +108,11 @@ if(MESHGRAD_WITH_MPI)
                    ${CMAKE_CURRENT_BINARY_DIR}/train_cli_fsdp_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
   set_tests_properties(train_cli_fsdp_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240)
 endif()
+
+# `make train` needs only the build packages (tests/cli/train_deps.sh): the train set of
+# scripts/install-deps.sh, and a configure without tests, benchmarks and Python that looks for none
+# of their packages.
+add_test(NAME make_train_deps
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/train_deps.sh ${PROJECT_SOURCE_DIR}
+                 ${CMAKE_CURRENT_BINARY_DIR}/make_train_deps)
+set_tests_properties(make_train_deps PROPERTIES LABELS cli TIMEOUT 120)
