@@ -26,7 +26,9 @@ shared memory, no UCX) with the interfaces restricted to the link's subnet. Chec
 5. A host's rank killed (SIGKILL to rank 1 on host 2, MESHGRAD_COMM_TIMEOUT_MS=5000 handed to the
    remote host with -x as on a cluster): under plain mpirun the job ends at once, rank 0 gone, mpirun
    naming rank 1 as killed; under `mpirun --enable-recovery` (which lets the survivor run on) rank 0
-   stops with meshgrad's deadline error. Both within the deadline plus 10 s.
+   stops with meshgrad's deadline error. Both within the deadline plus 10 s. (Under load OpenMPI
+   sometimes ends the survivor itself before its deadline, silently: that attempt is run again, up to
+   3 times; see kill_test.)
 
 Where the machine cannot make network namespaces (not root, no CAP_SYS_ADMIN / CAP_NET_ADMIN, a
 container without them) the test exits 77, which ctest reports as skipped, saying why; likewise,
@@ -451,9 +453,37 @@ def kill_test(hosts, recovery):
     """SIGKILL to host 2's rank after a few steps. Plain mpirun (what a user runs) ends the job at once
     and names the killed rank. With --enable-recovery mpirun leaves the survivor running (docs/comm.md),
     so it meets meshgrad's own failure path: host 1's rank stops at its communication deadline with
-    meshgrad's error."""
-    out = os.path.join(hosts.work, "mpi_kill_recovery" if recovery else "mpi_kill")
+    meshgrad's error. Under load OpenMPI 4.1 sometimes tears the survivor down itself, about 2 s after
+    the kill and before the deadline could pass, with no word from the rank (seen twice under ctest
+    -j2, never alone): such an attempt shows nothing of meshgrad's path, so it is run again, up to 3
+    attempts; an attempt that lasts to the deadline must end with meshgrad's error."""
     what = "kill with --enable-recovery" if recovery else "kill"
+    for attempt in range(1, 4 if recovery else 2):
+        result = kill_attempt(hosts, recovery, what, attempt)
+        if result is None:
+            return  # a check failed
+        took, returncode, err = result
+        if not recovery:
+            check(returncode != 0, f"{what}: mpirun exited 0 after a rank was killed")
+            check(re.search(r"rank 1 with PID \d+ on node \S+ exited on signal 9", err),
+                  f"{what}: mpirun did not name rank 1 as killed: {err[-1500:]}")
+            return
+        # mpirun --enable-recovery exits 0 whatever its ranks did (OpenMPI 4.1): the message is the verdict.
+        if re.search(r"meshgrad: error on rank 0 of 2: mpi: \w+ seq \d+ on rank 0 of 2.*deadline passed", err):
+            return
+        if took >= DEADLINE_MS / 1000:
+            check(False, f"{what}: rank 0 ran past its deadline but did not report it: {err[-1500:]}")
+            return
+        print(f"         {what}: attempt {attempt}: OpenMPI ended rank 0 {took:.1f} s after the kill, before "
+              f"its deadline, without a word from it; again", flush=True)
+    check(False, f"{what}: in 3 attempts OpenMPI ended rank 0 before its deadline each time, so meshgrad's "
+                 f"deadline error was never reached: {err[-1500:]}")
+
+
+def kill_attempt(hosts, recovery, what, attempt):
+    """One run, killed: (seconds from the kill to mpirun's exit, mpirun's exit code, its stderr), or
+    None when a check failed."""
+    out = os.path.join(hosts.work, ("mpi_kill_recovery" if recovery else "mpi_kill") + f"_{attempt}")
     env = dict(os.environ, MESHGRAD_COMM_TIMEOUT_MS=str(DEADLINE_MS))
     extra = ["-x", "MESHGRAD_COMM_TIMEOUT_MS"] + (["--enable-recovery"] if recovery else [])
     p = hosts.mpirun(out, MODEL + ["--steps", "100000", "--mesh", "tp=2"], what, env=env, popen=True, extra=extra)
@@ -469,10 +499,10 @@ def kill_test(hosts, recovery):
         if p.poll() is not None:
             check(False, f"{what}: the run ended before the kill (rc {p.returncode}, steps seen: {done}): "
                          f"{p.communicate()[1][-800:]}")
-            return
+            return None
         if done < 3:
             check(False, f"{what}: the run did not reach step 3 within 60 s (steps seen: {done})")
-            return
+            return None
         ranks = [open(f"{out}.rank{r}").read().split() for r in (0, 1)]
         check(ranks[1][0] == hosts.names[1], f"{what}: rank 1 ran on {ranks[1][0]}, not host 2")
         t0 = time.time()
@@ -481,7 +511,7 @@ def kill_test(hosts, recovery):
             _, err = p.communicate(timeout=DEADLINE_MS / 1000 + 30)
         except subprocess.TimeoutExpired:
             check(False, f"{what}: host 1's rank did not stop within 30 s past the deadline")
-            return
+            return None
         took = time.time() - t0
     finally:
         if p.poll() is None:
@@ -493,14 +523,7 @@ def kill_test(hosts, recovery):
     # The deadline plus MPI_Abort's and mpirun's teardown (a second or two here).
     check(took < DEADLINE_MS / 1000 + 10,
           f"{what}: host 1 stopped {took:.1f} s after the kill (deadline {DEADLINE_MS} ms)")
-    if recovery:
-        # mpirun --enable-recovery exits 0 whatever its ranks did (OpenMPI 4.1): the message is the verdict.
-        check(re.search(r"meshgrad: error on rank 0 of 2: mpi: \w+ seq \d+ on rank 0 of 2.*deadline passed", err),
-              f"{what}: rank 0 did not report the deadline: {err[-1500:]}")
-    else:
-        check(p.returncode != 0, f"{what}: mpirun exited 0 after a rank was killed")
-        check(re.search(r"rank 1 with PID \d+ on node \S+ exited on signal 9", err),
-              f"{what}: mpirun did not name rank 1 as killed: {err[-1500:]}")
+    return took, p.returncode, err
 
 
 def bench(hosts):
