@@ -254,7 +254,6 @@ class CommBase : public Communicator {
     st.kind = kind;
     st.seq = next_seq_++;
     st.deadline = deadline_of(opt);
-    st.status.store(1, std::memory_order_relaxed);
     run_body(*this, *health_, body, st);
     return done_work_;
   }

@@ -91,8 +91,7 @@ class ThreadsComm final : public detail::CommBase {
       if (in.count * es <= kEagerAllReduceBytes) {
         // Every rank sums the staged inputs in rank order into its own output: the bits of the chunked
         // path (the same sum, whoever computes it).
-        stage(st.seq, in);
-        eager_collective(st, checks, [&] {
+        eager_collective(st, in, checks, [&] {
           for (int q = 0; q < size_; ++q) ins_[q] = slot(q).staged(st.seq);
           void* dst = out.data;
           detail::reduce_rank_order(in.dtype, op, size_, ins_.data(), size_, &dst, 1, in.count,
@@ -137,8 +136,7 @@ class ThreadsComm final : public detail::CommBase {
         check_equal_counts(st);
       };
       if (out.count * es <= kEagerBytes) {  // the output's size agrees on every rank (checked): so does the path
-        stage(st.seq, in);
-        eager_collective(st, checks, [&] {
+        eager_collective(st, in, checks, [&] {
           std::size_t dst = 0;
           for (int q = 0; q < size_; ++q) {
             if (resolved[q] > 0) {
@@ -183,8 +181,7 @@ class ThreadsComm final : public detail::CommBase {
         check_equal_counts(st);
       };
       if (in.count * es <= kEagerBytes) {
-        stage(st.seq, in);
-        eager_collective(st, checks, [&] {
+        eager_collective(st, in, checks, [&] {
           const std::size_t first = std::accumulate(resolved.begin(), resolved.begin() + rank_, std::size_t{0}) * es;
           for (int q = 0; q < size_; ++q) ins_[q] = slot(q).staged(st.seq) + first;
           void* dst = out.data;
@@ -385,15 +382,6 @@ class ThreadsComm final : public detail::CommBase {
     return p;
   }
 
-  void stage(std::uint64_t seq, ConstBuffer in) const {
-    if (in.count > 0) std::memcpy(my_slot().staged(seq), in.data, in.count * dtype_size(in.dtype));
-  }
-
-  // The eager path (see kEagerBytes): the caller staged its input in its slot before; arrival, checks,
-  // then compute(), which reads only staged copies and writes only this rank's output, so the rank
-  // leaves without waiting for the others: nobody reads its buffers. The staging of seq is reused at
-  // seq + 2, after every rank arrived at seq + 1 (and so finished reading seq). A failed check is
-  // thrown by every rank alike, after a full exit rendezvous (as in chunked_collective).
   // Arrival, then the checks (check_kinds, checks()); a failed check is thrown by every rank alike
   // (they all read the same slots), after a full exit rendezvous so no slot is rewritten while read.
   template <class Checks>
@@ -411,9 +399,15 @@ class ThreadsComm final : public detail::CommBase {
     }
   }
 
+  // The eager path (see kEagerBytes): stages `in` in this rank's slot, arrives, checks, then
+  // compute(), which reads only staged copies and writes only this rank's output, so the rank leaves
+  // without waiting for the others: nobody reads its buffers. The staging of seq is reused at seq + 2,
+  // after every rank arrived at seq + 1 (and so finished reading seq). A failed check is thrown by
+  // every rank alike, after a full exit rendezvous (arrive_and_check).
   template <class Checks, class Compute>
-  void eager_collective(OpState& st, Checks&& checks, Compute&& compute) {
+  void eager_collective(OpState& st, ConstBuffer in, Checks&& checks, Compute&& compute) {
     const std::uint64_t base = st.seq * 4;
+    if (in.count > 0) std::memcpy(my_slot().staged(st.seq), in.data, in.count * dtype_size(in.dtype));
     arrive_and_check(st, checks);
     compute();
     my_slot().progress.store(base + 3, std::memory_order_release);  // for timeout messages only

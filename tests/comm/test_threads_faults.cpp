@@ -185,6 +185,28 @@ TEST(ThreadsFaults, DifferentOpsAreAMismatchEvenWithoutDebug) {
   }
 }
 
+// One rank on the eager path (8 floats) and the other on the chunked one (4096): both find the
+// mismatch after the arrival, leave through the same exit rendezvous, and the next collective works.
+TEST(ThreadsFaults, SizesAcrossTheEagerLimitAreMisuseAndLeaveTheCommunicatorUsable) {
+  PerRank seen(2);
+  std::vector<float> after(2, 0.0f);
+  run_ranks(2, [&](const CommunicatorPtr& c) {
+    const int r = c->rank();
+    std::vector<float> v(r == 0 ? 8 : 4096, 3.0f);
+    record_errors(seen, r, [&] { c->all_reduce(buffer(std::span<float>(v)), ReduceOp::Sum); });
+    EXPECT_EQ(v[0], 3.0f) << "data moved despite the error";
+    float x = float(r + 1);
+    c->all_reduce(buffer(std::span<float>(&x, 1)), ReduceOp::Sum);
+    after[r] = x;
+  }, short_deadline(5s));
+  for (int r : {0, 1}) {
+    EXPECT_TRUE(contains(seen.messages[r], "disagree on elements")) << seen.messages[r];
+    EXPECT_TRUE(contains(seen.messages[r], "in 8")) << seen.messages[r];
+    EXPECT_TRUE(contains(seen.messages[r], "in 4096")) << seen.messages[r];
+    EXPECT_EQ(after[r], 3.0f);
+  }
+}
+
 TEST(ThreadsFaults, SizesThatDifferAcrossRanksAreMisuse) {
   PerRank seen(2);
   run_ranks(2, [&](const CommunicatorPtr& c) {
