@@ -29,6 +29,7 @@ packages=(
   libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json) and of checkpoint files
   libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)
+  librsvg2-dev             # `meshgrad plot -o loss.png`: librsvg renders the plot's SVG, cairo writes the PNG
 )
 if [ "$set_name" = all ]; then
   packages+=(
