@@ -42,6 +42,36 @@ meshgrad_cli_test(check_tp_invariant_tp4_sp 0 "PASS: tp-invariant: losses, gradi
                   ${mg} check --mesh tp=4 --tp-invariant --sequence-parallel --overlap --layers 1)
 meshgrad_cli_test(check_tp_invariant_refuses_tp3 1 "tp=3 cannot keep the fixed tree.*Degrees that work for this model: tp = 1, 2, 4"
                   ${mg} check --mesh tp=3 --tp-invariant --layers 1)
+# float32 on check's defaults passes (issue 26: Adam's moves of rounding-level gradients are not a
+# divergence); an injected fault in the backward reductions fails it.
+meshgrad_cli_test(check_float32_defaults_tp2 0 "float32 on mesh tp=2.*PASS: the mesh model matches" ${mg} check --mesh tp=2 --dtype float32)
+meshgrad_cli_test(check_float32_fault_fails 1 "injected fault: scale:tp:1.001.*FAIL: the mesh model differs"
+                  ${mg} check --mesh tp=2 --dtype float32 --inject-fault scale:tp:1.001)
+# check --checkpoint: a checkpoint of a 3-step training run passes, and fails with a mutated mesh
+# seed or an injected fault; sizes that differ from the checkpoint's and a bad directory are named.
+set(check_ck ${CMAKE_CURRENT_BINARY_DIR}/cli-check-ck)
+meshgrad_cli_test(check_checkpoint_train 0 "checkpoints: 1 written"
+                  bash -c "rm -rf ${check_ck} && exec ${mg} train --steps 3 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --checkpoint-dir ${check_ck}")
+set_tests_properties(cli_check_checkpoint_train PROPERTIES FIXTURES_SETUP check_checkpoint)
+meshgrad_cli_test(check_checkpoint_passes 0 "both models start from checkpoint .*step_00000003.*PASS: the mesh model matches"
+                  ${mg} check --checkpoint ${check_ck} --mesh dp=2,tp=2 --dtype float32)
+meshgrad_cli_test(check_checkpoint_step_dir_passes 0 "float32 on mesh tp=2.*PASS: the mesh model matches"
+                  ${mg} check --checkpoint ${check_ck}/step_00000003 --mesh tp=2)
+meshgrad_cli_test(check_checkpoint_mesh_seed_fails 1 "first parameter that diverges: wte.weight.*FAIL: the mesh model differs"
+                  ${mg} check --checkpoint ${check_ck} --mesh tp=2 --mesh-seed 5)
+meshgrad_cli_test(check_checkpoint_fault_fails 1 "injected fault: drop:tp.*FAIL: the mesh model differs"
+                  ${mg} check --checkpoint ${check_ck} --mesh tp=2 --inject-fault drop:tp)
+meshgrad_cli_test(check_checkpoint_refuses_sizes 1 "fixes the model's sizes, and these options differ: --layers 3 \\(it has 1\\); --hidden 64"
+                  ${mg} check --checkpoint ${check_ck} --layers 3 --hidden 64)
+set_tests_properties(cli_check_checkpoint_passes cli_check_checkpoint_step_dir_passes cli_check_checkpoint_mesh_seed_fails
+                     cli_check_checkpoint_fault_fails cli_check_checkpoint_refuses_sizes
+                     PROPERTIES FIXTURES_REQUIRED check_checkpoint)
+meshgrad_cli_test(check_checkpoint_missing 1 "check: --checkpoint '[^']*no-such-dir' does not exist"
+                  ${mg} check --checkpoint ${CMAKE_CURRENT_BINARY_DIR}/no-such-dir)
+meshgrad_cli_test(check_checkpoint_not_one 1 "check: --checkpoint '[^']*' is not a training checkpoint"
+                  ${mg} check --checkpoint ${CMAKE_CURRENT_SOURCE_DIR}/cli)
+meshgrad_cli_test(check_inject_fault_bad 1 "--inject-fault 'scale:tp': expected drop:AXIS, double:AXIS or scale:AXIS:FACTOR"
+                  ${mg} check --inject-fault scale:tp)
 # More blocks than the model has units is named as such (reliability-2 R8: 2^30 blocks ran out of memory).
 meshgrad_cli_test(train_tp_invariant_too_many_blocks 1
                   "--invariant-blocks 1073741824 is more than the 256 units of this model's largest split dimension"
@@ -142,7 +172,7 @@ meshgrad_cli_test(bench_memory_bad_size 1 "--mesh tp=1,x: 'x' is not a tp size" 
 # Not under sanitizers: AddressSanitizer reserves terabytes of address space at start.
 if(NOT MESHGRAD_SANITIZER)
   meshgrad_cli_test(out_of_memory_says_so 1 "out of memory \\(std::bad_alloc\\).*smaller --hidden"
-                    /bin/sh -c "ulimit -v 600000 && exec ${mg} train --hidden 20000 --heads 4 --layers 1 --seq 16 --batch 4 --steps 1 --mesh tp=1 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-oom.jsonl")
+                    /bin/sh -c "ulimit -v 1200000 && exec ${mg} train --hidden 20000 --heads 4 --layers 1 --seq 16 --batch 4 --steps 1 --mesh tp=1 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-oom.jsonl")
 endif()
 
 # --config FILE.json: the file's options apply, the command line overrides them, and a key that is
@@ -180,3 +210,13 @@ if(NOT MESHGRAD_SANITIZER)
   meshgrad_cli_test(address_space_for_openblas_is_checked 1 "OpenBLAS needs a 128 MiB work buffer for each of the [0-9]+ BLAS callers.*ulimit -v"
                     bash -c "ulimit -v 400000 && exec timeout 60 ${mg} train --mesh tp=2 --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics")
 endif()
+# meshgrad plot: what the command line decides is checked before a file is read; an overlay of two
+# runs (one with an evaluation, then a sample line the plot skips) rendered to PNG.
+meshgrad_cli_test(plot_names_must_match_the_files 1 "--names 'base' gives 1 name\\(s\\) for 2 metrics file\\(s\\)"
+                  ${mg} plot a.jsonl b.jsonl --names base -o cmp.svg)
+meshgrad_cli_test(plot_unknown_extension 1 "-o 'loss.pdf' has the extension '.pdf'; the plot is written as .svg or .png"
+                  ${mg} plot a.jsonl -o loss.pdf)
+meshgrad_cli_test(plot_smooth_outside_0_1 1 "--smooth 1 is outside \\[0, 1\\)" ${mg} plot a.jsonl --smooth 1 -o loss.svg)
+set(plot_dir ${CMAKE_CURRENT_BINARY_DIR})
+meshgrad_cli_test(plot_overlay_png 0 "base: 2 steps \\(1 evaluations\\).*wd0: 2 steps \\(0 evaluations\\).*not drawn for several runs.*cli-plot.png \\(640x360\\).*png-signature-ok"
+                  bash -c "printf '{\"step\":1,\"loss\":3,\"lr\":1}\\n{\"step\":2,\"loss\":2,\"lr\":1,\"val_loss\":2.5}\\n' > ${plot_dir}/cli-plot-a.jsonl && printf '{\"step\":1,\"loss\":4,\"lr\":1}\\n{\"type\":\"sample\",\"step\":1,\"text\":\"hi\"}\\n{\"step\":2,\"loss\":3,\"lr\":1}\\n' > ${plot_dir}/cli-plot-b.jsonl && ${mg} plot ${plot_dir}/cli-plot-a.jsonl ${plot_dir}/cli-plot-b.jsonl --names base,wd0 --smooth 0.5 --log-y --width 640 --height 360 -o ${plot_dir}/cli-plot.png && [ \"$(dd if=${plot_dir}/cli-plot.png bs=1 skip=1 count=3 status=none)\" = PNG ] && echo png-signature-ok")
