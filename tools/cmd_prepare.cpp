@@ -1,11 +1,16 @@
 // `meshgrad prepare`: tokenizes text files with GPT-2's BPE into a data directory for
-// `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, meta.json; data/prepare.hpp).
+// `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, or train_NNNNNN.bin /
+// val_NNNNNN.bin shards with --shard-tokens; meta.json; data/prepare.hpp). Streams: memory stays a few
+// MB whatever the size of the inputs.
 //   meshgrad prepare --vocab vocab.json --merges merges.txt --out data/ book1.txt book2.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out data/ --val-fraction 0.05 *.txt
+//   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out web/ --shard-tokens 100000000 web-*.txt
 #include <fmt/core.h>
 #include <unistd.h>
 
 #include <chrono>
+#include <climits>
+#include <cstdint>
 #include <cstdio>
 #include <memory>
 
@@ -20,7 +25,8 @@ struct PrepareArgs {
   bool quiet = false;
 };
 
-// A bar on stderr: redrawn in place on a terminal, else a line every ~10% (logs stay readable).
+// A bar on stderr: redrawn in place on a terminal (at most ~10 times a second), else a line every
+// 5% (logs stay readable).
 class ByteProgress {
  public:
   ByteProgress() : tty_(::isatty(::fileno(stderr)) != 0), start_(std::chrono::steady_clock::now()) {}
@@ -32,11 +38,13 @@ class ByteProgress {
                                           static_cast<double>(done) / 1e6, static_cast<double>(total) / 1e6,
                                           s > 0 ? static_cast<double>(done) / 1e6 / s : 0.0, s);
     if (tty_) {
+      if (done != total && done != 0 && s - last_draw_ < 0.1) return;
+      last_draw_ = s;
       constexpr int width = 24;
       const auto filled = static_cast<std::size_t>(width * fraction);
       fmt::print(stderr, "\r[{:<{}}] {}\033[K{}", std::string(filled, '='), width, stats, done == total ? "\n" : "");
-    } else if (const int decile = static_cast<int>(10 * fraction); decile > last_decile_ || done == total) {
-      last_decile_ = decile;
+    } else if (const int step = static_cast<int>(20 * fraction); step > last_step_ || done == total) {
+      last_step_ = step;
       fmt::print(stderr, "{}\n", stats);
     }
     std::fflush(stderr);
@@ -45,21 +53,31 @@ class ByteProgress {
  private:
   bool tty_;
   std::chrono::steady_clock::time_point start_;
-  int last_decile_ = -1;
+  int last_step_ = -1;
+  double last_draw_ = -1;
 };
 
 int run(PrepareArgs& a) {
   if (!a.quiet) a.options.progress = ByteProgress();
   const data::PrepareResult r = data::prepare_dataset(a.options);
-  fmt::print("prepared {}: {} train + {} val tokens (vocab {}) from {} input file(s), {:.1f} MB\n", a.options.out_dir,
-             r.train_tokens, r.val_tokens, r.vocab_size, a.options.inputs.size(), static_cast<double>(r.bytes) / 1e6);
+  const std::string shards =
+      a.options.shard_tokens > 0 ? fmt::format(" in {} + {} shard(s)", r.train_shards, r.val_shards) : std::string();
+  fmt::print("prepared {}: {} train + {} val tokens{} (vocab {}) from {} input file(s), {:.1f} MB\n", a.options.out_dir,
+             r.train_tokens, r.val_tokens, shards, r.vocab_size, a.options.inputs.size(),
+             static_cast<double>(r.bytes) / 1e6);
+  if (a.options.shard_tokens > 0 && a.options.val_fraction > 0 && r.val_tokens == 0) {
+    fmt::print(stderr, "warning: no validation tokens: the inputs give too few chunks of --chunk-bytes {} for "
+               "--val-fraction {} (every 1/fraction-th chunk is validation); give a smaller --chunk-bytes\n",
+               a.options.chunk_bytes, a.options.val_fraction);
+  }
   return 0;
 }
 
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    prepare, {"", "prepare", "Tokenize text files with GPT-2 BPE into train.bin / val.bin / meta.json for train --data",
+    prepare, {"", "prepare", "Tokenize text files with GPT-2 BPE into train.bin / val.bin (or shards) / meta.json for "
+              "train --data",
               [](CLI::App& app) -> std::function<int()> {
                 auto a = std::make_shared<PrepareArgs>();
                 auto& o = a->options;
@@ -67,11 +85,24 @@ MESHGRAD_REGISTER_COMMAND(
                 app.add_option("--merges", o.merges, "merges.txt (Hugging Face) or vocab.bpe (OpenAI)")->required();
                 app.add_option("--out", o.out_dir, "Output directory (created when missing; a dataset already "
                                "in it is refused unless --overwrite)")->required();
-                app.add_flag("--overwrite", o.overwrite, "Replace the dataset files (train.bin, val.bin, meta.json, "
-                             "vocab.json, merges.txt) already in --out");
+                app.add_flag("--overwrite", o.overwrite, "Replace the dataset files (train.bin, val.bin, "
+                             "train_*.bin, val_*.bin, meta.json, vocab.json, merges.txt) already in --out; those of "
+                             "them not written again are removed");
                 app.add_option("--val-fraction", o.val_fraction,
-                               "Fraction of the tokens, at the end, for validation; in [0, 1)")
+                               "Fraction for validation, in [0, 1): without --shard-tokens the last tokens; with it, "
+                               "every 1/fraction-th chunk of --chunk-bytes text (interleaved, so validation is the "
+                               "same kind of text as training)")
                     ->capture_default_str();
+                app.add_option("--shard-tokens", o.shard_tokens,
+                               "Write train_000000.bin, train_000001.bin, ... and val_000000.bin, ... of this many "
+                               "tokens each (the last may be shorter) instead of train.bin / val.bin; "
+                               "llm.c uses 100000000")
+                    ->check(CLI::Range(std::int64_t{1}, std::int64_t{INT32_MAX}));
+                app.add_option("--chunk-bytes", o.chunk_bytes,
+                               "Text is read and encoded in chunks of about this many bytes, cut where the "
+                               "pre-tokenizer splits anyway; with --shard-tokens the unit of the validation split")
+                    ->capture_default_str()
+                    ->check(CLI::PositiveNumber);
                 app.add_flag("--quiet", a->quiet, "No progress bar");
                 app.add_option("files", o.inputs, "Text files, encoded in this order")->required();
                 return [a] { return run(*a); };

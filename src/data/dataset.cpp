@@ -16,6 +16,7 @@
 #include <nlohmann/json.hpp>
 #include <tuple>
 
+#include "meshgrad/data/shards.hpp"
 #include "meshgrad/io/json_input.hpp"
 #include "meshgrad/io/xxh128.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -84,7 +85,24 @@ bool has_llmc_magic(const std::string& path) {
 struct Meta {
   std::int64_t vocab = 0;
   std::map<std::string, std::string> file_hashes;   // "train.bin" -> XXH3-128 hex
+  // "shards": {"train": [names], "val": [names]} of a sharded prepare, when recorded.
+  std::map<std::string, std::vector<std::string>> shards;
 };
+
+// meta.json's "shards" (an object of string arrays), into meta.shards.
+void read_meta_shards(const std::string& path, const nlohmann::json& j, Meta& meta) {
+  const auto shards = j.find("shards");
+  if (shards == j.end()) return;
+  MG_CHECK(shards->is_object(), "data: '{}': \"shards\" must be an object, got {}", path, io::json_excerpt(*shards));
+  for (const auto& [split, names] : shards->items()) {
+    MG_CHECK(names.is_array(), "data: '{}': \"shards\" > {} must be an array of file names", path, io::json_quote(split));
+    for (const auto& name : names) {
+      MG_CHECK(name.is_string(), "data: '{}': \"shards\" > {} holds {}, not a file name", path, io::json_quote(split),
+               io::json_excerpt(name));
+      meta.shards[split].push_back(name.get<std::string>());
+    }
+  }
+}
 
 Meta read_meta(const std::string& path) {
   const std::string text = io::read_small_file(path, std::uint64_t{64} << 20, "data: meta.json");
@@ -109,6 +127,7 @@ Meta read_meta(const std::string& path) {
       meta.file_hashes[name] = entry["xxh128"].get<std::string>();
     }
   }
+  read_meta_shards(path, j, meta);
   return meta;
 }
 
@@ -286,75 +305,271 @@ std::string write_token_file(const std::string& path, const std::vector<std::uin
   return hash.hex();
 }
 
-TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed)
-    : batch_(batch), seq_(seq), seed_(seed) {
+namespace {
+
+// What a --data (or validation) path names: its files, read in order.
+struct Resolved {
+  std::vector<std::shared_ptr<const TokenFile>> train, val;   // val: a directory's validation split
+  bool builtin = false;
+  bool sharded = false;     // a sharded directory or a glob: read in order
+  bool directory = false;
+  std::string meta;         // the meta.json that describes the files, "" for none
+  std::string description;
+};
+
+std::vector<std::shared_ptr<const TokenFile>> open_all(const std::vector<std::string>& paths, TokenFile::Format format) {
+  std::vector<std::shared_ptr<const TokenFile>> files;
+  for (const std::string& p : paths) files.push_back(TokenFile::open(p, format));
+  return files;
+}
+
+std::vector<std::string> file_names(const std::vector<std::string>& paths) {
+  std::vector<std::string> names;
+  for (const std::string& p : paths) names.push_back(std::filesystem::path(p).filename().string());
+  return names;
+}
+
+Resolved resolve_glob(const std::string& pattern, const std::string& what) {
   namespace fs = std::filesystem;
-  MG_CHECK(batch >= 1 && seq >= 1, "TokenDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
-  std::string& meta = meta_;   // a meta.json giving the vocabulary, if any
-  if (path.empty()) {
-    source_ = "the built-in corpus";
-    description_ = "bytes";
-    train_.bytes = kCorpus;
-  } else {
-    source_ = "'" + path + "'";
-    const struct stat st = stat_path(path, "data");
-    if (S_ISDIR(st.st_mode)) {
-      const fs::path dir(path);
-      for (const char* name : {"train.bin", "val.bin", "meta.json"}) {
-        MG_CHECK(fs::exists(dir / name), "data '{}' is a directory without {}: a data directory is the output of "
-                 "`meshgrad prepare` (train.bin, val.bin, meta.json)", path, name);
-      }
-      train_.file = TokenFile::open((dir / "train.bin").string(), TokenFile::Format::LlmC);
-      val_.file = TokenFile::open((dir / "val.bin").string(), TokenFile::Format::LlmC);
-      meta = (dir / "meta.json").string();
-      description_ = "prepared directory";
-    } else {
-      MG_CHECK(S_ISREG(st.st_mode), "data '{}' is {}, not a regular file: --data takes a text file, an llm.c .bin "
-               "token file or a directory written by meshgrad prepare", path, file_kind(st.st_mode));
-      const bool llmc = fs::path(path).extension() == ".bin" || has_llmc_magic(path);
-      train_.file = TokenFile::open(path, llmc ? TokenFile::Format::LlmC : TokenFile::Format::Bytes);
-      description_ = llmc ? "llm.c tokens" : "bytes";
-      const fs::path beside = fs::path(path).parent_path() / "meta.json";
-      if (llmc && fs::is_regular_file(beside)) meta = beside.string();
-    }
+  const std::vector<std::string> paths = expand_glob(pattern, what);
+  const auto is_llmc = [](const std::string& p) { return fs::path(p).extension() == ".bin" || has_llmc_magic(p); };
+  const bool llmc = is_llmc(paths.front());
+  for (const std::string& p : paths) {
+    MG_CHECK(is_llmc(p) == llmc, "{} '{}' matches '{}' ({}) and '{}' ({}): the matched files must all be llm.c token "
+             "files or all text", what, pattern, paths.front(), llmc ? "llm.c tokens" : "text", p,
+             llmc ? "text" : "llm.c tokens");
   }
-  if (!meta.empty()) {
-    const Meta m = read_meta(meta);
-    vocab_ = m.vocab;
-    // A directory whose token files are not the ones its meta.json describes was changed after
-    // prepare (a train.bin copied in from elsewhere): its vocabulary and tokenizer may not fit.
-    for (const Tokens* t : {&train_, &val_}) {
-      if (!t->file) continue;
-      const auto it = m.file_hashes.find(fs::path(t->file->path()).filename().string());
-      MG_CHECK(it == m.file_hashes.end() || it->second == t->file->content_hash(),
-               "data '{}' is not the file its meta.json '{}' describes: its XXH3-128 is {} but meta.json records {}; "
-               "the directory changed after `meshgrad prepare` wrote it (prepare it again)",
-               t->file->path(), meta, t->file->content_hash(), it->second);
-    }
-    require_tokens_below(vocab_, "the vocabulary size " + std::to_string(vocab_) + " of '" + meta + "'");
-  } else if (train_.file && train_.file->format() == TokenFile::Format::LlmC) {
-    vocab_ = train_.file->max_token() + 1;
+  Resolved r;
+  r.train = open_all(paths, llmc ? TokenFile::Format::LlmC : TokenFile::Format::Bytes);
+  r.sharded = true;
+  r.description = fmt::format("{} file(s) matching a pattern, {}", paths.size(), llmc ? "llm.c tokens" : "bytes");
+  const fs::path dir = fs::path(paths.front()).parent_path();
+  const bool one_dir = std::all_of(paths.begin(), paths.end(), [&](const std::string& p) { return fs::path(p).parent_path() == dir; });
+  if (llmc && one_dir && fs::is_regular_file(dir / "meta.json")) r.meta = (dir / "meta.json").string();
+  return r;
+}
+
+Resolved resolve_sharded_directory(const std::string& path, const std::string& what,
+                                   const std::vector<std::string>& train_shards) {
+  namespace fs = std::filesystem;
+  const fs::path dir(path);
+  MG_CHECK(!fs::exists(dir / "train.bin"), "{} '{}' has both train.bin and train_*.bin shards ({} ...): a data "
+           "directory holds one dataset; prepare it again into an empty directory (or with --overwrite)", what, path,
+           fs::path(train_shards.front()).filename().string());
+  MG_CHECK(fs::exists(dir / "meta.json"), "{} '{}' is a directory of shards without meta.json: a data directory is "
+           "the output of `meshgrad prepare` (train_*.bin, val_*.bin, meta.json)", what, path);
+  const std::vector<std::string> val_shards = list_shards(path, "val");
+  Resolved r;
+  r.meta = (dir / "meta.json").string();
+  const Meta meta = read_meta(r.meta);
+  for (const auto& [split, found] : {std::pair{"train", &train_shards}, std::pair{"val", &val_shards}}) {
+    const auto recorded = meta.shards.find(split);
+    if (recorded == meta.shards.end()) continue;
+    MG_CHECK(recorded->second == file_names(*found), "{} '{}' holds {} {} shard(s) ({}) but its meta.json lists {} "
+             "({}): shards were added or removed after `meshgrad prepare` (prepare it again)", what, path,
+             found->size(), split, fmt::join(file_names(*found), ", "), recorded->second.size(),
+             fmt::join(recorded->second, ", "));
+  }
+  r.train = open_all(train_shards, TokenFile::Format::LlmC);
+  r.val = open_all(val_shards, TokenFile::Format::LlmC);
+  r.sharded = r.directory = true;
+  r.description = fmt::format("prepared directory, {} + {} shards", r.train.size(), r.val.size());
+  return r;
+}
+
+Resolved resolve_directory(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  const std::vector<std::string> train_shards = list_shards(path, "train");
+  if (!train_shards.empty()) return resolve_sharded_directory(path, what, train_shards);
+  const fs::path dir(path);
+  for (const char* name : {"train.bin", "val.bin", "meta.json"}) {
+    MG_CHECK(fs::exists(dir / name), "{} '{}' is a directory without {}: a data directory is the output of "
+             "`meshgrad prepare` (train.bin, val.bin, meta.json; or train_*.bin, val_*.bin, meta.json)", what, path,
+             name);
+  }
+  Resolved r;
+  r.train.push_back(TokenFile::open((dir / "train.bin").string(), TokenFile::Format::LlmC));
+  r.val.push_back(TokenFile::open((dir / "val.bin").string(), TokenFile::Format::LlmC));
+  r.meta = (dir / "meta.json").string();
+  r.directory = true;
+  r.description = "prepared directory";
+  return r;
+}
+
+// What `path` names (top of dataset.hpp); `what` ("data", "validation data") starts its messages.
+Resolved resolve(const std::string& path, const std::string& what) {
+  namespace fs = std::filesystem;
+  if (path.empty()) {
+    Resolved builtin;
+    builtin.builtin = true;
+    builtin.description = "bytes";
+    return builtin;
+  }
+  struct stat st {};
+  if (::stat(path.c_str(), &st) != 0 && has_glob_characters(path)) return resolve_glob(path, what);
+  st = stat_path(path, what);
+  if (S_ISDIR(st.st_mode)) return resolve_directory(path, what);
+  MG_CHECK(S_ISREG(st.st_mode), "{} '{}' is {}, not a regular file: --data takes a text file, an llm.c .bin "
+           "token file, a directory written by meshgrad prepare or a glob of shards", what, path, file_kind(st.st_mode));
+  const bool llmc = fs::path(path).extension() == ".bin" || has_llmc_magic(path);
+  Resolved r;
+  r.train.push_back(TokenFile::open(path, llmc ? TokenFile::Format::LlmC : TokenFile::Format::Bytes));
+  r.description = llmc ? "llm.c tokens" : "bytes";
+  const fs::path beside = fs::path(path).parent_path() / "meta.json";
+  if (llmc && fs::is_regular_file(beside)) r.meta = beside.string();
+  return r;
+}
+
+// The vocabulary of files without a meta.json: 256 for bytes, else the largest token + 1.
+std::int64_t inferred_vocab(const std::vector<std::shared_ptr<const TokenFile>>& files) {
+  std::int64_t largest = -1;
+  for (const auto& f : files) {
+    if (f->format() == TokenFile::Format::Bytes) return 256;
+    largest = std::max(largest, f->max_token());
+  }
+  return largest + 1;
+}
+
+// A token file whose hash is not the one its meta.json records was changed after prepare (a
+// train.bin copied in from elsewhere): its vocabulary and tokenizer may not fit.
+void check_hashes(const Meta& meta, const std::string& meta_path, const std::vector<std::shared_ptr<const TokenFile>>& files) {
+  for (const auto& f : files) {
+    const auto it = meta.file_hashes.find(std::filesystem::path(f->path()).filename().string());
+    MG_CHECK(it == meta.file_hashes.end() || it->second == f->content_hash(),
+             "data '{}' is not the file its meta.json '{}' describes: its XXH3-128 is {} but meta.json records {}; "
+             "the directory changed after `meshgrad prepare` wrote it (prepare it again)",
+             f->path(), meta_path, f->content_hash(), it->second);
+  }
+}
+
+// The vocabulary of a resolved path's files and how it is known, for messages.
+struct Vocab {
+  std::int64_t size = 256;
+  bool known = true;   // false: inferred from an llm.c file's largest token
+  std::string how;
+};
+
+Vocab vocab_of(const Resolved& r, const std::vector<std::shared_ptr<const TokenFile>>& files) {
+  if (!r.meta.empty()) {
+    const Meta meta = read_meta(r.meta);
+    check_hashes(meta, r.meta, r.train);
+    check_hashes(meta, r.meta, r.val);
+    return {meta.vocab, true, fmt::format("the vocabulary size {} of '{}'", meta.vocab, r.meta)};
+  }
+  if (r.builtin || files.empty() || files.front()->format() == TokenFile::Format::Bytes) {
+    return {256, true, "256 (bytes as tokens)"};
+  }
+  const std::int64_t n = inferred_vocab(files);
+  return {n, false, fmt::format("{} (largest token + 1; no meta.json)", n)};
+}
+
+}  // namespace
+
+TokenDataset::TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed, const std::string& val_path)
+    : batch_(batch), seq_(seq), seed_(seed) {
+  MG_CHECK(batch >= 1 && seq >= 1, "TokenDataset: batch and seq must be >= 1, got batch={} seq={}", batch, seq);
+  const Resolved r = resolve(path, "data");
+  source_ = path.empty() ? "the built-in corpus" : "'" + path + "'";
+  description_ = r.description;
+  sequential_ = r.sharded;
+  train_.files = r.train;
+  train_.sharded = r.sharded;
+  if (r.builtin) train_.bytes = kCorpus;
+  val_.files = r.val;
+  val_.sharded = r.sharded;
+  const Vocab vocab = vocab_of(r, r.train);
+  vocab_ = vocab.size;
+  vocab_known_ = vocab.known;
+  if (!r.meta.empty()) {
+    metas_.push_back(r.meta);
+    require_tokens_below(vocab_, vocab.how);
+  }
+  if (!val_path.empty()) use_validation_data(val_path, vocab.how);
+  train_.index_windows(seq);
+  val_.index_windows(seq);
+  if (sequential_) {
+    std::int64_t largest = 0;
+    for (std::size_t i = 0; i < train_.pieces(); ++i) largest = std::max(largest, train_.piece_size(i));
+    MG_CHECK(train_.windows() > 0, "data {}: none of its {} training shard(s) has a window of seq + 1 = {} tokens "
+             "(the largest has {}); a window does not cross a shard boundary", source_, train_.pieces(), seq + 1, largest);
   }
   MG_CHECK(train_.size() >= static_cast<std::int64_t>(seq) + 1,
            "data {} has {} {} but a training window needs seq + 1 = {} (T inputs and T shifted targets)", source_,
            train_.size(), description_ == "bytes" ? "bytes" : "training tokens", seq + 1);
-  identity_.train_hash = train_.file ? train_.file->content_hash() : io::xxh128_hex(train_.bytes.data(), train_.bytes.size());
+  identity_.train_hash = train_.hash();
   identity_.train_tokens = train_.size();
-  identity_.val_hash = val_.file ? val_.file->content_hash() : "";
+  identity_.val_hash = val_.hash();
   identity_.val_tokens = val_.size();
 }
 
-void TokenDataset::Tokens::read(std::int64_t start, std::int64_t count, std::int64_t* out) const {
-  if (file) return file->read(start, count, out);
+void TokenDataset::use_validation_data(const std::string& val_path, const std::string& data_vocab_how) {
+  const Resolved r = resolve(val_path, "validation data");
+  Tokens val;
+  val.files = r.directory ? r.val : r.train;
+  val.sharded = r.sharded;
+  const Vocab vocab = vocab_of(r, val.files);
+  if (!r.meta.empty()) metas_.push_back(r.meta);
+  const std::string both = fmt::format("validation data '{}' has vocabulary {}, data {} has {}", val_path, vocab.how,
+                                       source_, data_vocab_how);
+  if (vocab.known && vocab_known_) {
+    MG_CHECK(vocab.size == vocab_, "{}: the two must agree (tokens of one tokenizer)", both);
+  } else if (vocab.known) {
+    // Only the validation side knows its vocabulary: the training tokens must fit it.
+    check_tokens_below(train_, vocab.size, fmt::format("the validation data's vocabulary ({})", both));
+    vocab_ = vocab.size;
+    vocab_known_ = true;
+  } else if (!vocab_known_) {
+    vocab_ = std::max(vocab_, vocab.size);   // both inferred: the larger holds both
+  }
+  check_tokens_below(val, vocab_, fmt::format("the data's vocabulary ({})", both));
+  val_ = std::move(val);
+}
+
+std::int64_t TokenDataset::Tokens::piece_size(std::size_t i) const {
+  return files.empty() ? static_cast<std::int64_t>(bytes.size()) : files[i]->size();
+}
+
+std::int64_t TokenDataset::Tokens::size() const {
+  std::int64_t n = 0;
+  for (std::size_t i = 0; i < pieces(); ++i) n += piece_size(i);
+  return n;
+}
+
+void TokenDataset::Tokens::read(std::size_t piece, std::int64_t start, std::int64_t count, std::int64_t* out) const {
+  if (!files.empty()) return files[piece]->read(start, count, out);
   for (std::int64_t i = 0; i < count; ++i) out[i] = static_cast<unsigned char>(bytes[static_cast<std::size_t>(start + i)]);
 }
 
-nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const {
+void TokenDataset::Tokens::index_windows(std::int64_t seq) {
+  first_window.assign(1, 0);
+  for (std::size_t i = 0; i < pieces(); ++i) {
+    const std::int64_t n = piece_size(i);
+    first_window.push_back(first_window.back() + (n >= seq + 1 ? (n - 1) / seq : 0));
+  }
+}
+
+std::pair<std::size_t, std::int64_t> TokenDataset::Tokens::window(std::int64_t k, std::int64_t seq) const {
+  // The last piece whose first window is <= k (pieces without windows share their successor's).
+  const auto it = std::upper_bound(first_window.begin(), first_window.end() - 1, k) - 1;
+  const auto piece = static_cast<std::size_t>(it - first_window.begin());
+  return {piece, (k - *it) * seq};
+}
+
+std::string TokenDataset::Tokens::hash() const {
+  if (files.empty()) return bytes.empty() ? "" : io::xxh128_hex(bytes.data(), bytes.size());
+  if (files.size() == 1 && !sharded) return files.front()->content_hash();
+  std::vector<std::string> hashes;
+  for (const auto& f : files) hashes.push_back(f->content_hash());
+  return hash_of_hashes(hashes);
+}
+
+nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::pair<std::size_t, std::int64_t>>& starts) const {
   const std::int64_t B = static_cast<std::int64_t>(starts.size()), T = seq_;
   std::vector<std::int64_t> inputs(static_cast<std::size_t>(B * T)), targets(static_cast<std::size_t>(B * T));
   std::vector<std::int64_t> window(static_cast<std::size_t>(T + 1));
   for (std::int64_t b = 0; b < B; ++b) {
-    tokens.read(starts[static_cast<std::size_t>(b)], T + 1, window.data());
+    const auto& [piece, offset] = starts[static_cast<std::size_t>(b)];
+    tokens.read(piece, offset, T + 1, window.data());
     std::copy(window.begin(), window.end() - 1, inputs.begin() + b * T);
     std::copy(window.begin() + 1, window.end(), targets.begin() + b * T);
   }
@@ -364,56 +579,80 @@ nn::Batch TokenDataset::windows(const Tokens& tokens, const std::vector<std::int
 nn::Batch TokenDataset::next_batch(std::int64_t step) const {
   MG_CHECK(step >= 0, "TokenDataset::next_batch: step must be >= 0, got {}", step);
   const std::int64_t B = batch_, T = seq_;
+  if (sequential_) return batch_at_position(step * B * T);
   // Window starts 0 .. size - T - 1 inclusive: the targets reach index start + T.
   const std::int64_t starts = size() - T;
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(B));
+  std::vector<std::pair<std::size_t, std::int64_t>> rows(static_cast<std::size_t>(B));
   for (std::int64_t b = 0; b < B; ++b) {
     const double u = random::uniform(seed_, static_cast<std::uint64_t>(step * B + b));
-    rows[static_cast<std::size_t>(b)] = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
+    rows[static_cast<std::size_t>(b)] = {0, std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)))};
   }
   return windows(train_, rows);
 }
 
-void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& what) const {
-  for (const Tokens* t : {&train_, &val_}) {
-    if (!t->file) {
-      MG_CHECK(t->bytes.empty() || limit >= 256, "data {}: byte tokens reach 255, not below {}", source_, what);
-      continue;
-    }
-    const std::optional<std::int64_t> bad = t->file->first_token_at_least(limit);
+nn::Batch TokenDataset::batch_at_position(std::int64_t position) const {
+  MG_CHECK(position >= 0, "TokenDataset::batch_at_position: the position must be >= 0, got {}", position);
+  const std::int64_t W = train_.windows(), first = position / seq_;
+  std::vector<std::pair<std::size_t, std::int64_t>> rows(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = train_.window((first + b) % W, seq_);
+  return windows(train_, rows);
+}
+
+std::int64_t TokenDataset::next_position(std::int64_t position) const {
+  return position + static_cast<std::int64_t>(batch_) * seq_;
+}
+
+nlohmann::json TokenDataset::position_json(std::int64_t position) const {
+  MG_CHECK(position >= 0, "TokenDataset::position_json: the position must be >= 0, got {}", position);
+  const std::int64_t W = train_.windows(), k = position / seq_;
+  const auto [piece, offset] = train_.window(k % W, seq_);
+  const std::string shard = train_.files.empty() ? std::string("the built-in corpus")
+                                                 : std::filesystem::path(train_.files[piece]->path()).filename().string();
+  return {{"tokens", position}, {"epoch", k / W}, {"shard", shard}, {"offset", offset}};
+}
+
+void TokenDataset::check_tokens_below(const Tokens& tokens, std::int64_t limit, const std::string& what) const {
+  if (tokens.files.empty()) {
+    MG_CHECK(tokens.bytes.empty() || limit >= 256, "data {}: byte tokens reach 255, not below {}", source_, what);
+    return;
+  }
+  for (const auto& file : tokens.files) {
+    const std::optional<std::int64_t> bad = file->first_token_at_least(limit);
     if (!bad) continue;
     std::int64_t token = 0;
-    t->file->read(*bad, 1, &token);
+    file->read(*bad, 1, &token);
     throw InvalidArgument(fmt::format("data '{}': token {} at position {} (byte offset {}) is not below {}",
-                                      t->file->path(), token, *bad, t->file->byte_offset(*bad), what));
+                                      file->path(), token, *bad, file->byte_offset(*bad), what));
   }
+}
+
+void TokenDataset::require_tokens_below(std::int64_t limit, const std::string& what) const {
+  check_tokens_below(train_, limit, what);
+  check_tokens_below(val_, limit, what);
 }
 
 std::vector<std::string> TokenDataset::input_files() const {
   std::vector<std::string> files;
   for (const Tokens* t : {&train_, &val_}) {
-    if (t->file) files.push_back(t->file->path());
+    for (const auto& f : t->files) files.push_back(f->path());
   }
-  if (!meta_.empty()) files.push_back(meta_);
+  files.insert(files.end(), metas_.begin(), metas_.end());
   return files;
 }
 
-bool TokenDataset::has_validation() const { return val_.size() >= static_cast<std::int64_t>(seq_) + 1; }
+bool TokenDataset::has_validation() const { return val_.windows() > 0; }
 
-std::int64_t TokenDataset::validation_batches() const {
-  if (!has_validation()) return 0;
-  const std::int64_t W = (val_.size() - 1) / seq_;
-  return (W + batch_ - 1) / batch_;
-}
+std::int64_t TokenDataset::validation_batches() const { return (val_.windows() + batch_ - 1) / batch_; }
 
 nn::Batch TokenDataset::validation_batch(std::int64_t index) const {
   MG_CHECK(has_validation(), "data {}: no validation split with a window of seq + 1 = {} tokens ({}; a directory "
-           "written by meshgrad prepare with --val-fraction > 0 has one)", source_, seq_ + 1,
-           val_.file ? fmt::format("val.bin has {} tokens", val_.size()) : std::string("only prepared directories have one"));
+           "written by meshgrad prepare with --val-fraction > 0 has one, or give validation data)", source_, seq_ + 1,
+           val_.files.empty() ? std::string("only prepared directories have one")
+                              : fmt::format("the validation split has {} tokens in {} file(s)", val_.size(), val_.files.size()));
   MG_CHECK(index >= 0, "TokenDataset::validation_batch: index must be >= 0, got {}", index);
-  const std::int64_t W = (val_.size() - 1) / seq_;
-  std::vector<std::int64_t> rows(static_cast<std::size_t>(batch_));
-  for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = ((index * batch_ + b) % W) * seq_;
+  const std::int64_t W = val_.windows();
+  std::vector<std::pair<std::size_t, std::int64_t>> rows(static_cast<std::size_t>(batch_));
+  for (std::int64_t b = 0; b < batch_; ++b) rows[static_cast<std::size_t>(b)] = val_.window((index * batch_ + b) % W, seq_);
   return windows(val_, rows);
 }
 

@@ -1,5 +1,6 @@
 #include "meshgrad/data/prepare.hpp"
 
+#include <fcntl.h>
 #include <unistd.h>
 
 #include <array>
@@ -7,11 +8,15 @@
 #include <filesystem>
 #include <fstream>
 #include <nlohmann/json.hpp>
+#include <set>
 
+#include "meshgrad/data/dataset.hpp"
+#include "meshgrad/data/shards.hpp"
+#include "meshgrad/data/text_chunks.hpp"
+#include "meshgrad/io/file_io.hpp"
+#include "meshgrad/io/sha256.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/text/tokenizer.hpp"
-#include "meshgrad/data/dataset.hpp"
-#include "meshgrad/io/sha256.hpp"
 
 namespace meshgrad::data {
 
@@ -19,8 +24,15 @@ namespace fs = std::filesystem;
 
 namespace {
 
-// What prepare writes into --out.
+// What prepare writes into --out (besides the shards, train_NNNNNN.bin and val_NNNNNN.bin).
 constexpr const char* kPreparedFiles[] = {"train.bin", "val.bin", "meta.json", "vocab.json", "merges.txt"};
+
+bool is_prepared_file(const std::string& name) {
+  for (const char* prepared : kPreparedFiles) {
+    if (name == prepared) return true;
+  }
+  return shard_index("train", name).has_value() || shard_index("val", name).has_value();
+}
 
 // Files written to a temporary name in the output directory and renamed into place by commit();
 // whatever was not committed is removed when this goes out of scope (an error mid-way).
@@ -38,6 +50,7 @@ class StagedFiles {
   std::string stage(const std::string& name) {
     const fs::path tmp = dir_ / fmt::format(".{}.tmp-{}", name, ::getpid());
     staged_.emplace_back(tmp, dir_ / name);
+    names_.insert(name);
     return tmp.string();
   }
   // Renames every staged file into place, in the order staged.
@@ -49,85 +62,259 @@ class StagedFiles {
     }
     staged_.clear();
   }
+  // The names staged so far (committed or not).
+  const std::set<std::string>& names() const { return names_; }
 
  private:
   fs::path dir_;
   std::vector<std::pair<fs::path, fs::path>> staged_;
+  std::set<std::string> names_;
 };
 
-}  // namespace
+// An llm.c token file written as its tokens come: a zero header first, the tokens through a buffer,
+// the real header (the count) last.
+class TokenFileWriter {
+ public:
+  explicit TokenFileWriter(std::string path) : path_(std::move(path)) {
+    fd_ = io::UniqueFd(::open(path_.c_str(), O_RDWR | O_CREAT | O_TRUNC | O_CLOEXEC, 0666));
+    MG_CHECK(fd_.get() >= 0, "prepare: cannot create '{}': {}", path_, io::errno_text(errno));
+    const std::array<std::int32_t, 256> header{};
+    io::write_all(fd_.get(), header.data(), sizeof header, path_);
+    buffer_.reserve(kBufferTokens);
+  }
+  void append(const std::vector<std::uint16_t>& tokens) {
+    buffer_.insert(buffer_.end(), tokens.begin(), tokens.end());
+    count_ += static_cast<std::int64_t>(tokens.size());
+    if (buffer_.size() >= kBufferTokens) flush();
+  }
+  std::int64_t tokens() const { return count_; }
+  // Appends tokens [from, tokens()) of this file to `out` (read back in pieces).
+  void copy_tail_to(std::int64_t from, TokenFileWriter& out) {
+    flush();
+    std::vector<std::uint16_t> piece;
+    for (std::int64_t at = from; at < count_; at += kBufferTokens) {
+      piece.resize(static_cast<std::size_t>(std::min<std::int64_t>(kBufferTokens, count_ - at)));
+      io::read_exact(fd_.get(), piece.data(), 2 * piece.size(), static_cast<std::uint64_t>(kTokenFileHeaderBytes + 2 * at), path_);
+      out.append(piece);
+    }
+  }
+  // Ends the file after its first `keep` tokens, writes the header and closes it. Returns the
+  // file's XXH3-128, read back through TokenFile (which checks the header too).
+  std::string finish(std::int64_t keep) {
+    MG_CHECK(keep <= INT32_MAX, "prepare: '{}' would hold {} tokens, more than the llm.c header's int32 count "
+             "holds; use --shard-tokens", path_, keep);
+    flush();
+    MG_CHECK(::ftruncate(fd_.get(), kTokenFileHeaderBytes + 2 * keep) == 0, "prepare: cannot truncate '{}': {}", path_,
+             io::errno_text(errno));
+    const std::array<std::int32_t, 3> header{kTokenFileMagic, kTokenFileVersion, static_cast<std::int32_t>(keep)};
+    MG_CHECK(::pwrite(fd_.get(), header.data(), sizeof header, 0) == static_cast<ssize_t>(sizeof header),
+             "prepare: writing the header of '{}' failed: {}", path_, io::errno_text(errno));
+    MG_CHECK(::close(fd_.release()) == 0, "prepare: closing '{}' failed: {}", path_, io::errno_text(errno));
+    return TokenFile(path_, TokenFile::Format::LlmC).content_hash();
+  }
 
-PrepareResult prepare_dataset(const PrepareOptions& o) {
-  // ---- everything a user can get wrong, before any work ----
+ private:
+  static constexpr std::size_t kBufferTokens = std::size_t{1} << 20;
+  void flush() {
+    io::write_all(fd_.get(), buffer_.data(), 2 * buffer_.size(), path_);
+    buffer_.clear();
+  }
+  std::string path_;
+  io::UniqueFd fd_;
+  std::vector<std::uint16_t> buffer_;
+  std::int64_t count_ = 0;
+};
+
+struct WrittenFile {
+  std::string name;
+  std::int64_t tokens = 0;
+  std::string hash;
+};
+
+// One split's shards: SPLIT_000000.bin, ... of shard_tokens tokens each, started only when a token
+// comes for them (no empty shard).
+class ShardWriter {
+ public:
+  ShardWriter(StagedFiles& staged, std::string split, std::int64_t shard_tokens)
+      : staged_(staged), split_(std::move(split)), shard_tokens_(shard_tokens) {}
+  void append(const std::vector<std::uint16_t>& tokens) {
+    for (std::size_t from = 0; from < tokens.size();) {
+      if (!file_) {
+        const std::string name = shard_file_name(split_, static_cast<std::int64_t>(written_.size()));
+        file_ = std::make_unique<TokenFileWriter>(staged_.stage(name));
+        written_.push_back({name, 0, ""});
+      }
+      const auto n = static_cast<std::size_t>(std::min<std::int64_t>(shard_tokens_ - file_->tokens(),
+                                                                      static_cast<std::int64_t>(tokens.size() - from)));
+      file_->append(std::vector<std::uint16_t>(tokens.begin() + static_cast<std::ptrdiff_t>(from),
+                                               tokens.begin() + static_cast<std::ptrdiff_t>(from + n)));
+      from += n;
+      if (file_->tokens() == shard_tokens_) close_shard();
+    }
+  }
+  // Closes the last shard; the shards written, in order.
+  const std::vector<WrittenFile>& finish() {
+    if (file_) close_shard();
+    return written_;
+  }
+  std::int64_t tokens() const {
+    std::int64_t n = file_ ? file_->tokens() : 0;
+    for (const WrittenFile& f : written_) n += f.tokens;
+    return n;
+  }
+
+ private:
+  void close_shard() {
+    written_.back().tokens = file_->tokens();
+    written_.back().hash = file_->finish(file_->tokens());
+    file_.reset();
+  }
+  StagedFiles& staged_;
+  std::string split_;
+  std::int64_t shard_tokens_;
+  std::unique_ptr<TokenFileWriter> file_;
+  std::vector<WrittenFile> written_;
+};
+
+// Every check of the options that needs no encoding; returns the inputs' sizes.
+std::vector<std::int64_t> check_options(const PrepareOptions& o) {
   MG_CHECK(!o.inputs.empty(), "prepare: no input files (give one or more text files)");
   MG_CHECK(std::isfinite(o.val_fraction) && o.val_fraction >= 0 && o.val_fraction < 1,
            "prepare: --val-fraction must be in [0, 1), got {}", o.val_fraction);
+  MG_CHECK(o.shard_tokens >= 0 && o.shard_tokens <= INT32_MAX, "prepare: --shard-tokens must be in [1, {}] (the "
+           "llm.c header's int32 count), got {}", INT32_MAX, o.shard_tokens);
+  MG_CHECK(o.chunk_bytes >= 1, "prepare: --chunk-bytes must be >= 1, got {}", o.chunk_bytes);
   MG_CHECK(!o.out_dir.empty(), "prepare: --out must name a directory");
   std::error_code ec;
   MG_CHECK(!fs::exists(o.out_dir, ec) || fs::is_directory(o.out_dir, ec), "prepare: --out '{}' exists and is not a "
            "directory", o.out_dir);
-  if (!o.overwrite) {
+  if (!o.overwrite && fs::is_directory(o.out_dir, ec)) {
     std::vector<std::string> existing;
-    for (const char* name : kPreparedFiles) {
-      if (fs::exists(fs::path(o.out_dir) / name, ec) || fs::is_symlink(fs::path(o.out_dir) / name, ec)) existing.push_back(name);
+    for (const auto& entry : fs::directory_iterator(o.out_dir, ec)) {
+      if (is_prepared_file(entry.path().filename().string())) existing.push_back(entry.path().filename().string());
     }
+    std::sort(existing.begin(), existing.end());
+    if (existing.size() > 6) existing.resize(6), existing.back() = "...";
     MG_CHECK(existing.empty(), "prepare: --out '{}' already holds a prepared dataset ({}): prepare refuses to replace "
              "it, since a run or a checkpoint may depend on those tokens; choose another --out, or add --overwrite",
              o.out_dir, fmt::join(existing, ", "));
   }
-  std::vector<std::unique_ptr<MappedFile>> inputs;
-  std::int64_t total = 0;
+  std::vector<std::int64_t> sizes;
   for (const std::string& path : o.inputs) {
-    inputs.push_back(std::make_unique<MappedFile>(path, "prepare: input"));
-    total += static_cast<std::int64_t>(inputs.back()->bytes().size());
+    require_regular_file(path, "prepare: input");   // "... is a directory, not a regular file"
+    std::uint64_t size = 0;
+    try {
+      io::open_regular_file(path, &size);   // readable (permissions)
+    } catch (const io::FileIoError& e) {
+      throw InvalidArgument(fmt::format("prepare: input: {}", e.what()));
+    }
+    sizes.push_back(static_cast<std::int64_t>(size));
   }
-  MG_CHECK(total > 0, "prepare: the input files ({}) are all empty", fmt::join(o.inputs, ", "));
-  text::Tokenizer tokenizer = text::Tokenizer::from_files(o.vocab, o.merges);
-  MG_CHECK(tokenizer.vocab_size() <= 65536, "prepare: the vocabulary '{}' has {} ids; the llm.c token format stores "
-           "uint16 (ids 0 .. 65535)", o.vocab, tokenizer.vocab_size());
+  return sizes;
+}
 
-  // ---- encode, in chunks at safe boundaries so progress can be shown ----
-  std::vector<std::uint16_t> tokens;
-  tokens.reserve(static_cast<std::size_t>(total / 3));
+// Encodes the inputs chunk by chunk, calling on_chunk(index, tokens) for each (index 0, 1, ... over
+// all inputs; an input's <|endoftext|> is at the front of its first chunk, a chunk of its own for an
+// empty input). Returns meta.json's "sources".
+nlohmann::json encode_inputs(const PrepareOptions& o, text::Tokenizer& tokenizer, std::int64_t total,
+                             const std::function<void(std::int64_t, const std::vector<std::uint16_t>&)>& on_chunk) {
   nlohmann::json sources = nlohmann::json::array();
   std::vector<text::TokenId> ids;
-  std::int64_t done = 0;
+  std::vector<std::uint16_t> tokens;
+  std::string chunk;
+  std::int64_t done = 0, index = 0;
   if (o.progress) o.progress(0, total);
-  for (const auto& input : inputs) {
-    const std::string_view text = input->bytes();
-    const std::size_t before = tokens.size();
-    if (const auto eot = tokenizer.eot_id()) tokens.push_back(static_cast<std::uint16_t>(*eot));
-    std::size_t from = 0;
-    std::vector<std::size_t> points = text::split_points(text, std::size_t{1} << 20);
-    points.push_back(text.size());
-    for (std::size_t to : points) {
+  for (const std::string& path : o.inputs) {
+    TextChunkReader reader(path, static_cast<std::size_t>(o.chunk_bytes), "prepare: input");
+    std::int64_t input_tokens = 0;
+    bool first = true;
+    while (reader.next(chunk) || first) {
       ids.clear();
-      tokenizer.encode(text.substr(from, to - from), ids);
-      for (text::TokenId id : ids) tokens.push_back(static_cast<std::uint16_t>(id));
-      done += static_cast<std::int64_t>(to - from);
-      from = to;
+      if (first && tokenizer.eot_id()) ids.push_back(*tokenizer.eot_id());
+      first = false;
+      tokenizer.encode(chunk, ids);
+      if (ids.empty()) continue;
+      tokens.assign(ids.begin(), ids.end());
+      on_chunk(index++, tokens);
+      input_tokens += static_cast<std::int64_t>(tokens.size());
+      done += static_cast<std::int64_t>(chunk.size());
       if (o.progress) o.progress(done, total);
     }
-    sources.push_back({{"file", fs::absolute(input->path()).string()},
-                       {"bytes", text.size()},
-                       {"tokens", tokens.size() - before}});
+    sources.push_back({{"file", fs::absolute(path).string()}, {"bytes", reader.size()}, {"tokens", input_tokens}});
   }
-  const auto n = static_cast<std::int64_t>(tokens.size());
+  return sources;
+}
+
+nlohmann::json files_json(const std::vector<WrittenFile>& files) {
+  nlohmann::json j = nlohmann::json::object();
+  for (const WrittenFile& f : files) j[f.name] = {{"tokens", f.tokens}, {"xxh128", f.hash}};
+  return j;
+}
+
+nlohmann::json names_json(const std::vector<WrittenFile>& files) {
+  nlohmann::json j = nlohmann::json::array();
+  for (const WrittenFile& f : files) j.push_back(f.name);
+  return j;
+}
+
+// What the layouts write: the token files (train first) and meta.json's fields about them.
+struct Layout {
+  std::vector<WrittenFile> train, val;
+  nlohmann::json meta = nlohmann::json::object();
+};
+
+Layout write_unsharded(const PrepareOptions& o, text::Tokenizer& tokenizer, std::int64_t total, StagedFiles& staged,
+                       nlohmann::json& sources) {
+  // Every token to train.bin's temporary; then the last fraction moves to val.bin and train.bin is cut.
+  TokenFileWriter train(staged.stage("train.bin"));
+  sources = encode_inputs(o, tokenizer, total, [&](std::int64_t, const std::vector<std::uint16_t>& t) { train.append(t); });
+  const std::int64_t n = train.tokens();
   const auto n_val = static_cast<std::int64_t>(std::floor(static_cast<double>(n) * o.val_fraction));
   const std::int64_t n_train = n - n_val;
   MG_CHECK(n_train >= 2, "prepare: the inputs give {} tokens, {} of them for training; training needs at least 2",
            n, n_train);
+  TokenFileWriter val(staged.stage("val.bin"));
+  train.copy_tail_to(n_train, val);
+  Layout layout;
+  layout.train.push_back({"train.bin", n_train, train.finish(n_train)});
+  layout.val.push_back({"val.bin", n_val, val.finish(n_val)});
+  return layout;
+}
 
-  // ---- write: temporaries in DIR, renamed into place, meta.json last ----
-  fs::create_directories(o.out_dir, ec);
-  MG_CHECK(!ec, "prepare: cannot create the output directory '{}': {}", o.out_dir, ec.message());
-  StagedFiles staged{fs::path(o.out_dir)};
-  const std::string train_hash = write_token_file(
-      staged.stage("train.bin"), std::vector<std::uint16_t>(tokens.begin(), tokens.begin() + static_cast<std::ptrdiff_t>(n_train)));
-  const std::string val_hash = write_token_file(
-      staged.stage("val.bin"), std::vector<std::uint16_t>(tokens.begin() + static_cast<std::ptrdiff_t>(n_train), tokens.end()));
-  fs::copy_file(o.vocab, staged.stage("vocab.json"), fs::copy_options::overwrite_existing);
-  fs::copy_file(o.merges, staged.stage("merges.txt"), fs::copy_options::overwrite_existing);
+Layout write_sharded(const PrepareOptions& o, text::Tokenizer& tokenizer, std::int64_t total, StagedFiles& staged,
+                     nlohmann::json& sources) {
+  ShardWriter train(staged, "train", o.shard_tokens), val(staged, "val", o.shard_tokens);
+  std::int64_t chunks = 0, val_chunks = 0;
+  sources = encode_inputs(o, tokenizer, total, [&](std::int64_t index, const std::vector<std::uint16_t>& t) {
+    const bool to_val = chunk_goes_to_validation(index, o.val_fraction);
+    (to_val ? val : train).append(t);
+    ++chunks;
+    val_chunks += to_val ? 1 : 0;
+  });
+  MG_CHECK(train.tokens() >= 2, "prepare: the inputs give {} tokens, {} of them for training; training needs at "
+           "least 2", train.tokens() + val.tokens(), train.tokens());
+  Layout layout{train.finish(), val.finish()};
+  layout.meta = {{"shard_tokens", o.shard_tokens},
+                 {"chunk_bytes", o.chunk_bytes},
+                 {"chunks", chunks},
+                 {"val_chunks", val_chunks},
+                 {"split", "interleaved: chunk i (about chunk_bytes of text, cut at a pre-token boundary; counted over "
+                           "all inputs) is validation when floor((i + 1) * val_fraction + 0.5) > "
+                           "floor(i * val_fraction + 0.5)"},
+                 {"shards", {{"train", names_json(layout.train)}, {"val", names_json(layout.val)}}}};
+  return layout;
+}
+
+std::int64_t total_tokens(const std::vector<WrittenFile>& files) {
+  std::int64_t n = 0;
+  for (const WrittenFile& f : files) n += f.tokens;
+  return n;
+}
+
+void write_meta(const PrepareOptions& o, const text::Tokenizer& tokenizer, const nlohmann::json& sources,
+                const Layout& layout, StagedFiles& staged) {
+  nlohmann::json files = files_json(layout.train);
+  files.update(files_json(layout.val));
   nlohmann::json meta = {
       {"format", "llm.c token files: 256 x int32 header (magic 20240520, version 1, token count), then uint16 tokens"},
       {"producer", "meshgrad prepare"},
@@ -138,21 +325,71 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
         {"merges",
          {{"file", fs::absolute(o.merges).string()}, {"copy", "merges.txt"}, {"sha256", io::sha256_file(o.merges)}}}}},
       {"sources", sources},
-      {"train_tokens", n_train},
-      {"val_tokens", n_val},
+      {"train_tokens", total_tokens(layout.train)},
+      {"val_tokens", total_tokens(layout.val)},
       // The token files' content hashes (XXH3-128 of the whole file, `xxhsum -H2`): the data's identity.
-      {"files", {{"train.bin", {{"tokens", n_train}, {"xxh128", train_hash}}}, {"val.bin", {{"tokens", n_val}, {"xxh128", val_hash}}}}},
+      {"files", files},
       {"val_fraction", o.val_fraction},
   };
-  {
-    const std::string path = staged.stage("meta.json");
-    std::ofstream out(path);
-    out << meta.dump(2) << "\n";
-    out.close();
-    MG_CHECK(out.good(), "prepare: cannot write '{}'", path);
+  meta.update(layout.meta);
+  const std::string path = staged.stage("meta.json");
+  std::ofstream out(path);
+  out << meta.dump(2) << "\n";
+  out.close();
+  MG_CHECK(out.good(), "prepare: cannot write '{}'", path);
+}
+
+// After an --overwrite: prepare's files in dir that this run did not write (the other layout's, or
+// shards past the new last one) are removed, so the directory holds one dataset.
+void remove_stale_files(const std::string& dir, const std::set<std::string>& written) {
+  std::error_code ec;
+  std::vector<fs::path> stale;
+  for (const auto& entry : fs::directory_iterator(dir, ec)) {
+    const std::string name = entry.path().filename().string();
+    if (is_prepared_file(name) && !written.contains(name)) stale.push_back(entry.path());
   }
+  for (const fs::path& p : stale) {
+    fs::remove(p, ec);
+    MG_CHECK(!ec, "prepare: cannot remove '{}' (left from an earlier prepare): {}", p.string(), ec.message());
+  }
+}
+
+}  // namespace
+
+bool chunk_goes_to_validation(std::int64_t chunk, double val_fraction) {
+  const auto c = static_cast<double>(chunk);
+  return std::floor((c + 1) * val_fraction + 0.5) > std::floor(c * val_fraction + 0.5);
+}
+
+PrepareResult prepare_dataset(const PrepareOptions& o) {
+  // ---- everything a user can get wrong, before any work ----
+  const std::vector<std::int64_t> sizes = check_options(o);
+  std::int64_t total = 0;
+  for (std::int64_t size : sizes) total += size;
+  MG_CHECK(total > 0, "prepare: the input files ({}) are all empty", fmt::join(o.inputs, ", "));
+  text::Tokenizer tokenizer = text::Tokenizer::from_files(o.vocab, o.merges);
+  MG_CHECK(tokenizer.vocab_size() <= 65536, "prepare: the vocabulary '{}' has {} ids; the llm.c token format stores "
+           "uint16 (ids 0 .. 65535)", o.vocab, tokenizer.vocab_size());
+
+  // ---- encode and write: temporaries in DIR, renamed into place, meta.json last ----
+  std::error_code ec;
+  fs::create_directories(o.out_dir, ec);
+  MG_CHECK(!ec, "prepare: cannot create the output directory '{}': {}", o.out_dir, ec.message());
+  StagedFiles staged{fs::path(o.out_dir)};
+  nlohmann::json sources;
+  const Layout layout = o.shard_tokens > 0 ? write_sharded(o, tokenizer, total, staged, sources)
+                                           : write_unsharded(o, tokenizer, total, staged, sources);
+  fs::copy_file(o.vocab, staged.stage("vocab.json"), fs::copy_options::overwrite_existing);
+  fs::copy_file(o.merges, staged.stage("merges.txt"), fs::copy_options::overwrite_existing);
+  write_meta(o, tokenizer, sources, layout, staged);
   staged.commit();
-  return {tokenizer.vocab_size(), n_train, n_val, total};
+  if (o.overwrite) remove_stale_files(o.out_dir, staged.names());
+  PrepareResult r{tokenizer.vocab_size(), total_tokens(layout.train), total_tokens(layout.val), total};
+  if (o.shard_tokens > 0) {
+    r.train_shards = static_cast<std::int64_t>(layout.train.size());
+    r.val_shards = static_cast<std::int64_t>(layout.val.size());
+  }
+  return r;
 }
 
 }  // namespace meshgrad::data

@@ -3,7 +3,8 @@
 // tokens below the vocabulary, the validation split); one reader per process whatever the number of
 // rank threads; paths that are not regular files refused naming what they are; the data's identity
 // (content hashes) checked against meta.json and agreed between ranks; a file that shrinks under a
-// run is an error.
+// run is an error; sharded data (prepared shard directories, globs) read in order with wrap and
+// shard-boundary skip, its errors, and validation data from another path.
 #include <gtest/gtest.h>
 #include <sys/stat.h>
 #include <unistd.h>
@@ -19,6 +20,8 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/data/dataset.hpp"
+#include "meshgrad/data/shards.hpp"
+#include "meshgrad/tensor/random.hpp"
 #include "meshgrad/io/xxh128.hpp"
 #include "text/gpt2_test_files.hpp"
 
@@ -395,6 +398,221 @@ TEST(Data, RanksWithDifferentDataAreRefusedNamingTheRank) {
   });
   fs::remove_all(a);
   fs::remove_all(b);
+}
+
+// ---- sharded data ------------------------------------------------------------------------------
+
+namespace sharded {
+
+// Shard s holds tokens 100 * s + i (i = 0, 1, ...), so a token tells its shard and offset.
+std::vector<std::uint16_t> shard_tokens(int shard, std::size_t n) {
+  std::vector<std::uint16_t> t(n);
+  for (std::size_t i = 0; i < n; ++i) t[i] = static_cast<std::uint16_t>(100 * shard + static_cast<int>(i));
+  return t;
+}
+
+// A sharded prepared directory written by hand: train shards of the given sizes, one val shard of
+// `val` tokens (none for 0), meta.json with the vocabulary and the shard lists (and no hashes).
+fs::path sharded_dir(const std::string& name, const std::vector<std::size_t>& sizes, std::size_t val = 0) {
+  const fs::path d = fresh_dir(name);
+  nlohmann::json train = nlohmann::json::array(), vals = nlohmann::json::array();
+  for (std::size_t s = 0; s < sizes.size(); ++s) {
+    write_llmc(d / shard_file_name("train", static_cast<std::int64_t>(s)), shard_tokens(static_cast<int>(s), sizes[s]));
+    train.push_back(shard_file_name("train", static_cast<std::int64_t>(s)));
+  }
+  if (val > 0) {
+    write_llmc(d / "val_000000.bin", shard_tokens(9, val));
+    vals.push_back("val_000000.bin");
+  }
+  std::ofstream(d / "meta.json") << nlohmann::json{{"vocab_size", 1000}, {"shards", {{"train", train}, {"val", vals}}}}.dump();
+  return d;
+}
+
+// The first input token of each row.
+std::vector<std::int64_t> row_starts(const nn::Batch& x) {
+  std::vector<std::int64_t> starts;
+  for (std::int64_t r = 0; r < x.inputs.size(0); ++r) starts.push_back(x.inputs.at({r, 0}));
+  return starts;
+}
+
+}  // namespace sharded
+
+TEST(Data, ShardsAreReadInOrderSkippingShardEndsAndWrapping) {
+  using namespace sharded;
+  // T = 4: shard 0 (25 tokens) has windows at 0, 4, ..., 20 (6; the last ends at token 24), shard 1
+  // (12 tokens) at 0 and 4 (its last 3 tokens are skipped: a window does not cross into shard 2),
+  // shard 2 (3 tokens) none. W = 8.
+  const fs::path d = sharded_dir("sharded_order", {25, 12, 3});
+  const TokenDataset data(d.string(), 3, 4, 0);
+  EXPECT_TRUE(data.sequential());
+  EXPECT_EQ(data.size(), 40);
+  EXPECT_EQ(data.vocab(), 1000);
+  EXPECT_FALSE(data.has_validation()) << "no val shards";
+  EXPECT_EQ(row_starts(data.batch_at_position(0)), (std::vector<std::int64_t>{0, 4, 8}));
+  EXPECT_EQ(data.next_position(0), 12);
+  EXPECT_EQ(row_starts(data.batch_at_position(12)), (std::vector<std::int64_t>{12, 16, 20}));
+  EXPECT_EQ(row_starts(data.batch_at_position(24)), (std::vector<std::int64_t>{100, 104, 0}))
+      << "shard 1's windows, then the wrap to the start (shard 2 has no window)";
+  const nn::Batch x = data.batch_at_position(24);
+  EXPECT_EQ(x.targets.at({0, 3}), 104) << "targets are the inputs shifted by one";
+  EXPECT_EQ(x.targets.at({1, 3}), 108) << "the last window of shard 1 ends at its token 8";
+  for (std::int64_t step : {0, 1, 2, 5}) {
+    EXPECT_TRUE(bitwise_equal(data.next_batch(step).inputs, data.batch_at_position(step * 12).inputs)) << step;
+  }
+  EXPECT_EQ(data.position_json(24), (nlohmann::json{{"tokens", 24}, {"epoch", 0}, {"shard", "train_000001.bin"}, {"offset", 0}}));
+  EXPECT_EQ(data.position_json(36), (nlohmann::json{{"tokens", 36}, {"epoch", 1}, {"shard", "train_000000.bin"}, {"offset", 4}}));
+  EXPECT_EQ(row_starts(data.batch_at_position(32 + 12)), row_starts(data.batch_at_position(12))) << "epoch 2 = epoch 1";
+  EXPECT_EQ(row_starts(data.batch_at_position(13)), row_starts(data.batch_at_position(12))) << "floor(p / T)";
+  // Identity: the hash of the shard hashes in order; every shard and meta.json are inputs.
+  std::vector<std::string> hashes, files;
+  for (int s = 0; s < 3; ++s) {
+    const fs::path shard = d / shard_file_name("train", s);
+    hashes.push_back(TokenFile::open(shard.string(), TokenFile::Format::LlmC)->content_hash());
+    files.push_back(shard.string());
+  }
+  files.push_back((d / "meta.json").string());
+  EXPECT_EQ(data.identity().train_hash, hash_of_hashes(hashes));
+  EXPECT_EQ(data.identity().train_tokens, 40);
+  EXPECT_EQ(data.identity().val_hash, "");
+  EXPECT_EQ(data.input_files(), files);
+  fs::remove_all(d);
+}
+
+TEST(Data, AGlobOfShardsIsTheSameStreamAsTheirDirectory) {
+  using namespace sharded;
+  const fs::path d = sharded_dir("sharded_glob", {30, 17, 21}, 40);
+  const TokenDataset dir(d.string(), 4, 5, 0), glob((d / "train_*.bin").string(), 4, 5, 0);
+  EXPECT_TRUE(glob.sequential());
+  EXPECT_EQ(glob.vocab(), 1000) << "meta.json beside the matches";
+  EXPECT_EQ(glob.identity().train_hash, dir.identity().train_hash);
+  for (std::int64_t step = 0; step < 6; ++step) {
+    EXPECT_TRUE(bitwise_equal(dir.next_batch(step).inputs, glob.next_batch(step).inputs)) << step;
+    EXPECT_TRUE(bitwise_equal(dir.next_batch(step).targets, glob.next_batch(step).targets)) << step;
+  }
+  EXPECT_TRUE(dir.has_validation());
+  EXPECT_FALSE(glob.has_validation()) << "a glob names training data only";
+  // Part of the shards: a glob matching two of them.
+  const TokenDataset part((d / "train_00000[01].bin").string(), 4, 5, 0);
+  EXPECT_EQ(part.size(), 47);
+  fs::remove_all(d);
+}
+
+TEST(Data, ShardErrorsNameTheFile) {
+  using namespace sharded;
+  std::string m = error_of([] { TokenDataset("/nonexistent/meshgrad/train_*.bin", 2, 4, 0); });
+  EXPECT_NE(m.find("data '/nonexistent/meshgrad/train_*.bin': the pattern matches no file"), std::string::npos) << m;
+
+  const fs::path both = sharded_dir("sharded_both", {30});
+  write_llmc(both / "train.bin", shard_tokens(0, 30));
+  m = error_of([&] { TokenDataset(both.string(), 2, 4, 0); });
+  EXPECT_NE(m.find("has both train.bin and train_*.bin shards (train_000000.bin"), std::string::npos) << m;
+
+  const fs::path gap = sharded_dir("sharded_gap", {30, 30, 30});
+  fs::remove(gap / "train_000001.bin");
+  m = error_of([&] { TokenDataset(gap.string(), 2, 4, 0); });
+  EXPECT_NE(m.find("has train_000000.bin and train_000002.bin but no train_000001.bin"), std::string::npos) << m;
+  m = error_of([&] { TokenDataset((gap / "train_*.bin").string(), 2, 4, 0); });
+  EXPECT_NE(m.find("train_000000.bin is followed by train_000002.bin"), std::string::npos) << m;
+
+  const fs::path header = sharded_dir("sharded_header", {30, 30});
+  write_llmc(header / "train_000001.bin", shard_tokens(1, 30), 1234);
+  m = error_of([&] { TokenDataset(header.string(), 2, 4, 0); });
+  EXPECT_NE(m.find((header / "train_000001.bin").string() + "': byte offset 0: magic 1234"), std::string::npos) << m;
+
+  const fs::path vocab = sharded_dir("sharded_vocab", {30, 30});
+  std::vector<std::uint16_t> bad = shard_tokens(1, 30);
+  bad[7] = 1000;
+  write_llmc(vocab / "train_000001.bin", bad);
+  m = error_of([&] { TokenDataset(vocab.string(), 2, 4, 0); });
+  EXPECT_NE(m.find("train_000001.bin': token 1000 at position 7 (byte offset 1038) is not below the vocabulary size 1000"),
+            std::string::npos) << m;
+
+  const fs::path shorts = sharded_dir("sharded_short", {4, 4});
+  m = error_of([&] { TokenDataset(shorts.string(), 2, 4, 0); });
+  EXPECT_NE(m.find("none of its 2 training shard(s) has a window of seq + 1 = 5 tokens (the largest has 4)"),
+            std::string::npos) << m;
+
+  const fs::path extra = sharded_dir("sharded_extra", {30});
+  write_llmc(extra / "train_000001.bin", shard_tokens(1, 30));
+  m = error_of([&] { TokenDataset(extra.string(), 2, 4, 0); });
+  EXPECT_NE(m.find("holds 2 train shard(s) (train_000000.bin, train_000001.bin) but its meta.json lists 1"),
+            std::string::npos) << m;
+  for (const fs::path& p : {both, gap, header, vocab, shorts, extra}) fs::remove_all(p);
+}
+
+TEST(Data, AChangedShardIsRefusedLikeAChangedTrainBin) {
+  using namespace sharded;
+  const fs::path d = sharded_dir("sharded_hash", {30, 30});
+  nlohmann::json meta = nlohmann::json::parse(meshgrad::testing::file_bytes(d / "meta.json"));
+  for (int s = 0; s < 2; ++s) {
+    const std::string name = shard_file_name("train", s);
+    meta["files"][name] = {{"xxh128", TokenFile::open((d / name).string(), TokenFile::Format::LlmC)->content_hash()}};
+  }
+  std::ofstream(d / "meta.json") << meta.dump();
+  EXPECT_NO_THROW(TokenDataset(d.string(), 2, 4, 0));
+  std::vector<std::uint16_t> changed = shard_tokens(1, 30);
+  changed[3] = 5;
+  write_llmc(d / "train_000001.bin", changed);
+  const std::string m = error_of([&] { TokenDataset(d.string(), 2, 4, 0); });
+  EXPECT_NE(m.find((d / "train_000001.bin").string() + "' is not the file its meta.json"), std::string::npos) << m;
+  fs::remove_all(d);
+}
+
+TEST(Data, ValidationDataFromAnotherPath) {
+  using namespace sharded;
+  const fs::path d = sharded_dir("val_data", {30, 30}, 41);
+  const fs::path other = sharded_dir("val_other", {30}, 21);
+  // A directory: its validation split (val_000000.bin), in place of the data's own.
+  const TokenDataset a(d.string(), 2, 4, 0, other.string());
+  EXPECT_EQ(a.validation_size(), 21);
+  EXPECT_EQ(a.validation_batches(), 3) << "W = (21 - 1) / 4 = 5 windows, batches of 2";
+  EXPECT_EQ(row_starts(a.validation_batch(0)), (std::vector<std::int64_t>{900, 904}));
+  EXPECT_EQ(a.identity().val_hash, hash_of_hashes({TokenFile::open((other / "val_000000.bin").string(),
+                                                                    TokenFile::Format::LlmC)->content_hash()}));
+  const std::vector<std::string> inputs = a.input_files();
+  EXPECT_NE(std::find(inputs.begin(), inputs.end(), (other / "meta.json").string()), inputs.end());
+  EXPECT_NE(std::find(inputs.begin(), inputs.end(), (other / "val_000000.bin").string()), inputs.end());
+  EXPECT_EQ(std::find(inputs.begin(), inputs.end(), (d / "val_000000.bin").string()), inputs.end());
+  // A file: its tokens (another set's training split); a glob likewise.
+  const TokenDataset b(d.string(), 2, 4, 0, (other / "train_000000.bin").string());
+  EXPECT_EQ(b.validation_size(), 30);
+  EXPECT_EQ(row_starts(b.validation_batch(1)), (std::vector<std::int64_t>{8, 12}));
+  const TokenDataset c(d.string(), 2, 4, 0, (other / "train_*.bin").string());
+  EXPECT_EQ(c.identity().val_tokens, 30);
+  // A llm.c file without meta.json: its tokens must be below the data's vocabulary.
+  const fs::path loose = fresh_dir("val_loose");
+  write_llmc(loose / "ok.bin", shard_tokens(5, 20));
+  EXPECT_EQ(TokenDataset(d.string(), 2, 4, 0, (loose / "ok.bin").string()).vocab(), 1000);
+  std::vector<std::uint16_t> big = shard_tokens(5, 20);
+  big[2] = 1200;
+  write_llmc(loose / "big.bin", big);
+  std::string m = error_of([&] { TokenDataset(d.string(), 2, 4, 0, (loose / "big.bin").string()); });
+  EXPECT_NE(m.find("big.bin': token 1200 at position 2 (byte offset 1028) is not below the data's vocabulary"),
+            std::string::npos) << m;
+  // Both vocabularies known and different: refused naming both.
+  { std::ofstream(loose / "text.txt") << "some validation text, bytes as tokens"; }
+  m = error_of([&] { TokenDataset(d.string(), 2, 4, 0, (loose / "text.txt").string()); });
+  EXPECT_NE(m.find("validation data '" + (loose / "text.txt").string() + "' has vocabulary 256 (bytes as tokens), data '" +
+                   d.string() + "' has the vocabulary size 1000 of '" + (d / "meta.json").string() + "'"),
+            std::string::npos) << m;
+  m = error_of([&] { TokenDataset(d.string(), 2, 4, 0, (loose / "nothing_*.bin").string()); });
+  EXPECT_NE(m.find("validation data '" + (loose / "nothing_*.bin").string() + "': the pattern matches no file"),
+            std::string::npos) << m;
+  for (const fs::path& p : {d, other, loose}) fs::remove_all(p);
+}
+
+TEST(Data, ASingleFileStaysRandomAccess) {
+  // Not sharded: next_batch draws random windows from (seed, step), as before shards existed.
+  const TokenDataset corpus("", 4, 16, 7);
+  EXPECT_FALSE(corpus.sequential());
+  const std::int64_t starts = corpus.size() - 16;
+  const nn::Batch x = corpus.next_batch(5);
+  for (std::int64_t b = 0; b < 4; ++b) {
+    const double u = random::uniform(7, static_cast<std::uint64_t>(5 * 4 + b));
+    const auto start = std::min(starts - 1, static_cast<std::int64_t>(u * static_cast<double>(starts)));
+    EXPECT_EQ(x.inputs.at({b, 0}), static_cast<unsigned char>(builtin_corpus()[static_cast<std::size_t>(start)])) << b;
+    EXPECT_EQ(x.targets.at({b, 15}), static_cast<unsigned char>(builtin_corpus()[static_cast<std::size_t>(start + 16)])) << b;
+  }
 }
 
 }  // namespace

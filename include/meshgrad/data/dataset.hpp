@@ -4,7 +4,16 @@
 // What `--data PATH` may be (TokenDataset):
 //   ""                the built-in English corpus, bytes as tokens (vocabulary 256)
 //   a directory       written by `meshgrad prepare`: train.bin, val.bin (the validation split) and
-//                     meta.json (vocab_size); tokens must be < vocab_size
+//                     meta.json (vocab_size); tokens must be < vocab_size. Or, written by `prepare
+//                     --shard-tokens`: train_000000.bin, train_000001.bin, ... and val_000000.bin, ...
+//                     (data/shards.hpp; numbered from 000000 without a gap, the lists meta.json records
+//                     if it records them), read as sharded data (below). Both train.bin and
+//                     train_*.bin in one directory is refused (which would it be?).
+//   a glob            a path with *, ? or [ that names no existing file, e.g. 'DIR/train_*.bin': the
+//                     matching files (glob(3)) in name order, read as sharded data; all must be llm.c
+//                     token files or all text; names ending in numbers must be numbered consecutively.
+//                     No validation split of its own (see val_path). A meta.json beside the matches
+//                     (all in one directory) gives the vocabulary and the hashes to check.
 //   a token file      llm.c format (name ending in .bin, or any file starting with the magic): a header
 //                     of 256 int32 (magic 20240520, version 1, token count), then count uint16 tokens;
 //                     vocabulary: meta.json's vocab_size when a meta.json sits beside it, else the
@@ -24,9 +33,25 @@
 // a checkpoint records it and a resume compares it, and `meshgrad prepare` writes it into meta.json,
 // which the dataset checks (a train.bin replaced after prepare is refused).
 //
-// Batches are drawn deterministically from (seed, step): row b of step s starts at a window offset
-// given by the counter-based generator random::uniform(seed, s * B + b), so every rank draws the
-// same global batch without communicating, and a run resumes exactly by step number.
+// Batches of a single file (or the built-in corpus) are drawn deterministically from (seed, step):
+// row b of step s starts at a window offset given by the counter-based generator
+// random::uniform(seed, s * B + b), so every rank draws the same global batch without communicating,
+// and a run resumes exactly by step number.
+//
+// Sharded data (a sharded directory or a glob; sequential()) is read IN ORDER, like llm.c's
+// DataLoader, as one stream of the shards in name order. Each shard is cut into the windows of T + 1
+// tokens starting at its offsets 0, T, 2T, ... (consecutive windows share one token: the last target
+// of one is the first input of the next); a window never crosses a shard boundary: the < T + 1
+// tokens left at a shard's end are skipped and reading goes on at the next shard's start. A shard
+// shorter than T + 1 tokens is allowed (the last shard of a split usually is short) and gives no
+// window; the shards together must give at least one. The windows of all shards, in order, are
+// numbered 0 .. W - 1. The data position p counts the tokens consumed, T per window: row b of the
+// batch at position p is window (p / T + b) mod W, so a step consumes B * T tokens and the next
+// step's position is p + B * T (next_position); past window W - 1 the stream wraps to window 0 (the
+// next epoch, epoch = (p / T) div W). next_batch(step) is batch_at_position(step * B * T).
+//
+// Identity of sharded data: the hash of the shards' XXH3-128 digests in order (hash_of_hashes), for
+// the training and the validation split each.
 #pragma once
 
 #include <cstdint>
@@ -123,7 +148,8 @@ class TokenFile {
 std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
 
 // What data a run trains on, by content: the XXH3-128 of the training and validation files (of the
-// built-in corpus's bytes; "" for no validation split) and their token counts.
+// built-in corpus's bytes; of the shards' digests for sharded data; "" for no validation split) and
+// their token counts.
 struct DataIdentity {
   std::string train_hash, val_hash;
   std::int64_t train_tokens = 0, val_tokens = 0;
@@ -141,16 +167,41 @@ class TokenDataset {
   // The data of path as described at the top of this file, for global batches of `batch` rows of
   // `seq` tokens. Throws InvalidArgument naming the path: unreadable or not a regular file / prepared
   // directory, a bad token-file header, a token >= the vocabulary (naming its position and byte
-  // offset), fewer than seq + 1 training tokens (one window needs T inputs and T shifted targets).
-  TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed);
+  // offset), fewer than seq + 1 training tokens (one window needs T inputs and T shifted targets;
+  // sharded: no shard with seq + 1 tokens), a glob matching nothing, a gap in shard numbers.
+  //
+  // val_path (optional, "" for none): the validation split is its tokens instead of the data's own
+  // (which is then not read). A directory gives its validation split (val.bin, or val_*.bin shards);
+  // a file or a glob gives its tokens (so 'OTHER/train.bin' validates on another set's training
+  // split). The vocabularies must agree: both known (a meta.json, or 256 for bytes) and different is
+  // refused naming both; a side without meta.json (an llm.c file alone, vocabulary inferred as its
+  // largest token + 1) takes the other side's vocabulary and must have its tokens below it.
+  TokenDataset(const std::string& path, int batch, int seq, std::uint64_t seed, const std::string& val_path = "");
 
   // The global batch of a step from the training tokens: inputs and targets int64 [B, T],
   // targets[b, t] = inputs[b, t + 1] in the data (windows of T + 1 tokens). Identical on every rank.
+  // Random windows from (seed, step); for sharded data batch_at_position(step * B * T).
   nn::Batch next_batch(std::int64_t step) const;
 
-  // The validation split (a prepared directory's val.bin). has_validation(): it holds at least one
-  // window of seq + 1 tokens. Its windows are the non-overlapping ones starting at 0, T, 2T, ...
-  // (W = (size - 1) / T of them); row b of validation batch k is window (k * B + b) mod W, so batches
+  // Whether the training data is read in order by data position (sharded data; see the top of
+  // this file). A trainer with sequential data should keep the position (next_position) in its
+  // checkpoints rather than derive it from the step, so a change of batch size on resume goes on
+  // where the data stopped.
+  bool sequential() const { return sequential_; }
+  // The batch at data position p >= 0 (in order; for any data, sharded or not: a single file is
+  // one shard). p need not be a multiple of T: the first row is window floor(p / T).
+  nn::Batch batch_at_position(std::int64_t position) const;
+  // The position after the batch at `position`: position + B * T.
+  std::int64_t next_position(std::int64_t position) const;
+  // Where position p reads, for checkpoints and logs: {"tokens": p, "epoch": e, "shard":
+  // "train_000003.bin" (the file name), "offset": o (the token offset in that shard of the batch's
+  // first window)}.
+  nlohmann::json position_json(std::int64_t position) const;
+
+  // The validation split (a prepared directory's val.bin or val_*.bin, or val_path's tokens).
+  // has_validation(): it has at least one window of seq + 1 tokens. Its windows are the
+  // non-overlapping ones starting at 0, T, 2T, ... in each file (W = sum of (size - 1) / T over the
+  // files, as for sharded training data); row b of validation batch k is window (k * B + b) mod W, so batches
   // 0 .. validation_batches() - 1 cover every window once and are the same at every evaluation, on
   // every rank. validation_batch throws (naming the sizes) when there is no validation split.
   bool has_validation() const;
@@ -158,36 +209,52 @@ class TokenDataset {
   nn::Batch validation_batch(std::int64_t index) const;
 
   std::int64_t vocab() const { return vocab_; }            // meta.json's vocab_size, the token range, or 256
-  std::int64_t size() const { return train_.size(); }      // training tokens
+  std::int64_t size() const { return train_.size(); }      // training tokens (all shards)
   std::int64_t validation_size() const { return val_.size(); }
   const std::string& source() const { return source_; }    // "'PATH'" or "the built-in corpus"
   const std::string& description() const { return description_; }   // e.g. "prepared directory, GPT-2 BPE"
   int batch() const { return batch_; }
   int seq() const { return seq_; }
-  // The mapped files (null for the built-in corpus / no validation): for tests of sharing.
-  const std::shared_ptr<const TokenFile>& train_file() const { return train_.file; }
+  // The first training file (null for the built-in corpus): for tests of sharing.
+  std::shared_ptr<const TokenFile> train_file() const { return train_.files.empty() ? nullptr : train_.files.front(); }
   // Throws InvalidArgument naming the file, the position and the byte offset of the first token
   // >= limit (train, then validation); `what` names the limit in the message ("the model's vocabulary 256").
   void require_tokens_below(std::int64_t limit, const std::string& what) const;
-  // Every file this dataset reads (train.bin, val.bin, meta.json of a directory; the file itself
-  // otherwise): what an output path must not be.
+  // Every file this dataset reads (train.bin, val.bin or every shard, meta.json of a directory and of
+  // val_path's; the file itself otherwise): what an output path must not be.
   std::vector<std::string> input_files() const;
   const DataIdentity& identity() const { return identity_; }
 
  private:
-  // A run of tokens: a mapped file, or the built-in corpus.
+  // A run of tokens: files read one after another (one file, or shards in order), or the built-in
+  // corpus; and its windows of T + 1 tokens at offsets 0, T, 2T, ... of each piece.
   struct Tokens {
-    std::shared_ptr<const TokenFile> file;
-    std::string_view bytes;   // the built-in corpus when file is null
-    std::int64_t size() const { return file ? file->size() : static_cast<std::int64_t>(bytes.size()); }
-    void read(std::int64_t start, std::int64_t count, std::int64_t* out) const;
+    std::vector<std::shared_ptr<const TokenFile>> files;
+    std::string_view bytes;   // the built-in corpus when files is empty
+    bool sharded = false;     // identity: hash_of_hashes even for one file
+    std::vector<std::int64_t> first_window;   // per piece, then the total W (set by index_windows)
+    std::size_t pieces() const { return files.empty() ? 1 : files.size(); }
+    std::int64_t piece_size(std::size_t i) const;
+    std::int64_t size() const;
+    void read(std::size_t piece, std::int64_t start, std::int64_t count, std::int64_t* out) const;
+    void index_windows(std::int64_t seq);
+    std::int64_t windows() const { return first_window.empty() ? 0 : first_window.back(); }
+    std::pair<std::size_t, std::int64_t> window(std::int64_t k, std::int64_t seq) const;   // (piece, offset)
+    std::string hash() const;
   };
-  nn::Batch windows(const Tokens& tokens, const std::vector<std::int64_t>& starts) const;
+  // Rows at (piece, offset) pairs.
+  nn::Batch windows(const Tokens& tokens, const std::vector<std::pair<std::size_t, std::int64_t>>& starts) const;
+  // The constructor's val_path; data_vocab_how says where vocab_ came from (for messages).
+  void use_validation_data(const std::string& val_path, const std::string& data_vocab_how);
+  // Throws naming the file, position and byte offset of the first token of `tokens` >= limit.
+  void check_tokens_below(const Tokens& tokens, std::int64_t limit, const std::string& what) const;
 
   Tokens train_, val_;
-  std::string meta_;   // the meta.json read, if any
+  std::vector<std::string> metas_;   // the meta.json files read
   DataIdentity identity_;
   std::int64_t vocab_ = 256;
+  bool vocab_known_ = true;   // false: inferred from an llm.c file's largest token
+  bool sequential_ = false;
   std::string source_, description_;
   int batch_;
   int seq_;

@@ -1,13 +1,31 @@
 // `meshgrad prepare`: text files -> a data directory for `meshgrad train --data DIR`.
 //
-//   DIR/train.bin, DIR/val.bin   llm.c token files (data/dataset.hpp): the tokens of the inputs, in the
-//                                order given, each input preceded by <|endoftext|> when the vocabulary
-//                                has it (documents are separated as in GPT-2's training data); split
-//                                by tokens: val.bin is the last floor(n * val_fraction) tokens
+// The inputs are read in chunks of about chunk_bytes (1 MiB), each cut where GPT-2's pre-tokenizer
+// splits anyway (data/text_chunks.hpp), and encoded one chunk at a time: the tokens are those of
+// encoding each input whole, memory is a few chunks whatever the inputs' size, and the tokens go to
+// disk as they come. Each input is preceded by <|endoftext|> when the vocabulary has it (documents are
+// separated as in GPT-2's training data).
+//
+// Without shard_tokens (the layout checkpoints and older runs know):
+//   DIR/train.bin, DIR/val.bin   llm.c token files (data/dataset.hpp), split by tokens: val.bin is
+//                                the last floor(n * val_fraction) of the n tokens of the inputs in the
+//                                order given (so it may be a different kind of text than training)
+// With shard_tokens = N:
+//   DIR/train_000000.bin, ...    llm.c token files of N tokens each (the last of a split may be
+//   DIR/val_000000.bin, ...      shorter; none for a split without tokens). The split is interleaved,
+//                                so validation is the same kind of text as training: the chunks are
+//                                numbered 0, 1, 2, ... over all inputs, and chunk i goes to val when
+//                                chunk_goes_to_validation(i, val_fraction) (for 0.1: chunks 4, 14, 24,
+//                                ...; ~10% spread over the whole corpus, none when it has fewer than
+//                                5 chunks: give a smaller chunk_bytes for a small corpus). Each
+//                                split's tokens are its chunks' tokens in input order.
+// Both:
 //   DIR/vocab.json, merges.txt   copies of the tokenizer files, so DIR alone can decode its tokens
 //   DIR/meta.json                {"vocab_size", "eot_token", "tokenizer": {"vocab"/"merges": {"file",
 //                                "sha256"}}, "sources": [{"file", "bytes", "tokens"}], "train_tokens",
-//                                "val_tokens", "val_fraction", "format", "producer"}
+//                                "val_tokens", "val_fraction", "files": {NAME: {"tokens", "xxh128"}},
+//                                "format", "producer"}; sharded also "shard_tokens", "chunk_bytes",
+//                                "chunks", "val_chunks" and "shards": {"train": [NAME...], "val": [...]}
 // Every file is written to a temporary name in DIR and renamed into place, meta.json last, so a reader
 // never sees a half-written file and a DIR with meta.json is complete.
 #pragma once
@@ -23,11 +41,18 @@ struct PrepareOptions {
   std::string vocab;                 // vocab.json / encoder.json
   std::string merges;                // merges.txt / vocab.bpe
   std::string out_dir;               // created when missing
-  // A dataset prepare writes (train.bin, val.bin, meta.json, vocab.json, merges.txt) already in
-  // out_dir is refused unless overwrite: a run may be reading it, and its tokens are the identity
-  // checkpoints record. With overwrite, prepare's own files are replaced (other files are kept).
+  // A dataset prepare writes (train.bin, val.bin, train_NNNNNN.bin, val_NNNNNN.bin, meta.json,
+  // vocab.json, merges.txt) already in out_dir is refused unless overwrite: a run may be reading it,
+  // and its tokens are the identity checkpoints record. With overwrite, prepare's own files are
+  // replaced, and those of them it did not write this time (train.bin after a sharded prepare, a
+  // shard past the new last one) are removed once the new dataset is in place; other files are kept.
   bool overwrite = false;
   double val_fraction = 0.1;         // in [0, 1)
+  // Tokens per shard file (0: train.bin / val.bin). See the top of this file.
+  std::int64_t shard_tokens = 0;
+  // Bytes of text per chunk (cut at the next safe place at or after it); with shards, the unit of
+  // the validation split. >= 1.
+  std::int64_t chunk_bytes = std::int64_t{1} << 20;
   std::vector<std::string> inputs;   // text files (regular files)
   // Called as bytes are encoded (done, total); e.g. a progress bar. May be empty.
   std::function<void(std::int64_t done, std::int64_t total)> progress;
@@ -38,13 +63,22 @@ struct PrepareResult {
   std::int64_t train_tokens = 0;
   std::int64_t val_tokens = 0;
   std::int64_t bytes = 0;            // of all inputs
+  std::int64_t train_shards = 0;     // files written per split (0 without shard_tokens)
+  std::int64_t val_shards = 0;
 };
 
-// Throws InvalidArgument before writing anything when: no inputs, an input is missing, unreadable or
+// With shards: whether chunk `chunk` (0, 1, ... over all inputs) goes to the validation split:
+// floor((chunk + 1) * f + 1/2) > floor(chunk * f + 1/2), so chunks i with i * f ~ k + 1/2 (k = 0, 1,
+// ...) do: a fraction f of the chunks, evenly spread, the first near chunk 1 / (2 f).
+bool chunk_goes_to_validation(std::int64_t chunk, double val_fraction);
+
+// Throws InvalidArgument before writing anything when: no inputs, shard_tokens < 0 or > 2^31 - 1 (the
+// llm.c header's count), chunk_bytes < 1, an input is missing, unreadable or
 // not a regular file (naming it and what it is), all inputs are empty, val_fraction is outside
 // [0, 1), the vocabulary has more than 65536 ids (tokens are uint16), the tokenizer files are bad
 // (naming file and line/offset), out_dir exists and is not a directory, or out_dir holds a file
-// prepare writes (naming them) and not overwrite. After encoding: fewer than 2 training tokens.
+// prepare writes (naming them) and not overwrite.
+// After encoding: fewer than 2 training tokens.
 // meta.json records each token file's XXH3-128 ("files"), which TokenDataset checks.
 PrepareResult prepare_dataset(const PrepareOptions& options);
 
