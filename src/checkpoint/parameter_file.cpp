@@ -132,6 +132,23 @@ std::vector<std::pair<std::string, Tensor>> receive_full_tensors(const dist::Pro
 
 }  // namespace
 
+std::vector<std::pair<std::string, Tensor>> gather_full_parameters(const std::vector<nn::Parameter*>& params,
+                                                                   const dist::ProcessGroup& tp, int writer_rank,
+                                                                   const dist::ProcessGroup* stages) {
+  if (writer_rank < 0 || writer_rank >= tp.size())
+    throw InvalidArgument(fmt::format("gather_full_parameters: writer rank {} is not a rank of the {} group of size {}",
+                                      writer_rank, tp.axis, tp.size()));
+  if (const std::string problem = param_problem(params); !problem.empty())
+    throw InvalidArgument(fmt::format("gather_full_parameters: {}", problem));
+  autograd::NoGradGuard no_grad;
+  std::vector<std::pair<std::string, Tensor>> full;
+  full.reserve(params.size());
+  for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p));
+  if (tp.rank() != writer_rank) return {};
+  if (stages != nullptr && stages->size() > 1) full = collect_on_first_stage(std::move(full), *stages);
+  return full;
+}
+
 void save_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
                      const dist::ProcessGroup& tp, int writer_rank,
                      const std::map<std::string, std::string>& metadata, const dist::ProcessGroup* stages) {
@@ -140,16 +157,9 @@ void save_parameters(const std::string& path, const std::vector<nn::Parameter*>&
                                              "size {}",
                                              writer_rank, tp.axis, tp.size()));
   check_params(path, params, "save_parameters");
-  autograd::NoGradGuard no_grad;
-  std::vector<std::pair<std::string, Tensor>> full;
-  full.reserve(params.size());
-  for (const nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(p->value.detach(), *p));
-  if (tp.rank() != writer_rank) return;
-  if (stages != nullptr && stages->size() > 1) {
-    full = collect_on_first_stage(std::move(full), *stages);
-    if (stages->rank() != 0) return;
-  }
-  io::write_safetensors(path, full, metadata);
+  const std::vector<std::pair<std::string, Tensor>> full = gather_full_parameters(params, tp, writer_rank, stages);
+  const bool writes = tp.rank() == writer_rank && (stages == nullptr || stages->rank() == 0);
+  if (writes) io::write_safetensors(path, full, metadata);
 }
 
 std::vector<std::pair<std::string, Tensor>> collect_on_first_stage(std::vector<std::pair<std::string, Tensor>> full,

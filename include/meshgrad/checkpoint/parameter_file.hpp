@@ -33,6 +33,15 @@ namespace meshgrad::checkpoint {
 void load_parameters(const std::string& path, const std::vector<nn::Parameter*>& params,
                      const dist::ProcessGroup& tp, const std::string& file_prefix = "");
 
+// Every parameter's full tensor by name, in memory: gathered over tp (nn::gather_full: collective, every
+// rank of tp calls it with the same parameters in the same order); rank `writer_rank` of tp gets them,
+// and with `stages` (a pipeline's pp group of more than one stage, each stage's caller passing its own
+// parameters and group) stage 0's writer gets every stage's in stage order. The others get an empty
+// list. What save_parameters writes; what a training run samples from.
+std::vector<std::pair<std::string, Tensor>> gather_full_parameters(const std::vector<nn::Parameter*>& params,
+                                                                   const dist::ProcessGroup& tp, int writer_rank = 0,
+                                                                   const dist::ProcessGroup* stages = nullptr);
+
 // Gathers every parameter's full tensor (nn::gather_full: collective, every rank of tp calls this
 // with the same parameters in the same order) and rank `writer_rank` of tp writes them by name,
 // atomically (see write_safetensors), with the given metadata ("format": "pt" lets Hugging Face
