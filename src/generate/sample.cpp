@@ -147,6 +147,15 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
           "beside them)",
           checkpoint, beside.string()));
     }
+    // The tokenizer: the training run's prepared data (metadata "data_meta": its meta.json, which
+    // `train --save` records), else tokenizer files beside the file.
+    const auto data_meta = file->metadata().find("data_meta");
+    const fs::path folder = fs::path(checkpoint).parent_path().empty() ? fs::path(".") : fs::path(checkpoint).parent_path();
+    if (data_meta != file->metadata().end() && has_tokenizer_files(fs::path(data_meta->second).parent_path())) {
+      w.tokenizer_dir = fs::path(data_meta->second).parent_path().string();
+    } else if (has_tokenizer_files(folder)) {
+      w.tokenizer_dir = folder.string();
+    }
   }
   MG_CHECK(file->contains("wte.weight"), "sample: weights '{}' have no tensor 'wte.weight' (GPT-2 names expected, "
            "as `meshgrad train --save` writes them)", w.weights);
