@@ -291,9 +291,19 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("backend", backend);
   k.get("steps", o.steps);
   k.get_path("data", o.data_path);
+  k.get_path("val_data", o.val_data_path);
   model_keywords(k, o.model);
   k.get("lr", o.lr);
   k.get("warmup", o.warmup_steps);
+  k.get("lr_schedule", o.lr_schedule);
+  k.get("min_lr", o.min_lr);
+  k.get("decay_steps", o.decay_steps);
+  k.get("decay_fraction", o.decay_fraction);
+  k.get("beta1", o.beta1);
+  k.get("beta2", o.beta2);
+  k.get("eps", o.eps);
+  k.get("weight_decay", o.weight_decay);
+  k.get("peak_gflops", o.peak_gflops);
   k.get("seed", o.seed);
   k.get_path("metrics", o.metrics_path);
   k.get("sequence_parallel", o.parallel.sequence_parallel);
@@ -310,6 +320,9 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("regather", o.parallel.recompute_allgather);
   k.get("eval_every", o.eval_every);
   k.get("eval_steps", o.eval_steps);
+  k.get("sample_every", o.sample_every);
+  k.get("sample_tokens", o.sample_tokens);
+  k.get("sample_prompt", o.sample_prompt);
   k.get("grad_clip", o.grad_clip);
   k.get("grad_accum", o.grad_accum);
   if (kwargs.contains("micro_batches")) {
@@ -353,17 +366,15 @@ py::list train_job(const py::kwargs& kwargs) {
   std::atomic<bool> stop{false};
   o.stop_requested = [&stop] { return stop.load(); };
   run_answering_signals(stop, [&] { launch::run_train_job(o, launch::mesh_runner(backend, mesh)); });
+  // The rows are the metrics file's step lines (train::step_metrics_json): the same keys as the CLI.
   py::list out;
   for (const auto& m : steps) {
     py::dict d;
-    d["step"] = m.step;
-    d["loss"] = m.loss;
-    d["tokens_per_s"] = m.tokens_per_s;
-    d["gflops"] = m.gflops;
-    d["elapsed_s"] = m.elapsed_s;
-    d["lr"] = m.lr;
-    d["grad_norm"] = m.grad_norm;
-    if (m.evaluated) d["val_loss"] = m.val_loss;   // only on the steps that evaluated
+    const nlohmann::json line = train::step_metrics_json(m);   // named: items() refers into it
+    for (const auto& [key, value] : line.items()) {
+      if (value.is_number_integer()) d[py::str(key)] = value.get<std::int64_t>();
+      else d[py::str(key)] = value.get<double>();
+    }
     out.append(d);
   }
   return out;
@@ -538,14 +549,16 @@ PYBIND11_MODULE(meshgrad, m) {
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
   m.def("train", &train_job,
-        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, "
-        "lr=3e-3, warmup=10, seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
+        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, val_data=None, "
+        "lr=3e-3, warmup=10, lr_schedule='cosine', min_lr=-1 (lr / 10), decay_steps=-1 (to the last step), "
+        "decay_fraction=0.2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, peak_gflops=0 (measured), seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
-        "regather=False, eval_every=0, eval_steps=20, grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
+        "regather=False, eval_every=0, eval_steps=20, sample_every=0, sample_tokens=64, sample_prompt='\\n', grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
         "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
         "pp_layers=None (list of blocks per stage), pp_schedule='1f1b') -> list of per-step "
-        "dicts (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, and val_loss on the steps that evaluated), as `meshgrad train`. A path left out (None) is none; "
+        "dicts, the metrics file's step lines (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and "
+        "val_loss on the steps that evaluated), as `meshgrad train`; keywords are its options with _ for -. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
         "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
   m.def("grads", &grads_job,

@@ -97,6 +97,28 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& o) {
       ->group("Checkpoints");
 }
 
+// The "Optimizer and schedule" group: AdamW's settings and the learning-rate schedule
+// (train/options.hpp states the formulas; the ranges are checked by train::check_optimizer_options).
+void add_optimizer_options(CLI::App& app, train::TrainOptions& o) {
+  const auto add = [&app](const char* name, auto& field, const char* help) {
+    return app.add_option(name, field, help)->capture_default_str()->group("Optimizer and schedule");
+  };
+  add("--lr", o.lr, "Peak learning rate");
+  add("--warmup", o.warmup_steps, "Steps of linear warmup from lr / warmup to lr")->check(at_least(0));
+  add("--lr-schedule", o.lr_schedule, "After warmup: cosine or linear decay to --min-lr over --decay-steps, constant, "
+      "or wsd (warmup-stable-decay: constant, then linear to --min-lr over the last --decay-fraction)")
+      ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}));
+  add("--min-lr", o.min_lr, "Learning rate at the end of the decay (-1: lr / 10)");
+  add("--decay-steps", o.decay_steps, "Steps of the decay after warmup, independent of --steps (-1: to the last "
+      "step); min-lr after them");
+  add("--decay-fraction", o.decay_fraction, "wsd: the fraction of --decay-steps that decays (the rest is stable)");
+  add("--beta1", o.beta1, "AdamW: decay rate of the first moment");
+  add("--beta2", o.beta2, "AdamW: decay rate of the second moment");
+  add("--eps", o.eps, "AdamW: epsilon added to the second moment's square root");
+  add("--weight-decay", o.weight_decay, "AdamW: decoupled weight decay of the 2-D weights (matrices and embeddings; not biases or norms)");
+  add("--peak-gflops", o.peak_gflops, "The mesh's peak GFLOP/s for the MFU shown (0: measured at start with a GEMM)");
+}
+
 // --grad-accum, its pipeline name --micro-batches, and the pipeline's own options.
 void add_micro_batch_options(CLI::App& app, train::TrainOptions& o) {
   CLI::Option* grad_accum =
@@ -138,8 +160,9 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(CLI::IsMember({"threads", "mpi"}))
                   ->capture_default_str();
               app.add_option("--steps", o.steps, "Optimizer steps")->check(at_least(1))->capture_default_str();
-              app.add_option("--data", o.data_path, "A directory from `meshgrad prepare`, an llm.c .bin token file, or a "
-                             "text file (bytes are tokens); default: built-in corpus")
+              app.add_option("--data", o.data_path, "A directory from `meshgrad prepare` (train.bin, or train_*.bin "
+                             "shards read in order), a glob of shards ('DIR/train_*.bin'), an llm.c .bin token file, "
+                             "or a text file (bytes are tokens); default: built-in corpus")
                   ->check(CLI::Validator(
                       [](const std::string& v) {
                         // An unset $DATA must not silently train on the built-in corpus.
@@ -147,6 +170,9 @@ MESHGRAD_REGISTER_COMMAND(
                                          : std::string();
                       },
                       "PATH"));
+              app.add_option("--val-data", o.val_data_path,
+                             "Validate on this instead of the data's own split: a prepared directory (its val.bin or "
+                             "val_*.bin), a token file, or a glob of shards");
               app.add_option("--eval-every", o.eval_every,
                              "Evaluate the validation loss every N steps and after the last (0 = never; needs a "
                              "prepared --data directory)")
@@ -157,6 +183,13 @@ MESHGRAD_REGISTER_COMMAND(
                              "either way")
                   ->capture_default_str();
               add_micro_batch_options(app, o);
+              app.add_option("--sample-every", o.sample_every,
+                             "Print (and write to the metrics) a sample of the model every N steps (0 = never); on "
+                             "any mesh")
+                  ->check(at_least(0))
+                  ->capture_default_str();
+              app.add_option("--sample-tokens", o.sample_tokens, "Tokens per sample")->check(at_least(1))->capture_default_str();
+              app.add_option("--sample-prompt", o.sample_prompt, "The text samples continue");
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();
@@ -173,9 +206,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--batch", o.model.batch, "Global batch B (rows split over dp)")
                   ->check(at_least(1))
                   ->capture_default_str();
-              app.add_option("--lr", o.lr, "Peak learning rate (warmup, then cosine decay to 10%)")
-                  ->capture_default_str();
-              app.add_option("--warmup", o.warmup_steps, "Warmup steps")->check(at_least(0))->capture_default_str();
+              add_optimizer_options(app, o);
               app.add_option("--seed", o.seed, "Seed of initialisation, data order and dropout")
                   ->check(at_least(0, UINT64_MAX))
                   ->capture_default_str();

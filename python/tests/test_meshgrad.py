@@ -20,7 +20,9 @@ import meshgrad
 def test_train_returns_one_dict_per_step_and_the_loss_falls():
     steps = meshgrad.train(mesh="tp=2", steps=30, layers=1, hidden=32, heads=4, seq=16, batch=8)
     assert [s["step"] for s in steps] == list(range(1, 31))
-    assert set(steps[0]) == {"step", "loss", "tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm"}
+    assert set(steps[0]) == {"step", "loss", "tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm", "ms_per_step",
+                             "mfu"}
+    assert all(0 < s["mfu"] < 1 and s["ms_per_step"] > 0 for s in steps)
     assert all(math.isfinite(s["loss"]) and s["grad_norm"] > 0 for s in steps)
     # Byte tokens start near ln(256) = 5.55 and fall on the built-in corpus.
     assert abs(steps[0]["loss"] - math.log(256)) < 0.2

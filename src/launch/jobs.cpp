@@ -13,6 +13,8 @@
 #include "meshgrad/train/run_config.hpp"
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/train/trace_file.hpp"
+#include "meshgrad/train/trainer.hpp"
+#include "train_sampler.hpp"
 
 namespace meshgrad::launch {
 namespace {
@@ -61,11 +63,12 @@ void check_train_options(const train::TrainOptions& o) {
   MG_CHECK(o.model.dropout >= 0 && o.model.dropout < 1, "train: --dropout must be in [0, 1), got {}", o.model.dropout);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
   MG_CHECK(o.warmup_steps >= 0, "train: --warmup must be >= 0, got {}", o.warmup_steps);
+  train::check_optimizer_options(o);
   check_positive("train", "grad-accum", o.grad_accum);
   // A path option given with an empty value (an unset shell variable, "" in a --config file) is an
   // error, never "no such output" or "start from scratch": --resume "" would silently train anew.
   for (const auto& [option, value] :
-       {std::pair<const char*, const std::string&>{"data", o.data_path}, {"save", o.save_path},
+       {std::pair<const char*, const std::string&>{"data", o.data_path}, {"val-data", o.val_data_path}, {"save", o.save_path},
         {"metrics", o.metrics_path}, {"trace", o.trace_path}, {"checkpoint-dir", o.checkpoint_dir},
         {"resume", o.resume}, {"init-from", o.init_from}}) {
     MG_CHECK(!value.empty() || o.given_options.count(option) == 0, "train: --{}: the path is empty ({})", option,
@@ -89,8 +92,9 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
 }
 
 train::TrainResult run_train_job(const train::TrainOptions& given, const dist::RunOnMesh& run_on_mesh) {
-  const train::TrainOptions options = resolve_resume(given);
+  train::TrainOptions options = resolve_resume(given);
   check_train_options(options);
+  if (options.sample_every > 0 && !options.sampler) options.sampler = make_train_sampler(options);
   train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
   std::optional<train::TrainResult> result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {

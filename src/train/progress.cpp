@@ -7,45 +7,55 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <chrono>
+#include <vector>
 #include <cerrno>
 #include <cstdio>
 #include <cstring>
 
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
+#include "meshgrad/train/run_config.hpp"
 
 namespace meshgrad::train {
 
-// The metrics file's first line: {"type": "header", the provenance, "mesh", "data", "config": every
-// option that shapes the run}. Step lines follow, one object each.
 nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, const dist::DeviceMesh& mesh,
-                              const data::TokenDataset& dataset) {
+                              const data::TokenDataset& dataset, double peak_gflops) {
   nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", dataset.source()}};
   for (const auto& [key, value] : o.provenance) h[key] = value;
   h["blas_kernels"] = blas::kernel_core();   // the bits of a run depend on the GEMM kernels
-  h["config"] = {{"model",
-                  {{"layers", m.layers}, {"hidden", m.hidden}, {"ffn", m.ffn_size()}, {"heads", m.heads},
-                   {"vocab", m.vocab}, {"positions", m.n_positions()}, {"seq", m.seq}, {"batch", m.batch},
-                   {"dropout", m.dropout}, {"dtype", dtype_name(m.dtype)}}},
-                 {"parallel",
-                  {{"sequence_parallel", o.parallel.sequence_parallel}, {"overlap", o.parallel.overlap},
-                   {"regather", o.parallel.recompute_allgather}, {"checkpoint_blocks", o.parallel.checkpoint_blocks},
-                   {"tp_invariant", o.parallel.tp_invariant}, {"invariant_blocks", o.parallel.invariant_blocks},
-                   {"reshard_after_forward", o.parallel.reshard_after_forward},
-                   {"shard_optimizer", o.parallel.shard_optimizer}, {"pp_layers", o.parallel.pp_layers},
-                   {"pp_schedule", o.pp_schedule}}},
-                 {"steps", o.steps}, {"lr", o.lr}, {"warmup_steps", o.warmup_steps}, {"min_lr_ratio", o.min_lr_ratio},
-                 {"weight_decay", o.weight_decay}, {"seed", o.seed}, {"grad_clip", o.grad_clip},
-                 {"grad_accum", o.grad_accum}, {"eval_every", o.eval_every}, {"eval_steps", o.eval_steps}};
+  // The run's options by their command-line names (the list a checkpoint records: run_config.hpp),
+  // with the model's vocabulary as resolved from the data.
+  h["config"] = run_config_json(o, m.vocab);
+  h["peak_gflops"] = peak_gflops;
   return h;
 }
 
-nlohmann::json metrics_line(const StepMetrics& m) {
-  nlohmann::json line{{"step", m.step},     {"loss", m.loss},           {"tokens_per_s", m.tokens_per_s},
-                      {"gflops", m.gflops}, {"elapsed_s", m.elapsed_s}, {"lr", m.lr},
-                      {"grad_norm", m.grad_norm}};
+nlohmann::json step_metrics_json(const StepMetrics& m) {
+  nlohmann::json line{{"step", m.step},         {"loss", m.loss},           {"tokens_per_s", m.tokens_per_s},
+                      {"gflops", m.gflops},     {"elapsed_s", m.elapsed_s}, {"lr", m.lr},
+                      {"grad_norm", m.grad_norm}, {"ms_per_step", m.ms_per_step}};
+  if (m.mfu >= 0) line["mfu"] = m.mfu;
   if (m.evaluated) line["val_loss"] = m.val_loss;
   return line;
+}
+
+double measure_peak_gflops(DType dtype, int ranks) {
+  constexpr std::int64_t n = 1024;
+  constexpr int reps = 4;
+  const auto time_gemms = [&](auto zero) {
+    using T = decltype(zero);
+    std::vector<T> a(n * n, T(0.5)), b(n * n, T(0.25)), c(n * n, zero);
+    double best = 1e30;
+    for (int r = 0; r < reps; ++r) {   // the first warms the BLAS threads and caches
+      const auto t0 = std::chrono::steady_clock::now();
+      blas::gemm(false, false, n, n, n, T(1), a.data(), n, b.data(), n, zero, c.data(), n);
+      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
+    }
+    return 2.0 * n * n * n / best * 1e-9;
+  };
+  const double per_rank = dtype == DType::Float64 ? time_gemms(0.0) : time_gemms(0.0f);
+  return per_rank * ranks;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
@@ -68,7 +78,8 @@ MetricsWriter::~MetricsWriter() {
 }
 
 void MetricsWriter::write_line(const nlohmann::json& object) {
-  const std::string line = object.dump() + "\n";
+  // Text from a model (a sample) may hold bytes that are not UTF-8: replaced (U+FFFD), never a throw.
+  const std::string line = object.dump(-1, ' ', false, nlohmann::json::error_handler_t::replace) + "\n";
   const ssize_t n = ::write(fd_, line.data(), line.size());
   MG_CHECK(n == static_cast<ssize_t>(line.size()), "metrics file '{}': write failed: {}", path_,
            n < 0 ? std::strerror(errno) : "short write");
@@ -76,13 +87,13 @@ void MetricsWriter::write_line(const nlohmann::json& object) {
 
 Progress::Progress(int steps, int first) : steps_(steps), first_(first), tty_(::isatty(::fileno(stderr)) != 0) {}
 
-void Progress::update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed, double val_loss) {
-  const int done = step + 1;
-  const double eta = elapsed / std::max(1, done - first_) * (steps_ - done);
-  const std::string val = val_loss >= 0 ? fmt::format(" | val {:.4f}", val_loss) : std::string();
-  const std::string stats =
-      fmt::format("step {:>{}}/{} | loss {:.4f}{} | {:>7.0f} tok/s | {:6.2f} GFLOP/s | lr {:.2e} | {:.1f}s | eta {:.0f}s",
-                  done, std::to_string(steps_).size(), steps_, loss, val, tokens_per_s, gflops, lr, elapsed, eta);
+void Progress::update(const StepMetrics& m, double shown_tokens_per_s, double shown_ms_per_step, double shown_mfu) {
+  const int done = m.step;
+  const double eta = m.elapsed_s / std::max(1, done - first_) * (steps_ - done);
+  const std::string mfu = shown_mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * shown_mfu) : std::string();
+  const std::string stats = fmt::format(
+      "step {:>{}}/{} | loss {:.4f} | {:7.1f} ms/step | {:>7.0f} tok/s{} | lr {:.2e} | {:.1f}s | eta {:.0f}s", done,
+      std::to_string(steps_).size(), steps_, m.loss, shown_ms_per_step, shown_tokens_per_s, mfu, m.lr, m.elapsed_s, eta);
   if (tty_) {
     constexpr int width = 24;
     const int filled = static_cast<int>(static_cast<double>(width) * done / steps_);
@@ -93,8 +104,14 @@ void Progress::update(int step, double loss, double tokens_per_s, double gflops,
     if (done == steps_) fmt::print(stderr, "\n");
   } else {
     const int every = std::max(1, steps_ / 20);
-    if (step == first_ || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
+    if (done - 1 == first_ || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
   }
+  std::fflush(stderr);
+}
+
+void Progress::print_line(const std::string& line) {
+  // On a terminal: clear the bar's line, print, and let the next update redraw the bar below.
+  fmt::print(stderr, "{}{}\n", tty_ ? "\r\033[K" : "", line);
   std::fflush(stderr);
 }
 

@@ -12,12 +12,11 @@
 namespace meshgrad::train {
 
 // The metrics file's first line: {"type": "header", the provenance, "mesh", "data", "config": every
-// option that shapes the run}. Step lines follow, one object each.
+// option of the run by its command-line name, "peak_gflops" (MFU's denominator)}. Step lines
+// (step_metrics_json) and sample lines ({"type": "sample", "step", "text"}) follow, one object each.
 nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, const dist::DeviceMesh& mesh,
-                              const data::TokenDataset& dataset);
+                              const data::TokenDataset& dataset, double peak_gflops);
 
-// One metrics line: {"step", "loss", "tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm"[, "val_loss"]}.
-nlohmann::json metrics_line(const StepMetrics& m);
 
 // Appends JSON lines to a file. Each line goes out in one write(2) on an O_APPEND descriptor, so a
 // reader (tail -f, a dashboard) never sees a partial line, and nothing is buffered in the process.
@@ -38,14 +37,23 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
+// The mesh's peak GFLOP/s for MFU, measured once: the best of a few square GEMMs (1024, in the run's
+// dtype) on the calling rank with its BLAS threads, times `ranks` (every rank is taken to have the
+// caller's peak: MFU is per device, as Megatron and nanoGPT count it). About 0.1 s.
+double measure_peak_gflops(DType dtype, int ranks);
+
 // Rank 0's progress display on stderr: a bar redrawn in place on a terminal; on a pipe or file one
-// line every ~5% of the steps (plus the first and the last), so logs stay readable.
+// line every ~5% of the steps (plus the first and the last), so logs stay readable. The rate, ms/step
+// and MFU are those of the last steps (a window); an evaluation prints its own line at its step,
+// so a validation loss is never shown as if it were the current one.
 class Progress {
  public:
   // first: the 0-based step the run starts at (a resumed run's checkpoint step).
   Progress(int steps, int first);
-  // val_loss < 0: no evaluation yet. The ETA is the mean step time so far times the steps left.
-  void update(int step, double loss, double tokens_per_s, double gflops, double lr, double elapsed, double val_loss);
+  // The ETA is the mean step time so far times the steps left. m.mfu < 0: no peak known.
+  void update(const StepMetrics& m, double shown_tokens_per_s, double shown_ms_per_step, double shown_mfu);
+  // A line of its own (a sample, an evaluation): on a terminal the bar is redrawn after it.
+  void print_line(const std::string& line);
 
  private:
   int steps_;

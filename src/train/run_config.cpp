@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <filesystem>
 #include <functional>
 
 #include "meshgrad/checkpoint/manifest.hpp"
@@ -12,6 +13,11 @@ namespace meshgrad::train {
 
 namespace {
 
+// "" stays "" (none / the built-in corpus).
+std::string absolute_path(const std::string& path) {
+  return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
+}
+
 // One option: its command-line name, how it goes to JSON and back, and whether a checkpoint fixes
 // it (the model's shape).
 struct OptionField {
@@ -20,6 +26,13 @@ struct OptionField {
   std::function<void(TrainOptions&, const nlohmann::json&)> set;
   bool fixed_by_checkpoint = false;
 };
+
+// A path is recorded absolute, so a resume from another working directory finds the same files.
+#define MG_PATH_FIELD(NAME, EXPR)                                                            \
+  OptionField {                                                                              \
+    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return absolute_path(o.EXPR); }, \
+        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.EXPR); }                   \
+  }
 
 #define MG_FIELD(NAME, EXPR)                                                                 \
   OptionField {                                                                              \
@@ -55,17 +68,27 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("steps", steps),
         MG_FIELD("lr", lr),
         MG_FIELD("warmup", warmup_steps),
-        MG_FIELD("min-lr-ratio", min_lr_ratio),
+        MG_FIELD("lr-schedule", lr_schedule),
+        MG_FIELD("min-lr", min_lr),
+        MG_FIELD("decay-steps", decay_steps),
+        MG_FIELD("decay-fraction", decay_fraction),
+        MG_FIELD("beta1", beta1),
+        MG_FIELD("beta2", beta2),
+        MG_FIELD("eps", eps),
         MG_FIELD("weight-decay", weight_decay),
         MG_FIELD("seed", seed),
-        MG_FIELD("data", data_path),
-        MG_FIELD("metrics", metrics_path),
-        MG_FIELD("save", save_path),
+        MG_PATH_FIELD("data", data_path),
+        MG_PATH_FIELD("val-data", val_data_path),
+        MG_PATH_FIELD("metrics", metrics_path),
+        MG_PATH_FIELD("save", save_path),
         MG_FIELD("eval-every", eval_every),
         MG_FIELD("eval-steps", eval_steps),
+        MG_FIELD("sample-every", sample_every),
+        MG_FIELD("sample-tokens", sample_tokens),
+        MG_FIELD("sample-prompt", sample_prompt),
         MG_FIELD("grad-clip", grad_clip),
         MG_FIELD("grad-accum", grad_accum),
-        MG_FIELD("checkpoint-dir", checkpoint_dir),
+        MG_PATH_FIELD("checkpoint-dir", checkpoint_dir),
         MG_FIELD("save-every", save_every),
         MG_FIELD("keep", keep),
         MG_FIELD("sync-checkpoints", checkpoint_sync),
@@ -76,6 +99,7 @@ const std::vector<OptionField>& option_fields() {
   return fields;
 }
 #undef MG_FIELD
+#undef MG_PATH_FIELD
 
 }  // namespace
 

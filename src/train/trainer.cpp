@@ -75,6 +75,7 @@ class Run {
   };
   StepFigures step(int step, double lr);
   void report(int step, double loss, double grad_norm, double lr, double step_seconds);
+  void sample(int done);
   void save(int done, double lr, bool sync);
   // True when the ranks agreed that a signal ends the run; it has been saved then.
   bool agree_on_stop(int done, double lr);
@@ -96,11 +97,16 @@ class Run {
   std::optional<StopSignalScope> signals_;
   TrainResult result_;
   double flops_per_token_ = 0;
+  double peak_gflops_ = -1;   // the mesh's, for MFU (rank 0); < 0: unknown
   std::int64_t tokens_per_step_ = 0;
   Clock::time_point start_;
   std::deque<double> recent_;   // step times of the last steps, for a steady rate on the display
   std::unique_ptr<Progress> progress_;
   int last_saved_ = -1;
+  // Sequential (sharded) data: the tokens consumed so far (TokenDataset::batch_at_position), kept
+  // across a resume by the checkpoint, so a resume with another --batch goes on where the data stopped.
+  std::int64_t data_position_ = 0;
+  std::int64_t resumed_data_position() const;
 };
 
 // A pipeline's options (a mesh with pp > 1), and pipeline options without one. What pipelines do not
@@ -128,6 +134,7 @@ void check_pipeline_options(const TrainOptions& o, const dist::DeviceMesh& mesh,
 const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMesh& mesh) {
   MG_CHECK(o.steps >= 1, "train: --steps must be >= 1, got {}", o.steps);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
+  check_optimizer_options(o);
   // The ranks that split the batch: dp x fsdp.
   const int dp = (mesh.has_axis("dp") ? mesh.axis_size("dp") : 1) * (mesh.has_axis("fsdp") ? mesh.axis_size("fsdp") : 1);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -140,6 +147,10 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
            o.grad_accum, o.parallel.shard_optimizer ? "--shard-optimizer" : "an fsdp axis (" + mesh.str() + ")");
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);
+  MG_CHECK(o.sample_every >= 0 && o.sample_tokens >= 1, "train: --sample-every must be >= 0 and --sample-tokens >= 1, "
+           "got {} and {}", o.sample_every, o.sample_tokens);
+  MG_CHECK(o.sample_every == 0 || o.sampler, "train: --sample-every needs a sampler (TrainOptions::sampler; "
+           "launch::run_train_job sets one)");
   MG_CHECK(o.eval_every >= 0 && o.eval_steps >= 1, "train: --eval-every must be >= 0 and --eval-steps >= 1, "
            "got {} and {}", o.eval_every, o.eval_steps);
   MG_CHECK(o.save_every >= 0 && o.keep >= 0, "train: --save-every and --keep must be >= 0, got {} and {}",
@@ -171,14 +182,14 @@ Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
 // resume's manifest.
 void Run::read_inputs() {
   checked_options(options_, *mesh_);
-  dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed);
+  dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed, options_.val_data_path);
   MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");
   if (!options_.init_from.empty()) config_ = interop::hf_init_config(options_.init_from, config_, leader_ && options_.progress);
   if (config_.vocab <= 0) config_.vocab = static_cast<int>(dataset().vocab());
   MG_CHECK(options_.eval_every == 0 || dataset().has_validation(),
            "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
-           "`meshgrad prepare` (its val.bin)", dataset().source());
+           "`meshgrad prepare` (its val.bin or val_*.bin), or --val-data", dataset().source());
   dataset().require_tokens_below(config_.vocab, fmt::format("the model's vocabulary size {}", config_.vocab));
   check_outputs();
   read_resume_manifest();
@@ -236,7 +247,7 @@ void Run::check_config_describes_tensors() const {
 void Run::open_metrics() {
   if (!leader_ || options_.metrics_path.empty()) return;
   metrics_ = std::make_unique<MetricsWriter>(options_.metrics_path, resume_.has_value());
-  nlohmann::json header = metrics_header(options_, config_, *mesh_, dataset());
+  nlohmann::json header = metrics_header(options_, config_, *mesh_, dataset(), peak_gflops_);
   if (resume_) {
     header["resumed_from"] = options_.resume_dir;
     header["first_step"] = resume_->step + 1;
@@ -262,13 +273,15 @@ void Run::build() {
   });
   sync_ = std::make_unique<optim::GradientSynchronizer>(params_, mesh_, optim::GradSyncOptions{.order = model_->reduce_order()});
   optimizer_ = std::make_unique<optim::AdamW>(params_, mesh_,
-                                              optim::AdamWOptions{options_.lr, 0.9, 0.95, 1e-8, options_.weight_decay});
+                                              optim::AdamWOptions{options_.lr, options_.beta1, options_.beta2, options_.eps,
+                                                                                  options_.weight_decay});
   comm::run_agreed(*mesh_->world(), [&] {
     if (resume_) {
       result_.first_step = load_training_state(options_.resume_dir, *resume_, *model_, *optimizer_, StateLoad::in_place);
     }
   });
   last_saved_ = resume_ ? result_.first_step : -1;
+  data_position_ = resumed_data_position();
   if (saver_ && options_.handle_signals) signals_.emplace();
   result_.parameters = count_parameters(params_);
   if (model_->stage().count > 1) {
@@ -282,6 +295,12 @@ void Run::build() {
   flops_per_token_ = model_flops_per_token(config_, result_.parameters - wpe);
   tokens_per_step_ = static_cast<std::int64_t>(config_.batch) * config_.seq;
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
+  const bool shows_figures = options_.progress || !options_.metrics_path.empty() || options_.on_step;
+  if (leader_ && options_.peak_gflops == 0 && shows_figures) {
+    peak_gflops_ = measure_peak_gflops(config_.dtype, mesh_->size());
+  } else if (options_.peak_gflops > 0) {
+    peak_gflops_ = options_.peak_gflops;
+  }
 }
 
 void Run::print_start() const {
@@ -304,7 +323,13 @@ void Run::print_start() const {
 
 Run::StepFigures Run::step(int step, double lr) {
   optimizer_->set_lr(lr);
-  const nn::Batch global_batch = dataset().next_batch(step);
+  nn::Batch global_batch;
+  if (dataset().sequential()) {
+    global_batch = dataset().batch_at_position(data_position_);
+    data_position_ = dataset().next_position(data_position_);
+  } else {
+    global_batch = dataset().next_batch(step);
+  }
   const StepOutcome outcome =
       train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, options_.grad_accum,
                  pipeline::parse_schedule(options_.pp_schedule));
@@ -319,27 +344,62 @@ Run::StepFigures Run::step(int step, double lr) {
   return {global, outcome.grad_norm};
 }
 
-// Rank 0: the metrics line, the caller's on_step, the progress display.
+// Rank 0: the metrics line, the caller's on_step, the progress display (its rate, ms/step and MFU
+// over the last 10 steps, steadier than one step's).
 void Run::report(int step, double loss, double grad_norm, double lr, double step_seconds) {
   if (!leader_) return;
-  const double elapsed = seconds_since(start_);
   recent_.push_back(step_seconds);
   if (recent_.size() > 10) recent_.pop_front();
   double window = 0;
   for (double d : recent_) window += d;
-  const double shown_tps = static_cast<double>(tokens_per_step_) * static_cast<double>(recent_.size()) / window;
+  const auto mfu_of = [&](double tokens_per_s) {
+    return peak_gflops_ > 0 ? tokens_per_s * flops_per_token_ * 1e-9 / peak_gflops_ : -1.0;
+  };
   const double tps = static_cast<double>(tokens_per_step_) / step_seconds;
-  StepMetrics m{step + 1, loss, tps, tps * flops_per_token_ * 1e-9, elapsed, lr, grad_norm};
-  if (!result_.val_losses.empty() && result_.val_losses.back().first == step + 1) {
+  StepMetrics m{step + 1, loss, tps, tps * flops_per_token_ * 1e-9, seconds_since(start_), lr, grad_norm};
+  m.ms_per_step = step_seconds * 1e3;
+  m.mfu = mfu_of(tps);
+  const bool evaluated = !result_.val_losses.empty() && result_.val_losses.back().first == step + 1;
+  if (evaluated) {
     m.evaluated = true;
     m.val_loss = result_.val_losses.back().second;
   }
-  if (metrics_) metrics_->write_line(metrics_line(m));
+  if (metrics_) metrics_->write_line(step_metrics_json(m));
   if (options_.on_step) options_.on_step(m);
-  if (options_.progress) {
-    progress_->update(step, loss, shown_tps, shown_tps * flops_per_token_ * 1e-9, lr, elapsed,
-                      result_.val_losses.empty() ? -1.0 : result_.val_losses.back().second);
+  if (!options_.progress) return;
+  if (evaluated) progress_->print_line(fmt::format("step {}: val loss {:.4f}", step + 1, m.val_loss));
+  const double shown_tps = static_cast<double>(tokens_per_step_) * static_cast<double>(recent_.size()) / window;
+  progress_->update(m, shown_tps, window * 1e3 / static_cast<double>(recent_.size()), mfu_of(shown_tps));
+}
+
+// The model's full parameters to mesh rank 0 (one group of the axes that shard them gathers, the
+// stages send theirs to stage 0), which samples from them, prints and logs the text.
+void Run::sample(int done) {
+  trace::Span span("sample", "step");
+  std::vector<std::pair<std::string, Tensor>> full;
+  if (nn::in_first_parameter_shard_group(*mesh_, params_)) {
+    full = checkpoint::gather_full_parameters(params_, nn::parameter_shard_group(*mesh_, params_), 0,
+                                              model_->stage().count > 1 ? &mesh_->group("pp") : nullptr);
   }
+  if (!leader_) return;
+  MG_CHECK(!full.empty() && options_.sampler, "train: --sample-every: mesh rank 0 has no full parameters or no sampler");
+  const std::string text = options_.sampler(config_, full, done);
+  if (metrics_) metrics_->write_line({{"type", "sample"}, {"step", done}, {"text", text}});
+  if (options_.progress) progress_->print_line(fmt::format("step {} sample: {}", done, text));
+}
+
+// A fresh run starts at the data's beginning; a resume where its checkpoint's data stopped (checkpoints
+// without a position, or of random-window data: the step's, as the batches follow the step there).
+std::int64_t Run::resumed_data_position() const {
+  if (!resume_) return 0;
+  const std::int64_t by_step = static_cast<std::int64_t>(result_.first_step) * config_.batch * config_.seq;
+  const nlohmann::json data = resume_->state.value("data", nlohmann::json::object());
+  const nlohmann::json position = data.is_object() ? data.value("position", nlohmann::json::object()) : nlohmann::json();
+  if (!dataset().sequential() || !position.is_object() || !position.contains("tokens")) return by_step;
+  MG_CHECK(position["tokens"].is_number_integer() && position["tokens"].get<std::int64_t>() >= 0,
+           "train: checkpoint '{}': the saved data position {} is not a token count", options_.resume_dir,
+           position.dump());
+  return position["tokens"].get<std::int64_t>();
 }
 
 // Saves the state after `done` steps (every rank; collective), in the background unless sync.
@@ -352,6 +412,7 @@ void Run::save(int done, double lr, bool sync) {
                        {"mesh", mesh_->str()},
                        {"data", {{"source", dataset().source()}, {"tokens", dataset().size()}, {"vocab", dataset().vocab()},
                                  {"description", dataset().description()}, {"next_batch", done},
+                                 {"position", dataset().position_json(data_position_)},
                                  {"identity", dataset().identity().to_json()}}}};
   // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
   for (const std::string& f : dataset().input_files()) {
@@ -394,8 +455,9 @@ TrainResult Run::execute() {
     step_span.arg("step", std::int64_t{step + 1});
     const double lr = learning_rate(options_, step);
     const StepFigures figures = this->step(step, lr);
-    report(step, figures.loss, figures.grad_norm, lr, seconds_since(t0));
     const int done = step + 1;
+    if (options_.sample_every > 0 && done % options_.sample_every == 0) sample(done);
+    report(step, figures.loss, figures.grad_norm, lr, seconds_since(t0));
     if (saver_ && options_.save_every > 0 && done % options_.save_every == 0 && done < options_.steps) save(done, lr, false);
     if (agree_on_stop(done, lr)) break;
   }
@@ -466,13 +528,47 @@ double TrainResult::end_loss() const {
   return s / static_cast<double>(n);
 }
 
+namespace {
+
+double resolved_min_lr(const TrainOptions& o) { return o.min_lr < 0 ? o.lr * 0.1 : o.min_lr; }
+
+// Steps of the decay after warmup (the default: to the run's last step).
+int decay_horizon(const TrainOptions& o) {
+  return o.decay_steps >= 0 ? o.decay_steps : o.steps - 1 - std::max(0, o.warmup_steps);
+}
+
+}  // namespace
+
 double learning_rate(const TrainOptions& o, int step) {
-  if (o.warmup_steps > 0 && step < o.warmup_steps) return o.lr * (step + 1) / o.warmup_steps;
-  const int decay_steps = o.steps - 1 - std::max(0, o.warmup_steps);
-  if (decay_steps <= 0) return o.lr;
-  const double progress = std::clamp(static_cast<double>(step - std::max(0, o.warmup_steps)) / decay_steps, 0.0, 1.0);
-  const double min_lr = o.lr * o.min_lr_ratio;
+  const int warmup = std::max(0, o.warmup_steps);
+  if (step < warmup) return o.lr * (step + 1) / warmup;
+  const int horizon = decay_horizon(o);
+  if (o.lr_schedule == "constant" || horizon <= 0) return o.lr;
+  const double progress = std::clamp(static_cast<double>(step - warmup) / horizon, 0.0, 1.0);
+  const double min_lr = resolved_min_lr(o);
+  if (o.lr_schedule == "linear") return o.lr + (min_lr - o.lr) * progress;
+  if (o.lr_schedule == "wsd") {
+    const double stable = 1.0 - o.decay_fraction;
+    return progress <= stable ? o.lr : o.lr + (min_lr - o.lr) * (progress - stable) / o.decay_fraction;
+  }
   return min_lr + 0.5 * (o.lr - min_lr) * (1.0 + std::cos(std::numbers::pi * progress));
+}
+
+void check_optimizer_options(const TrainOptions& o) {
+  MG_CHECK(o.lr_schedule == "cosine" || o.lr_schedule == "linear" || o.lr_schedule == "constant" ||
+               o.lr_schedule == "wsd",
+           "train: --lr-schedule must be cosine, linear, constant or wsd, got \"{}\"", o.lr_schedule);
+  MG_CHECK(o.min_lr < 0 || (std::isfinite(o.min_lr) && o.min_lr <= o.lr),
+           "train: --min-lr must be between 0 and --lr ({}), got {} (leave it out for lr / 10)", o.lr, o.min_lr);
+  MG_CHECK(o.decay_steps == -1 || o.decay_steps >= 1,
+           "train: --decay-steps must be >= 1 (or left out: the rest of the run), got {}", o.decay_steps);
+  MG_CHECK(o.decay_fraction > 0 && o.decay_fraction <= 1, "train: --decay-fraction must be in (0, 1], got {}",
+           o.decay_fraction);
+  MG_CHECK(o.beta1 >= 0 && o.beta1 < 1, "train: --beta1 must be in [0, 1), got {}", o.beta1);
+  MG_CHECK(o.beta2 >= 0 && o.beta2 < 1, "train: --beta2 must be in [0, 1), got {}", o.beta2);
+  MG_CHECK(o.eps > 0 && std::isfinite(o.eps), "train: --eps must be > 0, got {}", o.eps);
+  MG_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "train: --weight-decay must be >= 0, got {}",
+           o.weight_decay);
 }
 
 std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {

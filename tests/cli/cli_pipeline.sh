@@ -65,8 +65,8 @@ same one4 pp2
 python3 - pp2gpipe.jsonl <<'PY' || fail "the metrics header lacks the pipeline's options"
 import json, sys
 header = json.loads(open(sys.argv[1]).readline())
-parallel = header["config"]["parallel"]
-sys.exit(0 if header["mesh"] == "pp=2,tp=1" and parallel["pp_schedule"] == "gpipe" and parallel["pp_layers"] == [3, 1]
+config = header["config"]
+sys.exit(0 if header["mesh"] == "pp=2,tp=1" and config["pp-schedule"] == "gpipe" and config["pp-layers"] == [3, 1]
          else 1)
 PY
 same one4 pp2gpipe
@@ -142,9 +142,13 @@ resumed pp2_on_pp4 ck/step_00000004 one4 --mesh pp=4
 resumed tp2_on_pp2tp2 ck_tp/step_00000004 tp2 --mesh pp=2,tp=2
 # --init-from: each stage loads its own parameters from a Hugging Face directory (exported here).
 "$M" export --checkpoint ck/step_00000008 --out hf >export.out 2>&1 || fail "export of a pp checkpoint: $(tail -c 400 export.out)"
-"$M" train --init-from hf --mesh tp=1 --steps 3 --seq 16 --batch 8 --grad-accum 2 --save init_one.safetensors \
+# Both on one core, so each rank has one BLAS thread: OpenBLAS's Haswell sgemm kernels (what
+# OPENBLAS_CORETYPE=Haswell forces, e.g. on a Zen 5 it does not know) add some of this model's
+# products in another order with 2 threads than with 1, and the bits compared here would then
+# differ by the BLAS thread count of the one-rank run, not by anything meshgrad does.
+taskset -c 0 "$M" train --init-from hf --mesh tp=1 --steps 3 --seq 16 --batch 8 --grad-accum 2 --save init_one.safetensors \
   --no-metrics >init_one.out 2>&1 || fail "init-from on one rank: $(tail -c 400 init_one.out)"
-"$M" train --init-from hf --mesh pp=2 --steps 3 --seq 16 --batch 8 --micro-batches 2 --save init_pp.safetensors \
+taskset -c 0 "$M" train --init-from hf --mesh pp=2 --steps 3 --seq 16 --batch 8 --micro-batches 2 --save init_pp.safetensors \
   --no-metrics >init_pp.out 2>&1 || fail "init-from on pp=2: $(tail -c 400 init_pp.out)"
 cmp -s init_one.safetensors init_pp.safetensors || fail "--init-from on pp=2 trained other parameters than on one rank"
 # A pipeline's checkpoint samples on a mesh without pp; sampling on a pp mesh is refused, naming it.

@@ -292,7 +292,7 @@ TEST(Prepare, ValidationLossIsEvaluatedOnTheValSplitAtAnyMesh) {
   std::string line;
   int with_val = 0, lines = 0;
   ASSERT_TRUE(std::getline(in, line));
-  EXPECT_EQ(nlohmann::json::parse(line).at("config").at("eval_every"), 2);   // the header
+  EXPECT_EQ(nlohmann::json::parse(line).at("config").at("eval-every"), 2);   // the header
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     ++lines;

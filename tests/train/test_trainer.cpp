@@ -2,6 +2,7 @@
 // gradients are the same whatever the mesh (float64, 1e-12 relative), training on a dp x tp mesh
 // follows the single-rank run, metrics are one JSON object per step, and config errors name the key.
 #include <gtest/gtest.h>
+#include <numbers>
 
 #include <chrono>
 #include <cmath>
@@ -251,17 +252,24 @@ TEST(Trainer, LossFallsOnTheBuiltInCorpus) {
   const auto header = nlohmann::json::parse(line);
   EXPECT_EQ(header.at("type"), "header");
   EXPECT_EQ(header.at("mesh"), "tp=2");
-  EXPECT_EQ(header.at("config").at("model").at("layers"), o.model.layers);
+  // The options by their command-line names, as --config and a checkpoint spell them.
+  EXPECT_EQ(header.at("config").at("layers"), o.model.layers);
   EXPECT_EQ(header.at("config").at("steps"), 40);
+  for (const char* key : {"beta1", "beta2", "eps", "weight-decay", "lr-schedule", "min-lr", "decay-steps",
+                          "decay-fraction", "grad-clip", "warmup"}) {
+    EXPECT_TRUE(header.at("config").contains(key)) << key;
+  }
+  EXPECT_GT(header.at("peak_gflops").get<double>(), 0);
   int n = 0;
   while (std::getline(in, line)) {
     const auto j = nlohmann::json::parse(line);
     ++n;
     EXPECT_EQ(j.at("step").get<int>(), n);
     EXPECT_DOUBLE_EQ(j.at("loss").get<double>(), result.losses[static_cast<std::size_t>(n - 1)]);
-    for (const char* key : {"tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm"}) {
+    for (const char* key : {"tokens_per_s", "gflops", "elapsed_s", "lr", "grad_norm", "ms_per_step", "mfu"}) {
       EXPECT_GT(j.at(key).get<double>(), 0) << key;
     }
+    EXPECT_LT(j.at("mfu").get<double>(), 1.0);
   }
   EXPECT_EQ(n, 40);
   std::filesystem::remove(metrics);
@@ -284,17 +292,95 @@ TEST(Trainer, DataParallelTensorParallelTrainingFollowsSingleRank) {
   EXPECT_LT(ref.back(), ref.front());
 }
 
+TEST(Trainer, AdamWOptionsReachTheOptimizer) {
+  // Each of beta1, beta2, eps and weight decay changes the second step's loss (the first update is
+  // the first that uses them); the defaults give the defaults' bits.
+  const auto losses = [](const std::function<void(TrainOptions&)>& set) {
+    TrainOptions o = tiny_training(3);
+    o.warmup_steps = 0;
+    set(o);
+    std::vector<double> out;
+    run_mesh(1, 1, [&](const dist::DeviceMeshPtr& mesh) { out = train(o, mesh).losses; });
+    return out;
+  };
+  const std::vector<double> base = losses([](TrainOptions&) {});
+  EXPECT_EQ(losses([](TrainOptions& o) { o.beta1 = 0.9; o.beta2 = 0.95; o.eps = 1e-8; }), base);
+  for (const auto& [name, set] : std::vector<std::pair<std::string, std::function<void(TrainOptions&)>>>{
+           {"beta1", [](TrainOptions& o) { o.beta1 = 0.5; }},
+           {"beta2", [](TrainOptions& o) { o.beta2 = 0.5; }},
+           {"eps", [](TrainOptions& o) { o.eps = 1e-2; }},
+           {"weight-decay", [](TrainOptions& o) { o.weight_decay = 10.0; }}}) {
+    const std::vector<double> got = losses(set);
+    EXPECT_EQ(got[0], base[0]) << name;
+    EXPECT_NE(got[2], base[2]) << name << " did not reach AdamW";
+  }
+}
+
 TEST(Trainer, LearningRateWarmsUpThenDecays) {
   TrainOptions o;
   o.steps = 101;
   o.lr = 1.0;
-  o.warmup_steps = 10;
-  o.min_lr_ratio = 0.1;
+  o.warmup_steps = 10;   // min_lr left at -1: lr / 10
   EXPECT_DOUBLE_EQ(learning_rate(o, 0), 0.1);
   EXPECT_DOUBLE_EQ(learning_rate(o, 9), 1.0);
   EXPECT_DOUBLE_EQ(learning_rate(o, 10), 1.0);
   EXPECT_NEAR(learning_rate(o, 55), 0.55, 1e-12);   // half-way through the cosine
   EXPECT_DOUBLE_EQ(learning_rate(o, 100), 0.1);
+}
+
+TEST(Trainer, LearningRateSchedulesFollowTheirFormulas) {
+  TrainOptions o;
+  o.steps = 1000;   // longer than the decay: --decay-steps does not depend on --steps
+  o.lr = 1.0;
+  o.warmup_steps = 4;
+  o.min_lr = 0.2;
+  o.decay_steps = 100;
+  o.lr_schedule = "linear";
+  EXPECT_DOUBLE_EQ(learning_rate(o, 1), 0.5);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 4), 1.0);
+  EXPECT_NEAR(learning_rate(o, 54), 0.6, 1e-12);    // half-way from 1 to 0.2
+  EXPECT_DOUBLE_EQ(learning_rate(o, 104), 0.2);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 999), 0.2);     // min_lr after the decay
+  o.lr_schedule = "cosine";
+  EXPECT_NEAR(learning_rate(o, 54), 0.6, 1e-12);
+  EXPECT_NEAR(learning_rate(o, 29), 0.2 + 0.4 * (1 + std::cos(std::numbers::pi / 4)), 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 500), 0.2);
+  o.lr_schedule = "constant";
+  EXPECT_DOUBLE_EQ(learning_rate(o, 2), 0.75);      // warmup still applies
+  EXPECT_DOUBLE_EQ(learning_rate(o, 999), 1.0);
+  o.lr_schedule = "wsd";
+  o.decay_fraction = 0.25;   // stable for 75 steps after warmup, then linear to 0.2 over 25
+  EXPECT_DOUBLE_EQ(learning_rate(o, 79), 1.0);
+  EXPECT_NEAR(learning_rate(o, 4 + 75 + 10), 1.0 - 0.8 * 10 / 25.0, 1e-12);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 104), 0.2);
+  // Without --decay-steps the decay ends at the last step, as before these options existed.
+  o.decay_steps = -1;
+  o.steps = 105;
+  EXPECT_DOUBLE_EQ(learning_rate(o, 104), 0.2);
+  EXPECT_DOUBLE_EQ(learning_rate(o, 50), 1.0);
+}
+
+TEST(Trainer, OptimizerOptionsOutOfRangeAreRefusedByName) {
+  const auto refused = [](auto set, const std::string& name) {
+    TrainOptions o;
+    set(o);
+    try {
+      check_optimizer_options(o);
+      ADD_FAILURE() << name << " was accepted";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find(name), std::string::npos) << e.what();
+    }
+  };
+  refused([](TrainOptions& o) { o.lr_schedule = "step"; }, "--lr-schedule");
+  refused([](TrainOptions& o) { o.min_lr = 1.0; }, "--min-lr");
+  refused([](TrainOptions& o) { o.decay_steps = 0; }, "--decay-steps");
+  refused([](TrainOptions& o) { o.decay_fraction = 0; }, "--decay-fraction");
+  refused([](TrainOptions& o) { o.beta1 = 1.0; }, "--beta1");
+  refused([](TrainOptions& o) { o.beta2 = -0.1; }, "--beta2");
+  refused([](TrainOptions& o) { o.eps = 0; }, "--eps");
+  refused([](TrainOptions& o) { o.weight_decay = -1; }, "--weight-decay");
+  TrainOptions fine;
+  EXPECT_NO_THROW(check_optimizer_options(fine));
 }
 
 

@@ -10,6 +10,8 @@
 #include <utility>
 #include <vector>
 
+#include <nlohmann/json.hpp>
+
 #include "meshgrad/nn/model.hpp"
 
 namespace meshgrad::train {
@@ -25,7 +27,13 @@ struct StepMetrics {
   double grad_norm = 0;      // global L2 norm of the gradient, before clipping
   bool evaluated = false;    // this step ran an evaluation (TrainOptions::eval_every)
   double val_loss = 0;       // then: the mean global loss over the validation batches
+  double ms_per_step = 0;    // the step's wall time (an evaluation or sample at its end included)
+  double mfu = -1;           // gflops / the mesh's peak GFLOP/s (TrainOptions::peak_gflops); < 0: unknown
 };
+
+// One line of the metrics file, and a row of Python's train(): {"step", "loss", "tokens_per_s",
+// "gflops", "elapsed_s", "lr", "grad_norm", "ms_per_step"[, "mfu"][, "val_loss" on evaluation steps]}.
+nlohmann::json step_metrics_json(const StepMetrics& m);
 
 struct TrainOptions {
   // GPT sizes (kind "gpt"); batch is the *global* B, split over dp. vocab <= 0: the data's vocabulary
@@ -33,12 +41,32 @@ struct TrainOptions {
   nn::ModelConfig model;
   nn::ParallelConfig parallel;
   int steps = 200;
+  // The learning-rate schedule (learning_rate() in trainer.hpp): warmup_steps of linear warmup
+  // from lr / warmup_steps to lr, then `lr_schedule` over decay_steps down to min_lr, then min_lr:
+  //   "cosine"    min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p = steps since warmup / decay_steps
+  //   "linear"    lr + (min_lr - lr) p
+  //   "constant"  lr (min_lr and decay_steps unused)
+  //   "wsd"       warmup-stable-decay: lr until the last decay_fraction of decay_steps, then linear
+  //               down to min_lr over that fraction
+  // decay_steps < 0: the rest of the run (steps - 1 - warmup_steps, so the last step has min_lr); a
+  // given --decay-steps does not depend on --steps, so a resume that extends --steps keeps the curve.
   double lr = 3e-3;          // peak learning rate
-  int warmup_steps = 10;     // linear warmup from lr / warmup_steps to lr
-  double min_lr_ratio = 0.1; // cosine decay from lr down to lr * min_lr_ratio at the last step
+  int warmup_steps = 10;
+  std::string lr_schedule = "cosine";
+  double min_lr = -1;        // < 0: lr * 0.1
+  int decay_steps = -1;
+  double decay_fraction = 0.2;
+  // AdamW (optim/adamw.hpp): moments' decay rates, the denominator's epsilon, decoupled weight decay
+  // (2-D weights only).
+  double beta1 = 0.9;
+  double beta2 = 0.95;
+  double eps = 1e-8;
   double weight_decay = 0.1;
   std::uint64_t seed = 1234; // model initialisation, data order and dropout
   std::string data_path;     // "" = the built-in corpus; see TokenDataset for what a path may be
+  // The validation set instead of the data's own split (a prepared directory, a token file or a glob
+  // of shards: TokenDataset's val_path); "" = the data's.
+  std::string val_data_path;
   std::string metrics_path;  // JSON lines, one per step (rank 0 writes); "" = none
   std::string save_path;     // safetensors of the full trained parameters; "" = none
   // A Hugging Face GPT-2 directory (config.json + model.safetensors) to start from instead of a
@@ -58,6 +86,17 @@ struct TrainOptions {
   // The pipeline schedule on a mesh with pp > 1: "1f1b" or "gpipe" (pipeline/schedule.hpp).
   std::string pp_schedule = "1f1b";
   int eval_steps = 20;
+  // A sample every sample_every steps (0 = never): sample_tokens tokens continuing sample_prompt,
+  // printed with the progress and written to the metrics file as {"type": "sample", "step", "text"}.
+  // The run gathers the full parameters to mesh rank 0 (any mesh: tp, fsdp, pp, SP) and calls
+  // `sampler` there with them; the other ranks wait for it at their next collective. The library's
+  // jobs (launch::run_train_job) set sampler (a one-rank copy of the model and the data's tokenizer).
+  int sample_every = 0;
+  int sample_tokens = 64;
+  std::string sample_prompt = "\n";
+  using Sampler = std::function<std::string(const nn::ModelConfig& model,
+                                             const std::vector<std::pair<std::string, Tensor>>& full, int step)>;
+  Sampler sampler;
   // Sharded checkpoints (checkpoint/saver.hpp): every save_every steps and after the last step,
   // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
   // unless checkpoint_sync. "" = no checkpoints.
@@ -83,6 +122,9 @@ struct TrainOptions {
   // is "stop request"). E.g. the Python module's Ctrl-C. Empty: never.
   std::function<bool()> stop_requested;
   bool progress = true;      // rank 0 shows progress on stderr
+  // The mesh's peak GFLOP/s, the denominator of MFU: > 0 given; 0 measured once at start (a GEMM on
+  // rank 0, times the ranks: train/progress.hpp); < 0 no MFU.
+  double peak_gflops = 0;
   // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
   // meshgrad version, the git commit it was built from, the command line).
   std::vector<std::pair<std::string, std::string>> provenance;

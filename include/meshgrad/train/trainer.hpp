@@ -25,9 +25,13 @@
 
 namespace meshgrad::train {
 
-// The learning rate of step s (0-based): linear warmup over warmup_steps, then cosine decay to
-// lr * min_lr_ratio at step steps - 1.
+// The learning rate of step s (0-based): the schedule of TrainOptions (warmup, then lr_schedule
+// over decay_steps down to min_lr). The options must have passed check_schedule_options.
 double learning_rate(const TrainOptions& options, int step);
+
+// Throws InvalidArgument naming the option (--lr-schedule, --min-lr, --decay-steps,
+// --decay-fraction, --beta1, --beta2, --eps, --weight-decay) when it is out of range.
+void check_optimizer_options(const TrainOptions& options);
 
 // Number of elements of the full model (sum over parameters of their full shapes).
 std::int64_t count_parameters(const std::vector<nn::Parameter*>& params);
