@@ -293,6 +293,10 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get_path("data", o.data_path);
   k.get_path("val_data", o.val_data_path);
   model_keywords(k, o.model);
+  k.get("ffn", o.model.ffn);
+  k.get("vocab", o.model.vocab);
+  k.get("positions", o.model.positions);
+  k.get("layer_norm_epsilon", o.model.layer_norm_epsilon);
   k.get("lr", o.lr);
   k.get("warmup", o.warmup_steps);
   k.get("lr_schedule", o.lr_schedule);

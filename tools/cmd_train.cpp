@@ -203,6 +203,14 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(at_least(1))
                   ->capture_default_str();
               app.add_option("--seq", o.model.seq, "Sequence length T")->check(at_least(1))->capture_default_str();
+              // The rest of the model's sizes, so that every key a run records (the metrics header's
+              // "config", a checkpoint's) is an option: a run's own configuration is a --config file.
+              app.add_option("--ffn", o.model.ffn, "Feed-forward width (0: 4 x hidden)")->check(at_least(0))->capture_default_str();
+              app.add_option("--vocab", o.model.vocab, "Vocabulary size (0: the data's)")->check(at_least(0))->capture_default_str();
+              app.add_option("--positions", o.model.positions, "Position table rows, n_positions (0: --seq)")
+                  ->check(at_least(0))
+                  ->capture_default_str();
+              app.add_option("--layer-norm-epsilon", o.model.layer_norm_epsilon, "LayerNorm's epsilon")->capture_default_str();
               app.add_option("--batch", o.model.batch, "Global batch B (rows split over dp)")
                   ->check(at_least(1))
                   ->capture_default_str();
@@ -224,9 +232,11 @@ MESHGRAD_REGISTER_COMMAND(
                            "all-gather per layer)");
               app.add_flag("--checkpoint-blocks", o.parallel.checkpoint_blocks,
                            "Activation checkpointing per transformer block");
-              app.add_flag_callback("--no-reshard-after-forward", [&o] { o.parallel.reshard_after_forward = false; },
-                                    "With an fsdp axis: keep each block's gathered parameters from its forward to its "
-                                    "backward (one all-gather fewer per block and step, more memory: ZeRO-2)");
+              app.add_flag("--reshard-after-forward,!--no-reshard-after-forward", o.parallel.reshard_after_forward,
+                           "With an fsdp axis: free each block's gathered parameters after its forward (the default); "
+                           "--no-reshard-after-forward keeps them to its backward (one all-gather fewer per block and "
+                           "step, more memory: ZeRO-2)")
+                  ->default_str("true");   // --config's false must turn it off (json_config.hpp)
               app.add_flag("--shard-optimizer", o.parallel.shard_optimizer,
                            "Shard the gradients and AdamW moments over dp (ZeRO): reduce-scatter instead of "
                            "all-reduce, each rank steps its shard, parameters all-gathered once per step; needs dp > 1");

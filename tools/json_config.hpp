@@ -81,9 +81,16 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
     const bool is_flag = option->get_expected_min() == 0 && option->get_expected_max() == 0;
     if (value.is_boolean()) {
       MG_CHECK(is_flag, "--config '{}': {} takes a value, not true/false", path, io::json_quote(key));
-      if (value.get<bool>()) inserted.push_back(flag);
+      // false leaves a flag out, except one whose default is true (--reshard-after-forward, which
+      // declares its default): that one must turn off.
+      if (value.get<bool>()) {
+        inserted.push_back(flag);
+      } else if (option->get_default_str() == "true" || option->get_default_str() == "1") {
+        inserted.push_back(flag + "=false");
+      }
       continue;
     }
+    if (value.is_array() && value.empty()) continue;   // an empty list (--pp-layers []) is the option not given
     MG_CHECK(!is_flag, "--config '{}': {} is a flag: its value must be true or false, got {}", path,
              io::json_quote(key), io::json_excerpt(value));
     inserted.push_back(flag);

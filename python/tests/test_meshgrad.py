@@ -106,6 +106,21 @@ def test_train_takes_a_text_file(tmp_path):
     assert len(steps) == 2 and abs(steps[0]["loss"] - math.log(256)) < 0.2
 
 
+def test_train_takes_the_optimizer_options_by_their_cli_names(tmp_path):
+    # The keywords are the command-line options with _ for -; the metrics header records them under
+    # the command-line names.
+    metrics = tmp_path / "m.jsonl"
+    steps = meshgrad.train(steps=4, warmup=1, lr_schedule="linear", min_lr=1e-4, decay_steps=2, beta1=0.8,
+                           beta2=0.99, eps=1e-6, weight_decay=0.05, metrics=str(metrics))
+    config = json.loads(metrics.read_text().splitlines()[0])["config"]
+    assert (config["lr-schedule"], config["min-lr"], config["decay-steps"], config["beta1"], config["beta2"],
+            config["eps"], config["weight-decay"]) == ("linear", 1e-4, 2, 0.8, 0.99, 1e-6, 0.05)
+    # Step 1 warms up; steps 2 and 3 decay linearly from 3e-3 (the middle at step 3); step 4 is at min_lr.
+    assert [s["lr"] for s in steps[1:]] == pytest.approx([3e-3, (3e-3 + 1e-4) / 2, 1e-4])
+    with pytest.raises(ValueError, match="--lr-schedule must be cosine, linear, constant or wsd"):
+        meshgrad.train(steps=1, lr_schedule="step")
+
+
 def test_train_writes_the_metrics_file_and_saves(tmp_path):
     metrics, saved = tmp_path / "m.jsonl", tmp_path / "w.safetensors"
     steps = meshgrad.train(steps=2, metrics=str(metrics), save=str(saved))

@@ -13,9 +13,11 @@ namespace meshgrad::train {
 
 namespace {
 
-// "" stays "" (none / the built-in corpus).
-std::string absolute_path(const std::string& path) {
-  return path.empty() ? path : std::filesystem::absolute(path).lexically_normal().string();
+// "" (none / the built-in corpus) is left out of the record (null), as an option not given: a recorded
+// configuration fed back as --config must not give a path option an empty value, which is an error.
+nlohmann::json absolute_path(const std::string& path) {
+  if (path.empty()) return nullptr;
+  return std::filesystem::absolute(path).lexically_normal().string();
 }
 
 // One option: its command-line name, how it goes to JSON and back, and whether a checkpoint fixes
@@ -105,7 +107,10 @@ const std::vector<OptionField>& option_fields() {
 
 nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab) {
   nlohmann::json j = nlohmann::json::object();
-  for (const OptionField& f : option_fields()) j[f.name] = f.get(options, resolved_vocab);
+  for (const OptionField& f : option_fields()) {
+    nlohmann::json value = f.get(options, resolved_vocab);
+    if (!value.is_null()) j[f.name] = std::move(value);
+  }
   return j;
 }
 

@@ -182,6 +182,10 @@ file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/cli-config.json
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/cli-config-bad.json "{\"stepz\": 2}")
 meshgrad_cli_test(config_file_applies_and_command_line_wins 0 "layers=1 hidden=32 .*sequence-parallel.*, 3 steps"
                   ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config.json --steps 3)
+# A run's recorded configuration (its metrics header) fed back as --config is the same run.
+add_test(NAME cli_config_roundtrip COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/config_roundtrip.sh ${mg}
+                                           ${CMAKE_CURRENT_BINARY_DIR}/cli_config_roundtrip)
+set_tests_properties(cli_config_roundtrip PROPERTIES LABELS cli TIMEOUT 120)
 meshgrad_cli_test(config_file_unknown_key 1 "stepz is not an option of `meshgrad train`"
                   ${mg} train --config ${CMAKE_CURRENT_BINARY_DIR}/cli-config-bad.json)
 

@@ -48,8 +48,13 @@ prepare other other.txt
 val_loss() { python3 -c '
 import json, sys
 print([json.loads(l)["val_loss"] for l in open(sys.argv[1]) if "val_loss" in l][-1])' "$1"; }
-"$M" train --data shards --steps 2 --batch 4 --layers 1 --hidden 32 --heads 4 --seq 16 --eval-every 2 --metrics own.jsonl 2>/dev/null
-"$M" train --data shards --val-data other --steps 2 --batch 4 --layers 1 --hidden 32 --heads 4 --seq 16 --eval-every 2 \
+"$M" train --data shards --steps 4 --batch 4 --layers 1 --hidden 32 --heads 4 --seq 16 --eval-every 2 --metrics own.jsonl \
+  2>own.err
+# An evaluation is its own line at its step; the progress lines never show a validation loss (which
+# would read as fresh at steps that did not evaluate).
+[ "$(grep -c '^step [24]: val loss [0-9.]*$' own.err)" = 2 ] || fail "no 'step 2/4: val loss' lines: $(head -c 600 own.err)"
+! grep -q '^step .*|.*val' own.err || fail "a progress line shows a validation loss: $(grep '^step .*|.*val' own.err | head -2)"
+"$M" train --data shards --val-data other --steps 4 --batch 4 --layers 1 --hidden 32 --heads 4 --seq 16 --eval-every 2 \
   --metrics other.jsonl 2>/dev/null
 [ "$(val_loss own.jsonl)" != "$(val_loss other.jsonl)" ] || fail "--val-data other gave the own split's loss $(val_loss own.jsonl)"
 if "$M" train --data 'shards/train_*.bin' --steps 1 --eval-every 1 "${small[@]}" >/dev/null 2>glob.err; then
