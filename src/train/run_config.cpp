@@ -81,7 +81,12 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("seed", seed),
         MG_PATH_FIELD("data", data_path),
         MG_PATH_FIELD("val-data", val_data_path),
-        MG_PATH_FIELD("metrics", metrics_path),
+        // Recorded even when "" (--no-metrics): left out, a resume would take the CLI's default file.
+        OptionField{"metrics",
+                    [](const TrainOptions& o, int) -> nlohmann::json {
+                      return o.metrics_path.empty() ? nlohmann::json("") : absolute_path(o.metrics_path);
+                    },
+                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }},
         MG_PATH_FIELD("save", save_path),
         MG_FIELD("eval-every", eval_every),
         MG_FIELD("eval-steps", eval_steps),
