@@ -119,6 +119,30 @@ void add_optimizer_options(CLI::App& app, train::TrainOptions& o) {
   add("--peak-gflops", o.peak_gflops, "The mesh's peak GFLOP/s for the MFU shown (0: measured at start with a GEMM)");
 }
 
+// The model's sizes. All of them, so that every key a run records (the metrics header's "config", a
+// checkpoint's) is an option: a run's own configuration is a --config file.
+void add_model_options(CLI::App& app, nn::ModelConfig& m) {
+  app.add_option("--layers", m.layers, "Transformer blocks (n_layer)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--hidden", m.hidden, "Model width (n_embd)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--heads", m.heads, "Attention heads (n_head)")
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--seq", m.seq, "Sequence length T")->check(at_least(1))->capture_default_str();
+  app.add_option("--ffn", m.ffn, "Feed-forward width (0: 4 x hidden)")->check(at_least(0))->capture_default_str();
+  app.add_option("--vocab", m.vocab, "Vocabulary size (0: the data's)")->check(at_least(0))->capture_default_str();
+  app.add_option("--positions", m.positions, "Position table rows, n_positions (0: --seq)")
+      ->check(at_least(0))
+      ->capture_default_str();
+  app.add_option("--layer-norm-epsilon", m.layer_norm_epsilon, "LayerNorm's epsilon")->capture_default_str();
+  app.add_option("--batch", m.batch, "Global batch B (rows split over dp)")
+      ->check(at_least(1))
+      ->capture_default_str();
+}
+
 // --grad-accum, its pipeline name --micro-batches, and the pipeline's own options.
 void add_micro_batch_options(CLI::App& app, train::TrainOptions& o) {
   CLI::Option* grad_accum =
@@ -193,27 +217,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();
-              app.add_option("--layers", o.model.layers, "Transformer blocks (n_layer)")
-                  ->check(at_least(1))
-                  ->capture_default_str();
-              app.add_option("--hidden", o.model.hidden, "Model width (n_embd)")
-                  ->check(at_least(1))
-                  ->capture_default_str();
-              app.add_option("--heads", o.model.heads, "Attention heads (n_head)")
-                  ->check(at_least(1))
-                  ->capture_default_str();
-              app.add_option("--seq", o.model.seq, "Sequence length T")->check(at_least(1))->capture_default_str();
-              // The rest of the model's sizes, so that every key a run records (the metrics header's
-              // "config", a checkpoint's) is an option: a run's own configuration is a --config file.
-              app.add_option("--ffn", o.model.ffn, "Feed-forward width (0: 4 x hidden)")->check(at_least(0))->capture_default_str();
-              app.add_option("--vocab", o.model.vocab, "Vocabulary size (0: the data's)")->check(at_least(0))->capture_default_str();
-              app.add_option("--positions", o.model.positions, "Position table rows, n_positions (0: --seq)")
-                  ->check(at_least(0))
-                  ->capture_default_str();
-              app.add_option("--layer-norm-epsilon", o.model.layer_norm_epsilon, "LayerNorm's epsilon")->capture_default_str();
-              app.add_option("--batch", o.model.batch, "Global batch B (rows split over dp)")
-                  ->check(at_least(1))
-                  ->capture_default_str();
+              add_model_options(app, o.model);
               add_optimizer_options(app, o);
               app.add_option("--seed", o.seed, "Seed of initialisation, data order and dropout")
                   ->check(at_least(0, UINT64_MAX))
