@@ -344,6 +344,8 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("data_changed_ok", o.data_changed_ok);
   k.get("tp_invariant", o.parallel.tp_invariant);
   k.get("invariant_blocks", o.parallel.invariant_blocks);
+  k.get("mesh_invariant", o.parallel.mesh_invariant);
+  k.get("batch_blocks", o.parallel.batch_blocks);
   k.finish();
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
@@ -559,7 +561,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
         "regather=False, eval_every=0, eval_steps=20, sample_every=0, sample_tokens=64, sample_prompt='\\n', grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
-        "invariant_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
+        "invariant_blocks=4, mesh_invariant=False, batch_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
         "pp_layers=None (list of blocks per stage), pp_schedule='1f1b') -> list of per-step "
         "dicts, the metrics file's step lines (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and "
         "val_loss on the steps that evaluated), as `meshgrad train`; keywords are its options with _ for -. A path left out (None) is none; "

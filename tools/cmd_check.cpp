@@ -76,7 +76,12 @@ int run_check(CheckArgs& a) {
   if (!o.checkpoint.empty()) fmt::print("both models start from checkpoint {}\n", o.checkpoint);
   if (o.mesh_seed != 0) fmt::print("injected: the mesh model starts from seed {}\n", o.mesh_seed);
   if (!a.fault.empty()) fmt::print("injected fault: {}\n", a.fault);
-  if (o.parallel.tp_invariant) fmt::print("tp-invariant mode, {} blocks per split dimension\n", o.parallel.invariant_blocks);
+  if (o.parallel.mesh_invariant) {
+    fmt::print("mesh-invariant mode: {} row blocks of the batch, {} blocks per split dimension\n",
+               o.parallel.batch_blocks, o.parallel.invariant_blocks);
+  } else if (o.parallel.tp_invariant) {
+    fmt::print("tp-invariant mode, {} blocks per split dimension\n", o.parallel.invariant_blocks);
+  }
   print_parameters(report);
   fmt::print("\nloss per step (reference / mesh):");
   for (std::size_t i = 0; i < report.reference_losses.size(); ++i) {
@@ -90,15 +95,17 @@ int run_check(CheckArgs& a) {
   }
   if (report.collectives.empty()) fmt::print("  none (a single rank)\n");
   if (!report.first_divergence.empty()) fmt::print("\nfirst parameter that diverges: {}\n", report.first_divergence);
-  if (o.parallel.tp_invariant) {
+  if (o.parallel.tp_invariant || o.parallel.mesh_invariant) {
+    const char* mode = o.parallel.mesh_invariant ? "mesh-invariant" : "tp-invariant";
     // Both sides run the tree: anything but zero difference is a failure, however small.
     bool bitwise = report.max_loss_difference == 0;
     for (const auto& p : report.parameters) {
       bitwise = bitwise && p.init_max_rel == 0 && p.grad_max_abs == 0 && p.update_max_rel == 0 &&
                 p.floor_update_max_rel == 0;
     }
-    fmt::print("\n{}\n", bitwise ? "PASS: tp-invariant: losses, gradients and weights are bitwise those of the single rank"
-                                 : "FAIL: tp-invariant: the mesh model differs from the single rank in some bit");
+    fmt::print("\n{}: {}: {}\n", bitwise ? "PASS" : "FAIL", mode,
+               bitwise ? "losses, gradients and weights are bitwise those of the single rank"
+                       : "the mesh model differs from the single rank in some bit");
     return bitwise ? 0 : 1;
   }
   fmt::print("\nlargest error / tolerance: {:.3g}\n", report.margin);
@@ -144,6 +151,7 @@ CommandSetup setup = [](CLI::App& app) {
                "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/tp-invariance.md)");
   app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "
                  "dimension (a power of two)")->capture_default_str();
+  add_mesh_invariant_options(app, o.parallel);
   given["dtype"] = app.add_option("--dtype", a->dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
   app.add_option("--checkpoint", a->checkpoint,
                  "a training checkpoint (DIR/step_XXXXXXXX, or DIR from `train --checkpoint-dir DIR` for its newest): "

@@ -251,6 +251,7 @@ MESHGRAD_REGISTER_COMMAND(
                              "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
                   ->check(at_least(1))
                   ->capture_default_str();
+              add_mesh_invariant_options(app, o.parallel);
               app.add_option("--dtype", a->dtype, "float32 or float64")
                   ->check(CLI::IsMember({"float32", "float64"}))
                   ->capture_default_str();

@@ -11,6 +11,8 @@
 #include <cstdint>
 #include <string>
 
+#include "meshgrad/nn/model.hpp"
+
 namespace meshgrad::tools {
 
 // Accepts an integer in [min, max] written in decimal digits (no sign: negative values are refused
@@ -30,6 +32,20 @@ inline CLI::Validator at_least(unsigned long long min, unsigned long long max = 
         return "";
       },
       fmt::format("INT>={}", min));
+}
+
+// --mesh-invariant and --batch-blocks, for the commands that train (train, check): the mode's
+// contract is nn::ParallelConfig::mesh_invariant's (docs/mesh-invariance.md).
+inline void add_mesh_invariant_options(CLI::App& app, nn::ParallelConfig& parallel) {
+  app.add_flag("--mesh-invariant", parallel.mesh_invariant,
+               "Bitwise the same model on every mesh for the same global batch: --tp-invariant's tree over the "
+               "features and the batch cut into --batch-blocks row blocks added in one fixed tree over "
+               "micro-batches, dp, fsdp and pipeline stages (docs/mesh-invariance.md); one BLAS thread per rank");
+  app.add_option("--batch-blocks", parallel.batch_blocks,
+                 "With --mesh-invariant: row blocks of the global batch, each its own micro-batch (a power of two "
+                 "dividing --batch; dp x fsdp must divide it)")
+      ->check(at_least(1))
+      ->capture_default_str();
 }
 
 }  // namespace meshgrad::tools

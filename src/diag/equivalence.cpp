@@ -224,13 +224,17 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
            o.lr);
   std::mutex mu;
   RunResult reference, sharded;
-  int mesh_dp = 1;   // the mesh's dp size (the TP-invariant reference runs that many micro-batches)
+  int mesh_dp = 1;   // the mesh's dp x fsdp (the TP-invariant reference runs that many micro-batches)
   // Seed 0 below: the parameters come from the checkpoint.
   const std::uint64_t reference_seed = o.checkpoint.empty() ? o.seed : 0;
   const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : reference_seed;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
-    if (mesh->rank() == 0) mesh_dp = mesh->has_axis("dp") ? mesh->axis_size("dp") : 1;
-    train_and_collect(o, mesh, mesh_seed, sharded, mu, o.micro_batches);
+    const int split = train::batch_split_size(*mesh);
+    if (o.parallel.mesh_invariant) {
+      train::check_mesh_invariant_split(o.model.batch, split, o.micro_batches, o.parallel.batch_blocks);
+    }
+    if (mesh->rank() == 0) mesh_dp = split;
+    train_and_collect(o, mesh, mesh_seed, sharded, mu, train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches));
   });
   if (!sharded.collected) {
     // Under mpi, ranks other than 0 live in other processes: the results (and the verdict) are rank 0's.
@@ -244,8 +248,11 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", 1}, {"tp", 1}});
     EquivalenceOptions ro = o;
     ro.parallel.pp_layers.clear();   // a pipeline's split means nothing on one rank
-    train_and_collect(ro, mesh, reference_seed, reference, mu,
-                      (o.parallel.tp_invariant ? mesh_dp : 1) * o.micro_batches);
+    // Mesh-invariant: one micro-batch per row block; TP-invariant: the mesh's dp x fsdp x micro-batches.
+    const int micro = o.parallel.mesh_invariant ? train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches)
+                      : o.parallel.tp_invariant ? mesh_dp * o.micro_batches
+                                                : o.micro_batches;
+    train_and_collect(ro, mesh, reference_seed, reference, mu, micro);
   });
   return compare_runs(sharded, reference, o);
 }

@@ -12,6 +12,7 @@
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
@@ -57,7 +58,13 @@ struct FsdpUnitState {
   bool resident = false;                         // full[] holds the gathered values now
   std::vector<std::uint64_t> versions;           // the shards' versions those values were gathered from
   bool accumulating = false;
-  std::vector<Tensor> accumulated;               // per parameter: the unsharded sum of earlier micro-batches
+  // Gradient accumulation, unsharded, in the model's order: rank order sums each micro-batch into
+  // `accumulated` (per parameter, as dp sums them in .grad); the fixed tree (tp- and mesh-invariant
+  // modes) pushes each micro-batch's gradients into `tree` as one leaf and reduces the root, so fsdp
+  // adds the micro-batches in the tree dp adds them in (optim/micro_batches.hpp).
+  std::vector<Tensor> accumulated;
+  tree::StreamingSum tree;
+  std::vector<dist::AxisMask> tree_partial;      // per parameter: the axes the tree's terms are partial on
 
   dist::StepArgs gather_args(std::size_t i) const {
     dist::StepArgs a;
@@ -133,8 +140,9 @@ class GatherUnitFn final : public autograd::Function {
     const bool defer = s.reductions && !s.last_in_backward && !autograd::PassState::recomputing();
     std::vector<FsdpReductions::InFlight> launched;
     TensorList out(grads.size());
+    const TensorList summed = sum_in_tree(grads);
     for (std::size_t i = 0; i < grads.size(); ++i) {
-      Tensor g = grads[i];
+      Tensor g = summed[i];
       if (!g.defined()) continue;
       if (s.accumulated[i].defined()) {   // earlier micro-batches' sum + this one: dp's order in .grad
         const dist::AxisMask mask = dist::partial_axes(g);
@@ -166,6 +174,29 @@ class GatherUnitFn final : public autograd::Function {
   }
 
  private:
+  // In the fixed tree with micro-batches: this micro-batch's gradients become a leaf of the unit's
+  // tree; while accumulating nothing is returned (nothing to reduce yet), after the last micro-batch
+  // the root, each entry partial on the axes its terms were. Otherwise (rank order) grads as given.
+  TensorList sum_in_tree(const TensorList& grads) const {
+    FsdpUnitState& s = *state_;
+    if (s.ctx->reduce_order() != dist::ReduceOrder::FixedTree || (!s.accumulating && s.tree.leaves() == 0)) return grads;
+    std::vector<Tensor> leaf(grads.size());
+    s.tree_partial.resize(grads.size(), 0);
+    for (std::size_t i = 0; i < grads.size(); ++i) {
+      if (!grads[i].defined()) continue;
+      leaf[i] = grads[i].detach();
+      s.tree_partial[i] = dist::partial_axes(grads[i]);
+    }
+    s.tree.push(std::move(leaf));
+    if (s.accumulating) return TensorList(grads.size());
+    TensorList root = s.tree.root();
+    for (std::size_t i = 0; i < root.size(); ++i) {
+      if (root[i].defined()) dist::set_partial_axes(root[i], s.tree_partial[i]);
+    }
+    s.tree = tree::StreamingSum();
+    return root;
+  }
+
   // The gathered piece's gradient -> the shard's: over tp where it is partial there, then the rule's
   // backward of Sp(0) -> R over fsdp, launched (not waited). Partial over dp stays (the synchroniser's).
   FsdpReductions::InFlight reduce(std::size_t i, Tensor g) const {

@@ -69,6 +69,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
   MG_CHECK(mesh != nullptr, "model: no mesh given");
   auto ctx = std::make_shared<ParallelContext>();
   ctx->config = config;
+  ctx->config.tp_invariant = config.tp_invariant || config.mesh_invariant;   // the mode's tensor-parallel part
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
@@ -99,7 +100,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp_axis = mesh->axis_index("tp");
     ctx->tp = mesh->group(ctx->tp_axis);
   }
-  if (config.tp_invariant) {
+  if (ctx->config.tp_invariant) {
     MG_CHECK(!ctx->two_d, "model: --tp-invariant applies to a 1-D tp axis, not to a 2-D grid ({})", mesh->str());
     MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
              "of two (1, 2, 4, 8, ...)", config.invariant_blocks);

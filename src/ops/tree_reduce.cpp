@@ -1,6 +1,7 @@
 #include "meshgrad/ops/tree_reduce.hpp"
 
 #include <algorithm>
+#include <atomic>
 #include <numeric>
 
 #include "meshgrad/autograd/function.hpp"
@@ -9,6 +10,14 @@
 #include "meshgrad/tensor/shard.hpp"
 
 namespace meshgrad::tree {
+
+namespace testing {
+namespace {
+std::atomic<bool> left_fold_on{false};
+}  // namespace
+void set_left_fold(bool on) { left_fold_on.store(on); }
+bool left_fold() { return left_fold_on.load(std::memory_order_relaxed); }
+}  // namespace testing
 
 bool is_power_of_two(std::int64_t n) { return n > 0 && (n & (n - 1)) == 0; }
 

@@ -65,6 +65,8 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("shard-optimizer", parallel.shard_optimizer),
         MG_FIELD("tp-invariant", parallel.tp_invariant),
         MG_FIELD("invariant-blocks", parallel.invariant_blocks),
+        MG_FIELD("mesh-invariant", parallel.mesh_invariant),
+        MG_FIELD("batch-blocks", parallel.batch_blocks),
         MG_FIELD("pp-layers", parallel.pp_layers),
         MG_FIELD("pp-schedule", pp_schedule),
         MG_FIELD("steps", steps),

@@ -1,7 +1,10 @@
 // One optimizer step, the global loss and evaluation (contracts in include/meshgrad/train/step.hpp).
 #include "meshgrad/train/step.hpp"
 
+#include <fmt/ranges.h>
+
 #include <algorithm>
+#include <string>
 
 #include "meshgrad/autograd/engine.hpp"
 #include "meshgrad/autograd/grad_mode.hpp"
@@ -68,6 +71,35 @@ void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum)
            "--tp-invariant: the global batch of {} rows must divide into dp x grad-accum = {} x {} = {} micro-batches of "
            "equal rows, so that every mesh with the same dp x grad-accum sums the same micro-batches; use a --batch "
            "that is a multiple of {}", rows, dp_size, grad_accum, blocks, blocks);
+}
+
+void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, int batch_blocks) {
+  MG_CHECK(batch_blocks >= 1 && tree::is_power_of_two(batch_blocks), "--mesh-invariant: --batch-blocks {} must be a "
+           "power of two (1, 2, 4, 8, ...): the row blocks are added in a fixed binary tree", batch_blocks);
+  MG_CHECK(rows % batch_blocks == 0, "--mesh-invariant: the global batch of {} rows must cut into --batch-blocks {} "
+           "row blocks of equal rows; use a --batch that is a multiple of {}, or fewer blocks", rows, batch_blocks,
+           batch_blocks);
+  std::vector<std::string> fitting;
+  for (int d = 1; d <= batch_blocks; d *= 2) fitting.push_back(std::to_string(d));
+  MG_CHECK(tree::is_power_of_two(dp_size) && batch_blocks % dp_size == 0,
+           "--mesh-invariant: dp x fsdp = {} ranks cannot each hold a whole subtree of the --batch-blocks {} row "
+           "blocks; meshes whose dp x fsdp is {} keep the tree (or give --batch-blocks a power of two that is a "
+           "multiple of {} and divides --batch {})", dp_size, batch_blocks, fmt::join(fitting, ", "), dp_size, rows);
+  const int per_replica = batch_blocks / dp_size;
+  MG_CHECK(grad_accum >= 1 && per_replica % grad_accum == 0,
+           "--mesh-invariant: --grad-accum {} must divide the {} row blocks each of the dp x fsdp = {} replicas runs "
+           "(--batch-blocks {} / {}); every block is its own micro-batch whatever --grad-accum says", grad_accum,
+           per_replica, dp_size, batch_blocks, dp_size);
+}
+
+int batch_split_size(const dist::DeviceMesh& mesh) { return dp_place(mesh).size; }
+
+int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::DeviceMesh& mesh, int grad_accum) {
+  if (!parallel.mesh_invariant) return grad_accum;
+  const int replicas = batch_split_size(mesh);
+  MG_CHECK(replicas >= 1 && parallel.batch_blocks % replicas == 0, "--mesh-invariant: --batch-blocks {} over dp x "
+           "fsdp = {} replicas", parallel.batch_blocks, replicas);
+  return parallel.batch_blocks / replicas;
 }
 
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,

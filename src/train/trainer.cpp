@@ -69,6 +69,8 @@ class Run {
   void open_metrics();
   void build();
   void print_start() const;
+  // The micro-batches this replica runs per step (--grad-accum; one per row block when mesh-invariant).
+  int micro_batches() const { return micro_batches_per_replica(options_.parallel, *mesh_, options_.grad_accum); }
   struct StepFigures {
     double loss = 0;        // global, before the update
     double grad_norm = 0;   // before clipping
@@ -123,10 +125,10 @@ void check_pipeline_options(const TrainOptions& o, const dist::DeviceMesh& mesh,
   }
   if (o.init_from.empty()) (void)nn::stage_layer_counts(o.model.layers, stages, o.parallel.pp_layers);
   const std::int64_t rows = o.model.batch / dp;
-  MG_CHECK(o.model.batch % dp == 0 && rows % o.grad_accum == 0,
+  const int micro = micro_batches_per_replica(o.parallel, mesh, o.grad_accum);
+  MG_CHECK(o.model.batch % dp == 0 && rows % micro == 0,
            "train: --micro-batches {} on {}: each data-parallel replica's {} rows of --batch {} must divide into {} "
-           "micro-batches of equal rows", o.grad_accum, mesh.str(), o.model.batch / std::max(dp, 1), o.model.batch,
-           o.grad_accum);
+           "micro-batches of equal rows", micro, mesh.str(), o.model.batch / std::max(dp, 1), o.model.batch, micro);
 }
 
 // The options that need no file: sizes, rates and the checkpointing options' combinations. Returns
@@ -136,15 +138,14 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
   check_optimizer_options(o);
   // The ranks that split the batch: dp x fsdp.
-  const int dp = (mesh.has_axis("dp") ? mesh.axis_size("dp") : 1) * (mesh.has_axis("fsdp") ? mesh.axis_size("fsdp") : 1);
+  const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
            "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());
-  if (o.parallel.tp_invariant) check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
-  const bool sharded_data = (mesh.has_axis("fsdp") && mesh.axis_size("fsdp") > 1) || o.parallel.shard_optimizer;
-  MG_CHECK(!(o.parallel.tp_invariant && o.grad_accum > 1 && sharded_data),
-           "train: --tp-invariant with --grad-accum {} on {} is not supported yet: the micro-batches would have to be "
-           "added in the fixed tree before the reduce-scatter; use --grad-accum 1, or dp without sharding",
-           o.grad_accum, o.parallel.shard_optimizer ? "--shard-optimizer" : "an fsdp axis (" + mesh.str() + ")");
+  if (o.parallel.mesh_invariant) {
+    check_mesh_invariant_split(o.model.batch, dp, o.grad_accum, o.parallel.batch_blocks);
+  } else if (o.parallel.tp_invariant) {
+    check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
+  }
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);
   MG_CHECK(o.sample_every >= 0 && o.sample_tokens >= 1, "train: --sample-every must be >= 0 and --sample-tokens >= 1, "
@@ -312,7 +313,9 @@ void Run::print_start() const {
              config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
-             p.tp_invariant ? ", tp-invariant" : "",
+             p.mesh_invariant ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
+                                            micro_batches())
+             : p.tp_invariant ? ", tp-invariant" : "",
              p.shard_optimizer ? ", shard-optimizer" : !p.reshard_after_forward ? ", no-reshard-after-forward" : "",
              options_.steps, options_.lr, dataset().source(),
              dataset().description(), dataset().size(), dataset().vocab());
@@ -331,7 +334,7 @@ Run::StepFigures Run::step(int step, double lr) {
     global_batch = dataset().next_batch(step);
   }
   const StepOutcome outcome =
-      train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, options_.grad_accum,
+      train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, micro_batches(),
                  pipeline::parse_schedule(options_.pp_schedule));
   const double global = global_loss(outcome.loss, *mesh_, model_->reduce_order());
   result_.losses.push_back(global);
@@ -339,7 +342,7 @@ Run::StepFigures Run::step(int step, double lr) {
   if (options_.eval_every > 0 && ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {
     // In micro-batches as training splits them (the same bits on every mesh in TP-invariant mode).
     result_.val_losses.emplace_back(step + 1,
-                                    evaluate(*model_, dataset(), options_.eval_steps, *mesh_, options_.grad_accum));
+                                    evaluate(*model_, dataset(), options_.eval_steps, *mesh_, micro_batches()));
   }
   return {global, outcome.grad_norm};
 }

@@ -95,6 +95,20 @@ if(MESHGRAD_WITH_MPI)
                    ${CMAKE_CURRENT_BINARY_DIR}/train_cli_pipeline_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe)
   set_tests_properties(train_cli_pipeline_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 240 RESOURCE_LOCK mpirun_kill)
 endif()
+# Mesh-invariant training end to end (tests/cli/cli_mesh_invariant.sh): the same bits on dp, fsdp, pp and
+# tp meshes, elastic resume of a checkpoint on other meshes, check, refusals; with MPI dp=2,tp=2 under
+# mpirun against one rank's threads run.
+add_test(NAME train_cli_mesh_invariant
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_mesh_invariant.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_mesh_invariant)
+set_tests_properties(train_cli_mesh_invariant PROPERTIES LABELS train TIMEOUT 180)
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_mesh_invariant_mpi
+           COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cli_mesh_invariant.sh $<TARGET_FILE:meshgrad_cli>
+                   ${CMAKE_CURRENT_BINARY_DIR}/train_cli_mesh_invariant_mpi ${MPIEXEC_EXECUTABLE} --allow-run-as-root
+                   --oversubscribe)
+  set_tests_properties(train_cli_mesh_invariant_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 120 RESOURCE_LOCK mpirun_kill)
+endif()
 # Sharded data parallelism end to end (tests/cli/cli_fsdp.sh): fsdp=2 and --shard-optimizer bitwise as
 # dp=2, a sharded checkpoint resumed on another mesh, the trace, refusals; with MPI the same runs
 # under mpirun, bitwise against the threads runs.

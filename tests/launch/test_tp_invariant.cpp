@@ -21,6 +21,7 @@
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/generate/sample.hpp"
 #include "meshgrad/train/trainer.hpp"
+#include "launch/invariant_runs.hpp"
 
 namespace meshgrad::launch {
 namespace {
@@ -34,19 +35,9 @@ void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr
   }, options);
 }
 
-// Uneven vocabulary (61 = 16+15+15+15 over 4 blocks; tp=2 holds 31 and 30: the blocks nest).
-nn::ModelConfig small_gpt(DType dtype) {
-  nn::ModelConfig c;
-  c.kind = "gpt";
-  c.layers = 2;
-  c.hidden = 32;
-  c.heads = 4;
-  c.vocab = 61;
-  c.seq = 8;
-  c.batch = 4;
-  c.dtype = dtype;
-  return c;
-}
+using testing::read_file;
+using testing::RunBits;
+using testing::small_gpt;
 
 struct Case {
   int dp = 1, tp = 1;
@@ -136,16 +127,6 @@ TEST(TpInvariant, TheNormalModeDiffersInTheLowBits) {
   }
   EXPECT_GT(differing, 0);
 }
-
-std::string read_file(const std::string& path) {
-  std::ifstream in(path, std::ios::binary);
-  return std::string(std::istreambuf_iterator<char>(in), {});
-}
-
-struct RunBits {
-  std::vector<double> losses, grad_norms;
-  std::string parameters;   // the saved safetensors file
-};
 
 // 30 steps of training (dropout on, gradient clipping on) on the built-in corpus.
 RunBits train_on(const Case& m, DType dtype, const std::string& tag) {

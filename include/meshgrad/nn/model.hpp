@@ -53,6 +53,14 @@ struct ParallelConfig {
   // thread per rank (its results depend on the thread count).
   bool tp_invariant = false;
   int invariant_blocks = 4;
+  // Mesh-invariant mode (docs/mesh-invariance.md): tp_invariant's tree over the features, and the
+  // global batch cut into batch_blocks fixed row blocks (a power of two that the batch, and dp x fsdp
+  // times the micro-batches, divide), each block's forward and backward run alone and the blocks
+  // added in one fixed binary tree wherever they lie (micro-batches, dp, fsdp, pipeline). The same
+  // global batch then gives the same bits on every mesh that keeps both trees. Implies tp_invariant
+  // (ParallelContext::on sets it).
+  bool mesh_invariant = false;
+  int batch_blocks = 4;
   // FSDP (a mesh with fsdp > 1, nn/fsdp.hpp): give each block's gathered parameters back after its
   // forward and gather them again for its backward (ZeRO-3's memory); false keeps them from forward
   // to backward (--no-reshard-after-forward: one gather fewer per block and step, ZeRO-2's memory).

@@ -37,6 +37,15 @@ bool is_power_of_two(std::int64_t n);
 
 // ---- the one tree sum --------------------------------------------------------------------------
 
+namespace testing {
+// A mutation for the tests that must be able to fail (tests/launch/test_mesh_invariant.cpp): while
+// on, every tree sum adds its leaves left to right, ((l0 + l1) + l2) + l3, instead of in the tree,
+// so meshes that split the leaves differently must stop agreeing. Process-wide; change it only
+// while no ranks run. Never on outside tests.
+void set_left_fold(bool on);
+bool left_fold();
+}  // namespace testing
+
 // The fixed binary tree over leaves that arrive one at a time: after n = 2^k pushes, root() is
 // ((l0 + l1) + (l2 + l3)) + ..., the left operand always the earlier subtree. Holds at most
 // log2(n) + 1 partial sums (two partial sums of the same size are siblings and are added at once).
@@ -52,7 +61,7 @@ class PairwiseSum {
     MG_CHECK(depth_ < kMaxDepth, "tree sum: more than 2^{} leaves", kMaxDepth - 1);
     stack_[depth_++] = {0, std::move(leaf)};
     ++leaves_;
-    while (depth_ >= 2 && stack_[depth_ - 2].level == stack_[depth_ - 1].level) {
+    while (depth_ >= 2 && (stack_[depth_ - 2].level == stack_[depth_ - 1].level || testing::left_fold())) {
       Partial& left = stack_[depth_ - 2];
       left.value = add_(left.value, stack_[depth_ - 1].value);
       ++left.level;

@@ -56,6 +56,19 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
 // global batch of `rows` splits into dp x K micro-batches of equal rows.
 void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum);
 
+// Mesh-invariant mode (nn::ParallelConfig::mesh_invariant, docs/mesh-invariance.md): the global batch
+// of `rows` is cut into batch_blocks row blocks, and each of the dp_size = dp x fsdp replicas runs
+// its batch_blocks / dp_size blocks as that many micro-batches (one block each), whatever
+// --grad-accum says: the tree over the blocks is then the same on every mesh. Throws InvalidArgument
+// naming the numbers unless batch_blocks is a power of two dividing rows, dp_size divides it (the
+// message lists the dp x fsdp that do) and grad_accum divides the blocks per replica.
+void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, int batch_blocks);
+// The ranks that split the batch (dp x fsdp; 1 without either axis).
+int batch_split_size(const dist::DeviceMesh& mesh);
+// The micro-batches one replica runs per step: grad_accum, or in the mesh-invariant mode
+// batch_blocks / batch_split_size(mesh).
+int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::DeviceMesh& mesh, int grad_accum);
+
 struct GradientDump {
   double loss = 0;                                      // global mean cross-entropy
   std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name

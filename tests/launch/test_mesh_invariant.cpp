@@ -1,0 +1,236 @@
+// Mesh-invariant mode (--mesh-invariant, docs/mesh-invariance.md): the same global batch gives the
+// same bits on every mesh: tp, dp, fsdp, ZeRO over dp, a pipeline with its micro-batches, sequence
+// parallelism and overlap, float32 and float64. Every comparison here is of bytes (losses, gradient
+// norms, every gradient of every step, the trained parameters), never of a tolerance; a mutation of
+// the tree order (tree::testing::set_left_fold) must make them fail.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+#include <string>
+#include <vector>
+
+#include <unistd.h>
+
+#include "meshgrad/diag/equivalence.hpp"
+#include "meshgrad/launch/launch.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/train/step.hpp"
+#include "meshgrad/train/trainer.hpp"
+#include "launch/invariant_runs.hpp"
+
+namespace meshgrad::launch {
+namespace {
+
+struct MeshCase {
+  std::string mesh = "tp=1";
+  bool sp = false, overlap = false, shard_optimizer = false;
+  int grad_accum = 1;
+  // The mode: mesh-invariant (the default), or for the tests that show what it adds, TP-invariant
+  // only (tp_only) or the normal mode (neither).
+  bool mesh_mode = true, tp_only = false;
+  int blocks = 4;   // --batch-blocks
+  std::string str() const {
+    return fmt::format("{}{}{}{} grad-accum={}", mesh, sp ? " sp" : "", overlap ? " overlap" : "",
+                       shard_optimizer ? " shard-optimizer" : "", grad_accum);
+  }
+};
+
+nn::ParallelConfig mesh_invariant(const MeshCase& m) {
+  nn::ParallelConfig p;
+  p.mesh_invariant = m.mesh_mode;
+  p.tp_invariant = m.tp_only;
+  p.batch_blocks = m.blocks;
+  p.sequence_parallel = m.sp;
+  p.overlap = m.overlap;
+  p.shard_optimizer = m.shard_optimizer;
+  return p;
+}
+
+using testing::read_file;
+using testing::RunBits;
+using testing::same_doubles;
+nn::ModelConfig small_gpt(DType dtype) { return testing::small_gpt(dtype, 8); }
+
+constexpr int kSteps = 20;
+
+// 20 training steps with dropout and gradient clipping on the built-in corpus (vocabulary 256).
+RunBits train_on(const MeshCase& m, DType dtype, const std::string& tag) {
+  train::TrainOptions o;
+  o.model = small_gpt(dtype);
+  o.model.vocab = 0;
+  o.model.seq = 16;
+  o.model.dropout = 0.1;
+  o.parallel = mesh_invariant(m);
+  o.steps = kSteps;
+  o.lr = 3e-3;
+  o.grad_clip = 0.5;
+  o.grad_accum = m.grad_accum;
+  o.progress = false;
+  const std::string path = (std::filesystem::temp_directory_path() /
+                            fmt::format("meshgrad_meshinv_{}_{}.safetensors", ::getpid(), tag)).string();
+  o.save_path = path;
+  RunBits bits;
+  o.on_step = [&](const train::StepMetrics& s) { bits.grad_norms.push_back(s.grad_norm); };
+  std::vector<double> losses;
+  mesh_runner("threads", m.mesh)([&](const dist::DeviceMeshPtr& mesh) {
+    train::TrainResult r = train::train(o, mesh);
+    if (mesh->rank() == 0) losses = r.losses;
+  });
+  bits.losses = losses;
+  bits.parameters = read_file(path);
+  std::filesystem::remove(path);
+  return bits;
+}
+
+void expect_same_training(DType dtype, const std::vector<MeshCase>& cases) {
+  const RunBits ref = train_on(cases.front(), dtype, "ref");
+  ASSERT_EQ(ref.losses.size(), static_cast<std::size_t>(kSteps));
+  ASSERT_FALSE(ref.parameters.empty());
+  EXPECT_LT(ref.losses.back(), ref.losses.front());
+  for (std::size_t c = 1; c < cases.size(); ++c) {
+    SCOPED_TRACE(cases[c].str() + " against " + cases.front().str() + ", " + std::string(dtype_name(dtype)));
+    const RunBits got = train_on(cases[c], dtype, fmt::format("case{}", c));
+    EXPECT_TRUE(same_doubles(got.losses, ref.losses)) << "losses differ: last " << got.losses.back() << " vs "
+                                                      << ref.losses.back();
+    EXPECT_TRUE(same_doubles(got.grad_norms, ref.grad_norms)) << "gradient norms differ";
+    EXPECT_TRUE(got.parameters == ref.parameters) << "the trained parameters differ in their bytes";
+  }
+}
+
+TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnDataAndTensorParallelMeshesFloat32) {
+  expect_same_training(DType::Float32, {{"tp=1"},
+                                        {"dp=2"},
+                                        {"dp=4"},
+                                        {"tp=2", true, true},
+                                        {"dp=2,tp=2"},
+                                        {"dp=2,tp=2", true, true},
+                                        {"dp=2", false, false, true},
+                                        {"tp=1", false, false, false, 2}});
+}
+
+TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnShardedAndPipelinedMeshesFloat32) {
+  expect_same_training(DType::Float32, {{"tp=1"},
+                                        {"fsdp=2"},
+                                        {"fsdp=4"},
+                                        {"fsdp=2,tp=2", true},
+                                        {"fsdp=2,tp=2", false, true},
+                                        {"dp=2,fsdp=2"},
+                                        {"pp=2"},
+                                        {"pp=2,dp=2"},
+                                        {"pp=2,tp=2", true, true}});
+}
+
+// Eight blocks of one row: four micro-batches per replica at dp=2 or fsdp=2, where a left fold
+// ((m0 + m1) + m2) + m3 and the tree (m0 + m1) + (m2 + m3) differ (with two they are one addition).
+TEST(MeshInvariant, FourMicroBatchesPerReplicaAreAddedInTheTree) {
+  auto eight = [](std::string mesh) {
+    MeshCase c{std::move(mesh)};
+    c.blocks = 8;
+    return c;
+  };
+  expect_same_training(DType::Float32, {eight("tp=1"), eight("fsdp=2"), eight("dp=2"), eight("pp=2"),
+                                        eight("fsdp=2,tp=2"), eight("dp=8")});
+}
+
+TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnEveryKindOfMeshFloat64) {
+  expect_same_training(DType::Float64, {{"tp=1"}, {"dp=4"}, {"fsdp=2,tp=2", true, true}, {"pp=2,dp=2"}, {"tp=4", true}});
+}
+
+// Every gradient of every step, the losses and the weights after 20 steps, against one rank running
+// one micro-batch per row block (diag::check_equivalence, as `meshgrad check --mesh-invariant`).
+void expect_bitwise_check(const std::string& mesh, DType dtype, bool sp = false) {
+  SCOPED_TRACE(mesh + (sp ? " sp " : " ") + std::string(dtype_name(dtype)));
+  diag::EquivalenceOptions o;
+  o.model = small_gpt(dtype);
+  o.parallel = mesh_invariant({mesh, sp});
+  o.mesh = mesh;
+  o.steps = kSteps;
+  o.lr = 3e-3;
+  const diag::EquivalenceReport report = diag::check_equivalence(o, mesh_runner("threads", mesh));
+  ASSERT_TRUE(report.compared);
+  ASSERT_EQ(report.mesh_losses.size(), static_cast<std::size_t>(kSteps));
+  EXPECT_EQ(report.max_loss_difference, 0.0);
+  ASSERT_FALSE(report.parameters.empty());
+  for (const diag::ParameterDifference& p : report.parameters) {
+    EXPECT_EQ(p.init_max_rel, 0.0) << p.name;
+    EXPECT_EQ(p.grad_max_abs, 0.0) << p.name << ": some step's gradient differs";
+    EXPECT_EQ(p.update_max_rel, 0.0) << p.name << ": the weights after 20 steps differ";
+    EXPECT_EQ(p.floor_update_max_rel, 0.0) << p.name;
+  }
+}
+
+TEST(MeshInvariant, EveryGradientOfEveryStepIsTheSingleRanks) {
+  expect_bitwise_check("dp=4", DType::Float32);
+  expect_bitwise_check("fsdp=2,tp=2", DType::Float32, true);
+  expect_bitwise_check("pp=2", DType::Float32);
+  expect_bitwise_check("dp=2,tp=2", DType::Float64, true);
+}
+
+// The mutation the tests above must catch: with every tree sum turned into a left fold, one rank adds
+// its four row blocks as ((b0 + b1) + b2) + b3 and dp=2 as (b0 + b1) + (b2 + b3): other bits. (The
+// fold is process-wide, set while no ranks run.)
+TEST(MeshInvariant, ALeftFoldInsteadOfTheTreeChangesTheBits) {
+  struct Restore {
+    ~Restore() { tree::testing::set_left_fold(false); }
+  } restore;
+  tree::testing::set_left_fold(true);
+  const RunBits one = train_on({"tp=1"}, DType::Float32, "fold1");
+  const RunBits dp2 = train_on({"dp=2"}, DType::Float32, "fold2");
+  const RunBits fsdp2 = train_on({"fsdp=2"}, DType::Float32, "fold3");
+  tree::testing::set_left_fold(false);
+  ASSERT_EQ(one.losses.size(), dp2.losses.size());
+  EXPECT_FALSE(same_doubles(one.losses, dp2.losses));
+  EXPECT_FALSE(one.parameters == dp2.parameters);
+  EXPECT_FALSE(one.parameters == fsdp2.parameters);
+  // The tree itself: the same two meshes agree (so the difference above is the fold's).
+  EXPECT_TRUE(train_on({"tp=1"}, DType::Float32, "tree1").parameters == train_on({"dp=2"}, DType::Float32, "tree2").parameters);
+}
+
+// The normal mode is not mesh-invariant (the batch is summed in another order when it is split), and
+// neither is the TP-invariant mode alone across dp without micro-batches: what this mode adds.
+TEST(MeshInvariant, WithoutTheModeDpChangesTheBits) {
+  for (const bool tp_only : {false, true}) {
+    SCOPED_TRACE(tp_only ? "tp-invariant" : "normal mode");
+    MeshCase one{"tp=1"}, two{"dp=2"};
+    one.mesh_mode = two.mesh_mode = false;
+    one.tp_only = two.tp_only = tp_only;
+    const RunBits a = train_on(one, DType::Float32, "plain1"), b = train_on(two, DType::Float32, "plain2");
+    EXPECT_FALSE(a.parameters == b.parameters);
+  }
+}
+
+std::string refusal(std::int64_t rows, int dp, int grad_accum, int blocks) {
+  try {
+    train::check_mesh_invariant_split(rows, dp, grad_accum, blocks);
+  } catch (const InvalidArgument& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MeshInvariant, RefusesSplitsThatCannotKeepTheTreeNamingTheOnesThatCan) {
+  EXPECT_EQ(refusal(8, 4, 1, 4), "");
+  EXPECT_EQ(refusal(8, 2, 2, 4), "");
+  EXPECT_EQ(refusal(16, 1, 1, 16), "");
+  const std::string dp8 = refusal(8, 8, 1, 4);
+  EXPECT_NE(dp8.find("dp x fsdp = 8"), std::string::npos) << dp8;
+  EXPECT_NE(dp8.find("dp x fsdp is 1, 2, 4 keep the tree"), std::string::npos) << dp8;
+  EXPECT_NE(refusal(8, 3, 1, 4).find("dp x fsdp = 3"), std::string::npos);
+  EXPECT_NE(refusal(6, 1, 1, 4).find("the global batch of 6 rows must cut into --batch-blocks 4"), std::string::npos);
+  EXPECT_NE(refusal(12, 1, 1, 3).find("--batch-blocks 3 must be a power of two"), std::string::npos);
+  EXPECT_NE(refusal(8, 2, 4, 4).find("--grad-accum 4 must divide the 2 row blocks"), std::string::npos);
+  // Through the trainer, before any step: dp=8 on 8 ranks.
+  train::TrainOptions o;
+  o.model = small_gpt(DType::Float32);
+  o.model.vocab = 0;
+  o.steps = 1;
+  o.progress = false;
+  o.parallel.mesh_invariant = true;
+  EXPECT_THROW(mesh_runner("threads", "dp=8")([&](const dist::DeviceMeshPtr& m) { train::train(o, m); }), Error);
+}
+
+}  // namespace
+}  // namespace meshgrad::launch
