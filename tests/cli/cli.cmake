@@ -153,6 +153,10 @@ meshgrad_cli_test(bench_max_bytes_overflow 1 "byte size '17179869185G' is too la
                   ${mg} bench collectives --max-bytes 17179869185G --ops all_reduce)
 # bench pipeline: a row per schedule, p and m with the ideal bubble and one idle fraction per stage;
 # micro-batches that do not divide the batch are named.
+# bench invariant: a table row per mesh with both modes' tokens/s and the cost (the figures are
+# docs/BENCHMARKS.md's; here only that every mesh ran in both modes).
+meshgrad_cli_test(bench_invariant_tiny 0 "\\| dp=2 \\| [0-9]+ \\| [0-9]+ \\| -?[0-9.]+% \\|.*\\| pp=2 \\| [0-9]+ \\| [0-9]+ \\| -?[0-9.]+% \\|"
+                  ${mg} bench invariant --mesh dp=2 --mesh pp=2 --steps 2 --repeats 1)
 meshgrad_cli_test(bench_pipeline_tiny 0 "gpipe +2 +2 +0\\.333 +[0-9.]+ +[0-9.]+ [0-9.]+.*1f1b +2 +2 +0\\.333"
                   ${mg} bench pipeline --stages 2 --micro 2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 1)
 meshgrad_cli_test(bench_pipeline_bad_micro 1 "--batch 4 does not divide into 3 micro-batches"
