@@ -51,6 +51,26 @@ def test_train_tp_invariant_gives_the_same_bytes_on_any_mesh(tmp_path):
     assert saved("normal.safetensors", mesh="tp=2")[1] != one[1]
 
 
+def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
+    # mesh_invariant=True (docs/mesh-invariance.md): dp, fsdp, a pipeline and tp save one rank's bytes
+    # and report its losses and gradient norms; the header records the mode; 8 rows cannot cut into 3
+    # blocks (ValueError naming --batch-blocks).
+    def saved(name, **kw):
+        path = tmp_path / name
+        steps = meshgrad.train(steps=3, layers=2, hidden=32, heads=4, seq=16, batch=8, dropout=0.1, grad_clip=0.5,
+                               mesh_invariant=True, save=str(path), **kw)
+        return [(s["loss"], s["grad_norm"]) for s in steps], path.read_bytes()
+    one = saved("one.safetensors", mesh="tp=1")
+    for mesh in ("dp=2", "fsdp=2,tp=2", "pp=2", "dp=4"):
+        assert saved(mesh + ".safetensors", mesh=mesh) == one, mesh
+    metrics = tmp_path / "m.jsonl"
+    meshgrad.train(steps=1, batch=8, mesh_invariant=True, batch_blocks=8, metrics=str(metrics))
+    config = json.loads(metrics.read_text().splitlines()[0])["config"]
+    assert (config["mesh-invariant"], config["batch-blocks"]) == (True, 8)
+    with pytest.raises(ValueError, match="--batch-blocks 3 must be a power of two"):
+        meshgrad.train(steps=1, batch=8, mesh_invariant=True, batch_blocks=3)
+
+
 def test_fsdp_and_the_sharded_optimizer_train_the_bytes_of_dp(tmp_path):
     # mesh="fsdp=2,tp=2" and shard_optimizer=True at dp=2 save the bytes and losses of plain dp
     # (docs/training.md, "Sharded data parallelism"); their gradients are the same arrays.

@@ -94,7 +94,12 @@ refused() {
 refused "--shard-optimizer shards the optimizer state over the dp axis" --mesh tp=2 --shard-optimizer --steps 1
 refused "fsdp shards the optimizer state already" --mesh dp=2,fsdp=2 --shard-optimizer --steps 1
 refused "unknown axis 'FSDP' (did you mean 'fsdp'?)" --mesh FSDP=2 --steps 1
-refused "--tp-invariant with --grad-accum 2 on an fsdp axis" --mesh fsdp=2 --tp-invariant --grad-accum 2 --steps 1
+# The TP-invariant tree with micro-batches: fsdp adds them in the tree before its reduce-scatter, as dp
+# does before its all-reduce (refused before 2026-11-27). Batch 8: 2 replicas x 2 micro-batches of 2 rows.
+model=(--layers 2 --hidden 32 --heads 4 --seq 16 --batch 8 --steps 8 --grad-clip 0.5 --dropout 0.1)
+run dp2tree dp=2 --tp-invariant --grad-accum 2
+run fsdp2tree fsdp=2 --tp-invariant --grad-accum 2
+same dp2tree fsdp2tree
 
 [ "$failures" -eq 0 ] && echo "ok   fsdp: bitwise as dp ($backends), checkpoint, trace, refusals"
 exit "$failures"

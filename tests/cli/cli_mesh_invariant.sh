@@ -110,6 +110,8 @@ refused "--batch-blocks 3 must be a power of two" train --mesh-invariant --batch
 refused "the global batch of 6 rows must cut into --batch-blocks 4" train --mesh-invariant --batch 6 --steps 1 --no-metrics
 refused "Degrees that work for this model: tp = 1, 2, 4" train --mesh tp=3 --mesh-invariant --steps 1 --no-metrics
 refused "dp x fsdp = 8 ranks" check --mesh dp=8 --mesh-invariant --batch 8
+refused "--mesh-invariant applies to a 1-D tp axis, not to a 2-D grid (tp=2x2): use tp=4" \
+  train --mesh tp=2x2 --mesh-invariant --steps 1 --no-metrics
 
 [ "$failures" -eq 0 ] && echo "ok   mesh-invariant: the same bits on every mesh, elastic resume, check, refusals"
 exit "$failures"
