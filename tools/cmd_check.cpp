@@ -148,7 +148,7 @@ CommandSetup setup = [](CLI::App& app) {
       ->capture_default_str();
   app.add_option("--pp-layers", o.parallel.pp_layers, "with pp=P: blocks per stage, e.g. 1,1")->delimiter(',');
   app.add_flag("--tp-invariant", o.parallel.tp_invariant,
-               "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/tp-invariance.md)");
+               "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/mesh-invariance.md)");
   app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "
                  "dimension (a power of two)")->capture_default_str();
   add_mesh_invariant_options(app, o.parallel);

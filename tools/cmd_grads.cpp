@@ -75,7 +75,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_flag("--sequence-parallel", a->sequence_parallel, "Sequence parallelism");
               app.add_flag("--tp-invariant", a->tp_invariant,
                            "Bitwise the same gradients at every tp that keeps the fixed reduction tree "
-                           "(docs/tp-invariance.md)");
+                           "(docs/mesh-invariance.md)");
               app.add_option("--invariant-blocks", a->invariant_blocks,
                              "With --tp-invariant: fixed blocks per split dimension (a power of two)")
                   ->capture_default_str();

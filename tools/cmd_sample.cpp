@@ -70,7 +70,7 @@ MESHGRAD_REGISTER_COMMAND(
                               "prepare` output; default: bytes for a 256-token model, or the checkpoint directory's");
                app.add_flag("--tp-invariant", j.tp_invariant,
                             "Bitwise the same logits, and so the same text for a seed, at every tensor-parallel degree "
-                            "that keeps the fixed reduction tree (docs/tp-invariance.md)");
+                            "that keeps the fixed reduction tree (docs/mesh-invariance.md)");
                app.add_option("--invariant-blocks", j.invariant_blocks,
                               "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
                    ->check(at_least(1))

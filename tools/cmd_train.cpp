@@ -246,7 +246,7 @@ MESHGRAD_REGISTER_COMMAND(
                            "all-reduce, each rank steps its shard, parameters all-gathered once per step; needs dp > 1");
               app.add_flag("--tp-invariant", o.parallel.tp_invariant,
                            "Bitwise the same model at every tensor-parallel degree that keeps the fixed reduction "
-                           "tree (docs/tp-invariance.md); one BLAS thread per rank");
+                           "tree (docs/mesh-invariance.md); one BLAS thread per rank");
               app.add_option("--invariant-blocks", o.parallel.invariant_blocks,
                              "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
                   ->check(at_least(1))

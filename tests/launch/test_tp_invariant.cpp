@@ -1,4 +1,4 @@
-// TP-invariant mode (--tp-invariant, docs/tp-invariance.md): loss, every gradient, the gradient norm
+// TP-invariant mode (--tp-invariant, docs/mesh-invariance.md): loss, every gradient, the gradient norm
 // and every optimizer step are bitwise the same at tp = 1, 2 and 4, with and without sequence
 // parallelism and overlap, in float32 and float64. Every comparison here is of bytes, never of a
 // tolerance; the normal mode's tests (test_trainer, test_equivalence) keep checking that it is

@@ -31,7 +31,7 @@
 // The order of a sum is a policy of the step, not a second rule: ReduceOrder travels in StepArgs,
 // and run_primitive, the one executor, picks the collective that adds in that order. The normal
 // mode adds in rank order (the backends' all-reduce and reduce-scatter); the tp-invariant mode in
-// the fixed binary tree (docs/tp-invariance.md). Placements and backwards are the same in both.
+// the fixed binary tree (docs/mesh-invariance.md). Placements and backwards are the same in both.
 #pragma once
 
 #include <string>

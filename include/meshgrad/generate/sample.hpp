@@ -142,7 +142,7 @@ struct SampleJob {
   int tokens = 64;
   SamplingOptions sampling;
   std::string tokenizer;    // --tokenizer DIR; "" = see resolve_sample_tokenizer
-  // --tp-invariant: the model in TP-invariant mode (docs/tp-invariance.md): the logits, and so every
+  // --tp-invariant: the model in TP-invariant mode (docs/mesh-invariance.md): the logits, and so every
   // sampled token, are bitwise the same at every tp that keeps the fixed tree of invariant_blocks.
   bool tp_invariant = false;
   int invariant_blocks = 4;

@@ -47,7 +47,7 @@ struct ParallelConfig {
   bool overlap = false;              // column layers overlap their backward communication with compute
   bool recompute_allgather = false;  // column layers keep only the local input shard (SP) and re-gather in backward
   bool checkpoint_blocks = false;    // activation checkpointing per transformer block
-  // TP-invariant mode (docs/tp-invariance.md): the loss, gradients and updates are bitwise the same
+  // TP-invariant mode (docs/mesh-invariance.md): the loss, gradients and updates are bitwise the same
   // at every tp that keeps the fixed reduction tree of invariant_blocks blocks (a power of two; tp
   // must divide it and every split dimension must cut into whole blocks). Pins OpenBLAS to one
   // thread per rank (its results depend on the thread count).

@@ -87,7 +87,7 @@ struct ParallelContext {
   // over fsdp and the synchroniser all-reduces over dp, both by the one rule.
   Tensor loss_partial_over_dp(const Tensor& loss) const;
 
-  // ---- the summation-order policy (ParallelConfig::tp_invariant; docs/tp-invariance.md) ----------
+  // ---- the summation-order policy (ParallelConfig::tp_invariant; docs/mesh-invariance.md) ----------
   // The two modes differ in nothing but the order of the sums split over tp, and these four are
   // where that difference lives; layers ask them and run the same code in both modes.
   //

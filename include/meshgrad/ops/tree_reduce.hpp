@@ -2,7 +2,7 @@
 // policy (dist::ReduceOrder, distributed/rule.hpp; the collective half is
 // distributed/tree_collectives.hpp).
 //
-// The fixed binary tree (docs/tp-invariance.md): a split dimension is cut into a fixed number of
+// The fixed binary tree (docs/mesh-invariance.md): a split dimension is cut into a fixed number of
 // blocks (a power of two, the same at every tensor-parallel degree), every block is reduced on its
 // own (a GEMM of the same shape at every tp), and the block results are summed in one binary tree:
 //

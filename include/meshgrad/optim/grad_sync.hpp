@@ -47,7 +47,7 @@ struct GradSyncOptions {
   // than a bucket gets a bucket of its own.
   std::int64_t bucket_bytes = std::int64_t{25} << 20;
   // The order of every sum the synchroniser runs (the model's, nn::Model::reduce_order): with
-  // FixedTree (TP-invariant mode, docs/tp-invariance.md, "dp") the buckets are summed over dp, and
+  // FixedTree (TP-invariant mode, docs/mesh-invariance.md, "dp") the buckets are summed over dp, and
   // partial gradients over their tp axes, in the fixed binary tree ((r0 + r1) + (r2 + r3)) instead
   // of the backend's rank order. dp must then be a power of two.
   dist::ReduceOrder order = dist::ReduceOrder::RankOrder;

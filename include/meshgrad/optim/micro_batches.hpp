@@ -6,7 +6,7 @@
 //   FixedTree  each micro-batch's gradient is taken out of .grad after its backward and added in the
 //              fixed binary tree (tree::StreamingSum); the synchroniser reduces the root after the
 //              last. So dp=2 with one micro-batch adds the same two halves of the batch in the same
-//              order as dp=1 with two (docs/tp-invariance.md, "dp").
+//              order as dp=1 with two (docs/mesh-invariance.md, "dp").
 // One micro-batch is the same in both: the hooks reduce during its backward.
 //
 //   MicroBatchGradients grads(params, sync, order, K);

@@ -51,7 +51,7 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
 // The K micro-batches are added in the model's order (optim/micro_batches.hpp): in TP-invariant mode
 // their gradients and losses in the fixed binary tree, and the synchroniser must be built with the
 // same order (GradSyncOptions::order), so the step is bitwise the same on every mesh with the same
-// dp x K (docs/tp-invariance.md, "dp").
+// dp x K (docs/mesh-invariance.md, "dp").
 // check_invariant_batch_split throws InvalidArgument unless dp and K are powers of two and the
 // global batch of `rows` splits into dp x K micro-batches of equal rows.
 void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum);
