@@ -61,7 +61,7 @@ def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
                                mesh_invariant=True, save=str(path), **kw)
         return [(s["loss"], s["grad_norm"]) for s in steps], path.read_bytes()
     one = saved("one.safetensors", mesh="tp=1")
-    for mesh in ("dp=2", "fsdp=2,tp=2", "pp=2", "dp=4"):
+    for mesh in ("dp=2", "fsdp=2,tp=2", "pp=2", "dp=4", "tp=2x2"):
         assert saved(mesh + ".safetensors", mesh=mesh) == one, mesh
     metrics = tmp_path / "m.jsonl"
     meshgrad.train(steps=1, batch=8, mesh_invariant=True, batch_blocks=8, metrics=str(metrics))

@@ -68,6 +68,20 @@ void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
            "than the {} units of this model's largest split dimension ({}): a block must hold at least one; use a "
            "power of two of at most {}", p.invariant_blocks, most_units, largest->what, most_units);
   std::string failing;
+  if (ctx.two_d) {
+    // A grid computes as tp = C over tp_col (its rows only store: layers.hpp, GridLinear); the
+    // vocabulary is split over the whole grid.
+    const int c = ctx.col().size(), grid = ctx.tp_size();
+    MG_CHECK(tree::is_power_of_two(c) && model_nests(cfg, p, c, &failing),
+             "--tp-invariant: tp_col={} (the C of tp=RxC, which splits the heads and the MLP width) cannot keep the "
+             "fixed tree of {} blocks for this model ({}). Degrees that work for this model: {}",
+             c, p.invariant_blocks, failing.empty() ? "not a power of two" : failing, working_degrees(cfg, p));
+    MG_CHECK(tree::is_power_of_two(grid) && tree::nests(cfg.vocab, 1, 1, p.invariant_blocks, grid),
+             "--tp-invariant: the grid's {} ranks split the vocabulary ({} tokens), which cannot keep the fixed tree "
+             "of {} blocks: grids whose R x C is {} work for this model", grid, cfg.vocab, p.invariant_blocks,
+             working_degrees(cfg, p));
+    return;
+  }
   const int tp = ctx.tp_size();
   if (!tree::is_power_of_two(tp) || !model_nests(cfg, p, tp, &failing)) {
     throw InvalidArgument(fmt::format(

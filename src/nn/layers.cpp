@@ -304,7 +304,7 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
 
 GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t out, bool in_on_rows,
                        const Options& options, ParallelContextPtr ctx, std::uint64_t seed, DType dtype)
-    : name_(name), options_(options), in_(in), ctx_(std::move(ctx)) {
+    : name_(name), options_(options), in_(in), out_(out), in_on_rows_(in_on_rows), ctx_(std::move(ctx)) {
   MG_CHECK(ctx_->two_d, "{}: GridLinear needs a 2-D tensor-parallel mesh, got {}", name, ctx_->mesh->str());
   in_axis_ = in_on_rows ? ctx_->row_axis : ctx_->col_axis;
   out_axis_ = in_on_rows ? ctx_->col_axis : ctx_->row_axis;
@@ -317,11 +317,46 @@ GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t ou
   b_spec[static_cast<std::size_t>(out_axis_)] = b_out;
   weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
   bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
+  if (ctx_->config.tp_invariant) {
+    // The 1-D layer's blocks at tp = C: the column layer's output features, the row layer's input.
+    const dist::ProcessGroup& col = ctx_->col();
+    plan_ = in_on_rows ? tree::plan_split(name + " output features", out, options.blocks, options.out_unit,
+                                          ctx_->config.invariant_blocks, col.size(), col.rank())
+                       : tree::plan_split(name + " input features", in, 1, options.in_unit,
+                                          ctx_->config.invariant_blocks, col.size(), col.rank());
+  }
+}
+
+// The column layer of tp = C on the whole input, with the weight's columns gathered over tp_row.
+Tensor GridLinear::forward_invariant_column(const Tensor& x) const {
+  MG_CHECK(!options_.input_is_split && x.size(-1) == in_, "{}: input {} must hold all {} features", name_,
+           shape_str(x.shape()), in_);
+  const Tensor w = dist::gather_from_region(weight.operand(), ctx_->row(), 0, in_);   // [in, out_local]
+  ColumnConfig config{ctx_->col(), false, false, false, x.size(0), name_, plan_, ctx_->reduce_order()};
+  return autograd::apply<ColumnLinearFn>({x, w, bias.operand()}, std::move(config), ctx_)[0];
+}
+
+Tensor GridLinear::forward_gathered(const Tensor& x) const {
+  if (!ctx_->config.tp_invariant) return dist::gather_from_region(forward(x), ctx_->mesh->group(out_axis_), -1, out_);
+  MG_CHECK(!in_on_rows_, "{}: forward_gathered is for the layers whose output is split over tp_row", name_);
+  dist::CommLabelScope label(name_);
+  trace::Scope scope(name_);
+  // The row layer of tp = C: this column's input features, the whole output, the weight's and the
+  // bias's output features gathered over tp_row.
+  const Tensor w = dist::gather_from_region(weight.operand(), ctx_->row(), 1, out_);   // [in_local, out]
+  const Tensor partial = tree::linear_over_input_blocks(x, w, plan_);
+  const Tensor y = dist::reduce_from_region(partial, ctx_->col(), ctx_->reduce_order());
+  const Tensor b = dist::gather_from_region(bias.operand(), ctx_->row(), 0, out_);
+  return tree::add_bias(y, b, ctx_->token_row_blocks(x.size(0), y.size(0), rows_per_token(y)));
 }
 
 Tensor GridLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
   trace::Scope scope(name_);
+  if (ctx_->config.tp_invariant) {
+    MG_CHECK(in_on_rows_, "{}: in the invariant modes this layer's output is whole (forward_gathered)", name_);
+    return forward_invariant_column(x);
+  }
   const dist::ProcessGroup& in_group = ctx_->mesh->group(in_axis_);
   const dist::ProcessGroup& out_group = ctx_->mesh->group(out_axis_);
   // Own feature slice on in_axis (R -> S(-1)): whole units, as the weight's rows are split.

@@ -49,7 +49,7 @@ void check_split(const ModelConfig& cfg, const ParallelContext& ctx) {
 class Attention {
  public:
   Attention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : name_(name), head_dim_(cfg.hidden / cfg.heads), hidden_(cfg.hidden), ctx_(ctx) {
+      : name_(name), head_dim_(cfg.hidden / cfg.heads), ctx_(ctx) {
     const double proj_std = 0.02 / std::sqrt(2.0 * cfg.layers);
     if (ctx->two_d) {
       grid_attn_ = std::make_unique<GridLinear>(name + ".c_attn", cfg.hidden, 3 * cfg.hidden, /*in_on_rows=*/true,
@@ -131,11 +131,11 @@ class Attention {
     const Tensor merged = reshape(contiguous(permute(y, {2, 0, 1, 3})), {seq, b, local});
     if (!ctx_->two_d) return c_proj_->forward(merged);
     // [T, B, C over tp_row] -> the whole [T, B, C] on every rank.
-    return dist::gather_from_region(grid_proj_->forward(merged), ctx_->row(), -1, hidden_);
+    return grid_proj_->forward_gathered(merged);
   }
 
   std::string name_;   // its trace scope
-  std::int64_t head_dim_, hidden_;
+  std::int64_t head_dim_;
   ParallelContextPtr ctx_;
   std::unique_ptr<ColumnParallelLinear> c_attn_;
   std::unique_ptr<RowParallelLinear> c_proj_;
@@ -149,7 +149,7 @@ class Mlp {
  public:
   Mlp(const std::string& name, std::int64_t hidden, std::int64_t ffn, int layers, const ParallelContextPtr& ctx,
       std::uint64_t seed, DType dtype)
-      : name_(name), hidden_(hidden), ctx_(ctx) {
+      : name_(name), ctx_(ctx) {
     const double proj_std = 0.02 / std::sqrt(2.0 * layers);
     if (ctx->two_d) {
       grid_fc_ = std::make_unique<GridLinear>(name + ".c_fc", hidden, ffn, true, GridLinear::Options{}, ctx, seed, dtype);
@@ -166,7 +166,7 @@ class Mlp {
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
     if (!ctx_->two_d) return c_proj_->forward(gelu(c_fc_->forward(x, seq)));
-    return dist::gather_from_region(grid_proj_->forward(gelu(grid_fc_->forward(x))), ctx_->row(), -1, hidden_);
+    return grid_proj_->forward_gathered(gelu(grid_fc_->forward(x)));
   }
   void collect(std::vector<Parameter*>& out) {
     if (ctx_->two_d) {
@@ -178,7 +178,6 @@ class Mlp {
 
  private:
   std::string name_;   // its trace scope
-  std::int64_t hidden_;
   ParallelContextPtr ctx_;
   std::unique_ptr<ColumnParallelLinear> c_fc_;
   std::unique_ptr<RowParallelLinear> c_proj_;

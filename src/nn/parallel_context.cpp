@@ -101,12 +101,6 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp = mesh->group(ctx->tp_axis);
   }
   if (ctx->config.tp_invariant) {
-    // A grid splits both sums of every linear (the input features over one axis, the output
-    // features' sum of the input gradient over the other), which the 1-D layers compute whole: the
-    // same bits would need every 1-D linear blocked in both dimensions (docs/mesh-invariance.md).
-    MG_CHECK(!ctx->two_d, "model: {} applies to a 1-D tp axis, not to a 2-D grid ({}): use tp={} (the same ranks "
-             "in one dimension)", config.mesh_invariant ? "--mesh-invariant" : "--tp-invariant", mesh->str(),
-             ctx->tp.size());
     MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
              "of two (1, 2, 4, 8, ...)", config.invariant_blocks);
     // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one

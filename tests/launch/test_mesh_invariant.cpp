@@ -108,7 +108,10 @@ TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnDataAndTensorParallelMeshesFloat
                                         {"dp=2,tp=2"},
                                         {"dp=2,tp=2", true, true},
                                         {"dp=2", false, false, true},
-                                        {"tp=1", false, false, false, 2}});
+                                        {"tp=1", false, false, false, 2},
+                                        {"tp=2x2"},
+                                        {"dp=2,tp=1x2"},
+                                        {"tp=2x1"}});
 }
 
 TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnShardedAndPipelinedMeshesFloat32) {
@@ -136,7 +139,8 @@ TEST(MeshInvariant, FourMicroBatchesPerReplicaAreAddedInTheTree) {
 }
 
 TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnEveryKindOfMeshFloat64) {
-  expect_same_training(DType::Float64, {{"tp=1"}, {"dp=4"}, {"fsdp=2,tp=2", true, true}, {"pp=2,dp=2"}, {"tp=4", true}});
+  expect_same_training(DType::Float64,
+                       {{"tp=1"}, {"dp=4"}, {"fsdp=2,tp=2", true, true}, {"pp=2,dp=2"}, {"tp=4", true}, {"tp=2x2"}});
 }
 
 // Every gradient of every step, the losses and the weights after 20 steps, against one rank running
@@ -167,6 +171,8 @@ TEST(MeshInvariant, EveryGradientOfEveryStepIsTheSingleRanks) {
   expect_bitwise_check("fsdp=2,tp=2", DType::Float32, true);
   expect_bitwise_check("pp=2", DType::Float32);
   expect_bitwise_check("dp=2,tp=2", DType::Float64, true);
+  expect_bitwise_check("tp=2x2", DType::Float32);
+  expect_bitwise_check("fsdp=2,tp=1x2", DType::Float32);
 }
 
 // The mutation the tests above must catch: with every tree sum turned into a left fold, one rank adds

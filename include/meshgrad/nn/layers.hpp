@@ -134,6 +134,12 @@ class VocabParallelEmbedding {
 //             all-reduce over in_axis | + bias (split on out_axis)
 //   backward: by the rule: dX = dY W^T is partial over out_axis -> all-reduce over out_axis; then
 //             the feature slice's dual, all-gather over in_axis (if the input was replicated)
+// In the TP- and mesh-invariant modes (docs/mesh-invariance.md, "2-D grids") the grid's rows store
+// and do not split the sums: the weight (and bias) are all-gathered over the row axis before use,
+// and the layer computes as the 1-D layer of tp = C does over tp_col (the column layer for
+// in_on_rows, the row layer otherwise), with the same fixed blocks, so a grid gives the bits of
+// tp = 1. The row ranks repeat one another's compute; their parameters, gradients and optimizer
+// state stay split as in the normal mode.
 class GridLinear {
  public:
   struct Options {
@@ -144,15 +150,23 @@ class GridLinear {
   };
   GridLinear(const std::string& name, std::int64_t in, std::int64_t out, bool in_on_rows, const Options& options,
              ParallelContextPtr ctx, std::uint64_t seed, DType dtype);
+  // [T, B, out_local] as above. In the invariant modes only for in_on_rows (the column layers).
   Tensor forward(const Tensor& x) const;
+  // [T, B, out]: every output feature on every rank (forward, all-gathered over out_axis; in the
+  // invariant modes computed whole). For the layers whose out_axis is tp_row (c_proj).
+  Tensor forward_gathered(const Tensor& x) const;
   Parameter weight, bias;
 
  private:
+  Tensor forward_invariant_column(const Tensor& x) const;
+
   std::string name_;
   Options options_;
-  std::int64_t in_;
+  std::int64_t in_, out_;
+  bool in_on_rows_;
   int in_axis_, out_axis_;
   ParallelContextPtr ctx_;
+  tree::SplitPlan plan_;   // invariant modes: the 1-D layer's blocks over tp_col
 };
 
 // Cross-entropy over logits split by vocabulary ([N, V_local], never gathered): the sum over the
