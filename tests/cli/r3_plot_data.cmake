@@ -1,0 +1,2 @@
+# reliability-3 (issue 37): CLI tests of the plot_data area. Included by tests/CMakeLists.txt after cli.cmake,
+# whose meshgrad_cli_test(), ${mg} and ${tiny} it uses.
