@@ -13,6 +13,16 @@ BUILD ?= build
 CMAKE_FLAGS ?=
 # -march=native for this machine's speed; NATIVE=OFF builds what runs on any x86-64 (e.g. to install).
 NATIVE ?= ON
+# ccache, when installed (scripts/install-deps.sh all installs it), caches every compile of the
+# builds below (release, ASan, TSan, fuzz): a rebuild, or CI on a machine that built the same sources
+# before, compiles only what changed. Paths are hashed relative to this checkout (CCACHE_BASEDIR), so
+# two clones of the same commit share their objects. `make CCACHE=` builds without it.
+CCACHE ?= $(shell command -v ccache 2>/dev/null)
+ifneq ($(CCACHE),)
+LAUNCHER := -DCMAKE_CXX_COMPILER_LAUNCHER=$(CCACHE) -DCMAKE_C_COMPILER_LAUNCHER=$(CCACHE)
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := true
+endif
 
 .PHONY: deps deps-train build build-program train gradcheck test test-asan test-tsan fuzz clean
 
@@ -27,12 +37,12 @@ deps-train:
 # `make test` reuses every object and only adds the rest.
 build-program: deps-train
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) -DMESHGRAD_BUILD_TESTS=OFF \
-	      -DMESHGRAD_BUILD_BENCH=OFF -DMESHGRAD_PYTHON=OFF $(CMAKE_FLAGS)
+	      -DMESHGRAD_BUILD_BENCH=OFF -DMESHGRAD_PYTHON=OFF $(LAUNCHER) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS) --target meshgrad_cli
 
 build: deps
 	cmake -S . -B $(BUILD) -DCMAKE_BUILD_TYPE=Release -DMESHGRAD_NATIVE=$(NATIVE) -DMESHGRAD_BUILD_TESTS=ON \
-	      -DMESHGRAD_BUILD_BENCH=ON -DMESHGRAD_PYTHON=ON $(CMAKE_FLAGS)
+	      -DMESHGRAD_BUILD_BENCH=ON -DMESHGRAD_PYTHON=ON $(LAUNCHER) $(CMAKE_FLAGS)
 	cmake --build $(BUILD) -j $(JOBS)
 
 train: build-program
@@ -46,19 +56,19 @@ test: build
 
 test-asan: deps
 	cmake -S . -B build-asan -DCMAKE_BUILD_TYPE=Debug -DMESHGRAD_SANITIZER=address,undefined \
-	      -DMESHGRAD_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+	      -DMESHGRAD_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" $(LAUNCHER)
 	cmake --build build-asan -j $(JOBS)
 	cd build-asan && ASAN_OPTIONS=detect_leaks=1 LSAN_OPTIONS=suppressions=$(CURDIR)/scripts/lsan-suppressions.txt \
 	  ctest --output-on-failure -j $(JOBS) -LE mpi
 
 test-tsan: deps
 	cmake -S . -B build-tsan -DCMAKE_BUILD_TYPE=Debug -DMESHGRAD_SANITIZER=thread -DMESHGRAD_WITH_MPI=OFF \
-	      -DMESHGRAD_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g"
+	      -DMESHGRAD_BUILD_BENCH=OFF -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" $(LAUNCHER)
 	cmake --build build-tsan -j $(JOBS) --target test_comm test_tensor
 	cd build-tsan && ctest --output-on-failure -j $(JOBS) -L 'comm|tensor'
 
 fuzz: deps
-	JOBS=$(JOBS) scripts/fuzz.sh
+	JOBS=$(JOBS) FUZZ_LAUNCHER="$(LAUNCHER)" scripts/fuzz.sh
 
 clean:
 	rm -rf build build-asan build-tsan build-fuzz

@@ -8,7 +8,7 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 runs=${1:-20000}
 CXX=${FUZZ_CXX:-clang++} CC=${FUZZ_CC:-clang} cmake -S . -B build-fuzz -DMESHGRAD_FUZZ=ON -DCMAKE_BUILD_TYPE=Debug \
-  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" >/dev/null
+  -DCMAKE_CXX_FLAGS_DEBUG="-O1 -g" ${FUZZ_LAUNCHER:-} >/dev/null
 cmake --build build-fuzz -j "${JOBS:-$(nproc)}" --target meshgrad_fuzz
 scratch=$(mktemp -d)
 trap 'rm -rf "$scratch"' EXIT

@@ -42,6 +42,7 @@ if [ "$set_name" = all ]; then
     python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference
                              # (tests/text/gpt2_reference.py), whose \s (Unicode White_Space) the tokenizer follows
     universal-ctags          # function extents for the house check (scripts/check-house.py)
+    ccache                   # the Makefile's compile cache: CI and rebuilds compile only what changed
   )
   # node + npm fetch and run the tokenizer's reference encoder (scripts/fetch-test-data.sh). Debian's
   # nodejs/npm unless a node with npm is already there (e.g. a NodeSource nodejs bundles npm).
