@@ -97,7 +97,7 @@ class RecvFn final : public autograd::Function {
 
 P2PTags tags_for(int micro) {
   MG_CHECK(micro >= 0, "tags_for: micro-batch {} is negative", micro);
-  const int base = 2 * (micro % 16384);
+  const int base = 2 * (micro % kMicroBatchTagWindow);
   return {base, base + 1};
 }
 

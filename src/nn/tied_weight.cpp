@@ -11,9 +11,10 @@
 namespace meshgrad::nn {
 
 namespace {
-// Tags of the two transfers between the first and last stage, outside dist::tags_for's range.
-constexpr int kTagOutputGradient = 32000;
-constexpr int kTagWeightCopy = 32001;
+// Tags of the two transfers between the first and last stage: p2p's reserved ones, which no
+// micro-batch's tags_for reaches.
+constexpr int kTagOutputGradient = dist::kFirstReservedTag;
+constexpr int kTagWeightCopy = dist::kFirstReservedTag + 1;
 
 Tensor plus(const Tensor& a, const Tensor& b) {
   Tensor sum = kernels::binary(kernels::Binary::Add, a, b);

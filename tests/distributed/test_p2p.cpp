@@ -129,5 +129,18 @@ TEST(P2P, AReceiveWhoseSenderNeverSendsFailsWithinTheDeadlineNamingTheRank) {
   EXPECT_LT(seconds, 10.0) << msg;
 }
 
+// Review-3 section 6 #13: micro-batch 16000 used to get tag 32000, the tied weight's. No
+// micro-batch may reach the reserved tags, and the two directions of one micro-batch differ.
+TEST(P2P, MicroBatchTagsNeverReachTheReservedTags) {
+  for (int micro = 0; micro < 4 * kMicroBatchTagWindow; ++micro) {
+    const P2PTags tags = tags_for(micro);
+    ASSERT_GE(tags.forward, 0) << "micro-batch " << micro;
+    ASSERT_LT(tags.forward, kFirstReservedTag) << "micro-batch " << micro;
+    ASSERT_LT(tags.backward, kFirstReservedTag) << "micro-batch " << micro;
+    ASSERT_NE(tags.forward, tags.backward) << "micro-batch " << micro;
+  }
+  EXPECT_NE(tags_for(0).forward, tags_for(1).forward);
+}
+
 }  // namespace
 }  // namespace meshgrad::dist

@@ -30,8 +30,14 @@ struct P2PTags {
   int forward = 0;
   int backward = 1;
 };
-// The tags of micro-batch `micro` (>= 0): distinct per micro-batch (modulo 16384) and direction,
-// below 32768 (the least MPI_TAG_UB the MPI standard allows).
+// Tags are below 32768 (the least MPI_TAG_UB the MPI standard allows). Micro-batches take
+// [0, kFirstReservedTag); the tags from kFirstReservedTag up are reserved for transfers that are not
+// a micro-batch's (nn/tied_weight.cpp), so no micro-batch can ever match them.
+inline constexpr int kMicroBatchTagWindow = 16000;
+inline constexpr int kFirstReservedTag = 2 * kMicroBatchTagWindow;
+static_assert(kFirstReservedTag + 2 <= 32768, "reserved p2p tags must stay below MPI's least MPI_TAG_UB");
+// The tags of micro-batch `micro` (>= 0): distinct per micro-batch (modulo kMicroBatchTagWindow) and
+// direction, below kFirstReservedTag.
 P2PTags tags_for(int micro);
 
 // Sends still in flight. A send is waited before its buffer may go: at wait_all() (the end of a
