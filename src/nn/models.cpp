@@ -309,10 +309,10 @@ class Gpt final : public Model {
   Gpt& operator=(const Gpt&) = delete;
 
   Tensor loss(const Batch& batch, std::int64_t global_tokens) override {
-    // Training, evaluation and explain run a pipeline's stages through pipeline/executor.hpp; what
-    // calls loss() (grads, check) runs the whole model on every rank.
-    MG_CHECK(stage_.count == 1, "gpt: the mesh {} is a pipeline of {} stages (this rank holds blocks {}..{}), and only "
-             "`train` and `explain` run pipelines so far: grads, check and sample take meshes without pp",
+    // loss() runs the whole model on this rank. A pipeline's stages run through
+    // pipeline/executor.hpp (train, evaluate, grads, check and explain all do), never through here.
+    MG_CHECK(stage_.count == 1, "gpt: the mesh {} is a pipeline of {} stages (this rank holds blocks {}..{}): "
+             "loss() runs the whole model; run a pipeline's step through pipeline::run_step",
              ctx_->mesh->str(), stage_.count, stage_.first_block, stage_.end_block - 1);
     return forward_stage(batch, Tensor(), global_tokens);
   }

@@ -1,5 +1,6 @@
 // Point to point between ranks of a group (the stages of a pipeline), as autograd nodes whose
-// backward is derived from the forward, as every other communication in the graph:
+// backward is the transfer in the other direction (written here, not taken from rule.hpp's table,
+// which is about placements on a mesh axis):
 //
 //   forward                 backward
 //   send(x) to peer         receive x's gradient from peer

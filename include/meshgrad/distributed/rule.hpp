@@ -1,7 +1,7 @@
 // THE ONE RULE: where the backward of every collective is decided.
 //
-// Every communication meshgrad records in a graph is a change of placement of one tensor on one
-// mesh axis (or one group of axes): R -> R when a replicated tensor enters a region of sharded
+// A collective meshgrad records in a graph is a change of placement of one tensor on one mesh
+// axis (or one group of axes): R -> R when a replicated tensor enters a region of sharded
 // compute, P -> R (all-reduce), S(d) -> R (all-gather), R -> S(d) (keep own slice),
 // P -> S(d) (reduce-scatter), S(i) -> S(j) (all-to-all), R -> P. Its backward is decided by one
 // table, from that forward step and the placement of the gradient that arrives at the output:
@@ -22,8 +22,12 @@
 //
 // Who asks it (each in one step from here): the differentiable mappings (mappings.hpp), DTensor
 // redistribute and its gradient reduction (dtensor.hpp), the column-parallel linear's fused and
-// overlapped backward (nn/layers.cpp), parameter gradient synchronisation (optim/grad_sync.cpp) and
-// `meshgrad explain`, whose `--rules` prints this table from rule_table().
+// overlapped backward (nn/layers.cpp), the backward of fsdp's gathers (nn/fsdp.cpp), parameter
+// gradient synchronisation (optim/grad_sync.cpp) and `meshgrad explain`, whose `--rules` prints this
+// table from rule_table(). Not from this table: point-to-point transfers between pipeline stages
+// (p2p.hpp: a send's backward is a receive and the reverse), the tied weight's transfers between
+// the first and last stage (nn/tied_weight.cpp) and the vocabulary-parallel cross-entropy's fused
+// reductions (nn/layers.cpp).
 //
 // The placement of an arriving gradient is read from its PartialGradient annotation
 // (placement.hpp): bit set on the axis = P, clear = R.
