@@ -109,14 +109,16 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
                                       const ExplainPipeline& pipe) {
   int world = 1;
   for (const auto& axis : axes) world *= axis.size;
-  const auto dp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "dp"; });
-  const int dp_size = dp == axes.end() ? 1 : dp->size;
+  // The ranks that split the batch, as training splits it: dp and fsdp together.
+  int dp_size = 1;
+  for (const auto& axis : axes) {
+    if (axis.name == "dp" || axis.name == "fsdp") dp_size *= axis.size;
+  }
   const auto pp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "pp"; });
   const int stages = pp == axes.end() ? 1 : pp->size;
-  const std::int64_t global_tokens = static_cast<std::int64_t>(config.batch) * config.seq;
   // Fail before starting ranks when the batch does not split (the same check every rank would make).
   MG_CHECK(config.batch % dp_size == 0,
-           "explain: the global batch {} does not split over dp = {} ranks (make --batch a multiple of dp)",
+           "explain: the global batch {} does not split over dp x fsdp = {} ranks (make --batch a multiple of it)",
            config.batch, dp_size);
   MG_CHECK(pipe.micro_batches >= 1 && (config.batch / dp_size) % pipe.micro_batches == 0,
            "explain: each dp replica's {} rows of --batch {} do not divide into {} micro-batches",
@@ -132,8 +134,7 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
     model->set_training(true);
     const std::vector<Parameter*> params = model->parameters();
     optim::GradientSynchronizer sync(params, mesh, {.order = model->reduce_order()});
-    const int dp_rank = mesh->has_axis("dp") ? mesh->coordinate("dp") : 0;
-    const Batch batch = data::make_synthetic_batch(config, dp_size, dp_rank, kBatchSeed);
+    const Batch global_batch = data::make_synthetic_batch(config, 1, 0, kBatchSeed);
     // The first rank of each stage counts (rank 0 without pp); every rank runs the same step.
     bool counts = true;
     for (int a = 0; a < mesh->ndim(); ++a) {
@@ -144,19 +145,9 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
     {
       std::unique_ptr<dist::CountingScope> counting;
       if (counts) counting = std::make_unique<dist::CountingScope>(counter);
-      if (stages == 1) {
-        Tensor loss = model->loss(batch, global_tokens);
-        backward(loss);
-      } else {
-        std::vector<Batch> micro;
-        for (int k = 0; k < pipe.micro_batches; ++k) {
-          micro.push_back(pipe.micro_batches == 1 ? batch : data::dp_shard(batch, k, pipe.micro_batches));
-        }
-        optim::MicroBatchGradients gradients(params, sync, model->reduce_order(), pipe.micro_batches);
-        (void)pipeline::run_step(*model, micro, global_tokens, pipe.schedule, gradients, *mesh);
-        gradients.finish();
-      }
-      sync.finish();
+      // The step train runs (train::forward_backward), without the loss's and the norm's scalar
+      // collectives, which are the trainer's.
+      (void)train::forward_backward(*model, global_batch, *mesh, sync, pipe.micro_batches, pipe.schedule);
     }
     if (counts) records[static_cast<std::size_t>(stage)] = counter.records();
   });

@@ -707,8 +707,10 @@ std::vector<int> stage_layer_counts(int layers, int stages, const std::vector<in
   return requested;
 }
 
-Tensor Model::forward_stage(const Batch&, const Tensor&, std::int64_t) {
-  throw InvalidArgument(fmt::format("model '{}' has no pipeline stages: only gpt has", config().kind));
+Tensor Model::forward_stage(const Batch& batch, const Tensor& input, std::int64_t global_tokens) {
+  // A model without pipeline stages is one stage: its forward is its loss.
+  MG_CHECK(!input.defined() && stage().count == 1, "model '{}' has no pipeline stages: only gpt has", config().kind);
+  return loss(batch, global_tokens);
 }
 
 Shape Model::stage_input_shape(const Batch&) const {

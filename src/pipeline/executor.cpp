@@ -14,21 +14,37 @@ namespace {
 
 // The forward of micro-batch k on this stage: the activation in from the previous stage, the
 // stage's layers, the activation out to the next (the token returned stands for it) or the loss.
+// stages: the pp group, or nullptr on a one-stage pipeline (a mesh without pp), which sends nothing.
 Tensor forward_micro(nn::Model& model, const nn::Batch& batch, int k, std::int64_t targets,
-                     const dist::ProcessGroup& stages, const dist::SendQueuePtr& sends) {
+                     const dist::ProcessGroup* stages, const dist::SendQueuePtr& sends) {
   const nn::PipelineStage st = model.stage();
   const bool recording = autograd::GradMode::is_enabled();
   // The transfers (and, through the graph, their gradients') are labelled as the stage boundary.
   Tensor input;
   if (!st.is_first()) {
     const dist::CommLabelScope label(fmt::format("pp {}->{}", st.index - 1, st.index));
-    input = dist::recv(model.stage_input_shape(batch), model.config().dtype, stages, st.index - 1, dist::tags_for(k),
+    input = dist::recv(model.stage_input_shape(batch), model.config().dtype, *stages, st.index - 1, dist::tags_for(k),
                        sends, recording);
   }
   const Tensor out = model.forward_stage(batch, input, targets);
   if (st.is_last()) return out;
   const dist::CommLabelScope label(fmt::format("pp {}->{}", st.index, st.index + 1));
-  return dist::send(out, stages, st.index + 1, dist::tags_for(k), sends);
+  return dist::send(out, *stages, st.index + 1, dist::tags_for(k), sends);
+}
+
+// The pp group when the mesh has a pp axis, else nullptr: then the model must be one stage.
+const dist::ProcessGroup* stages_of(const nn::Model& model, const dist::DeviceMesh& mesh) {
+  const nn::PipelineStage st = model.stage();
+  if (!mesh.has_axis("pp")) {
+    MG_CHECK(st.count == 1, "pipeline: the model was built as stage {} of {}, and the mesh {} has no pp axis",
+             st.index, st.count, mesh.str());
+    return nullptr;
+  }
+  const dist::ProcessGroup& stages = mesh.group("pp");
+  MG_CHECK(stages.size() == st.count && stages.rank() == st.index, "pipeline: the model was built as stage {} of {}, "
+           "and this rank is stage {} of {} of the mesh {}", st.index, st.count, stages.rank(), stages.size(),
+           mesh.str());
+  return &stages;
 }
 
 }  // namespace
@@ -41,12 +57,12 @@ const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh) {
 Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets, ScheduleKind schedule,
                 optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh) {
   const nn::PipelineStage st = model.stage();
-  const dist::ProcessGroup& stages = stage_group(mesh);
-  MG_CHECK(stages.size() == st.count && stages.rank() == st.index, "pipeline: the model was built as stage {} of {}, "
-           "and this rank is stage {} of {} of the mesh {}", st.index, st.count, stages.rank(), stages.size(),
-           mesh.str());
+  const dist::ProcessGroup* stages = stages_of(model, mesh);
   const int m = static_cast<int>(micro.size());
-  const std::vector<Action> actions = stage_actions(schedule, st.count, st.index, m);
+  // One stage runs 1F1B's order (forward k, backward k): GPipe's order only holds every micro-batch's
+  // activations at once there, with nothing to overlap.
+  const std::vector<Action> actions = stage_actions(st.count == 1 ? ScheduleKind::OneFOneB : schedule, st.count,
+                                                    st.index, m);
   auto sends = std::make_shared<dist::SendQueue>();
   optim::MicroBatchLosses losses(model.reduce_order());
   std::vector<Tensor> roots(micro.size());   // per micro-batch, from its forward to its backward
@@ -81,7 +97,7 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
                     const dist::DeviceMesh& mesh) {
   autograd::NoGradGuard no_grad;
   const nn::PipelineStage st = model.stage();
-  const dist::ProcessGroup& stages = stage_group(mesh);
+  const dist::ProcessGroup* stages = stages_of(model, mesh);
   auto sends = std::make_shared<dist::SendQueue>();
   optim::MicroBatchLosses losses(model.reduce_order());
   {
@@ -97,6 +113,7 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
 }
 
 Tensor losses_over_stages(const Tensor& stage_loss, const dist::DeviceMesh& mesh) {
+  if (!mesh.has_axis("pp")) return stage_loss.detach();   // one stage: its loss is the step's
   dist::PhaseScope phase(dist::Phase::Optimizer);
   return dist::all_reduce(stage_loss.detach(), stage_group(mesh));
 }

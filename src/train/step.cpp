@@ -47,6 +47,14 @@ double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder ord
   return dist::sum_scalar_over(local, *dp.group, order);
 }
 
+// This rank's rows cut into `count` micro-batches by the shard rule (the batch itself for one).
+std::vector<nn::Batch> micro_batches_of(const nn::Batch& share, int count) {
+  std::vector<nn::Batch> micro;
+  micro.reserve(static_cast<std::size_t>(count));
+  for (int k = 0; k < count; ++k) micro.push_back(count == 1 ? share : data::dp_shard(share, k, count));
+  return micro;
+}
+
 }  // namespace
 
 std::int64_t count_loss_targets(const Tensor& targets) {
@@ -102,55 +110,38 @@ int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::De
   return parallel.batch_blocks / replicas;
 }
 
+Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                        optim::GradientSynchronizer& sync, int micro_batches, pipeline::ScheduleKind schedule) {
+  const DpPlace dp = dp_place(mesh);
+  const nn::Batch batch = data::dp_shard(global_batch, dp.rank, dp.size);
+  MG_CHECK(micro_batches >= 1 && micro_batches <= batch.inputs.size(0),
+           "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
+           "over dp={})", micro_batches, batch.inputs.size(0), global_batch.inputs.size(0), dp.size);
+  const dist::ReduceOrder order = model.reduce_order();
+  if (order == dist::ReduceOrder::FixedTree) {
+    check_invariant_batch_split(global_batch.inputs.size(0), dp.size, micro_batches);
+  }
+  // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
+  const std::int64_t targets = count_loss_targets(global_batch.targets);
+  optim::MicroBatchGradients gradients(model.parameters(), sync, order, micro_batches);
+  const Tensor stage_loss = pipeline::run_step(model, micro_batches_of(batch, micro_batches), targets, schedule,
+                                               gradients, mesh);
+  gradients.finish();
+  sync.finish();
+  return stage_loss;
+}
+
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                        optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip, int grad_accum,
                        pipeline::ScheduleKind schedule) {
-  const DpPlace dp = dp_place(mesh);
-  const dist::ReduceOrder order = model.reduce_order();
   optimizer.zero_grad();
-  const nn::Batch batch = data::dp_shard(global_batch, dp.rank, dp.size);
-  MG_CHECK(grad_accum >= 1 && grad_accum <= batch.inputs.size(0),
-           "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
-           "over dp={})", grad_accum, batch.inputs.size(0), global_batch.inputs.size(0), dp.size);
-  if (order == dist::ReduceOrder::FixedTree) check_invariant_batch_split(global_batch.inputs.size(0), dp.size, grad_accum);
-  // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
-  const std::int64_t targets = count_loss_targets(global_batch.targets);
-  const std::vector<nn::Parameter*> params = model.parameters();
-  optim::MicroBatchGradients gradients(params, sync, order, grad_accum);
-  optim::MicroBatchLosses losses(order);
   StepOutcome out;
-  if (model.stage().count > 1) {
-    std::vector<nn::Batch> micro;
-    for (int k = 0; k < grad_accum; ++k) micro.push_back(grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum));
-    const Tensor stage_loss = pipeline::run_step(model, micro, targets, schedule, gradients, mesh);
-    gradients.finish();
-    sync.finish();
-    out.loss = pipeline::losses_over_stages(stage_loss, mesh);
-    const bool exact = order == dist::ReduceOrder::FixedTree || dp.size > 1;
-    out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, exact)
-                                  : optim::global_grad_norm(params, mesh, exact);
-    optimizer.step();
-    return out;
-  }
-  // Every micro-batch draws the dropout seeds of one forward of the whole batch: masks depend on the
-  // seed and the global row, so its rows get the masks they get at K = 1 (and on a dp replica).
-  const std::uint64_t dropout_start = model.random_state();
-  for (int k = 0; k < grad_accum; ++k) {
-    const nn::Batch micro = grad_accum == 1 ? batch : data::dp_shard(batch, k, grad_accum);
-    model.set_random_state(dropout_start);
-    gradients.before_backward(k);
-    model.set_accumulating(k + 1 < grad_accum);   // FSDP: reduce the micro-batches' sum once, as dp does
-    const Tensor loss = model.loss(micro, targets);
-    backward(loss);
-    gradients.after_backward(k);
-    losses.push(loss);
-  }
-  gradients.finish();
-  sync.finish();
-  out.loss = losses.total();
+  out.loss = pipeline::losses_over_stages(forward_backward(model, global_batch, mesh, sync, grad_accum, schedule),
+                                          mesh);
   // The exact norm in the tree order, and wherever the batch is split (dp, fsdp): its bits must not
   // depend on how the gradient is split, so that fsdp=N clips exactly as dp=N does.
-  const bool exact = order == dist::ReduceOrder::FixedTree || dp.size > 1;
+  const bool exact = model.reduce_order() == dist::ReduceOrder::FixedTree || dp_place(mesh).size > 1;
+  const std::vector<nn::Parameter*> params = model.parameters();
   out.grad_norm = grad_clip > 0 ? optim::clip_grad_norm(params, mesh, grad_clip, exact)
                                 : optim::global_grad_norm(params, mesh, exact);
   optimizer.step();
@@ -173,19 +164,9 @@ double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches
     const nn::Batch global_batch = dataset.validation_batch(b);
     const nn::Batch share = data::dp_shard(global_batch, dp.rank, dp.size);
     const std::int64_t targets = count_loss_targets(global_batch.targets);
-    optim::MicroBatchLosses losses(model.reduce_order());
     const int pieces = static_cast<int>(std::min<std::int64_t>(micro_batches, share.inputs.size(0)));
-    if (model.stage().count > 1) {
-      std::vector<nn::Batch> micro;
-      for (int k = 0; k < pieces; ++k) micro.push_back(pieces == 1 ? share : data::dp_shard(share, k, pieces));
-      const Tensor stage_loss = pipeline::forward_only(model, micro, targets, mesh);
-      total += sum_over_dp(pipeline::losses_over_stages(stage_loss, mesh), dp, model.reduce_order());
-      continue;
-    }
-    for (int k = 0; k < pieces; ++k) {
-      losses.push(model.loss(pieces == 1 ? share : data::dp_shard(share, k, pieces), targets));
-    }
-    total += sum_over_dp(losses.total(), dp, model.reduce_order());
+    const Tensor stage_loss = pipeline::forward_only(model, micro_batches_of(share, pieces), targets, mesh);
+    total += sum_over_dp(pipeline::losses_over_stages(stage_loss, mesh), dp, model.reduce_order());
   }
   model.set_training(true);
   return total / static_cast<double>(n);
@@ -201,28 +182,15 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);
   }
   optim::GradientSynchronizer sync(params, mesh, {.order = model.reduce_order()});
-  const std::int64_t global_tokens = count_loss_targets(global_batch.targets);
-  const nn::Batch local = data::dp_shard(global_batch, dp.rank, dp.size);
   GradientDump dump;
+  const Tensor stage_loss = forward_backward(model, global_batch, *mesh, sync, 1, pipeline::ScheduleKind::OneFOneB);
+  dump.loss = sum_over_dp(pipeline::losses_over_stages(stage_loss, *mesh), dp, model.reduce_order());
   const dist::ProcessGroup& shard_group = nn::parameter_shard_group(*mesh, params);
-  if (model.stage().count > 1) {
-    // A pipeline of one micro-batch; every stage's gradients end on stage 0.
-    optim::MicroBatchGradients gradients(params, sync, model.reduce_order(), 1);
-    const Tensor stage_loss = pipeline::run_step(model, {local}, global_tokens, pipeline::ScheduleKind::OneFOneB,
-                                                 gradients, *mesh);
-    gradients.finish();
-    sync.finish();
-    dump.loss = sum_over_dp(pipeline::losses_over_stages(stage_loss, *mesh), dp, model.reduce_order());
-    dump.gradients = checkpoint::gather_gradients(params, shard_group);
-    if (shard_group.rank() == 0) dump.gradients = checkpoint::collect_on_first_stage(std::move(dump.gradients),
-                                                                                    mesh->group("pp"));
-    return dump;
-  }
-  const Tensor loss = model.loss(local, global_tokens);
-  backward(loss);
-  sync.finish();
-  dump.loss = sum_over_dp(loss, dp, model.reduce_order());
   dump.gradients = checkpoint::gather_gradients(params, shard_group);
+  // A pipeline's stages hold their own blocks: every stage's gradients end on stage 0.
+  if (mesh->has_axis("pp") && shard_group.rank() == 0) {
+    dump.gradients = checkpoint::collect_on_first_stage(std::move(dump.gradients), mesh->group("pp"));
+  }
   return dump;
 }
 

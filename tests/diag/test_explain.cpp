@@ -383,6 +383,28 @@ TEST(ExplainErrors, BatchThatDoesNotSplitOverDp) {
   }
 }
 
+// explain runs training's step (train::forward_backward): the batch is split over dp and fsdp
+// together, so fsdp=2,tp=2 moves the activations of dp=2,tp=2 over tp (it used to give every fsdp
+// rank the whole batch, twice the bytes; review-3 section 5).
+TEST(ExplainBatch, FsdpSplitsTheBatchAsTrainingDoes) {
+  ModelConfig c = small_config("gpt");
+  c.batch = 4;
+  using Key = std::tuple<std::string, std::string, std::string, std::int64_t>;
+  auto tp_rows = [&](const std::string& mesh) {
+    std::map<Key, int> seen;
+    for (const ExplainRow& r : explain_model(c, {}, explain_mesh_axes(mesh), kLink)) {
+      if (r.axis == "tp") ++seen[{r.layer, r.phase, r.op, r.bytes}];
+    }
+    return seen;
+  };
+  const auto fsdp = tp_rows("fsdp=2,tp=2");
+  ASSERT_FALSE(fsdp.empty());
+  EXPECT_EQ(fsdp, tp_rows("dp=2,tp=2"));
+  EXPECT_NE(fsdp, tp_rows("tp=2"));   // one replica holds the whole batch: twice the activation bytes
+  c.batch = 3;
+  EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("fsdp=2"), kLink), InvalidArgument);
+}
+
 TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
   const ModelConfig c = small_config("gpt");
   const Batch b = data::make_synthetic_batch(c, 2, 1, 3);

@@ -150,7 +150,8 @@ class Model {
   // (stage_input_shape; undefined on the first stage). Returns the activation for the next stage
   // (every stage but the last), or the loss as loss() returns it (the last stage). Records the
   // graph when parameters require grad; the executor ties it to the neighbours' with dist::send /
-  // dist::recv. Models without stages throw InvalidArgument naming their kind.
+  // dist::recv. A model without stages is one stage (this default returns loss()); given an input,
+  // it throws InvalidArgument naming its kind.
   virtual Tensor forward_stage(const Batch& batch, const Tensor& input, std::int64_t global_tokens);
   // The shape of the activation a stage receives for micro-batch `batch` (in the model's dtype).
   virtual Shape stage_input_shape(const Batch& batch) const;

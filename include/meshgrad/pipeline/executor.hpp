@@ -8,6 +8,10 @@
 // one rank (the same object drives the gradient synchroniser), and the model is told which backward
 // is the last (Model::set_accumulating), so `--mesh pp=P --grad-accum M` gives the bits of one rank
 // with `--grad-accum M`.
+//
+// A mesh without a pp axis is a pipeline of one stage: the same functions run it (the schedules'
+// one-stage order is forward k, backward k, for k in order), with no transfer, so every step of
+// meshgrad, pipelined or not, goes through run_step or forward_only.
 #pragma once
 
 #include <cstdint>
@@ -37,7 +41,7 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
                     const dist::DeviceMesh& mesh);
 
 // The last stage's value of `stage_loss` on every stage (an all-reduce over the pp group in which
-// the other stages add zeros: exact).
+// the other stages add zeros: exact); without a pp axis, stage_loss itself (detached).
 Tensor losses_over_stages(const Tensor& stage_loss, const dist::DeviceMesh& mesh);
 
 }  // namespace meshgrad::pipeline

@@ -45,6 +45,16 @@ struct StepOutcome {
 // On a pipeline (a mesh with pp > 1; the model is this rank's stage), the K micro-batches run
 // through the stages in `schedule`'s order (pipeline/executor.hpp) with the same accumulation, so
 // the step is bitwise one rank's with the same K; the loss is the last stage's, on every stage.
+// The forward and backward of one step, without the optimizer: the one step executor that train_step,
+// compute_gradients and `meshgrad explain` share. This rank's dp x fsdp share of global_batch is cut
+// into micro_batches (the shard rule) and run through the model's stages in schedule's order
+// (pipeline::run_step; a mesh without pp is one stage, in 1F1B's order), gradients accumulated by
+// one optim::MicroBatchGradients in the model's order and synchronised (sync.finish() has run).
+// Returns the stage loss (pipeline::losses_over_stages makes it the step's on every stage); the
+// model's parameters must hold no gradient of another step.
+Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
+                        optim::GradientSynchronizer& sync, int micro_batches,
+                        pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB);
 StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                        optim::GradientSynchronizer& sync, optim::AdamW& optimizer, double grad_clip = 0, int grad_accum = 1,
                        pipeline::ScheduleKind schedule = pipeline::ScheduleKind::OneFOneB);
