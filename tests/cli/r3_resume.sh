@@ -93,6 +93,12 @@ given)   # the command line names the outputs: they are used as given, from a co
   [ "$(steps_in origcopy)" = "step_00000004 step_00000006 " ] || fail "the copy holds $(steps_in origcopy)"
   [ "$(grep -c resumed_from new.jsonl)" = 1 ] || fail "no metrics in new.jsonl"
   ;;
+no_metrics)   # --no-metrics on a resume in place writes none (it took the checkpoint's --metrics before)
+  original
+  run 0 "$M" train --resume orig --steps 8 --no-metrics
+  [ "$(wc -l <om.jsonl)" = 7 ] || fail "--no-metrics: the metrics file has $(wc -l <om.jsonl) lines"
+  lacks "metrics written to"
+  ;;
 readonly)   # N78: a read-only copy is refused before step 1, naming it and --checkpoint-dir
   original
   mkdir src ro && cp -a orig src/ck
