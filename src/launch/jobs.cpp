@@ -3,6 +3,7 @@
 #include <fmt/core.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cctype>
 #include <cerrno>
 #include <optional>
@@ -115,8 +116,10 @@ bool names_option(std::string_view message, const std::string& name) {
 std::string checkpoint_options_note(const train::TrainOptions& o, std::string_view message) {
   std::string named, overrides;
   for (const auto& [name, value] : o.from_checkpoint) {
+    std::vector<std::string> names = train::option_names(name);   // --grad-accum is also --micro-batches
     // The mesh-invariant mode includes the tp-invariant one, whose messages say --tp-invariant.
-    if (!names_option(message, name) && !(name == "mesh-invariant" && names_option(message, "tp-invariant"))) continue;
+    if (name == "mesh-invariant") names.push_back("tp-invariant");
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return names_option(message, n); })) continue;
     named += fmt::format("{}--{} {}", named.empty() ? "" : ", ", name, value);
     overrides += fmt::format("{}--{}{}", overrides.empty() ? "" : ", ", name,
                              value == "true" ? "=false" : value == "false" ? "" : " ...");

@@ -187,6 +187,14 @@ void place_resumed_outputs(TrainOptions& out, const TrainOptions& options, const
 
 }  // namespace
 
+std::vector<std::string> option_names(const std::string& name) {
+  std::vector<std::string> names{name};
+  for (const OptionField& f : option_fields()) {
+    if (f.name == name) names.insert(names.end(), f.aliases.begin(), f.aliases.end());
+  }
+  return names;
+}
+
 std::string resumed_from_folder(const std::string& checkpoint) {
   std::filesystem::path p = std::filesystem::path(checkpoint).lexically_normal();
   if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();   // "ck/step_00000006/"

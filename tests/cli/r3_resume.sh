@@ -140,6 +140,10 @@ grad_accum)   # N58: a pipeline's micro-batches resumed on fsdp=2: the error say
   has "--grad-accum 4 came from the checkpoint 'c/step_00000003', not from the command line"
   has "override with --batch ..., --grad-accum ...)"
   lacks "step 1/"
+  # A pipeline's message says --micro-batches: the same option, so the same note.
+  run 1 "$M" train --resume c --steps 6 --batch 6
+  has "--micro-batches 4 on pp=2"
+  has "--grad-accum 4 came from the checkpoint 'c/step_00000003'"
   # --micro-batches is --grad-accum: given, it overrides the checkpoint's.
   run 0 "$M" train --resume c --steps 6 --mesh fsdp=2 --micro-batches 2 --no-metrics
   has "--grad-accum 4 -> 2"

@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "meshgrad/train/options.hpp"
 
@@ -37,6 +38,10 @@ nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab);
 //   the caller's default) unless given again, and lists them in *left_out ("" when none).
 TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
                             std::string* changed = nullptr, std::string* left_out = nullptr);
+
+// The command-line names of the option `name` of the run configuration: its own, then the others
+// that set it ("grad-accum": also "micro-batches").
+std::vector<std::string> option_names(const std::string& name);
 
 // The folder a checkpoint directory was resumed from: the directory holding it ("ck" for
 // "ck/step_00000006", "." for a checkpoint in the working directory), where a resumed run writes its
