@@ -148,9 +148,11 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
   check_resumed_folder_writable(options);
   if (options.progress && !changed.empty()) fmt::print(stderr, "meshgrad train: resuming {} with {}\n", dir, changed);
   if (options.progress && !left_out.empty()) {
-    fmt::print(stderr, "meshgrad train: resuming from '{}', not from the checkpoint's own folder: its {} belong to the "
-               "run that wrote there and are not written (give them again to write them)\n",
-               train::resumed_from_folder(dir), left_out);
+    const auto recorded = config->find("checkpoint-dir");
+    const std::string own = recorded != config->end() && recorded->is_string() ? recorded->get<std::string>() : "?";
+    fmt::print(stderr, "meshgrad train: resuming from '{}', not from the checkpoint's own folder '{}': the output files "
+               "recorded for the run there ({}) are not written; give them again to write them\n",
+               train::resumed_from_folder(dir), own, left_out);
   }
   return options;
 }

@@ -51,7 +51,7 @@ copy)   # N1: a resume from a copy writes into the copy, prunes only there, and 
   cp -a orig origcopy
   run 0 "$M" train --resume origcopy --steps 12
   has "checkpoints: into origcopy (the folder resumed from) every 2 steps and at the end; --keep 2 removes all but the newest 2 checkpoints there"
-  has "its --metrics $W/om.jsonl belong to the run that wrote there and are not written"
+  has "resuming from 'origcopy', not from the checkpoint's own folder '$W/orig': the output files recorded for the run there (--metrics $W/om.jsonl) are not written; give them again to write them"
   original_untouched
   [ "$(steps_in origcopy)" = "step_00000010 step_00000012 " ] || fail "the copy holds $(steps_in origcopy)"
   [ ! -e meshgrad-metrics.jsonl ] || fail "wrote the default metrics file"
