@@ -89,7 +89,8 @@ void add_checkpoint_options(CLI::App& app, train::TrainOptions& o) {
       ->group("Checkpoints");
   app.add_option("--resume", o.resume,
                  "Resume from a checkpoint directory, or the newest one under a --checkpoint-dir; options "
-                 "come from it unless given again (the model's shape cannot change)")
+                 "come from it unless given again (the model's shape cannot change); new checkpoints go into the "
+                 "folder resumed from unless --checkpoint-dir is given")
       ->group("Checkpoints");
   app.add_flag("--data-changed-ok", o.data_changed_ok,
                "With --resume: go on although the data's content differs from the checkpoint's (it is "

@@ -147,6 +147,10 @@ Manifest parse_manifest(std::string_view text, const std::string& path) {
   Manifest m;
   m.step = nonneg_int(field(j, "step", "the manifest", path), "\"step\"", path);
   if (j.contains("commit")) m.commit = nonneg_int(j["commit"], "\"commit\"", path);
+  if (m.commit > kMaxCommitNumber)
+    manifest_error(path, fmt::format("\"commit\" = {} is out of range: a commit number is at most {} (the manifest was "
+                                     "changed; the next commit, numbered one more, would not sort after it)",
+                                     m.commit, kMaxCommitNumber));
   m.mesh = string_field(field(j, "mesh", "the manifest", path), "\"mesh\"", path);
   m.state = field(j, "state", "the manifest", path);
   if (!m.state.is_object()) manifest_error(path, "\"state\" is not an object");

@@ -308,6 +308,11 @@ CheckpointSaver::CheckpointSaver(std::string root, dist::DeviceMeshPtr mesh, int
       for (const std::string& existing : list_checkpoints(root_)) {
         if (const std::optional<std::int64_t> commit = commit_number(existing)) next_commit_ = std::max(next_commit_, *commit + 1);
       }
+      // Readable manifests hold at most kMaxCommitNumber (so the + 1 above cannot overflow); a
+      // checkpoint numbered beyond it would be refused when read.
+      if (next_commit_ > kMaxCommitNumber)
+        throw CheckpointError(fmt::format("checkpoint: '{}' holds a checkpoint of commit number {}, the largest there may "
+                                          "be; give the new checkpoints another --checkpoint-dir", root_, kMaxCommitNumber));
     } catch (const std::exception& e) {
       problem = e.what();
     }

@@ -1,8 +1,13 @@
 #include "meshgrad/launch/jobs.hpp"
 
 #include <fmt/core.h>
+#include <unistd.h>
 
+#include <algorithm>
+#include <cctype>
+#include <cerrno>
 #include <optional>
+#include <string_view>
 
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
@@ -11,6 +16,8 @@
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/train/run_config.hpp"
+#include "meshgrad/io/file_io.hpp"
+#include "meshgrad/io/output_path.hpp"
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/train/trace_file.hpp"
 #include "meshgrad/train/trainer.hpp"
@@ -77,6 +84,53 @@ void check_train_options(const train::TrainOptions& o) {
   }
 }
 
+namespace {
+
+// A resumed run writes its checkpoints into the folder it resumed from unless --checkpoint-dir is
+// given (train::resume_options): a folder it cannot write (a read-only mount or copy) is refused
+// before any work, naming the way out. Writability as the kernel decides it for this process
+// (access(2)): a read-only mount or an immutable folder fails it for root too.
+void check_resumed_folder_writable(const train::TrainOptions& o) {
+  if (o.checkpoint_dir.empty() || o.given_options.count("checkpoint-dir") > 0) return;
+  if (::access(o.checkpoint_dir.c_str(), W_OK | X_OK) == 0) return;
+  throw InvalidArgument(fmt::format(
+      "train: --resume '{}': a resumed run writes its checkpoints into the folder it resumed from, '{}', and that "
+      "folder is not writable: {}; name another folder for them with --checkpoint-dir OTHER (the checkpoint is only "
+      "read)", o.resume, o.checkpoint_dir, io::errno_text(errno)));
+}
+
+// Whether `message` names the option --name (not a longer one: --mesh is not in --mesh-invariant).
+bool names_option(std::string_view message, const std::string& name) {
+  const std::string flag = "--" + name;
+  const auto part_of_name = [](char c) { return std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_'; };
+  for (std::size_t at = message.find(flag); at != std::string_view::npos; at = message.find(flag, at + 1)) {
+    const std::size_t end = at + flag.size();
+    if ((at == 0 || !part_of_name(message[at - 1])) && (end == message.size() || !part_of_name(message[end]))) return true;
+  }
+  return false;
+}
+
+// What an error of a resumed run that names options the run took from its checkpoint (not given, with
+// another value than the caller's: train::TrainOptions::from_checkpoint) adds: where they came from
+// and how to override them, since the user may never have given them. "" when it names none.
+std::string checkpoint_options_note(const train::TrainOptions& o, std::string_view message) {
+  std::string named, overrides;
+  for (const auto& [name, value] : o.from_checkpoint) {
+    std::vector<std::string> names = train::option_names(name);   // --grad-accum is also --micro-batches
+    // The mesh-invariant mode includes the tp-invariant one, whose messages say --tp-invariant.
+    if (name == "mesh-invariant") names.push_back("tp-invariant");
+    if (std::none_of(names.begin(), names.end(), [&](const std::string& n) { return names_option(message, n); })) continue;
+    named += fmt::format("{}--{} {}", named.empty() ? "" : ", ", name, value);
+    overrides += fmt::format("{}--{}{}", overrides.empty() ? "" : ", ", name,
+                             value == "true" ? "=false" : value == "false" ? "" : " ...");
+  }
+  if (named.empty()) return "";
+  return fmt::format(" ({} came from the checkpoint '{}', not from the command line: a resumed run takes its options "
+                     "from the checkpoint unless given; override with {})", named, o.resume_dir, overrides);
+}
+
+}  // namespace
+
 train::TrainOptions resolve_resume(const train::TrainOptions& given) {
   if (given.resume.empty()) return given;
   const std::string dir = checkpoint::resolve_checkpoint(given.resume);
@@ -84,29 +138,55 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
   const auto config = manifest.state.find("config");
   if (config == manifest.state.end())
     throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': its state has no \"config\"", dir));
-  std::string changed;
-  train::TrainOptions options = train::resume_options(given, *config, dir, &changed);
+  std::string changed, left_out;
+  train::TrainOptions options = train::resume_options(given, *config, dir, &changed, &left_out);
   options.resume_dir = dir;
+  // The caller (the CLI, Python) runs on the checkpoint's mesh unless one is given.
+  const auto mesh = manifest.state.find("mesh");
+  if (given.given_options.count("mesh") == 0 && mesh != manifest.state.end() && mesh->is_string())
+    options.from_checkpoint["mesh"] = mesh->get<std::string>();
+  check_resumed_folder_writable(options);
   if (options.progress && !changed.empty()) fmt::print(stderr, "meshgrad train: resuming {} with {}\n", dir, changed);
+  if (options.progress && !left_out.empty()) {
+    const auto recorded = config->find("checkpoint-dir");
+    const std::string own = recorded != config->end() && recorded->is_string() ? recorded->get<std::string>() : "?";
+    fmt::print(stderr, "meshgrad train: resuming from '{}', not from the checkpoint's own folder '{}': the output files "
+               "recorded for the run there ({}) are not written; give them again to write them\n",
+               train::resumed_from_folder(dir), own, left_out);
+  }
   return options;
 }
 
 train::TrainResult run_train_job(const train::TrainOptions& given, const dist::RunOnMesh& run_on_mesh) {
   train::TrainOptions options = resolve_resume(given);
-  check_train_options(options);
-  if (options.sample_every > 0 && !options.sampler) options.sampler = make_train_sampler(options);
-  train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
-  std::optional<train::TrainResult> result;
-  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
-    train::TrainResult r = train::train(options, mesh);
-    trace.finish_rank(*mesh->world());
-    // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
-    // (the same losses on every rank; its own clock).
-    if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
-  });
-  MG_CHECK(result.has_value(), "train: no rank returned a result");
-  trace.finish();
-  return *std::move(result);
+  try {
+    check_train_options(options);
+    if (options.sample_every > 0 && !options.sampler) options.sampler = make_train_sampler(options);
+    train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
+    std::optional<train::TrainResult> result;
+    run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+      train::TrainResult r = train::train(options, mesh);
+      trace.finish_rank(*mesh->world());
+      // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own
+      // (the same losses on every rank; its own clock).
+      if (mesh->rank() == 0 || mesh->world()->backend() == "mpi") result = std::move(r);
+    });
+    MG_CHECK(result.has_value(), "train: no rank returned a result");
+    trace.finish();
+    return *std::move(result);
+  } catch (const io::FileIoError&) {
+    throw;   // about a file, not an option (and of its own type for Python)
+  } catch (const io::OutputFileError&) {
+    throw;
+  } catch (const checkpoint::CheckpointError& e) {
+    const std::string note = checkpoint_options_note(options, e.what());
+    if (note.empty()) throw;
+    throw checkpoint::CheckpointError(e.what() + note);
+  } catch (const InvalidArgument& e) {
+    const std::string note = checkpoint_options_note(options, e.what());
+    if (note.empty()) throw;
+    throw InvalidArgument(e.what() + note);
+  }
 }
 
 GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mesh) {

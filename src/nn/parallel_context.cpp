@@ -75,8 +75,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
   if (config.shard_optimizer) {
     MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "
-             "over the dp axis, and the mesh {} has no dp axis of more than one rank (a resumed run takes the option "
-             "from its checkpoint unless given: --shard-optimizer=false)", mesh->str());
+             "over the dp axis, and the mesh {} has no dp axis of more than one rank", mesh->str());
     MG_CHECK(ctx->fsdp_axis < 0 || mesh->axis_size(ctx->fsdp_axis) == 1, "--shard-optimizer with an fsdp axis ({}): "
              "fsdp shards the optimizer state already; use one of them", mesh->str());
     ctx->fsdp_axis = ctx->dp_axis;

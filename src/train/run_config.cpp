@@ -3,8 +3,10 @@
 
 #include <fmt/format.h>
 
+#include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <utility>
 
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
@@ -27,6 +29,9 @@ struct OptionField {
   std::function<nlohmann::json(const TrainOptions&, int resolved_vocab)> get;
   std::function<void(TrainOptions&, const nlohmann::json&)> set;
   bool fixed_by_checkpoint = false;
+  // Other command-line names that set the same option (--micro-batches is --grad-accum, --no-metrics
+  // sets --metrics to none): given under any of them, the option is given.
+  std::vector<std::string> aliases = {};
 };
 
 // A path is recorded absolute, so a resume from another working directory finds the same files.
@@ -88,7 +93,7 @@ const std::vector<OptionField>& option_fields() {
                     [](const TrainOptions& o, int) -> nlohmann::json {
                       return o.metrics_path.empty() ? nlohmann::json("") : absolute_path(o.metrics_path);
                     },
-                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }},
+                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }, false, {"no-metrics"}},
         MG_PATH_FIELD("save", save_path),
         MG_FIELD("eval-every", eval_every),
         MG_FIELD("eval-steps", eval_steps),
@@ -96,7 +101,11 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("sample-tokens", sample_tokens),
         MG_FIELD("sample-prompt", sample_prompt),
         MG_FIELD("grad-clip", grad_clip),
-        MG_FIELD("grad-accum", grad_accum),
+        [] {
+          OptionField f = MG_FIELD("grad-accum", grad_accum);
+          f.aliases = {"micro-batches"};
+          return f;
+        }(),
         MG_PATH_FIELD("checkpoint-dir", checkpoint_dir),
         MG_FIELD("save-every", save_every),
         MG_FIELD("keep", keep),
@@ -121,8 +130,80 @@ nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab) 
   return j;
 }
 
+namespace {
+
+bool is_given(const TrainOptions& options, const OptionField& f) {
+  if (options.given_options.count(f.name) > 0) return true;
+  return std::any_of(f.aliases.begin(), f.aliases.end(),
+                     [&](const std::string& a) { return options.given_options.count(a) > 0; });
+}
+
+// A saved value as a command line spells it: 4, pp=2, true, 2,2 (not JSON's "pp=2" or [2,2]).
+std::string command_line_value(const nlohmann::json& v) {
+  if (v.is_string()) return v.get<std::string>();
+  if (v.is_array()) {
+    std::string s;
+    for (const nlohmann::json& e : v) s += (s.empty() ? "" : ",") + command_line_value(e);
+    return s;
+  }
+  return v.dump();
+}
+
+bool same_directory(const std::string& a, const std::string& b) {
+  std::error_code ec;
+  const bool same = std::filesystem::equivalent(a, b, ec);
+  return !ec && same;
+}
+
+// Where a resumed run writes unless the caller names it (docs/training.md, "Resume"): see
+// resume_options in run_config.hpp. *left_out gets the recorded output files not taken.
+void place_resumed_outputs(TrainOptions& out, const TrainOptions& options, const nlohmann::json& saved,
+                           const std::string& checkpoint, std::string* left_out) {
+  if (left_out) left_out->clear();
+  const std::string folder = resumed_from_folder(checkpoint);
+  const auto recorded = saved.find("checkpoint-dir");
+  const bool in_place = recorded != saved.end() && recorded->is_string() &&
+                        same_directory(folder, recorded->get<std::string>());
+  if (options.given_options.count("checkpoint-dir") == 0) {
+    out.checkpoint_dir = in_place ? recorded->get<std::string>() : folder;   // in place: as before, as recorded
+    out.from_checkpoint["checkpoint-dir"] = out.checkpoint_dir;
+  }
+  if (in_place) return;
+  // Another folder than the recorded one (a copy, a moved folder): the recorded files are another
+  // run's; the caller's own value (the CLI's default metrics file, say) could be that same file.
+  std::string dropped;
+  for (const auto& [name, path] : {std::pair<const char*, std::string*>{"metrics", &out.metrics_path}, {"save", &out.save_path}}) {
+    const auto field = std::find_if(option_fields().begin(), option_fields().end(),
+                                    [name = name](const OptionField& f) { return f.name == name; });
+    if (is_given(options, *field)) continue;
+    const auto it = saved.find(name);
+    if (it != saved.end() && it->is_string() && !it->get<std::string>().empty())
+      dropped += fmt::format("{}--{} {}", dropped.empty() ? "" : " and ", name, it->get<std::string>());
+    path->clear();
+    out.from_checkpoint.erase(name);
+  }
+  if (left_out) *left_out = dropped;
+}
+
+}  // namespace
+
+std::vector<std::string> option_names(const std::string& name) {
+  std::vector<std::string> names{name};
+  for (const OptionField& f : option_fields()) {
+    if (f.name == name) names.insert(names.end(), f.aliases.begin(), f.aliases.end());
+  }
+  return names;
+}
+
+std::string resumed_from_folder(const std::string& checkpoint) {
+  std::filesystem::path p = std::filesystem::path(checkpoint).lexically_normal();
+  if (!p.has_filename() && p.has_parent_path()) p = p.parent_path();   // "ck/step_00000006/"
+  const std::filesystem::path parent = p.parent_path();
+  return parent.empty() ? std::string(".") : parent.string();
+}
+
 TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
-                            std::string* changed) {
+                            std::string* changed, std::string* left_out) {
   using checkpoint::CheckpointError;
   if (!saved.is_object()) throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': the saved configuration is not an object", checkpoint));
   TrainOptions out = options;
@@ -136,7 +217,7 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
         throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': the saved configuration has no \"{}\"", checkpoint, f.name));
       continue;
     }
-    const bool given = options.given_options.count(f.name) > 0;
+    const bool given = is_given(options, f);
     // The stages' split belongs to the mesh it was written on: a resume on another mesh (given)
     // splits evenly unless --pp-layers is given too.
     if (!given && f.name == "pp-layers" && options.given_options.count("mesh") > 0) continue;
@@ -146,6 +227,9 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
       } catch (const std::exception& e) {
         throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': the saved \"{}\" is {}: {}", checkpoint, f.name, it->dump(), e.what()));
       }
+      // (The model's shape is the checkpoint's whatever is given: no other value to name.)
+      if (!f.fixed_by_checkpoint && f.get(options, options.model.vocab) != *it)
+        out.from_checkpoint[f.name] = command_line_value(*it);
       continue;
     }
     // The model's vocabulary 0 means "the data's": compare the resolved one the checkpoint holds.
@@ -164,6 +248,7 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
     throw checkpoint::CheckpointError(fmt::format("checkpoint '{}' holds a model of another shape than the options ask for: {}; a "
                                       "checkpoint only resumes into the model it was written from (leave these options out)",
                                       checkpoint, refused));
+  place_resumed_outputs(out, options, saved, checkpoint, left_out);
   if (changed) *changed = notes;
   return out;
 }

@@ -141,6 +141,11 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
            "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());
+  // Each replica splits its rows (the smallest has batch / dp) into --grad-accum micro-batches: known
+  // now, not only at the first step (train_step's check).
+  MG_CHECK(o.parallel.mesh_invariant || o.grad_accum <= o.model.batch / dp, "train: --grad-accum {} needs at least that "
+           "many rows per dp replica, and a replica has {} (--batch {} over dp x fsdp = {} on {})", o.grad_accum,
+           o.model.batch / dp, o.model.batch, dp, mesh.str());
   if (o.parallel.mesh_invariant) {
     check_mesh_invariant_split(o.model.batch, dp, o.grad_accum, o.parallel.batch_blocks);
   } else if (o.parallel.tp_invariant) {
@@ -322,6 +327,16 @@ void Run::print_start() const {
   fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
              blas::kernel_description());   // policy set by whoever launched the ranks
   if (resume_) fmt::print(stderr, "resumed from {} (after step {})\n", options_.resume_dir, result_.first_step);
+  // Where checkpoints go and what --keep may remove, before anything is written (a resume's folder
+  // comes from --resume unless --checkpoint-dir is given: run_config.hpp).
+  if (saver_) {
+    fmt::print(stderr, "checkpoints: into {}{} {}; {}\n", options_.checkpoint_dir,
+               resume_ && options_.given_options.count("checkpoint-dir") == 0 ? " (the folder resumed from)" : "",
+               options_.save_every > 0 ? fmt::format("every {} steps and at the end", options_.save_every) : "at the end",
+               options_.keep > 0 ? fmt::format("--keep {} removes all but the newest {} checkpoints there, those "
+                                               "already there included", options_.keep, options_.keep)
+                                 : "--keep 0: none is removed");
+  }
 }
 
 Run::StepFigures Run::step(int step, double lr) {

@@ -19,6 +19,7 @@
 #include <filesystem>
 #include <fstream>
 #include <functional>
+#include <limits>
 #include <nlohmann/json.hpp>
 #include <string>
 #include <vector>
@@ -145,6 +146,14 @@ TEST_F(CheckpointStoreTest, ManifestRoundTripsAndRefusesMalformedOnes) {
   };
   refused([](auto& j) { j["format"] = "other"; }, "\"format\"");
   refused([](auto& j) { j["version"] = 2; }, "version 2");
+  // reliability-3 N67: the next commit (+ 1) would overflow and sort oldest.
+  refused([](auto& j) { j["commit"] = std::numeric_limits<std::int64_t>::max(); }, "\"commit\" = 9223372036854775807 is out of range");
+  refused([](auto& j) { j["commit"] = checkpoint::kMaxCommitNumber + 1; }, "is out of range");
+  {
+    nlohmann::json j = good_manifest();
+    j["commit"] = checkpoint::kMaxCommitNumber;
+    EXPECT_EQ(checkpoint::parse_manifest(j.dump(), "max.json").commit, checkpoint::kMaxCommitNumber);
+  }
   refused([](auto& j) { j["files"][0]["name"] = "../escape"; }, "not a plain file name");
   refused([](auto& j) { j["files"][0]["sha256"] = "xyz"; }, "64 lowercase hex");
   refused([](auto& j) { j["tensors"][0]["pieces"][0]["xxh3"] = hex64('a'); }, "32 lowercase hex");
@@ -501,6 +510,55 @@ TEST_F(CheckpointStoreTest, AnotherModelShapeIsRefusedNamingTheOptions) {
   EXPECT_EQ(merged.steps, 4);
   EXPECT_EQ(merged.model.dropout, 0.1);   // from the checkpoint
   EXPECT_EQ(merged.resume_dir, checkpoint::list_checkpoints(path("ck")).back());
+}
+
+// reliability-3 N1: a resume writes into the folder it resumed from unless told otherwise; the
+// recorded outputs are taken only when that folder is the recorded --checkpoint-dir (any spelling).
+TEST_F(CheckpointStoreTest, AResumeWritesIntoTheFolderItResumedFrom) {
+  EXPECT_EQ(train::resumed_from_folder("ck/step_00000006"), "ck");
+  EXPECT_EQ(train::resumed_from_folder("ck/step_00000006/"), "ck");
+  EXPECT_EQ(train::resumed_from_folder("step_00000006"), ".");
+  EXPECT_EQ(train::resumed_from_folder("/a/b/./ck/step_00000006"), "/a/b/ck");
+  train::TrainOptions original = options(2);
+  original.checkpoint_dir = path("orig");
+  original.metrics_path = path("om.jsonl");
+  original.save_path = path("w.safetensors");
+  original.grad_accum = 2;
+  fs::create_directories(path("orig"));
+  fs::create_directories(path("copy"));
+  fs::create_directory_symlink(path("orig"), path("link"));
+  const nlohmann::json saved = train::run_config_json(original, 256);
+  train::TrainOptions caller = options(4);
+  caller.metrics_path = path("default.jsonl");   // the CLI's default: not the original's either
+  caller.given_options = {"steps"};
+  std::string left_out;
+  // In place, also through a link: as recorded.
+  for (const std::string folder : {"orig", "link"}) {
+    const train::TrainOptions r = train::resume_options(caller, saved, path(folder) + "/step_00000002", nullptr, &left_out);
+    EXPECT_EQ(r.checkpoint_dir, path("orig")) << folder;
+    EXPECT_EQ(r.metrics_path, path("om.jsonl")) << folder;
+    EXPECT_EQ(r.save_path, path("w.safetensors")) << folder;
+    EXPECT_EQ(left_out, "") << folder;
+    EXPECT_EQ(r.grad_accum, 2);
+    EXPECT_EQ(r.from_checkpoint.at("grad-accum"), "2");
+  }
+  // From a copy: the copy, and none of the original's files.
+  train::TrainOptions r = train::resume_options(caller, saved, path("copy") + "/step_00000002", nullptr, &left_out);
+  EXPECT_EQ(r.checkpoint_dir, path("copy"));
+  EXPECT_EQ(r.metrics_path, "");
+  EXPECT_EQ(r.save_path, "");
+  EXPECT_NE(left_out.find("--metrics " + path("om.jsonl")), std::string::npos) << left_out;
+  EXPECT_NE(left_out.find("--save " + path("w.safetensors")), std::string::npos) << left_out;
+  // Given options win; --micro-batches is --grad-accum.
+  caller.given_options = {"steps", "checkpoint-dir", "metrics", "micro-batches"};
+  caller.checkpoint_dir = path("out");
+  caller.grad_accum = 1;
+  r = train::resume_options(caller, saved, path("copy") + "/step_00000002", nullptr, &left_out);
+  EXPECT_EQ(r.checkpoint_dir, path("out"));
+  EXPECT_EQ(r.metrics_path, path("default.jsonl"));
+  EXPECT_EQ(r.grad_accum, 1);
+  EXPECT_EQ(r.from_checkpoint.count("grad-accum"), 0u);
+  EXPECT_EQ(r.from_checkpoint.count("checkpoint-dir"), 0u);
 }
 
 TEST_F(CheckpointStoreTest, KeepPrunesOlderCheckpointsAndTheDirectoryIsLocked) {

@@ -52,12 +52,18 @@ struct ManifestFile {
   std::uint64_t bytes = 0;
   std::string sha256;
 };
+// The largest commit number a manifest may hold (2^53: exact in any JSON reader; one commit a
+// nanosecond would take 104 days to reach it).
+inline constexpr std::int64_t kMaxCommitNumber = std::int64_t{1} << 53;
+
 struct Manifest {
   std::int64_t step = 0;
   // The order in which the checkpoints under one root were committed: 1 + the largest of those there
   // when it was committed (0: written before meshgrad numbered its commits). The newest checkpoint is
   // the last committed, not the highest step: a run resumed from step 100 while an abandoned step 200
-  // lies there writes 110, 120, ..., and those are the ones to resume from.
+  // lies there writes 110, 120, ..., and those are the ones to resume from. At most
+  // kMaxCommitNumber: a manifest with a larger one is refused when read (an edit; the next commit's
+  // number, this + 1, must not overflow and sort oldest).
   std::int64_t commit = 0;
   std::string mesh;              // the mesh it was written on, as --mesh spells it ("dp=2,tp=2")
   nlohmann::json state;          // the trainer's state object (opaque here)

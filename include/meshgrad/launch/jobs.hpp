@@ -21,11 +21,16 @@ namespace meshgrad::launch {
 void check_train_options(const train::TrainOptions& options);
 
 // options with options.resume (a checkpoint directory, or a --checkpoint-dir whose newest checkpoint is
-// taken) turned into resume_dir and the saved configuration (resume_options, train/run_config.hpp);
-// options itself when it does not resume. Prints the options that differ from the checkpoint's.
+// taken) turned into resume_dir and the saved configuration (resume_options, train/run_config.hpp:
+// also where the run writes); options itself when it does not resume. Prints the options that
+// differ from the checkpoint's and the recorded outputs a resume from another folder leaves out.
+// Refuses, naming --checkpoint-dir, a folder resumed from that the run cannot write its checkpoints
+// into when --checkpoint-dir is not given.
 train::TrainOptions resolve_resume(const train::TrainOptions& options);
 
-// Resolves a resume, checks the options, then trains on every rank. Returns the result as mesh rank 0 sees it; when
+// Resolves a resume, checks the options, then trains on every rank. An error (InvalidArgument) that
+// names options a resumed run took from its checkpoint (TrainOptions::from_checkpoint) says so and
+// how to override them: the user may never have given them. Returns the result as mesh rank 0 sees it; when
 // run_on_mesh runs one rank per process (mpi), each process gets its own rank's (the losses are
 // the same on every rank). options.on_step runs on rank 0 only.
 train::TrainResult run_train_job(const train::TrainOptions& options, const dist::RunOnMesh& run_on_mesh);

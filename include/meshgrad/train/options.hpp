@@ -5,6 +5,7 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <set>
 #include <string>
 #include <utility>
@@ -114,6 +115,11 @@ struct TrainOptions {
   // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
   // they override the checkpoint's configuration; the others come from it.
   std::set<std::string> given_options;
+  // Set by a resume (train::resume_options; launch::resolve_resume adds "mesh"): the options the run
+  // took from the checkpoint with another value than the caller's, by command-line name, each value
+  // as a command line spells it ("grad-accum" -> "4"). An error naming one of them says that the
+  // value came from the checkpoint and how to override it (launch::run_train_job).
+  std::map<std::string, std::string> from_checkpoint;
   // With checkpoint_dir: SIGTERM or SIGINT finishes the current step, writes a checkpoint and returns
   // (TrainResult::stopped_by); a second SIGINT aborts. The CLI turns it on; library callers choose.
   bool handle_signals = false;

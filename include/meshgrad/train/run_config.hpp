@@ -6,6 +6,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "meshgrad/train/options.hpp"
 
@@ -17,13 +18,34 @@ namespace meshgrad::train {
 nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab);
 
 // The options of a run resumed from `checkpoint` (a path for messages) whose saved configuration is
-// `saved`: the saved value of every option, except those named in options.given_options, which keep
-// the caller's value (and are listed in *changed, with both values, when they differ). Throws
+// `saved`: the saved value of every option, except those named in options.given_options (under the
+// option's name or another name of it: --micro-batches is --grad-accum), which keep the caller's
+// value (and are listed in *changed, with both values, when they differ). The options taken from
+// the checkpoint with another value than the caller's go to from_checkpoint. Throws
 // checkpoint::CheckpointError naming each model-shape option given with another value than the
 // checkpoint's.
 // An option the checkpoint does not record (it was written by a meshgrad that did not have it) keeps
 // the caller's value. Keeps the caller's run-time fields (progress, provenance, on_step, resume, ...).
+//
+// Where the resumed run writes, unless the caller gives the option: a resume never writes outside
+// the folder it resumed from (resumed_from_folder(checkpoint)) on its own.
+// - Its checkpoints go into that folder. On a resume in place (that folder is the checkpoint's
+//   recorded --checkpoint-dir, compared as files, so any spelling or link counts) this is the
+//   recorded path, as before; from a copy or a moved folder it is the copy, so --keep prunes the
+//   copy's checkpoints, never the original's.
+// - The recorded output files (--metrics, --save) are the run's that wrote into the recorded
+//   folder: a resume in place takes them; a resume from any other folder writes none of them (nor
+//   the caller's default) unless given again, and lists them in *left_out ("" when none).
 TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& saved, const std::string& checkpoint,
-                            std::string* changed = nullptr);
+                            std::string* changed = nullptr, std::string* left_out = nullptr);
+
+// The command-line names of the option `name` of the run configuration: its own, then the others
+// that set it ("grad-accum": also "micro-batches").
+std::vector<std::string> option_names(const std::string& name);
+
+// The folder a checkpoint directory was resumed from: the directory holding it ("ck" for
+// "ck/step_00000006", "." for a checkpoint in the working directory), where a resumed run writes its
+// checkpoints unless --checkpoint-dir is given.
+std::string resumed_from_folder(const std::string& checkpoint);
 
 }  // namespace meshgrad::train
