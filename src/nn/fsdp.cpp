@@ -3,6 +3,7 @@
 
 #include <fmt/format.h>
 
+#include <cstring>
 #include <deque>
 #include <utility>
 
@@ -24,21 +25,41 @@ namespace meshgrad::nn {
 // gradient synchroniser sees them as any other) by the next unit's backward, or by the model's own
 // unit, whose backward is the last.
 struct FsdpReductions {
+  // One reduce-scatter of a unit: the gradients of several shards packed into one buffer.
   struct InFlight {
-    Tensor leaf;                  // the shard the gradient belongs to
-    dist::PendingTensor shard;    // its reduce-scatter
-    dist::AxisMask partial = 0;   // the axes the result is still partial on (dp)
+    struct Piece {
+      std::size_t param = 0;        // index in the unit
+      Tensor leaf;                  // the shard the gradient belongs to
+      std::int64_t offset = 0;      // its elements in the reduced buffer: [offset, offset + numel)
+      dist::AxisMask partial = 0;   // the axes the result is still partial on (dp)
+    };
+    std::vector<Piece> pieces;
+    dist::PendingTensor shards;     // the reduce-scatter of every piece at once
+
+    // Waits (bounded by the communicator's deadline) and cuts the result into the shards'
+    // gradients: views of the one reduced buffer, in the pieces' order.
+    std::vector<Tensor> wait() {
+      const Tensor flat = shards.wait();
+      std::vector<Tensor> out;
+      for (const Piece& p : pieces) {
+        Tensor g = flat.narrow(0, p.offset, p.leaf.numel()).view(p.leaf.shape());
+        dist::set_partial_axes(g, p.partial);
+        out.push_back(std::move(g));
+      }
+      return out;
+    }
   };
   std::deque<InFlight> queue;
 
-  // Waits for every reduction in flight (each bounded by the communicator's deadline) and delivers it.
+  // Waits for every reduction in flight and delivers it to its leaves.
   void deliver() {
     while (!queue.empty()) {
       InFlight f = std::move(queue.front());
       queue.pop_front();
-      Tensor g = f.shard.wait();
-      dist::set_partial_axes(g, f.partial);
-      autograd::grad_accumulator(f.leaf)->apply(TensorList{std::move(g)});
+      std::vector<Tensor> grads = f.wait();
+      for (std::size_t k = 0; k < grads.size(); ++k) {
+        autograd::grad_accumulator(f.pieces[k].leaf)->apply(TensorList{std::move(grads[k])});
+      }
     }
   }
 };
@@ -53,8 +74,11 @@ struct FsdpUnitState {
   bool last_in_backward = false;                 // the model's own unit: delivers everything
   const dist::ProcessGroup* fsdp = nullptr;
   std::vector<std::vector<std::int64_t>> rows;   // per parameter: every fsdp coordinate's rows of dim 0
+  std::vector<std::int64_t> row_numel;           // per parameter: elements per row of dim 0
   std::vector<Tensor> full;                      // per parameter: the gathered piece (its bytes may be released)
-  std::vector<dist::PendingTensor> pending;      // per parameter: a gather in flight into full[i]
+  // One all-gather per unit (FSDP2's foreach all-gather): coordinate r's chunk is its shards of every
+  // parameter, packed in parameter order; the gathered chunks are copied out into full[].
+  dist::PendingTensor pending;                   // the gather in flight (valid() while it is)
   bool resident = false;                         // full[] holds the gathered values now
   std::vector<std::uint64_t> versions;           // the shards' versions those values were gathered from
   bool accumulating = false;
@@ -74,15 +98,60 @@ struct FsdpUnitState {
     return a;
   }
 
-  // Issues the gathers into full[] (its bytes taken again where they were given back).
+  // Elements of coordinate r's rows of the parameters in `which` (indices), packed in that order.
+  std::int64_t chunk_numel(const std::vector<std::size_t>& which, std::size_t r) const {
+    std::int64_t n = 0;
+    for (std::size_t i : which) n += rows[i][r] * row_numel[i];
+    return n;
+  }
+  // The first row of coordinate r's shard of parameter i.
+  std::int64_t first_row(std::size_t i, std::size_t r) const {
+    std::int64_t row = 0;
+    for (std::size_t q = 0; q < r; ++q) row += rows[i][q];
+    return row;
+  }
+  std::vector<std::size_t> all_params() const {
+    std::vector<std::size_t> which(params.size());
+    for (std::size_t i = 0; i < which.size(); ++i) which[i] = i;
+    return which;
+  }
+
+  // Issues the unit's one all-gather (full[]'s bytes taken again where they were given back).
   void issue() {
-    if (!pending.empty() || (resident && versions == current_versions())) return;
+    if (pending.valid() || (resident && versions == current_versions())) return;
     versions = current_versions();   // a shard written since (an optimizer step) is gathered again
     resident = false;
     dist::CommLabelScope label(fmt::format("fsdp:{}", name));
+    const std::vector<std::size_t> which = all_params();
+    const auto me = static_cast<std::size_t>(fsdp->rank());
+    std::vector<std::int64_t> chunks(static_cast<std::size_t>(fsdp->size()));
+    for (std::size_t r = 0; r < chunks.size(); ++r) chunks[r] = chunk_numel(which, r);
+    Tensor mine = Tensor::empty({chunks[me]}, full.front().dtype());
+    const std::size_t elem = dtype_size(mine.dtype());
+    auto* dst = static_cast<std::byte*>(mine.raw_data());
     for (std::size_t i = 0; i < params.size(); ++i) {
+      const Tensor shard = params[i]->value.detach().contiguous();
+      const std::size_t bytes = static_cast<std::size_t>(shard.numel()) * elem;
+      if (bytes > 0) std::memcpy(dst, shard.raw_data(), bytes);
+      dst += bytes;
       full[i].storage()->restore_memory();
-      pending.push_back(dist::all_gather_async(params[i]->value.detach(), *fsdp, 0, rows[i], full[i]));
+    }
+    pending = dist::all_gather_async(mine, *fsdp, 0, chunks);
+  }
+
+  // The gathered chunks -> full[]: coordinate r's rows of parameter i sit in r's chunk. Raw copies:
+  // the bytes are the values the graph saved (a regather refills them), so no version changes.
+  void copy_out(const Tensor& chunks) {
+    const std::size_t elem = dtype_size(chunks.dtype());
+    const auto* src = static_cast<const std::byte*>(chunks.raw_data());
+    for (std::size_t r = 0; r < static_cast<std::size_t>(fsdp->size()); ++r) {
+      for (std::size_t i = 0; i < params.size(); ++i) {
+        const std::size_t bytes = static_cast<std::size_t>(rows[i][r] * row_numel[i]) * elem;
+        auto* dst = static_cast<std::byte*>(full[i].raw_data()) +
+                    static_cast<std::size_t>(first_row(i, r) * row_numel[i]) * elem;
+        if (bytes > 0) std::memcpy(dst, src, bytes);
+        src += bytes;
+      }
     }
   }
 
@@ -92,22 +161,24 @@ struct FsdpUnitState {
     return v;
   }
 
-  // Waits for the gathers (each bounded by the communicator's deadline).
+  // Waits for the gather (bounded by the communicator's deadline) and fills full[].
   void settle() {
     issue();
-    for (std::size_t i = 0; i < pending.size(); ++i) {
-      const Tensor got = pending[i].wait();
-      // all_gather_async writes into full[i] when its shape and dtype fit, which they always do here.
-      MG_CHECK(got.storage() == full[i].storage(), "fsdp unit '{}': the gather of '{}' did not land in its buffer",
-               name, params[i]->name);
+    if (pending.valid()) {
+      const Tensor chunks = pending.wait();
+      pending = dist::PendingTensor();
+      std::int64_t expected = 0;
+      for (const Tensor& t : full) expected += t.numel();
+      MG_CHECK(chunks.numel() == expected, "fsdp unit '{}': the gather returned {} elements, the unit's parameters "
+               "hold {}", name, chunks.numel(), expected);
+      copy_out(chunks);
     }
-    pending.clear();
     resident = true;
   }
 
   void release() {
     if (ctx->keeps_gathered_parameters()) return;   // --shard-optimizer: kept until a shard changes
-    if (!pending.empty()) settle();   // a gather in flight writes into the bytes: let it finish first
+    if (pending.valid()) settle();   // a gather in flight: let it finish first
     for (Tensor& t : full) t.storage()->release_memory();
     resident = false;
   }
@@ -138,9 +209,9 @@ class GatherUnitFn final : public autograd::Function {
     // inside a checkpointed block's recomputation (its inner backward hands gradients back to the
     // checkpoint) and not for the last unit, whose gradients are returned as they are.
     const bool defer = s.reductions && !s.last_in_backward && !autograd::PassState::recomputing();
-    std::vector<FsdpReductions::InFlight> launched;
     TensorList out(grads.size());
     const TensorList summed = sum_in_tree(grads);
+    std::vector<std::pair<std::size_t, Tensor>> ready;   // (parameter, gradient) to reduce now
     for (std::size_t i = 0; i < grads.size(); ++i) {
       Tensor g = summed[i];
       if (!g.defined()) continue;
@@ -154,21 +225,19 @@ class GatherUnitFn final : public autograd::Function {
         s.accumulated[i] = g.detach();
         continue;
       }
-      launched.push_back(reduce(i, g));
+      ready.emplace_back(i, std::move(g));
     }
+    std::vector<FsdpReductions::InFlight> launched = reduce(ready);
     if (!s.accumulating) s.release();   // the next use gathers again
     // What earlier units left in flight has had this unit's whole backward to finish: deliver it.
     if (s.reductions) s.reductions->deliver();
-    std::size_t k = 0;
-    for (std::size_t i = 0; i < grads.size() && k < launched.size(); ++i) {
-      if (!grads[i].defined() || s.accumulating) continue;
-      FsdpReductions::InFlight& f = launched[k++];
+    for (FsdpReductions::InFlight& f : launched) {
       if (defer) {
         s.reductions->queue.push_back(std::move(f));
         continue;
       }
-      out[i] = f.shard.wait();
-      dist::set_partial_axes(out[i], f.partial);
+      std::vector<Tensor> got = f.wait();
+      for (std::size_t k = 0; k < got.size(); ++k) out[f.pieces[k].param] = std::move(got[k]);
     }
     return out;   // deferred: none yet (FsdpReductions::deliver gives them to the leaves)
   }
@@ -197,29 +266,75 @@ class GatherUnitFn final : public autograd::Function {
     return root;
   }
 
-  // The gathered piece's gradient -> the shard's: over tp where it is partial there, then the rule's
-  // backward of Sp(0) -> R over fsdp, launched (not waited). Partial over dp stays (the synchroniser's).
-  FsdpReductions::InFlight reduce(std::size_t i, Tensor g) const {
+  // The gathered pieces' gradients -> the shards': each over tp where it is partial there (a
+  // replicated parameter under SP), then the rule's backward of Sp(0) -> R over fsdp for all of them
+  // at once (FSDP2's foreach reduce-scatter): coordinate r's chunk of the packed buffer holds its rows
+  // of every gradient, in parameter order, and comes back reduced as r's shards. One launch (not
+  // waited) per arriving placement: partial over fsdp (reduce-scatter) or not (keep own rows). The
+  // sums are element by element, so packing changes no bit. Partial over dp stays (the synchroniser's).
+  std::vector<FsdpReductions::InFlight> reduce(std::vector<std::pair<std::size_t, Tensor>>& ready) const {
     const FsdpUnitState& s = *state_;
     const dist::DeviceMesh& mesh = *s.ctx->mesh;
-    dist::StepArgs args = s.gather_args(i);
-    dist::AxisMask mask = dist::partial_axes(g);
-    for (int a = 0; a < mesh.ndim(); ++a) {
-      if (a == s.ctx->dp_axis || a == s.ctx->fsdp_axis || !(mask & dist::axis_bit(a))) continue;
-      // A replicated (on this axis) parameter used on sharded data: R -> R, arriving P: all-reduce.
-      const dist::BackwardStep step = dist::backward_step(dist::Placement::replicate(), dist::Placement::replicate(),
-                                                          dist::Placement::partial());
-      g = dist::run_primitive(step.op, g, mesh.group(a), args);
-      mask &= ~dist::axis_bit(a);
+    const dist::AxisMask fsdp_bit = dist::axis_bit(s.ctx->fsdp_axis);
+    std::vector<dist::AxisMask> masks;
+    for (auto& [i, g] : ready) {
+      dist::AxisMask mask = dist::partial_axes(g);
+      for (int a = 0; a < mesh.ndim(); ++a) {
+        if (a == s.ctx->dp_axis || a == s.ctx->fsdp_axis || !(mask & dist::axis_bit(a))) continue;
+        // A replicated (on this axis) parameter used on sharded data: R -> R, arriving P: all-reduce.
+        const dist::BackwardStep step = dist::backward_step(dist::Placement::replicate(),
+                                                            dist::Placement::replicate(), dist::Placement::partial());
+        g = dist::run_primitive(step.op, g, mesh.group(a), s.gather_args(i));
+        mask &= ~dist::axis_bit(a);
+      }
+      MG_CHECK(g.dtype() == s.params[i]->value.dtype(), "fsdp unit '{}': the gradient of '{}' is {}, the parameter {}",
+               s.name, s.params[i]->name, dtype_name(g.dtype()), dtype_name(s.params[i]->value.dtype()));
+      g = g.contiguous();
+      masks.push_back(mask);
     }
-    const dist::Placement arriving = (mask & dist::axis_bit(s.ctx->fsdp_axis)) ? dist::Placement::partial()
-                                                                                 : dist::Placement::replicate();
-    const dist::BackwardStep step = dist::backward_step(dist::Placement::shard(0), dist::Placement::replicate(), arriving);
-    FsdpReductions::InFlight f;
-    f.leaf = s.params[i]->value;
-    f.shard = dist::run_primitive_async(step.op, g.contiguous(), *s.fsdp, args);
-    f.partial = mask & ~dist::axis_bit(s.ctx->fsdp_axis);
-    return f;
+    std::vector<FsdpReductions::InFlight> launched;
+    const auto me = static_cast<std::size_t>(s.fsdp->rank());
+    const auto coordinates = static_cast<std::size_t>(s.fsdp->size());
+    for (const bool arriving_partial : {true, false}) {
+      std::vector<std::size_t> which, params;   // indices into ready; the parameters
+      for (std::size_t k = 0; k < ready.size(); ++k) {
+        if (((masks[k] & fsdp_bit) != 0) != arriving_partial) continue;
+        which.push_back(k);
+        params.push_back(ready[k].first);
+      }
+      if (which.empty()) continue;
+      dist::StepArgs args;
+      args.order = s.ctx->reduce_order();
+      for (std::size_t r = 0; r < coordinates; ++r) args.sizes.push_back(s.chunk_numel(params, r));
+      std::int64_t total = 0;
+      for (std::int64_t n : args.sizes) total += n;
+      const Tensor packed = Tensor::empty({total}, ready[which.front()].second.dtype());
+      const std::size_t elem = dtype_size(packed.dtype());
+      auto* dst = static_cast<std::byte*>(packed.raw_data());
+      for (std::size_t r = 0; r < coordinates; ++r) {
+        for (std::size_t k : which) {
+          const std::size_t i = ready[k].first;
+          const std::size_t bytes = static_cast<std::size_t>(s.rows[i][r] * s.row_numel[i]) * elem;
+          const auto* src = static_cast<const std::byte*>(ready[k].second.raw_data()) +
+                            static_cast<std::size_t>(s.first_row(i, r) * s.row_numel[i]) * elem;
+          if (bytes > 0) std::memcpy(dst, src, bytes);
+          dst += bytes;
+        }
+      }
+      FsdpReductions::InFlight f;
+      std::int64_t offset = 0;
+      for (std::size_t k : which) {
+        const std::size_t i = ready[k].first;
+        f.pieces.push_back({i, s.params[i]->value, offset, masks[k] & ~fsdp_bit});
+        offset += s.rows[i][me] * s.row_numel[i];
+      }
+      const dist::BackwardStep step = dist::backward_step(
+          dist::Placement::shard(0), dist::Placement::replicate(),
+          arriving_partial ? dist::Placement::partial() : dist::Placement::replicate());
+      f.shards = dist::run_primitive_async(step.op, packed, *s.fsdp, args);
+      launched.push_back(std::move(f));
+    }
+    return launched;
   }
 
   std::shared_ptr<FsdpUnitState> state_;
@@ -257,8 +372,13 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelCon
   s.reductions = std::move(reductions);
   s.last_in_backward = last_in_backward;
   s.fsdp = &s.ctx->mesh->group(s.ctx->fsdp_axis);
+  MG_CHECK(!s.params.empty(), "fsdp unit '{}': no parameters", s.name);
   for (const Parameter* p : s.params) {
     MG_CHECK(p != nullptr && p->value.defined(), "fsdp unit '{}': a parameter without a value", s.name);
+    // One packed buffer carries the unit's parameters (and their gradients): one dtype.
+    MG_CHECK(p->value.dtype() == s.params.front()->value.dtype(), "fsdp unit '{}': parameter '{}' is {} and '{}' is {}: "
+             "a unit's parameters share one dtype", s.name, p->name, dtype_name(p->value.dtype()),
+             s.params.front()->name, dtype_name(s.params.front()->value.dtype()));
     MG_CHECK(p->placements.at(static_cast<std::size_t>(s.ctx->fsdp_axis)) == dist::Placement::shard_of_piece(0),
              "fsdp unit '{}': parameter '{}' is placed {} (Sp(0) on fsdp expected)", s.name, p->name,
              dist::placements_str(p->placements));
@@ -267,6 +387,7 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelCon
     MG_CHECK(s.rows.back()[static_cast<std::size_t>(s.fsdp->rank())] == p->value.size(0),
              "fsdp unit '{}': parameter '{}' holds {} rows of {}, its share is {}", s.name, p->name, p->value.size(0),
              shape_str(shape), s.rows.back()[static_cast<std::size_t>(s.fsdp->rank())]);
+    s.row_numel.push_back(shape.at(0) > 0 ? shape_numel(shape) / shape.at(0) : 0);
     s.full.push_back(Tensor::empty(shape, p->value.dtype()));
     s.full.back().storage()->release_memory();   // taken when first gathered
   }
@@ -274,14 +395,14 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelCon
 }
 
 FsdpUnit::~FsdpUnit() {
-  // A gather in flight writes into full[]: let it finish (errors are the next collective's to report).
-  for (dist::PendingTensor& p : state_->pending) {
+  // A gather in flight reads this unit's buffers: let it finish (errors are the next collective's to report).
+  if (state_->pending.valid()) {
     try {
-      p.wait();
+      (void)state_->pending.wait();
     } catch (...) {
     }
   }
-  state_->pending.clear();
+  state_->pending = dist::PendingTensor();
 }
 
 const std::string& FsdpUnit::name() const { return state_->name; }

@@ -6,7 +6,9 @@
 // so the optimizer steps the shard. A unit (one transformer block; a model's own parameters) gathers
 // its parameters just before it computes and lets them go after:
 //
-//   forward   Sp(0) -> R on fsdp: one all-gather per parameter, issued one unit ahead (prefetch) so
+//   forward   Sp(0) -> R on fsdp: one all-gather per unit (FSDP2's foreach all-gather: each rank's
+//             shards of every parameter packed into one buffer, the gathered chunks copied out into
+//             the full tensors), issued one unit ahead (prefetch) so
 //             it overlaps the previous unit's compute; Parameter::gathered is the result, recorded
 //             as one node whose backward is the rule's. After the unit's forward, with
 //             reshard_after_forward, the gathered bytes are given back (the graph keeps its handles,
@@ -14,7 +16,8 @@
 //   backward  before the unit's backward (an identity node on its output) its bytes are taken again
 //             and refilled, and the previous unit's gather is issued; the gathered piece's gradient
 //             arrives partial over fsdp (each rank saw its own rows), and the backward of the
-//             all-gather is a reduce-scatter (P -> S(0)): the shard's gradient, complete over fsdp,
+//             all-gather is a reduce-scatter (P -> S(0)), one per unit over the packed gradients: the
+//             shard's gradient, complete over fsdp,
 //             still partial over dp, which the gradient synchroniser reduces as for any replica.
 //             A gradient also partial over the tp axis (LayerNorm weights under SP) is all-reduced
 //             over tp first, as the synchroniser does before dp. The reduce-scatters stay in flight
