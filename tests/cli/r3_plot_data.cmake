@@ -1,2 +1,28 @@
 # reliability-3 (issue 37): CLI tests of the plot_data area. Included by tests/CMakeLists.txt after cli.cmake,
 # whose meshgrad_cli_test(), ${mg} and ${tiny} it uses.
+
+set(r3pd ${CMAKE_CURRENT_BINARY_DIR}/r3-plot-data)
+file(MAKE_DIRECTORY ${r3pd})
+
+# N106: a number beyond a double's range was a bare "[json.exception.out_of_range.406] ..." with no
+# file or line; it is named like every other bad line.
+meshgrad_cli_test(r3_plot_number_overflow_names_file_and_line 1
+                  "r3-plot-overflow.jsonl' line 2 is not JSON \\(number overflow parsing '1e999'"
+                  bash -c "printf '{\"step\":1,\"loss\":2,\"lr\":0.001}\\n{\"step\":2,\"loss\":1e999,\"lr\":0.001}\\n' > ${r3pd}/r3-plot-overflow.jsonl && exec ${mg} plot ${r3pd}/r3-plot-overflow.jsonl -o ${r3pd}/overflow.svg")
+# N114: steps out of order, a step that is no step number, a negative lr and a header whose
+# first_step is no step were drawn without a word; each is refused naming the file and the line.
+meshgrad_cli_test(r3_plot_steps_out_of_order 1 "r3-plot-order.jsonl' line 3 has step 3 after step 5 \\(line 2\\)"
+                  bash -c "printf '{\"type\":\"header\"}\\n{\"step\":5,\"loss\":2,\"lr\":0.1}\\n{\"step\":3,\"loss\":2,\"lr\":0.1}\\n' > ${r3pd}/r3-plot-order.jsonl && exec ${mg} plot ${r3pd}/r3-plot-order.jsonl -o ${r3pd}/order.svg")
+meshgrad_cli_test(r3_plot_negative_step 1 "r3-plot-negative.jsonl' line 1: step -5 is not a step number"
+                  bash -c "printf '{\"step\":-5,\"loss\":2,\"lr\":0.1}\\n' > ${r3pd}/r3-plot-negative.jsonl && exec ${mg} plot ${r3pd}/r3-plot-negative.jsonl -o ${r3pd}/negative.svg")
+meshgrad_cli_test(r3_plot_negative_lr 1 "r3-plot-lr.jsonl' line 2: lr -1 is not a learning rate"
+                  bash -c "printf '{\"step\":1,\"loss\":2,\"lr\":0.1}\\n{\"step\":2,\"loss\":2,\"lr\":-1}\\n' > ${r3pd}/r3-plot-lr.jsonl && exec ${mg} plot ${r3pd}/r3-plot-lr.jsonl -o ${r3pd}/lr.svg")
+meshgrad_cli_test(r3_plot_header_first_step_not_a_step 1 "r3-plot-first.jsonl' line 2: the header's \"first_step\" is number -1, not a step number"
+                  bash -c "printf '{\"step\":1,\"loss\":2,\"lr\":0.1}\\n{\"type\":\"header\",\"first_step\":-1}\\n{\"step\":1,\"loss\":2,\"lr\":0.1}\\n' > ${r3pd}/r3-plot-first.jsonl && exec ${mg} plot ${r3pd}/r3-plot-first.jsonl -o ${r3pd}/first.svg")
+# A resumed run's header that replaces steps the killed run wrote is drawn as before, with a note.
+meshgrad_cli_test(r3_plot_resumed_steps_noted 0 "r3-plot-resumed.jsonl: 3 steps \\(0 evaluations\\)\n  note: '[^']*r3-plot-resumed.jsonl' line 4: a resumed run \\(first_step 2\\) replaces the 2 step\\(s\\) from step 2 on"
+                  bash -c "printf '{\"step\":1,\"loss\":2,\"lr\":0.1}\\n{\"step\":2,\"loss\":2,\"lr\":0.1}\\n{\"step\":3,\"loss\":2,\"lr\":0.1}\\n{\"type\":\"header\",\"first_step\":2}\\n{\"step\":2,\"loss\":1,\"lr\":0.1}\\n{\"step\":3,\"loss\":1,\"lr\":0.1}\\n' > ${r3pd}/r3-plot-resumed.jsonl && exec ${mg} plot ${r3pd}/r3-plot-resumed.jsonl -o ${r3pd}/resumed.svg")
+# N108: every point went to librsvg (a 200,000-step run never rendered to PNG). Each curve keeps at
+# most 4 vertices per pixel column: the 200,000-step train loss of a 900 px plot has at most 3600.
+meshgrad_cli_test(r3_plot_long_run_bounded_by_width 0 "200000 steps.*train_loss vertices [0-9]+ <= 3600"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_plot_long_run.sh ${mg} ${r3pd}/long)
