@@ -47,3 +47,7 @@ meshgrad_cli_test(r3_prepare_notes_an_input_named_twice 0
 meshgrad_cli_test(r3_prepare_memory_bounded_without_cuts 0
                   "warning: [0-9]+ chunk\\(s\\) cut inside a pre-token.*rss-bounded"
                   ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_data.sh ${mg} ${r3_gpt2} ${r3pd}/letters letters)
+
+# C3: a corrupt piece of rank 1: the prompt was printed before the hash check failed.
+meshgrad_cli_test(r3_sample_corrupt_piece_prints_nothing 0 "rc 1.*rank_00001.bin' at offset 0 fails its hash.*stdout=\\[\\]"
+                  ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_sample_corrupt.sh ${mg} ${r3pd}/sample-corrupt)
