@@ -1,7 +1,7 @@
 // `meshgrad prepare`: tokenizes text files with GPT-2's BPE into a data directory for
 // `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, or train_NNNNNN.bin /
 // val_NNNNNN.bin shards with --shard-tokens; meta.json; data/prepare.hpp). Streams: memory is the
-// tokenizer's and a few chunks of at most 2 x --chunk-bytes, whatever the size of the inputs.
+// tokenizer's and a few chunks of at most max(2 x --chunk-bytes, 64 KiB), whatever the inputs' size.
 //   meshgrad prepare --vocab vocab.json --merges merges.txt --out data/ book1.txt book2.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out data/ --val-fraction 0.05 *.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out web/ --shard-tokens 100000000 web-*.txt
@@ -79,10 +79,11 @@ int run(PrepareArgs& a) {
     }
   }
   if (r.forced_cuts > 0) {
-    fmt::print(stderr, "warning: {} chunk(s) cut inside a pre-token: 2 x --chunk-bytes {} of text held no place where "
-               "GPT-2's pre-tokenizer splits (a run of letters, digits or symbols that long, or text without ASCII); "
-               "the tokens next to each such cut may differ from encoding the input whole (meta.json: \"sources\" > "
-               "\"forced_cuts\"); a larger --chunk-bytes cuts less often\n", r.forced_cuts, a.options.chunk_bytes);
+    fmt::print(stderr, "warning: {} chunk(s) cut inside a pre-token: max(2 x --chunk-bytes {}, 64 KiB) of text held "
+               "no place where GPT-2's pre-tokenizer splits (a run of letters, digits or symbols that long, or text "
+               "without ASCII); the tokens next to each such cut may differ from encoding the input whole (meta.json: "
+               "\"sources\" > \"forced_cuts\"); a larger --chunk-bytes cuts less often\n", r.forced_cuts,
+               a.options.chunk_bytes);
   }
   return 0;
 }

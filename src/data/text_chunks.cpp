@@ -90,16 +90,23 @@ void TextChunkReader::fill(std::size_t want) {
 
 bool TextChunkReader::next(std::string& chunk) {
   chunk.clear();
-  // At most 2 x chunk_bytes is read ahead and handed out: memory is bounded whatever the text.
-  fill(2 * chunk_bytes_);
+  // At most window_bytes() is read ahead and handed out: memory is bounded whatever the text.
+  fill(window_bytes());
   const bool at_end = read_ == size_;
   std::optional<std::size_t> cut;
   if (!(at_end && pending_.size() <= chunk_bytes_)) {
-    cut = safe_text_cut(pending_, chunk_bytes_);            // the first at or after chunk_bytes
+    // The first cut at or after chunk_bytes, searched a chunk's worth at a time (so a newline far
+    // off does not win over a space near chunk_bytes; each search but the first starts at the last
+    // byte of the one before, whose right neighbour it lacked).
+    const std::string_view text(pending_);
+    for (std::size_t from = chunk_bytes_, end = 2 * chunk_bytes_; !cut; from = end - 1, end += chunk_bytes_) {
+      cut = safe_text_cut(text.substr(0, std::min(end, text.size())), from);
+      if (end >= text.size()) break;
+    }
     if (!cut && !at_end) cut = last_safe_cut(pending_, chunk_bytes_);   // else the last before it
     if (!cut && !at_end) {
-      // 2 x chunk_bytes without a safe cut (one run of letters, text with no ASCII): cut at a
-      // character boundary anyway, where the tokens may differ from the whole text's (the header).
+      // A window without a safe cut (one run of letters, text with no ASCII): cut at a character
+      // boundary anyway, where the tokens may differ from the whole text's (the header says so).
       cut = character_start(pending_, pending_.size() - 1);
       ++forced_cuts_;
     }

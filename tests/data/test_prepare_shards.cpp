@@ -140,33 +140,37 @@ TEST(TextChunks, CutsBetweenClassesKeepTheTokensOfRandomText) {
       std::vector<text::TokenId> pieces;
       std::string chunk;
       while (reader.next(chunk)) tok.encode(chunk, pieces);
-      if (reader.forced_cuts() > 0) continue;   // (20 bytes: a few of 6000 have no cut within 40)
+      EXPECT_EQ(reader.forced_cuts(), 0);
       EXPECT_EQ(pieces, whole) << "round " << round << ", chunks of " << chunk_bytes;
       ++checked;
     }
   }
-  EXPECT_GT(checked, 30);
+  EXPECT_EQ(checked, 60);
   fs::remove_all(d);
 }
 
 // reliability-3 P6: text with no safe cut (one run of letters) was read whole, so memory grew with the
-// file (20 MB: 717 MB RSS). A chunk is now at most 2 x chunk_bytes: without a safe cut in that much
-// text it is cut at a UTF-8 character boundary, counted in forced_cuts().
-TEST(TextChunks, TextWithoutACutIsCutAtACharacterBoundaryWithinTwiceTheChunk) {
+// file (20 MB: 717 MB RSS). A chunk is now at most the window, max(2 x chunk_bytes, 64 KiB): without a
+// safe cut in that much text it is cut at a UTF-8 character boundary, counted in forced_cuts().
+TEST(TextChunks, TextWithoutACutIsCutAtACharacterBoundaryWithinTheWindow) {
   const fs::path d = meshgrad::testing::fresh_temp_dir("text_chunks_forced");
   std::string text = "start.\n";
-  for (int i = 0; i < 5000; ++i) text += "é";   // 10,000 bytes of one pre-token (\p{L}+), 2 bytes a letter
-  text += std::string(3001, 'q') + "\nend of it.\n";
+  for (int i = 0; i < 100000; ++i) text += "é";   // 200,000 bytes of one pre-token (\p{L}+), 2 bytes a letter
+  text += std::string(150001, 'q') + "\nend of it.\n";
   const fs::path path = write_text(d, "run.txt", text);
-  TextChunkReader reader(path.string(), 100, "test");
-  std::string chunk, rejoined;
-  while (reader.next(chunk)) {
-    EXPECT_LE(chunk.size(), 200u);
-    EXPECT_NE(static_cast<unsigned char>(chunk.front()) & 0xC0, 0x80) << "a chunk starts a character";
-    rejoined += chunk;
+  for (std::size_t chunk_bytes : {std::size_t{100}, std::size_t{50000}}) {
+    TextChunkReader reader(path.string(), chunk_bytes, "test");
+    const std::size_t window = std::max<std::size_t>(2 * chunk_bytes, 65536);
+    EXPECT_EQ(reader.window_bytes(), window);
+    std::string chunk, rejoined;
+    while (reader.next(chunk)) {
+      EXPECT_LE(chunk.size(), window);
+      EXPECT_NE(static_cast<unsigned char>(chunk.front()) & 0xC0, 0x80) << "a chunk starts a character";
+      rejoined += chunk;
+    }
+    EXPECT_EQ(rejoined, text);
+    EXPECT_GE(reader.forced_cuts(), static_cast<std::int64_t>(350000 / window)) << chunk_bytes;
   }
-  EXPECT_EQ(rejoined, text);
-  EXPECT_GE(reader.forced_cuts(), 13000 / 200);
   fs::remove_all(d);
 }
 

@@ -1,13 +1,14 @@
 // A text file read in chunks that can be encoded one at a time: each chunk ends at a place where
 // GPT-2's pre-tokenizer splits anyway, so the tokens of the chunks, concatenated, are the tokens of
-// the whole text. What `meshgrad prepare` streams its inputs through: memory is bounded by the chunk
-// size (a chunk is at most 2 x chunk_bytes), not the file size. The one exception to equal tokens:
-// 2 x chunk_bytes of text with no safe cut at all (a single run of letters, digits or symbols that
-// long, or text with no two adjacent printable ASCII characters) is cut anyway at a UTF-8
+// the whole text. What `meshgrad prepare` streams its inputs through: memory is bounded by the
+// window (a chunk is at most max(2 x chunk_bytes, 64 KiB)), not the file size. The one exception to
+// equal tokens: a window of text with no safe cut at all (a single run of letters, digits or symbols
+// that long, or text with no two adjacent printable ASCII characters) is cut anyway at a UTF-8
 // character boundary (forced_cuts() counts them); the pre-token across such a cut is encoded as two
 // pieces, so the tokens next to it may differ from encoding the whole text.
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <optional>
 #include <string>
@@ -43,14 +44,17 @@ class TextChunkReader {
 
   // The next chunk into `chunk`; false (and chunk empty) at the end of the file. A chunk is the
   // rest of the file when that is at most chunk_bytes, else it ends at the first safe cut at or
-  // after chunk_bytes within 2 x chunk_bytes, else at the last safe cut before chunk_bytes, else
-  // (none in 2 x chunk_bytes) at the last UTF-8 character boundary before 2 x chunk_bytes (a forced
-  // cut). So a chunk is at most 2 x chunk_bytes and memory a few chunks. Throws InvalidArgument
-  // naming the file when it cannot be read or shrinks while being read.
+  // after chunk_bytes within the window (window_bytes() from the chunk's start), else at the last
+  // safe cut before chunk_bytes, else (none in the window) at the last UTF-8 character boundary
+  // before the window's end (a forced cut). So a chunk is at most window_bytes() and memory a few
+  // windows. Throws InvalidArgument naming the file when it cannot be read or shrinks while being read.
   bool next(std::string& chunk);
 
   // Chunks that ended at a forced cut (inside a pre-token) so far.
   std::int64_t forced_cuts() const { return forced_cuts_; }
+  // The most text read ahead and searched for a cut: max(2 x chunk_bytes, 64 KiB), so that a small
+  // chunk_bytes (a fine validation split) does not force cuts into ordinary long words.
+  std::size_t window_bytes() const { return std::max<std::size_t>(2 * chunk_bytes_, std::size_t{64} << 10); }
 
  private:
   // Reads until pending_ holds `want` bytes or the file ends.
