@@ -78,6 +78,7 @@ int run_plot(const PlotArgs& a) {
   writer.commit();
   for (const auto& r : runs) {
     fmt::print("{}: {} steps ({} evaluations)\n", r.name, r.series.step.size(), r.series.val_step.size());
+    for (const std::string& note : r.series.notes) fmt::print("  note: '{}' {}\n", r.source, note);
   }
   if (runs.size() > 1) fmt::print("the learning rate is not drawn for several runs\n");
   fmt::print("drawn to {} ({}x{})\n", a.out, a.width, a.height);

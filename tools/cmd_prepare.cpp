@@ -1,7 +1,7 @@
 // `meshgrad prepare`: tokenizes text files with GPT-2's BPE into a data directory for
 // `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, or train_NNNNNN.bin /
-// val_NNNNNN.bin shards with --shard-tokens; meta.json; data/prepare.hpp). Streams: memory stays a few
-// MB whatever the size of the inputs.
+// val_NNNNNN.bin shards with --shard-tokens; meta.json; data/prepare.hpp). Streams: memory is the
+// tokenizer's and a few chunks of at most max(2 x --chunk-bytes, 64 KiB), whatever the inputs' size.
 //   meshgrad prepare --vocab vocab.json --merges merges.txt --out data/ book1.txt book2.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out data/ --val-fraction 0.05 *.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out web/ --shard-tokens 100000000 web-*.txt
@@ -62,13 +62,28 @@ int run(PrepareArgs& a) {
   const data::PrepareResult r = data::prepare_dataset(a.options);
   const std::string shards =
       a.options.shard_tokens > 0 ? fmt::format(" in {} + {} shard(s)", r.train_shards, r.val_shards) : std::string();
-  fmt::print("prepared {}: {} train + {} val tokens{} (vocab {}) from {} input file(s), {:.1f} MB\n", a.options.out_dir,
-             r.train_tokens, r.val_tokens, shards, r.vocab_size, a.options.inputs.size(),
-             static_cast<double>(r.bytes) / 1e6);
-  if (a.options.shard_tokens > 0 && a.options.val_fraction > 0 && r.val_tokens == 0) {
-    fmt::print(stderr, "warning: no validation tokens: the inputs give too few chunks of --chunk-bytes {} for "
-               "--val-fraction {} (every 1/fraction-th chunk is validation); give a smaller --chunk-bytes\n",
-               a.options.chunk_bytes, a.options.val_fraction);
+  // P2: a split without tokens is said plainly, on the summary line and why.
+  fmt::print("prepared {}: {} train + {} val tokens{}{} (vocab {}) from {} input file(s), {:.1f} MB\n",
+             a.options.out_dir, r.train_tokens, r.val_tokens, r.val_tokens == 0 ? " (no validation split)" : "", shards,
+             r.vocab_size, a.options.inputs.size(), static_cast<double>(r.bytes) / 1e6);
+  std::fflush(stdout);   // the summary before the notes and warnings, also when both go to one pipe
+  for (const std::string& note : r.notes) fmt::print(stderr, "note: {}\n", note);
+  if (r.val_tokens == 0 && a.options.val_fraction > 0) {
+    if (a.options.shard_tokens > 0) {
+      fmt::print(stderr, "warning: 0 val tokens: no validation split: the inputs give too few chunks of --chunk-bytes "
+                 "{} for --val-fraction {} (every 1/fraction-th chunk is validation); give a smaller --chunk-bytes\n",
+                 a.options.chunk_bytes, a.options.val_fraction);
+    } else {
+      fmt::print(stderr, "warning: 0 val tokens: no validation split: floor({} tokens x --val-fraction {}) is 0 (give "
+                 "more text or a larger --val-fraction)\n", r.train_tokens, a.options.val_fraction);
+    }
+  }
+  if (r.forced_cuts > 0) {
+    fmt::print(stderr, "warning: {} chunk(s) cut inside a pre-token: max(2 x --chunk-bytes {}, 64 KiB) of text held "
+               "no place where GPT-2's pre-tokenizer splits (a run of letters, digits or symbols that long, or text "
+               "without ASCII); the tokens next to each such cut may differ from encoding the input whole (meta.json: "
+               "\"sources\" > \"forced_cuts\"); a larger --chunk-bytes cuts less often\n", r.forced_cuts,
+               a.options.chunk_bytes);
   }
   return 0;
 }

@@ -13,6 +13,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <nlohmann/json.hpp>
 #include <tuple>
 
@@ -431,10 +432,25 @@ std::int64_t inferred_vocab(const std::vector<std::shared_ptr<const TokenFile>>&
 }
 
 // A token file whose hash is not the one its meta.json records was changed after prepare (a
-// train.bin copied in from elsewhere): its vocabulary and tokenizer may not fit.
+// train.bin copied in from elsewhere): its vocabulary and tokenizer may not fit. A file the
+// meta.json beside it does not list at all (a stray shard a glob matched, reliability-3 N94, or
+// another file named beside it) was not written by that prepare: refused the same way, for every
+// path kind through this one check (a directory's own listing is checked against "shards" too).
 void check_hashes(const Meta& meta, const std::string& meta_path, const std::vector<std::shared_ptr<const TokenFile>>& files) {
+  std::set<std::string> listed;   // "files" (every token file prepare wrote) and "shards"
+  for (const auto& [name, hash] : meta.file_hashes) listed.insert(name);
+  for (const auto& [split, names] : meta.shards) listed.insert(names.begin(), names.end());
   for (const auto& f : files) {
-    const auto it = meta.file_hashes.find(std::filesystem::path(f->path()).filename().string());
+    const std::string name = std::filesystem::path(f->path()).filename().string();
+    // A meta.json that lists nothing (written by another tool) cannot tell.
+    if (!listed.empty() && !listed.contains(name)) {
+      std::vector<std::string> shown(listed.begin(), std::next(listed.begin(), std::min<std::ptrdiff_t>(6, std::ssize(listed))));
+      if (listed.size() > shown.size()) shown.push_back(fmt::format("... {} in all", listed.size()));
+      throw InvalidArgument(fmt::format("data '{}' is not one of the files its meta.json '{}' lists ({}): it was not "
+                                        "written by the `meshgrad prepare` that wrote the directory (remove it, or "
+                                        "prepare again)", f->path(), meta_path, fmt::join(shown, ", ")));
+    }
+    const auto it = meta.file_hashes.find(name);
     MG_CHECK(it == meta.file_hashes.end() || it->second == f->content_hash(),
              "data '{}' is not the file its meta.json '{}' describes: its XXH3-128 is {} but meta.json records {}; "
              "the directory changed after `meshgrad prepare` wrote it (prepare it again)",

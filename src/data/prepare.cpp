@@ -1,12 +1,14 @@
 #include "meshgrad/data/prepare.hpp"
 
 #include <fcntl.h>
+#include <sys/stat.h>
 #include <unistd.h>
 
 #include <array>
 #include <cmath>
 #include <filesystem>
 #include <fstream>
+#include <map>
 #include <nlohmann/json.hpp>
 #include <set>
 
@@ -213,6 +215,22 @@ std::vector<std::int64_t> check_options(const PrepareOptions& o) {
   return sizes;
 }
 
+// Inputs named more than once (the same file by (device, inode): another spelling, a link) are
+// encoded each time they are named; said in a note, since repeating a file can be meant (to weight it).
+std::vector<std::string> repeated_inputs(const std::vector<std::string>& inputs) {
+  std::map<std::pair<dev_t, ino_t>, std::size_t> first;
+  std::vector<std::string> notes;
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    struct stat st {};
+    if (::stat(inputs[i].c_str(), &st) != 0) continue;   // checked before: it was readable
+    const auto [it, inserted] = first.emplace(std::pair{st.st_dev, st.st_ino}, i);
+    if (inserted) continue;
+    notes.push_back(fmt::format("input '{}' (file {}) is input '{}' (file {}) again: its text is encoded twice", inputs[i],
+                                i + 1, inputs[it->second], it->second + 1));
+  }
+  return notes;
+}
+
 // Encodes the inputs chunk by chunk, calling on_chunk(index, tokens) for each (index 0, 1, ... over
 // all inputs; an input's <|endoftext|> is at the front of its first chunk, a chunk of its own for an
 // empty input). Returns meta.json's "sources".
@@ -241,6 +259,8 @@ nlohmann::json encode_inputs(const PrepareOptions& o, text::Tokenizer& tokenizer
       if (o.progress) o.progress(done, total);
     }
     sources.push_back({{"file", fs::absolute(path).string()}, {"bytes", reader.size()}, {"tokens", input_tokens}});
+    // Cuts inside a pre-token (data/text_chunks.hpp): recorded only where there were any.
+    if (reader.forced_cuts() > 0) sources.back()["forced_cuts"] = reader.forced_cuts();
   }
   return sources;
 }
@@ -385,6 +405,8 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   staged.commit();
   if (o.overwrite) remove_stale_files(o.out_dir, staged.names());
   PrepareResult r{tokenizer.vocab_size(), total_tokens(layout.train), total_tokens(layout.val), total};
+  r.notes = repeated_inputs(o.inputs);
+  for (const auto& source : sources) r.forced_cuts += source.value("forced_cuts", std::int64_t{0});
   if (o.shard_tokens > 0) {
     r.train_shards = static_cast<std::int64_t>(layout.train.size());
     r.val_shards = static_cast<std::int64_t>(layout.val.size());

@@ -4,7 +4,9 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstdint>
 #include <string>
+#include <unordered_set>
 
 #include "meshgrad/diag/plot.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -175,23 +177,58 @@ Ticks step_ticks(const Scale& s) {
   return {};
 }
 
+struct Pixel {
+  double x, y;
+};
+
+// The vertices of a line through `points` that a picture of one-pixel columns can show (the M4
+// reduction plotting libraries use): of each run of consecutive points within one pixel column,
+// the first, the lowest, the highest and the last, in their order. The line drawn through them
+// covers the same pixels as the line through all points (inside a column it spans the run's
+// lowest to highest value, and it enters and leaves the column where the full line does), and a
+// curve keeps at most 4 vertices per column however many steps it has (reliability-3 N108: every
+// point went to librsvg and a 200,000-step run never rendered to PNG).
+std::vector<Pixel> column_extremes(const std::vector<Pixel>& points) {
+  std::vector<Pixel> out;
+  for (std::size_t from = 0; from < points.size();) {
+    const double column = std::floor(points[from].x);
+    std::size_t to = from, low = from, high = from;
+    for (; to < points.size() && std::floor(points[to].x) == column; ++to) {
+      if (points[to].y < points[low].y) low = to;
+      if (points[to].y > points[high].y) high = to;
+    }
+    std::size_t keep[] = {from, std::min(low, high), std::max(low, high), to - 1};
+    for (std::size_t k = 0; k < 4; ++k) {
+      if (k == 0 || keep[k] != keep[k - 1]) out.push_back(points[keep[k]]);
+    }
+    from = to;
+  }
+  return out;
+}
+
 std::string polyline(const Curve& c, const Scale& x, const Scale& y) {
   static const char* const kStroke[] = {"stroke-width=\"1.5\"", "stroke-width=\"1\" stroke-opacity=\"0.3\"",
                                         "stroke-width=\"1.5\" stroke-dasharray=\"5,4\""};
-  std::string points, dots;
-  int finite = 0;
+  std::vector<Pixel> finite;
   for (std::size_t i = 0; i < c.x.size(); ++i) {
-    if (!std::isfinite(c.y[i])) continue;
-    const double px = x.at(c.x[i]), py = y.at(c.y[i]);
-    points += fmt::format("{:.2f},{:.2f} ", px, py);
-    dots += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\" fill=\"{}\"/>", px, py, c.colour);
-    ++finite;
+    // At the 1/100 px the SVG writes, so that a vertex lies in the column it was kept for.
+    if (std::isfinite(c.y[i])) finite.push_back({std::round(100 * x.at(c.x[i])) / 100, std::round(100 * y.at(c.y[i])) / 100});
   }
+  std::string points;
+  for (const Pixel& p : column_extremes(finite)) points += fmt::format("{:.2f},{:.2f} ", p.x, p.y);
   std::string out = fmt::format("<polyline id=\"{}\" fill=\"none\" stroke=\"{}\" {} points=\"{}\"/>\n", c.id, c.colour,
                                 kStroke[static_cast<int>(c.stroke)], points);
   // A curve of one point is a point: drawn as a dot so that a 1-step run shows something.
-  if (c.dots || (finite == 1 && c.stroke != Stroke::faint)) out += fmt::format("<g id=\"{}_points\">{}</g>\n", c.id, dots);
-  return out;
+  if (!(c.dots || (finite.size() == 1 && c.stroke != Stroke::faint))) return out;
+  // One dot per pixel the points fall on: a dot drawn again on the same pixel adds nothing.
+  std::string dots;
+  std::unordered_set<std::int64_t> drawn;
+  for (const Pixel& p : finite) {
+    const std::int64_t pixel = (static_cast<std::int64_t>(std::lround(p.x)) << 32) + std::lround(p.y);
+    if (!drawn.insert(pixel).second) continue;
+    dots += fmt::format("<circle cx=\"{:.2f}\" cy=\"{:.2f}\" r=\"3\" fill=\"{}\"/>", p.x, p.y, c.colour);
+  }
+  return out + fmt::format("<g id=\"{}_points\">{}</g>\n", c.id, dots);
 }
 
 // The legend's entries in rows of at most `width` px; returns the SVG and the height it takes.

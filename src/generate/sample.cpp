@@ -4,6 +4,7 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/checkpoint/reader.hpp"
+#include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 
 #include <algorithm>
@@ -372,7 +373,9 @@ SampleResult run_sample_job(const SampleJob& job, const dist::RunOnMesh& run_on_
     parallel.invariant_blocks = job.invariant_blocks;
     auto model = nn::make_model(weights.model, parallel, mesh, 0);
     model->set_training(false);
-    load_sample_weights(weights, model->parameters(), *mesh);
+    // Every rank's pieces read and checked before any rank goes on: rank 0 prints the prompt next,
+    // and a corrupt piece of another rank must stop the job before anything is printed (C3).
+    comm::run_agreed(*mesh->world(), [&] { load_sample_weights(weights, model->parameters(), *mesh); });
     const bool printer = mesh->rank() == 0 && job.on_text;
     text::Utf8Stream stream;
     auto emit = [&](std::string_view bytes) {

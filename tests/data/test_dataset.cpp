@@ -497,6 +497,30 @@ TEST(Data, AGlobOfShardsIsTheSameStreamAsTheirDirectory) {
   fs::remove_all(d);
 }
 
+// reliability-3 N94: a shard that meta.json does not list joined training silently through a glob
+// (the directory refused it). Every path kind checks its files against meta.json's lists: a glob, a
+// file named beside meta.json, and the directory itself.
+TEST(Data, AFileMetaJsonDoesNotListIsRefusedForEveryPathKind) {
+  const fs::path d = sharded::sharded_dir("sharded_stray", {30, 17}, 10);
+  write_llmc(d / "train_000002.bin", sharded::shard_tokens(7, 20));   // not in meta.json's shard lists
+  auto message = [](const std::string& path) {
+    try {
+      TokenDataset data(path, 4, 5, 0);
+    } catch (const InvalidArgument& e) {
+      return std::string(e.what());
+    }
+    return std::string("accepted");
+  };
+  const std::string stray = "data '" + (d / "train_000002.bin").string() + "' is not one of the files its meta.json '" +
+                            (d / "meta.json").string() + "' lists (train_000000.bin, train_000001.bin, val_000000.bin)";
+  EXPECT_NE(message((d / "train_*.bin").string()).find(stray), std::string::npos) << message((d / "train_*.bin").string());
+  EXPECT_NE(message((d / "train_000002.bin").string()).find(stray), std::string::npos);
+  EXPECT_NE(message(d.string()).find("holds 3 train shard(s)"), std::string::npos) << message(d.string());
+  // The listed shards alone are fine, by a glob that leaves the stray one out.
+  EXPECT_EQ(TokenDataset((d / "train_00000[01].bin").string(), 4, 5, 0).size(), 47);
+  fs::remove_all(d);
+}
+
 TEST(Data, ShardErrorsNameTheFile) {
   using namespace sharded;
   std::string m = error_of([] { TokenDataset("/nonexistent/meshgrad/train_*.bin", 2, 4, 0); });

@@ -42,7 +42,8 @@ std::vector<text::TokenId> read_tokens(const fs::path& p) {
 }
 
 // Prose with every kind of cut: short lines, one long line with spaces only (cut before a space),
-// and a long run without any cut (read whole), numbers, punctuation, non-ASCII.
+// a long run without spaces or newlines (cut between characters of different classes: letter,
+// digit, other), numbers, punctuation, contractions, non-ASCII.
 std::string varied_text(int paragraphs) {
   std::string text;
   for (int p = 0; p < paragraphs; ++p) {
@@ -52,7 +53,10 @@ std::string varied_text(int paragraphs) {
       for (int w = 0; w < 300; ++w) text += fmt::format("word{} ", w);   // ~2.5 KB without a newline
       text += "end.\n";
     }
-    if (p % 17 == 3) text += std::string(3000, 'x') + "\n";             // no cut inside
+    if (p % 17 == 3) {
+      for (int i = 0; i < 200; ++i) text += fmt::format("x{}='it''s'+q{}[é]", i, i * 31);   // ~4 KB, no space
+      text += "\n";
+    }
   }
   return text;
 }
@@ -110,6 +114,62 @@ TEST(TextChunks, ChunksEncodeToTheTokensOfTheWholeText) {
     EXPECT_EQ(rejoined, text);
     EXPECT_GT(chunks, static_cast<int>(text.size() / chunk_bytes / 3)) << chunk_bytes;
     EXPECT_EQ(pieces, whole) << "chunks of " << chunk_bytes << " bytes";
+  }
+  fs::remove_all(d);
+}
+
+// Random text over letters, digits, symbols, apostrophes (contractions), spaces, tabs, newlines and
+// non-ASCII: every cut the reader makes (newline, space, change of class) keeps the tokens of the
+// whole text, at chunk sizes small enough that cuts of every kind are taken.
+TEST(TextChunks, CutsBetweenClassesKeepTheTokensOfRandomText) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = meshgrad::testing::fresh_temp_dir("text_chunks_random");
+  text::Tokenizer tok = text::Tokenizer::from_files(gpt2_vocab(), gpt2_merges());
+  const std::vector<std::string> alphabet = {"a", "b", "Z", "s", "t", "ll", "0", "7", "'", "'", "-", "=", "(", ".",
+                                             " ", " ", "  ", "\n", "\t", "é", "—", "中", "\xff"};
+  std::uint64_t state = 12345;
+  auto next = [&] { return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33; };
+  int checked = 0;
+  for (int round = 0; round < 20; ++round) {
+    std::string text;
+    while (text.size() < 6000) text += alphabet[next() % alphabet.size()];
+    const fs::path path = write_text(d, "r.txt", text);
+    const std::vector<text::TokenId> whole = tok.encode(text);
+    for (std::size_t chunk_bytes : {std::size_t{20}, std::size_t{60}, std::size_t{100}}) {
+      TextChunkReader reader(path.string(), chunk_bytes, "test");
+      std::vector<text::TokenId> pieces;
+      std::string chunk;
+      while (reader.next(chunk)) tok.encode(chunk, pieces);
+      EXPECT_EQ(reader.forced_cuts(), 0);
+      EXPECT_EQ(pieces, whole) << "round " << round << ", chunks of " << chunk_bytes;
+      ++checked;
+    }
+  }
+  EXPECT_EQ(checked, 60);
+  fs::remove_all(d);
+}
+
+// reliability-3 P6: text with no safe cut (one run of letters) was read whole, so memory grew with the
+// file (20 MB: 717 MB RSS). A chunk is now at most the window, max(2 x chunk_bytes, 64 KiB): without a
+// safe cut in that much text it is cut at a UTF-8 character boundary, counted in forced_cuts().
+TEST(TextChunks, TextWithoutACutIsCutAtACharacterBoundaryWithinTheWindow) {
+  const fs::path d = meshgrad::testing::fresh_temp_dir("text_chunks_forced");
+  std::string text = "start.\n";
+  for (int i = 0; i < 100000; ++i) text += "é";   // 200,000 bytes of one pre-token (\p{L}+), 2 bytes a letter
+  text += std::string(150001, 'q') + "\nend of it.\n";
+  const fs::path path = write_text(d, "run.txt", text);
+  for (std::size_t chunk_bytes : {std::size_t{100}, std::size_t{50000}}) {
+    TextChunkReader reader(path.string(), chunk_bytes, "test");
+    const std::size_t window = std::max<std::size_t>(2 * chunk_bytes, 65536);
+    EXPECT_EQ(reader.window_bytes(), window);
+    std::string chunk, rejoined;
+    while (reader.next(chunk)) {
+      EXPECT_LE(chunk.size(), window);
+      EXPECT_NE(static_cast<unsigned char>(chunk.front()) & 0xC0, 0x80) << "a chunk starts a character";
+      rejoined += chunk;
+    }
+    EXPECT_EQ(rejoined, text);
+    EXPECT_GE(reader.forced_cuts(), static_cast<std::int64_t>(350000 / window)) << chunk_bytes;
   }
   fs::remove_all(d);
 }

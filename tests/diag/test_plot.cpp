@@ -187,6 +187,64 @@ TEST(Plot, BadFilesNameTheFileAndLine) {
   for (const auto& p : {bad, missing_key, typed_step, only_header}) std::filesystem::remove(p);
 }
 
+// The message of read_metrics on a file of `text`; "" when it is accepted.
+std::string refusal_of(const std::string& name, const std::string& text) {
+  const std::string path = write_file(name, text);
+  std::string message;
+  try {
+    read_metrics(path);
+  } catch (const InvalidArgument& e) {
+    message = e.what();
+  }
+  std::filesystem::remove(path);
+  return message;
+}
+
+// reliability-3 N106: a number beyond a double's range was a bare nlohmann message with no file or line.
+TEST(Plot, ANumberOutOfRangeNamesTheFileAndLine) {
+  const std::string m = refusal_of("overflow.jsonl", "{\"step\":1,\"loss\":5,\"lr\":0.001}\n"
+                                                      "{\"step\":2,\"loss\":1e999,\"lr\":0.001}\n");
+  EXPECT_NE(m.find("meshgrad_plot_overflow.jsonl' line 2 is not JSON"), std::string::npos) << m;
+  EXPECT_NE(m.find("number overflow parsing '1e999'"), std::string::npos) << m;
+  EXPECT_EQ(m.find("[json.exception"), std::string::npos) << m;
+}
+
+// reliability-3 N114: steps that no run writes (going back without a resumed run's header, not a
+// positive integer), a negative learning rate and a header's first_step that is no step were drawn
+// without a word (first_step -1 dropped every step before it). Each is refused naming the line.
+TEST(Plot, StepsAndLearningRatesNoRunWritesAreRefusedNamingTheLine) {
+  const std::string ok = "{\"step\":5,\"loss\":5,\"lr\":0.1}\n";
+  const std::pair<std::string, std::string> cases[] = {
+      {ok + "{\"step\":3,\"loss\":4,\"lr\":0.1}\n", "line 2 has step 3 after step 5 (line 1)"},
+      {ok + "{\"step\":5,\"loss\":4,\"lr\":0.1}\n", "line 2 has step 5 after step 5 (line 1)"},
+      {"{\"step\":-5,\"loss\":4,\"lr\":0.1}\n", "line 1: step -5 is not a step number"},
+      {"{\"step\":1.5,\"loss\":4,\"lr\":0.1}\n", "line 1: step 1.5 is not a step number"},
+      {"{\"step\":1e300,\"loss\":4,\"lr\":0.1}\n", "line 1: step 1e+300 is not a step number"},
+      {ok + "{\"step\":6,\"loss\":4,\"lr\":-1}\n", "line 2: lr -1 is not a learning rate"},
+      {ok + "{\"type\":\"header\",\"first_step\":-1}\n", "line 2: the header's \"first_step\" is number -1, not a step"},
+      {ok + "{\"type\":\"header\",\"first_step\":\"3\"}\n", "line 2: the header's \"first_step\" is string \"3\""},
+  };
+  for (const auto& [text, expected] : cases) {
+    const std::string m = refusal_of("order.jsonl", text);
+    EXPECT_NE(m.find(expected), std::string::npos) << "expected: " << expected << "\ngot: " << m;
+  }
+}
+
+// A resumed run's header that replaces steps says so in a note; one that replaces none adds no note.
+TEST(Plot, AResumedRunsReplacedStepsAreNoted) {
+  const std::string path = write_file("noted.jsonl",
+                                      "{\"step\":1,\"loss\":5,\"lr\":1}\n{\"step\":2,\"loss\":4,\"lr\":1}\n"
+                                      "{\"step\":3,\"loss\":9,\"lr\":1}\n"
+                                      "{\"type\":\"header\",\"first_step\":2}\n{\"step\":2,\"loss\":3,\"lr\":1}\n"
+                                      "{\"type\":\"header\",\"first_step\":3}\n{\"step\":3,\"loss\":2,\"lr\":1}\n");
+  const MetricsSeries s = read_metrics(path);
+  EXPECT_EQ(s.step, (std::vector<double>{1, 2, 3}));
+  EXPECT_EQ(s.loss, (std::vector<double>{5, 3, 2}));
+  ASSERT_EQ(s.notes.size(), 1u);
+  EXPECT_EQ(s.notes[0], "line 4: a resumed run (first_step 2) replaces the 2 step(s) from step 2 on written before it");
+  std::filesystem::remove(path);
+}
+
 // Not a regular file: refused at once naming what it is (reliability-2 L3: a directory read as "no
 // step lines", /dev/zero read until the memory ran out, a FIFO would block).
 TEST(Plot, RefusesWhatIsNotARegularFile) {
@@ -463,6 +521,44 @@ TEST(Plot, PngIsTheSvgRenderedAtTheRequestedSize) {
   EXPECT_GT(blue, 100) << "the train loss is drawn";
   cairo_surface_destroy(image);
   EXPECT_THROW(svg_to_png("<svg not closed", 10, 10), InvalidArgument);
+}
+
+// reliability-3 N108: every point went to librsvg, so a 200,000-step run never rendered to PNG. A
+// curve keeps at most 4 vertices per pixel column (first, lowest, highest, last of the points in
+// it), so what is drawn is bounded by the width; the extremes and the ends are still drawn.
+TEST(Plot, LongRunsAreDrawnWithAtMostFourVerticesPerPixelColumn) {
+  constexpr int kSteps = 200000;
+  MetricsSeries s;
+  for (int i = 1; i <= kSteps; ++i) {
+    s.step.push_back(i);
+    s.loss.push_back(i == 123457 ? 9.0 : i == 7 ? 0.5 : 3.0 + 0.5 * std::sin(i * 0.37) + 1.0 / i);
+    s.lr.push_back(1e-3 * (1 + (i % 3)));
+    if (i % 5 == 0) {
+      s.val_step.push_back(i);
+      s.val_loss.push_back(3.5 + 0.1 * std::cos(i * 0.01));
+    }
+  }
+  PlotOptions o;
+  o.width = 600;
+  const std::string svg = svg_of({{"long", "long.jsonl", s}}, o);
+  for (const char* id : {"train_loss", "val_loss", "lr"}) {
+    const auto points = polyline(svg, id);
+    EXPECT_GT(points.size(), 100u) << id;
+    EXPECT_LE(points.size(), 4u * 600) << id;
+    std::map<int, int> per_column;
+    for (const Point& p : points) ++per_column[static_cast<int>(std::floor(p.x))];
+    for (const auto& [column, n] : per_column) EXPECT_LE(n, 4) << id << " column " << column;
+  }
+  EXPECT_LE(count(between(svg, "<g id=\"val_loss_points\">", "</g>"), "<circle"), 600 * 10);
+  const auto train = polyline(svg, "train_loss");
+  // The spike at step 123457 is the highest point drawn (smallest y), the dip at step 7 the lowest.
+  const auto top = std::min_element(train.begin(), train.end(), [](Point a, Point b) { return a.y < b.y; });
+  const auto bottom = std::max_element(train.begin(), train.end(), [](Point a, Point b) { return a.y < b.y; });
+  const double px_per_step = (train.back().x - train.front().x) / (kSteps - 1);
+  EXPECT_NEAR(top->x, train.front().x + (123457 - 1) * px_per_step, 1e-2);
+  EXPECT_NEAR(bottom->x, train.front().x + (7 - 1) * px_per_step, 1e-2);
+  // Rendered to PNG (the whole path of `plot -o x.png`); before, librsvg took minutes on this.
+  EXPECT_GT(svg_to_png(svg, 600, 500).size(), 1000u);
 }
 
 }  // namespace

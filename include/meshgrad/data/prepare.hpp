@@ -2,8 +2,9 @@
 //
 // The inputs are read in chunks of about chunk_bytes (1 MiB), each cut where GPT-2's pre-tokenizer
 // splits anyway (data/text_chunks.hpp), and encoded one chunk at a time: the tokens are those of
-// encoding each input whole, memory is a few chunks whatever the inputs' size, and the tokens go to
-// disk as they come. Each input is preceded by <|endoftext|> when the vocabulary has it (documents are
+// encoding each input whole (except next to a forced cut: max(2 x chunk_bytes, 64 KiB) of text
+// without a safe cut, which is cut inside a pre-token), memory is a few chunks whatever the inputs' size, and the
+// tokens go to disk as they come. Each input is preceded by <|endoftext|> when the vocabulary has it (documents are
 // separated as in GPT-2's training data).
 //
 // Without shard_tokens (the layout checkpoints and older runs know):
@@ -65,6 +66,13 @@ struct PrepareResult {
   std::int64_t bytes = 0;            // of all inputs
   std::int64_t train_shards = 0;     // files written per split (0 without shard_tokens)
   std::int64_t val_shards = 0;
+  // Chunks cut inside a pre-token (a window of max(2 x chunk_bytes, 64 KiB) without a safe cut,
+  // data/text_chunks.hpp): the
+  // tokens next to each such cut may differ from encoding the input whole. meta.json's "sources"
+  // record them per input ("forced_cuts", only where there were any).
+  std::int64_t forced_cuts = 0;
+  // What a user should know that is not an error: an input named twice (encoded twice).
+  std::vector<std::string> notes;
 };
 
 // With shards: whether chunk `chunk` (0, 1, ... over all inputs) goes to the validation split:

@@ -17,6 +17,11 @@
 // Tick values are "nice" (1, 2 or 5 times a power of ten; on a log axis powers of ten, with 2x and
 // 5x where there is room), each drawn exactly at its value; the step axis shows integers only. The
 // legend lists only what is drawn and sits above the plot, never over the curves.
+//
+// Long runs: each curve is drawn through at most 4 of its points per pixel column (of the points
+// in a column, the first, the lowest, the highest and the last: the line covers the same pixels,
+// only a dashed line's dashes may fall elsewhere), and the evaluation dots at most one per pixel,
+// so the SVG's size and the PNG's rendering time grow with the width, not the number of steps.
 #pragma once
 
 #include <string>
@@ -27,12 +32,16 @@ namespace meshgrad::diag {
 struct MetricsSeries {
   std::vector<double> step, loss, lr;       // one per step line
   std::vector<double> val_step, val_loss;   // one per evaluation
+  std::vector<std::string> notes;           // what reading changed, for the user ("line 6: a resumed run ...")
 };
 
 // Parses a metrics file. Throws InvalidArgument naming the file and the 1-based line for a line
-// that is not a JSON object, a step line without numeric step/loss/lr, or a file with no step lines.
-// A line with a "type" other than "step" is skipped, except the header, whose "first_step" (written
-// by a resumed run) drops the steps read so far from that step on: the resumed run supersedes them.
+// that is not a JSON object (or holds a number beyond a double's range), a step line without
+// numeric step/loss/lr, a step that is not an integer in [1, 2^53] or not above the step before it,
+// an lr that is negative or not finite, a header whose "first_step" is not a step number, or a file
+// with no step lines. A line with a "type" other than "step" is skipped, except the header, whose
+// "first_step" (written by a resumed run) drops the steps read so far from that step on: the resumed
+// run supersedes them, and a note in `notes` says so (steps after it may then go back).
 MetricsSeries read_metrics(const std::string& path);
 
 // One run to draw: its series, the name the legend shows and the file it came from (for messages).
