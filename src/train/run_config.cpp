@@ -127,10 +127,6 @@ const std::vector<OptionField>& option_fields() {
 #undef MG_TEXT_FIELD
 #undef MG_PATH_FIELD
 
-}  // namespace
-
-namespace {
-
 // "byte 0xFF at offset 1" of the first ill-formed byte of text (which has one).
 std::string bad_byte(std::string_view text, std::size_t at) {
   return fmt::format("byte 0x{:02X} at offset {}", static_cast<unsigned char>(text[at]), at);
