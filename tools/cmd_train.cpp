@@ -117,7 +117,7 @@ void add_optimizer_options(CLI::App& app, train::TrainOptions& o) {
   add("--beta2", o.beta2, "AdamW: decay rate of the second moment");
   add("--eps", o.eps, "AdamW: epsilon added to the second moment's square root");
   add("--weight-decay", o.weight_decay, "AdamW: decoupled weight decay of the 2-D weights (matrices and embeddings; not biases or norms)");
-  add("--peak-gflops", o.peak_gflops, "The mesh's peak GFLOP/s for the MFU shown (0: measured at start with a GEMM)");
+  add("--peak-gflops", o.peak_gflops, "The mesh's peak GFLOP/s for the MFU shown, 0.001 to 1e12 (0: measured at start with a GEMM)");
 }
 
 // The model's sizes. All of them, so that every key a run records (the metrics header's "config", a

@@ -150,6 +150,19 @@ def test_train_writes_the_metrics_file_and_saves(tmp_path):
     assert saved.stat().st_size > 0
 
 
+def test_train_refuses_a_bytes_path_that_is_not_utf8_before_training(tmp_path):
+    # A bytes path may hold any bytes, but a run records its paths as UTF-8 JSON (checkpoints, --save's
+    # metadata): refused up front, by the checks the CLI runs, not at the first save after training
+    # (reliability-3 N80).
+    data = bytes(tmp_path) + b"/d\xff.txt"
+    with open(data, "wb") as f:
+        f.write(b"the quick brown fox jumps over the lazy dog. " * 20)
+    saved = tmp_path / "w.safetensors"
+    with pytest.raises(ValueError, match=r"--data '.*d\\xFF\.txt' is not valid UTF-8 \(byte 0xFF at offset"):
+        meshgrad.train(steps=2, data=data, save=str(saved))
+    assert not saved.exists()
+
+
 # ---- grads -----------------------------------------------------------------------------------
 
 def test_grads_from_a_seed_do_not_depend_on_the_mesh():

@@ -20,6 +20,7 @@
 #include "checkpoint/file_errors.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/io/file_io.hpp"
+#include "meshgrad/io/output_path.hpp"
 
 namespace meshgrad::checkpoint {
 
@@ -50,8 +51,8 @@ int lock_root(const std::string& root) {
   io::UniqueFd fd(::open(lock.c_str(), O_RDWR | O_CREAT | O_CLOEXEC | O_NOFOLLOW, 0644));
   if (fd.get() < 0) throw CheckpointError(fmt::format("--checkpoint-dir '{}': cannot open '{}': {}", root, lock, io::errno_text(errno)));
   if (::flock(fd.get(), LOCK_EX | LOCK_NB) != 0)
-    throw CheckpointError(fmt::format("--checkpoint-dir '{}' is in use by another run (it holds '{}'); give each run its own "
-                                      "directory", root, lock));
+    throw CheckpointError(fmt::format("--checkpoint-dir '{}' is in use by another run ({} holds '{}'); give each run its "
+                                      "own directory", root, io::lock_holder(fd.get()), lock));
   return fd.release();
 }
 

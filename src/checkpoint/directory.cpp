@@ -36,6 +36,29 @@ std::string checkpoint_dir_name(std::int64_t step) {
   return fmt::format("step_{:08d}", step);
 }
 
+bool is_checkpoint_root_name(const std::string& name) {
+  return is_step_name(name, nullptr) || name.rfind(".step_", 0) == 0 || name == ".lock";
+}
+
+void check_outputs_outside_checkpoint_names(const io::NamedPath& root, const std::vector<io::NamedPath>& outputs) {
+  std::error_code ec;
+  const fs::path dir = fs::weakly_canonical(fs::absolute(root.path), ec);
+  if (ec || root.path.empty()) return;   // check_output_directory reports a root that cannot be used
+  for (const io::NamedPath& out : outputs) {
+    std::error_code file_ec;
+    const fs::path file = fs::weakly_canonical(fs::absolute(out.path), file_ec);
+    if (file_ec || out.path.empty()) continue;
+    const fs::path inside = file.lexically_relative(dir);
+    if (inside.empty() || *inside.begin() == ".." || *inside.begin() == ".") continue;
+    const std::string first = inside.begin()->string();
+    if (!is_checkpoint_root_name(first)) continue;
+    throw InvalidArgument(fmt::format("{} '{}' lies in {} '{}' under the name '{}', which its checkpoints use "
+                                      "(step_XXXXXXXX, .step_*, .lock): a save would replace or delete it; give {} "
+                                      "another name or put it outside {}", out.option, out.path, root.option, root.path,
+                                      first, out.option, root.option));
+  }
+}
+
 std::optional<std::int64_t> commit_number(const std::string& dir) {
   try {
     return read_manifest(dir).commit;

@@ -254,7 +254,13 @@ std::string manifest_to_json(const Manifest& m) {
   const nlohmann::json j{{"format", kCheckpointFormat}, {"version", kCheckpointVersion}, {"step", m.step},
                          {"commit", m.commit}, {"mesh", m.mesh}, {"state", m.state}, {"files", files},
                          {"tensors", tensors}};
-  return j.dump(1) + "\n";
+  try {
+    return j.dump(1) + "\n";
+  } catch (const nlohmann::json::type_error& e) {
+    // JSON text is UTF-8: a string of the state that is not (train refuses such options up front).
+    throw CheckpointError(fmt::format("checkpoint: the manifest cannot be written: a text it records is not valid UTF-8 "
+                                      "({})", e.what()));
+  }
 }
 
 Manifest read_manifest_file(const std::string& path) {

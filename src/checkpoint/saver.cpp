@@ -406,22 +406,20 @@ void CheckpointSaver::run_job(Job& job) noexcept {
   }
   job.pieces.keep_alive.clear();
   job.times.write_s = seconds_since(t0);
-  bool committed = false;
+  std::optional<comm::RankFailure> failure;
   try {
     share_reports(job);
-    if (mesh_->rank() == 0) committed = commit(job);
-    committed = share_verdict(committed);
+    if (mesh_->rank() == 0) (void)commit(job);
+    failure = share_verdict(job);
   } catch (const std::exception& e) {
-    if (job.error.empty()) job.error = e.what();
+    failure = comm::RankFailure{mesh_->rank(), job.error.empty() ? e.what() : job.error};
   }
-  if (!job.error.empty()) {
-    job.outcome = std::make_exception_ptr(CheckpointError(job.error));
-  } else if (!job.commit_error.empty()) {
-    job.outcome = std::make_exception_ptr(CheckpointError(job.commit_error));
-  } else if (!committed) {
-    job.outcome = std::make_exception_ptr(CheckpointError(
-        fmt::format("checkpoint of step {} was not committed (see the error of rank 0 or of the rank that failed)", job.step)));
-  }
+  if (!failure) return;
+  // The cause is in every rank's error: the threads backend reports the rank that failed first, and
+  // an MPI launcher may show any rank's, so none may say "see the error of another rank".
+  const std::string from = failure->rank == mesh_->rank() ? "" : fmt::format("rank {}: ", failure->rank);
+  job.outcome = std::make_exception_ptr(
+      CheckpointError(fmt::format("checkpoint of step {} was not committed: {}{}", job.step, from, failure->message)));
 }
 
 void CheckpointSaver::write_files(Job& job) const {
@@ -437,6 +435,8 @@ void CheckpointSaver::share_reports(Job& job) const {
 }
 
 bool CheckpointSaver::commit(Job& job) {
+  // A rank that could not write its files has its own error, which share_verdict passes on.
+  if (std::any_of(job.reports.begin(), job.reports.end(), [](const RankReport& r) { return !r.ok; })) return false;
   const Clock::time_point t0 = Clock::now();
   try {
     // Removed unless committed: a save that fails leaves nothing behind.
@@ -453,10 +453,6 @@ bool CheckpointSaver::commit(Job& job) {
 }
 
 Manifest CheckpointSaver::manifest_of(const Job& job) const {
-  const auto failed = std::find_if(job.reports.begin(), job.reports.end(), [](const RankReport& r) { return !r.ok; });
-  if (failed != job.reports.end())
-    throw CheckpointError(fmt::format("checkpoint of step {}: rank {} could not write its file (its error is above)", job.step,
-                                      failed - job.reports.begin()));
   Manifest m;
   m.step = job.step;
   m.commit = next_commit_;
@@ -467,10 +463,10 @@ Manifest CheckpointSaver::manifest_of(const Job& job) const {
   return m;
 }
 
-bool CheckpointSaver::share_verdict(bool committed) const {
-  std::int64_t word = committed ? 1 : 0;
-  comm_->broadcast(comm::MutableBuffer{&word, 1, DType::Int64}, 0, save_collective_options());
-  return word != 0;
+std::optional<comm::RankFailure> CheckpointSaver::share_verdict(const Job& job) const {
+  // This rank's writing error, else (rank 0) its commit's; the lowest rank's wins on every rank.
+  const std::string& mine = job.error.empty() ? job.commit_error : job.error;
+  return comm::first_failure(*comm_, mine, save_collective_options());
 }
 
 }  // namespace meshgrad::checkpoint

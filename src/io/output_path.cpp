@@ -2,12 +2,18 @@
 #include "meshgrad/io/output_path.hpp"
 
 #include <fcntl.h>
+#include <sys/file.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
+#include <sys/sysmacros.h>
 #include <unistd.h>
 
 #include <cerrno>
 #include <filesystem>
+#include <fstream>
+#include <map>
 #include <optional>
+#include <sstream>
 #include <utility>
 
 namespace meshgrad::io {
@@ -137,6 +143,66 @@ void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector
                                           b.named->option, b.named->path, a.named->option, a.named->path));
     }
   }
+}
+
+void check_free_space(const std::vector<OutputSize>& outputs) {
+  struct Group {
+    std::uint64_t needed = 0, free = 0;
+    std::string where;
+    std::vector<const OutputSize*> outputs;
+  };
+  std::map<dev_t, Group> groups;
+  for (const OutputSize& o : outputs) {
+    if (o.output.path.empty()) continue;
+    // The nearest directory that exists: the file's, or the output directory itself or its parent.
+    std::string dir = directory_of(o.output.path);
+    struct stat st {};
+    if (::stat(o.output.path.c_str(), &st) == 0 && S_ISDIR(st.st_mode)) dir = o.output.path;
+    struct statvfs vfs {};
+    if (::stat(dir.c_str(), &st) != 0 || ::statvfs(dir.c_str(), &vfs) != 0) continue;
+    Group& g = groups[st.st_dev];
+    if (g.where.empty()) {
+      g.where = dir;
+      g.free = static_cast<std::uint64_t>(vfs.f_bavail) * static_cast<std::uint64_t>(vfs.f_frsize);
+    }
+    g.needed += o.bytes;
+    g.outputs.push_back(&o);
+  }
+  for (const auto& [dev, g] : groups) {
+    if (g.needed <= g.free) continue;
+    std::string names;   // each output's share when several share the file system
+    for (const OutputSize* o : g.outputs) {
+      names += fmt::format("{}{} '{}'", names.empty() ? "" : " and ", o->output.option, o->output.path);
+      if (g.outputs.size() > 1) names += fmt::format(" ({} bytes)", o->bytes);
+    }
+    throw InvalidArgument(fmt::format("not enough free space for {}: at least {} bytes ({:.1f} MiB) are needed on the "
+                                      "file system of '{}', which has {} bytes ({:.1f} MiB) free; free some space or "
+                                      "write elsewhere", names, g.needed, static_cast<double>(g.needed) / (1 << 20),
+                                      g.where, g.free, static_cast<double>(g.free) / (1 << 20)));
+  }
+}
+
+std::string lock_holder(int fd) {
+  struct stat st {};
+  if (::fstat(fd, &st) != 0) return "another process";
+  // /proc/locks: "1: FLOCK  ADVISORY  WRITE 1234 fe:00:10953134 0 EOF" (a waiter's line has "->").
+  const std::string file = fmt::format("{:02x}:{:02x}:{}", major(st.st_dev), minor(st.st_dev), st.st_ino);
+  std::ifstream locks("/proc/locks");
+  for (std::string line; std::getline(locks, line);) {
+    std::istringstream fields(line);
+    std::string number, kind, advisory, mode, where;
+    long pid = 0;
+    if (!(fields >> number >> kind >> advisory >> mode >> pid >> where) || kind != "FLOCK" || where != file) continue;
+    return pid == static_cast<long>(::getpid()) ? "this process" : fmt::format("process {}", pid);
+  }
+  return "another process";
+}
+
+void lock_output(int fd, const NamedPath& output) {
+  if (::flock(fd, LOCK_EX | LOCK_NB) == 0) return;
+  if (errno != EWOULDBLOCK) return;   // no flock on this file system: nothing to hold
+  throw InvalidArgument(fmt::format("{} '{}' is in use by another run ({} holds its lock): give each run its own file",
+                                    output.option, output.path, lock_holder(fd)));
 }
 
 AtomicFileWriter::AtomicFileWriter(std::string path) : path_(std::move(path)) {

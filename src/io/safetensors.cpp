@@ -439,6 +439,28 @@ struct Planned {
   std::uint64_t nbytes() const { return static_cast<std::uint64_t>(tensor.numel()) * type->size; }
 };
 
+// Which string of a header that JSON refuses is not valid UTF-8: 'metadata "data"', 'tensor name
+// "w\uFFFD"' (bad bytes replaced), for the error.
+std::string invalid_string(const std::vector<Planned>& ordered, const std::map<std::string, std::string>& metadata) {
+  using J = nlohmann::ordered_json;
+  const auto invalid = [](const std::string& text) {
+    try {
+      (void)J(text).dump(-1, ' ', false, J::error_handler_t::strict);
+      return false;
+    } catch (const J::exception&) {
+      return true;
+    }
+  };
+  const auto quoted = [](const std::string& text) { return J(text).dump(-1, ' ', false, J::error_handler_t::replace); };
+  for (const auto& [key, value] : metadata) {
+    if (invalid(key) || invalid(value)) return fmt::format("metadata {}", quoted(key));
+  }
+  for (const Planned& p : ordered) {
+    if (invalid(p.name)) return fmt::format("tensor name {}", quoted(p.name));
+  }
+  return "a tensor name or metadata string";
+}
+
 // The header JSON for tensors already in data order: compact, "__metadata__" first, padded with
 // spaces to a multiple of 8 bytes so that the data section starts 8-byte aligned.
 std::string make_header(const std::string& path, const std::vector<Planned>& ordered,
@@ -462,7 +484,8 @@ std::string make_header(const std::string& path, const std::vector<Planned>& ord
   try {
     text = header.dump(-1, ' ', false, nlohmann::ordered_json::error_handler_t::strict);
   } catch (const nlohmann::ordered_json::exception& e) {
-    fail(path, fmt::format("a tensor name or metadata string is not valid UTF-8: {}", e.what()));
+    // JSON text is UTF-8 (train refuses such text before it trains).
+    fail(path, fmt::format("{} is not valid UTF-8: {}", invalid_string(ordered, metadata), e.what()));
   }
   text.append((8 - text.size() % 8) % 8, ' ');
   return text;

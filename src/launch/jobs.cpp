@@ -161,7 +161,7 @@ train::TrainResult run_train_job(const train::TrainOptions& given, const dist::R
   train::TrainOptions options = resolve_resume(given);
   try {
     check_train_options(options);
-    if (options.sample_every > 0 && !options.sampler) options.sampler = make_train_sampler(options);
+    if (options.sample_every > 0 && !options.sampler) set_train_sampler(options);
     train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
     std::optional<train::TrainResult> result;
     run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {

@@ -36,19 +36,24 @@ struct SamplerState {
   std::string tokenizer_description = "bytes";
   std::vector<std::int64_t> prompt;
   std::string prompt_text;
-  std::string data;
+  std::string data;   // for messages: "the data 'PATH'" or "the built-in corpus"
   int tokens = 64;
   std::uint64_t seed = 0;
 };
 
-std::string sample_text(const SamplerState& st, const nn::ModelConfig& trained,
-                        const std::vector<std::pair<std::string, Tensor>>& full, int step) {
+// What the sampler needs of the trained model: a tokenizer for its vocabulary (bytes: 256 tokens).
+void check_model(const SamplerState& st, const nn::ModelConfig& trained) {
   MG_CHECK(st.tokenizer.has_value() || trained.vocab == 256,
-           "train: --sample-every: the model's vocabulary has {} tokens but the data {} has no tokenizer beside it "
+           "train: --sample-every: the model's vocabulary has {} tokens but {} has no tokenizer beside it "
            "(a meta.json from `meshgrad prepare`): only a 256-token model samples bytes", trained.vocab, st.data);
   MG_CHECK(!st.tokenizer || st.tokenizer->vocab_size() <= trained.vocab, "train: --sample-every: the tokenizer ({}) "
            "has {} tokens, more than the model's vocabulary of {}", st.tokenizer_description,
            st.tokenizer ? st.tokenizer->vocab_size() : 0, trained.vocab);
+}
+
+std::string sample_text(const SamplerState& st, const nn::ModelConfig& trained,
+                        const std::vector<std::pair<std::string, Tensor>>& full, int step) {
+  check_model(st, trained);
   nn::ModelConfig config = trained;
   config.dropout = 0;
   config.batch = 1;
@@ -82,15 +87,15 @@ std::string sample_text(const SamplerState& st, const nn::ModelConfig& trained,
 
 }  // namespace
 
-train::TrainOptions::Sampler make_train_sampler(const train::TrainOptions& options) {
+void set_train_sampler(train::TrainOptions& options) {
   auto st = std::make_shared<SamplerState>();
-  st->data = options.data_path.empty() ? "the built-in corpus" : "'" + options.data_path + "'";
+  st->data = options.data_path.empty() ? "the built-in corpus" : "the data '" + options.data_path + "'";
   st->tokens = options.sample_tokens;
   st->seed = options.seed;
   st->prompt_text = options.sample_prompt;
   MG_CHECK(!options.sample_prompt.empty(), "train: --sample-prompt is empty: give at least one character");
   if (const std::string dir = tokenizer_folder(options.data_path); !dir.empty()) {
-    generate::SampleWeights any_vocab;   // the model's vocabulary is checked at the first sample
+    generate::SampleWeights any_vocab;   // the model's vocabulary is checked by check_sampler, before step 1
     any_vocab.model.vocab = 1 << 30;
     any_vocab.config_source = "the training run";
     st->tokenizer = generate::resolve_sample_tokenizer(dir, any_vocab);
@@ -99,9 +104,10 @@ train::TrainOptions::Sampler make_train_sampler(const train::TrainOptions& optio
   } else {
     for (unsigned char c : options.sample_prompt) st->prompt.push_back(c);
   }
-  return [st](const nn::ModelConfig& model, const std::vector<std::pair<std::string, Tensor>>& full, int step) {
+  options.sampler = [st](const nn::ModelConfig& model, const std::vector<std::pair<std::string, Tensor>>& full, int step) {
     return sample_text(*st, model, full, step);
   };
+  options.check_sampler = [st](const nn::ModelConfig& model) { check_model(*st, model); };
 }
 
 }  // namespace meshgrad::launch

@@ -30,7 +30,56 @@ Lead lead(std::uint8_t b) {
   return {};
 }
 
+// The length of the well-formed character at bytes[i], or 0 when an ill-formed subpart starts there;
+// *subpart gets that subpart's length then (1 to 3 bytes: a lead byte and the continuation bytes that fit).
+std::size_t character_at(std::string_view bytes, std::size_t i, std::size_t* subpart) {
+  const Lead l = lead(static_cast<std::uint8_t>(bytes[i]));
+  std::size_t n = 1;
+  if (l.length > 0) {
+    while (static_cast<int>(n) < l.length && i + n < bytes.size()) {
+      const auto c = static_cast<std::uint8_t>(bytes[i + n]);
+      if (!(n == 1 ? (c >= l.lo && c <= l.hi) : (c >= 0x80 && c <= 0xBF))) break;
+      ++n;
+    }
+    if (static_cast<int>(n) == l.length) return n;
+  }
+  *subpart = n;
+  return 0;
+}
+
 }  // namespace
+
+std::optional<std::size_t> invalid_utf8_offset(std::string_view bytes) {
+  std::size_t i = 0, subpart = 0;
+  while (i < bytes.size()) {
+    const std::size_t n = character_at(bytes, i, &subpart);
+    if (n == 0) return i;
+    i += n;
+  }
+  return std::nullopt;
+}
+
+std::string escape_invalid_utf8(std::string_view bytes) {
+  static constexpr char kHex[] = "0123456789ABCDEF";
+  std::string out;
+  std::size_t i = 0, subpart = 0;
+  while (i < bytes.size()) {
+    const std::size_t n = character_at(bytes, i, &subpart);
+    if (n > 0) {
+      out.append(bytes, i, n);
+      i += n;
+      continue;
+    }
+    for (std::size_t k = 0; k < subpart; ++k) {
+      const auto b = static_cast<std::uint8_t>(bytes[i + k]);
+      out += "\\x";
+      out += kHex[b >> 4];
+      out += kHex[b & 15];
+    }
+    i += subpart;
+  }
+  return out;
+}
 
 std::string Utf8Stream::push(std::string_view bytes) {
   std::string in = pending_;

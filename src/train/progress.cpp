@@ -13,6 +13,7 @@
 #include <cstdio>
 #include <cstring>
 
+#include "meshgrad/io/output_path.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/train/run_config.hpp"
@@ -61,15 +62,18 @@ double measure_peak_gflops(DType dtype, int ranks) {
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
   fd_ = ::open(path.c_str(), O_WRONLY | O_CREAT | O_APPEND | O_CLOEXEC | O_NOFOLLOW | O_NONBLOCK, 0644);
   MG_CHECK(fd_ >= 0, "metrics file '{}' cannot be opened for writing: {}", path, std::strerror(errno));
-  struct stat st {};
-  std::string problem;
-  if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
-    problem = "is not a regular file";
-  else if (!append && ::ftruncate(fd_, 0) != 0)
-    problem = fmt::format("cannot be truncated: {}", std::strerror(errno));
-  if (!problem.empty()) {
+  try {
+    struct stat st {};
+    if (::fstat(fd_, &st) != 0 || !S_ISREG(st.st_mode))
+      throw InvalidArgument(fmt::format("metrics file '{}' is not a regular file", path));
+    // One run per metrics file: two would interleave their lines, and the second's truncation would
+    // drop the first's. Taken before the truncation; held until the writer closes the file.
+    io::lock_output(fd_, {"--metrics", path});
+    if (!append && ::ftruncate(fd_, 0) != 0)
+      throw InvalidArgument(fmt::format("metrics file '{}' cannot be truncated: {}", path, std::strerror(errno)));
+  } catch (...) {
     ::close(fd_);
-    throw InvalidArgument(fmt::format("metrics file '{}' {}", path, problem));
+    throw;
   }
 }
 

@@ -26,6 +26,8 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
 class MetricsWriter {
  public:
   // append: keep what the file holds (a resumed run continues its metrics); else start it empty.
+  // Holds an exclusive lock on the file (io::lock_output): a second run on the same file is refused
+  // naming the process that holds it.
   MetricsWriter(const std::string& path, bool append);
   ~MetricsWriter();
   MetricsWriter(const MetricsWriter&) = delete;

@@ -6,10 +6,13 @@
 #include <algorithm>
 #include <filesystem>
 #include <functional>
+#include <optional>
+#include <string_view>
 #include <utility>
 
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
+#include "meshgrad/text/utf8.hpp"
 
 namespace meshgrad::train {
 
@@ -29,16 +32,28 @@ struct OptionField {
   std::function<nlohmann::json(const TrainOptions&, int resolved_vocab)> get;
   std::function<void(TrainOptions&, const nlohmann::json&)> set;
   bool fixed_by_checkpoint = false;
+  // A text option (a path, a prompt, a name): the member the user's spelling is in, for
+  // check_recorded_text's messages. nullptr for the others.
+  std::string TrainOptions::*text = nullptr;
+  bool path = false;   // recorded absolute (a relative one gains the working directory)
   // Other command-line names that set the same option (--micro-batches is --grad-accum, --no-metrics
   // sets --metrics to none): given under any of them, the option is given.
   std::vector<std::string> aliases = {};
 };
 
 // A path is recorded absolute, so a resume from another working directory finds the same files.
-#define MG_PATH_FIELD(NAME, EXPR)                                                            \
-  OptionField {                                                                              \
-    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return absolute_path(o.EXPR); }, \
-        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.EXPR); }                   \
+#define MG_PATH_FIELD(NAME, MEMBER)                                                              \
+  OptionField {                                                                                  \
+    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return absolute_path(o.MEMBER); },   \
+        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.MEMBER); }, false,             \
+        &TrainOptions::MEMBER, true                                                              \
+  }
+
+#define MG_TEXT_FIELD(NAME, MEMBER)                                                              \
+  OptionField {                                                                                  \
+    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return o.MEMBER; },                 \
+        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.MEMBER); }, false,             \
+        &TrainOptions::MEMBER                                                                    \
   }
 
 #define MG_FIELD(NAME, EXPR)                                                                 \
@@ -73,11 +88,11 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("mesh-invariant", parallel.mesh_invariant),
         MG_FIELD("batch-blocks", parallel.batch_blocks),
         MG_FIELD("pp-layers", parallel.pp_layers),
-        MG_FIELD("pp-schedule", pp_schedule),
+        MG_TEXT_FIELD("pp-schedule", pp_schedule),
         MG_FIELD("steps", steps),
         MG_FIELD("lr", lr),
         MG_FIELD("warmup", warmup_steps),
-        MG_FIELD("lr-schedule", lr_schedule),
+        MG_TEXT_FIELD("lr-schedule", lr_schedule),
         MG_FIELD("min-lr", min_lr),
         MG_FIELD("decay-steps", decay_steps),
         MG_FIELD("decay-fraction", decay_fraction),
@@ -93,13 +108,14 @@ const std::vector<OptionField>& option_fields() {
                     [](const TrainOptions& o, int) -> nlohmann::json {
                       return o.metrics_path.empty() ? nlohmann::json("") : absolute_path(o.metrics_path);
                     },
-                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }, false, {"no-metrics"}},
+                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }, false,
+                    &TrainOptions::metrics_path, true, {"no-metrics"}},
         MG_PATH_FIELD("save", save_path),
         MG_FIELD("eval-every", eval_every),
         MG_FIELD("eval-steps", eval_steps),
         MG_FIELD("sample-every", sample_every),
         MG_FIELD("sample-tokens", sample_tokens),
-        MG_FIELD("sample-prompt", sample_prompt),
+        MG_TEXT_FIELD("sample-prompt", sample_prompt),
         MG_FIELD("grad-clip", grad_clip),
         [] {
           OptionField f = MG_FIELD("grad-accum", grad_accum);
@@ -117,9 +133,77 @@ const std::vector<OptionField>& option_fields() {
   return fields;
 }
 #undef MG_FIELD
+#undef MG_TEXT_FIELD
 #undef MG_PATH_FIELD
 
+// "byte 0xFF at offset 1" of the first ill-formed byte of text (which has one).
+std::string bad_byte(std::string_view text, std::size_t at) {
+  return fmt::format("byte 0x{:02X} at offset {}", static_cast<unsigned char>(text[at]), at);
+}
+
+// The first string (an object's key or a value) of j that is not valid UTF-8: its place as a JSON
+// pointer ("/data/source"), its text and the offset of its first bad byte. False when there is none.
+bool find_invalid_text(const nlohmann::json& j, const std::string& where, std::string* at, std::string* text,
+                       std::size_t* offset) {
+  const auto check = [&](const std::string& s, const std::string& place) {
+    const std::optional<std::size_t> bad = text::invalid_utf8_offset(s);
+    if (!bad) return false;
+    *at = place.empty() ? "/" : place;
+    *text = s;
+    *offset = *bad;
+    return true;
+  };
+  if (j.is_string()) return check(j.get_ref<const std::string&>(), where);
+  if (j.is_object()) {
+    for (const auto& [key, value] : j.items()) {
+      if (check(key, where + "/" + key) || find_invalid_text(value, where + "/" + key, at, text, offset)) return true;
+    }
+  }
+  if (j.is_array()) {
+    for (std::size_t i = 0; i < j.size(); ++i) {
+      if (find_invalid_text(j[i], fmt::format("{}/{}", where, i), at, text, offset)) return true;
+    }
+  }
+  return false;
+}
+
 }  // namespace
+
+void check_recorded_text(const TrainOptions& options) {
+  for (const OptionField& f : option_fields()) {
+    if (f.text == nullptr) continue;
+    const std::string& given = options.*f.text;
+    if (const std::optional<std::size_t> bad = text::invalid_utf8_offset(given)) {
+      throw InvalidArgument(fmt::format(
+          "train: --{} '{}' is not valid UTF-8 ({}); a run records its options as JSON text, which is UTF-8 (every "
+          "checkpoint's manifest, --save's metadata, the metrics header), so it would fail at its first save: {}",
+          f.name, text::escape_invalid_utf8(given), bad_byte(given, *bad),
+          f.path ? "give the file or directory a UTF-8 name (or a link to it under one)" : "give the text in UTF-8"));
+    }
+    if (!f.path) continue;
+    const nlohmann::json recorded = f.get(options, 0);
+    if (!recorded.is_string()) continue;
+    const std::string& absolute = recorded.get_ref<const std::string&>();
+    if (const std::optional<std::size_t> bad = text::invalid_utf8_offset(absolute)) {
+      throw InvalidArgument(fmt::format(
+          "train: --{} '{}' is recorded as the absolute path '{}', which is not valid UTF-8 ({}: the working "
+          "directory's path); a run records its options as JSON text, which is UTF-8: run from a directory whose path "
+          "is UTF-8, or give --{} as an absolute path", f.name, given, text::escape_invalid_utf8(absolute),
+          bad_byte(absolute, *bad), f.name));
+    }
+  }
+}
+
+void check_record_text(const nlohmann::json& record, const std::string& what) {
+  std::string at, bad_text;
+  std::size_t offset = 0;
+  if (!find_invalid_text(record, "", &at, &bad_text, &offset)) return;
+  throw InvalidArgument(fmt::format("train: {} would record '{}' at {}, which is not valid UTF-8 ({}), and it is written "
+                                    "as JSON text, which is UTF-8: give what it names (a data file, a directory) a "
+                                    "UTF-8 name",
+                                    what, text::escape_invalid_utf8(bad_text), text::escape_invalid_utf8(at),
+                                    bad_byte(bad_text, offset)));
+}
 
 nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab) {
   nlohmann::json j = nlohmann::json::object();

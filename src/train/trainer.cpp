@@ -64,6 +64,9 @@ class Run {
   void read_inputs();
   const data::TokenDataset& dataset() const { return *dataset_; }
   std::vector<io::NamedPath> check_outputs() const;
+  nlohmann::json run_record() const;
+  void check_recorded_text() const;
+  void check_output_space() const;
   void read_resume_manifest();
   void check_config_describes_tensors() const;
   void open_metrics();
@@ -137,6 +140,11 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   MG_CHECK(o.steps >= 1, "train: --steps must be >= 1, got {}", o.steps);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
   check_optimizer_options(o);
+  // MFU's denominator: 0 measures it; else a machine's peak, from a millionth of a TFLOP/s to a
+  // zettaFLOP/s (a value beyond would print a meaningless MFU, a negative or nan none at all).
+  MG_CHECK(o.peak_gflops == 0 || (std::isfinite(o.peak_gflops) && o.peak_gflops >= 1e-3 && o.peak_gflops <= 1e12),
+           "train: --peak-gflops must be 0 (measured at start) or the mesh's peak GFLOP/s, from 0.001 to 1e12, got {}",
+           o.peak_gflops);
   // The ranks that split the batch: dp x fsdp.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -188,6 +196,7 @@ Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
 // resume's manifest.
 void Run::read_inputs() {
   checked_options(options_, *mesh_);
+  train::check_recorded_text(options_);
   dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed, options_.val_data_path);
   MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");
@@ -197,12 +206,51 @@ void Run::read_inputs() {
            "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
            "`meshgrad prepare` (its val.bin or val_*.bin), or --val-data", dataset().source());
   dataset().require_tokens_below(config_.vocab, fmt::format("the model's vocabulary size {}", config_.vocab));
+  // What the first sample would refuse (a vocabulary the data has no tokenizer for) is refused now.
+  if (options_.sample_every > 0 && options_.check_sampler) options_.check_sampler(config_);
   check_outputs();
+  check_recorded_text();
   read_resume_manifest();
 }
 
+// What every checkpoint records besides the step's own figures (Run::save adds those).
+nlohmann::json Run::run_record() const {
+  nlohmann::json record{{"config", run_config_json(options_, config_.vocab)},
+                        {"mesh", mesh_->str()},
+                        {"data", {{"source", dataset().source()}, {"tokens", dataset().size()}, {"vocab", dataset().vocab()},
+                                  {"description", dataset().description()},
+                                  {"identity", dataset().identity().to_json()}}}};
+  // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
+  for (const std::string& f : dataset().input_files()) {
+    if (fs::path(f).filename() == "meta.json") record["data"]["meta"] = fs::absolute(f).lexically_normal().string();
+  }
+  for (const auto& [key, value] : options_.provenance) record["provenance"][key] = value;
+  return record;
+}
+
+// Checkpoint manifests and --save's metadata are strict UTF-8 JSON: the text options were checked
+// by name (train::check_recorded_text); this catches the rest of the record (the data's source,
+// description and meta.json path, the provenance, whatever a later option adds).
+void Run::check_recorded_text() const {
+  train::check_record_text(run_record(), "a checkpoint");
+  nlohmann::json metadata = nlohmann::json::object();
+  for (const auto& [key, value] : interop::hf_checkpoint_metadata(config_, dataset())) metadata[key] = value;
+  train::check_record_text(metadata, "--save's metadata");
+}
+
+// Rank 0: the bytes --save and one checkpoint take at least (the tensors' data) must be free.
+void Run::check_output_space() const {
+  const auto parameter_bytes = static_cast<std::uint64_t>(result_.parameters) * dtype_size(config_.dtype);
+  std::vector<io::OutputSize> outputs;
+  if (!options_.save_path.empty()) outputs.push_back({{"--save", options_.save_path}, parameter_bytes});
+  // The parameters and AdamW's two moments.
+  if (!options_.checkpoint_dir.empty()) outputs.push_back({{"--checkpoint-dir", options_.checkpoint_dir}, 3 * parameter_bytes});
+  io::check_free_space(outputs);
+}
+
 // --save, --metrics and --trace can be written without destroying anything and are not inputs;
-// --checkpoint-dir is a usable directory. Returns the output files.
+// --checkpoint-dir is a usable directory whose checkpoints' names no output file takes. Returns the
+// output files.
 std::vector<io::NamedPath> Run::check_outputs() const {
   std::vector<io::NamedPath> outputs;
   if (!options_.save_path.empty()) outputs.push_back({"--save", options_.save_path});
@@ -215,6 +263,8 @@ std::vector<io::NamedPath> Run::check_outputs() const {
     std::vector<io::NamedPath> dirs = inputs;
     if (!options_.data_path.empty()) dirs.push_back({"--data", options_.data_path});
     io::check_output_directory({"--checkpoint-dir", options_.checkpoint_dir}, dirs, outputs);
+    // A file where a save writes or a prune deletes (--metrics ck/step_00000002) would be destroyed.
+    checkpoint::check_outputs_outside_checkpoint_names({"--checkpoint-dir", options_.checkpoint_dir}, outputs);
   }
   return outputs;
 }
@@ -297,6 +347,10 @@ void Run::build() {
         dist::all_reduce(Tensor::scalar(static_cast<double>(result_.parameters), DType::Float64), mesh_->group("pp"))
             .item());
   }
+  // An output that cannot fit fails now, not after the training.
+  comm::run_agreed(*mesh_->world(), [&] {
+    if (leader_) check_output_space();
+  });
   const std::int64_t wpe = config_.kind == "gpt" ? std::int64_t{config_.n_positions()} * config_.hidden : 0;
   flops_per_token_ = model_flops_per_token(config_, result_.parameters - wpe);
   tokens_per_step_ = static_cast<std::int64_t>(config_.batch) * config_.seq;
@@ -422,21 +476,13 @@ std::int64_t Run::resumed_data_position() const {
 
 // Saves the state after `done` steps (every rank; collective), in the background unless sync.
 void Run::save(int done, double lr, bool sync) {
-  nlohmann::json state{{"config", run_config_json(options_, config_.vocab)},
-                       {"step", done},
-                       {"optimizer_steps", optimizer_->steps()},
-                       {"random_state", model_->random_state()},
-                       {"lr", lr},
-                       {"mesh", mesh_->str()},
-                       {"data", {{"source", dataset().source()}, {"tokens", dataset().size()}, {"vocab", dataset().vocab()},
-                                 {"description", dataset().description()}, {"next_batch", done},
-                                 {"position", dataset().position_json(data_position_)},
-                                 {"identity", dataset().identity().to_json()}}}};
-  // Where the tokenizer is (a prepared directory's meta.json), for `sample` and `export`.
-  for (const std::string& f : dataset().input_files()) {
-    if (fs::path(f).filename() == "meta.json") state["data"]["meta"] = fs::absolute(f).lexically_normal().string();
-  }
-  for (const auto& [key, value] : options_.provenance) state["provenance"][key] = value;
+  nlohmann::json state = run_record();
+  state["step"] = done;
+  state["optimizer_steps"] = optimizer_->steps();
+  state["random_state"] = model_->random_state();
+  state["lr"] = lr;
+  state["data"]["next_batch"] = done;
+  state["data"]["position"] = dataset().position_json(data_position_);
   const Clock::time_point t0 = Clock::now();
   saver_->save(done, training_state_tensors(params_, *optimizer_), state, !sync && !options_.checkpoint_sync);
   result_.checkpoint_stall_s += seconds_since(t0);
@@ -587,6 +633,11 @@ void check_optimizer_options(const TrainOptions& o) {
   MG_CHECK(o.eps > 0 && std::isfinite(o.eps), "train: --eps must be > 0, got {}", o.eps);
   MG_CHECK(o.weight_decay >= 0 && std::isfinite(o.weight_decay), "train: --weight-decay must be >= 0, got {}",
            o.weight_decay);
+  // The decoupled decay multiplies the 2-D weights by 1 - lr x weight_decay each step (lr the step's,
+  // at most --lr): from 1 on it zeroes them or flips their sign every step, and the loss turns nan.
+  MG_CHECK(o.lr * o.weight_decay < 1, "train: --lr {:g} times --weight-decay {:g} is {:g}, which must be below 1: AdamW's "
+           "decoupled decay multiplies the weights by 1 - lr x weight-decay each step, so it would zero them or flip "
+           "their sign (usual: --weight-decay 0 to 0.1 with --lr up to 1e-2)", o.lr, o.weight_decay, o.lr * o.weight_decay);
 }
 
 std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {

@@ -3,6 +3,8 @@
 // that two ranks describe differently is refused naming both.
 #include <gtest/gtest.h>
 
+#include <sys/stat.h>
+
 #include <chrono>
 #include <mutex>
 
@@ -97,6 +99,58 @@ TEST_F(StageSaves, ATensorTwoRanksDescribeDifferentlyIsRefusedNamingBoth) {
   EXPECT_NE(errors[0].find("ranks describe state tensor 'shared' differently: float32 [3]"), std::string::npos)
       << errors[0];
   EXPECT_NE(errors[0].find("float32 [4]"), std::string::npos) << errors[0];
+  EXPECT_TRUE(list_checkpoints(path("ck")).empty()) << "nothing committed";
+}
+
+// A failed save says why on every rank (reliability-3 N81): the error of the rank that failed is
+// passed to the others, whichever rank's error the launcher prints.
+TEST_F(StageSaves, ACommitThatFailsOnRankZeroGivesItsCauseOnEveryRank) {
+  const dist::Placements replicated(3, Placement::replicate());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  on_stages([&](const dist::DeviceMeshPtr& mesh) {
+    CheckpointSaver saver(path("ck"), mesh, 0, 1);
+    try {
+      // The manifest is UTF-8 JSON: a state string that is not cannot be written (rank 0's commit).
+      saver.save(1, {piece_of("shared", {3}, replicated, *mesh)}, {{"data", "d\xFF.txt"}}, false);
+    } catch (const CheckpointError& e) {
+      const std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 4u) << "every rank fails";
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("checkpoint of step 1 was not committed"), std::string::npos) << e;
+    EXPECT_NE(e.find("not valid UTF-8"), std::string::npos) << e;
+  }
+  EXPECT_TRUE(list_checkpoints(path("ck")).empty()) << "nothing committed";
+}
+
+TEST_F(StageSaves, AWriteThatFailsOnOneRankGivesItsCauseOnEveryRank) {
+  const dist::Placements replicated(3, Placement::replicate());
+  std::mutex mu;
+  std::vector<std::string> errors;
+  on_stages([&](const dist::DeviceMeshPtr& mesh) {
+    CheckpointSaver saver(path("ck"), mesh, 0, 1);
+    if (mesh->rank() == 2) {
+      // Rank 2's file cannot be created: a directory holds its name.
+      ::mkdir(path("ck/.step_00000001.tmp").c_str(), 0755);
+      ::mkdir(path("ck/.step_00000001.tmp/rank_00002.bin").c_str(), 0755);
+    }
+    try {
+      saver.save(1, {piece_of("w", {8}, dist::Placements{Placement::shard(0), Placement::replicate(),
+                                                           Placement::shard(0)}, *mesh)},
+                 {{"step", 1}}, false);
+    } catch (const CheckpointError& e) {
+      const std::lock_guard<std::mutex> lock(mu);
+      errors.push_back(e.what());
+    }
+  });
+  ASSERT_EQ(errors.size(), 4u) << "every rank fails";
+  for (const std::string& e : errors) {
+    EXPECT_NE(e.find("checkpoint of step 1 was not committed"), std::string::npos) << e;
+    EXPECT_NE(e.find("rank_00002.bin"), std::string::npos) << "the cause, on every rank: " << e;
+  }
   EXPECT_TRUE(list_checkpoints(path("ck")).empty()) << "nothing committed";
 }
 

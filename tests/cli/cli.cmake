@@ -13,9 +13,10 @@ function(meshgrad_cli_test name rc regex)
 endfunction()
 
 set(mg $<TARGET_FILE:meshgrad_cli>)
-set(tiny_no_steps --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+# No metrics file: tests run concurrently (ctest -j), and a metrics file is one run's at a time.
+set(tiny_no_steps --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics)
 set(tiny --steps 1 ${tiny_no_steps})
-set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --metrics ${CMAKE_CURRENT_BINARY_DIR}/cli-metrics.jsonl)
+set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --no-metrics)
 
 # --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
 meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'ep'.*valid axes are pp, dp, fsdp and tp" ${mg} train --mesh ep=2 ${tiny})

@@ -623,7 +623,15 @@ TEST_F(SafetensorsTest, FailedWriteLeavesTheExistingFileByteIdentical) {
   expect_write_error({{"a", ok}, {"a", ok}}, "'a' is given twice");
   expect_write_error({{"", ok}}, "empty name");
   expect_write_error({{"__metadata__", ok}}, "reserved");
-  expect_write_error({{"bad\xff", ok}}, "not valid UTF-8");
+  expect_write_error({{"bad\xff", ok}}, "tensor name \"bad\xEF\xBF\xBD\" is not valid UTF-8");
+  // A metadata string is named by its key (reliability-3 N80: it was "a tensor name or metadata string").
+  try {
+    write_safetensors(p, {{"w", ok}}, {{"format", "pt"}, {"data", "d\xff.txt"}});
+    ADD_FAILURE() << "write did not throw";
+  } catch (const SafetensorsError& e) {
+    EXPECT_NE(std::string(e.what()).find("metadata \"data\" is not valid UTF-8"), std::string::npos) << e.what();
+  }
+  EXPECT_EQ(read_bytes(p), before);
 }
 
 // Only a missing path or a regular file is replaced: a directory, a device or a symbolic link is

@@ -71,5 +71,24 @@ TEST(Utf8Stream, AnySplitOfAnyBytesGivesTheWholeText) {
   }
 }
 
+TEST(InvalidUtf8Offset, FindsTheFirstIllFormedByte) {
+  EXPECT_EQ(invalid_utf8_offset(""), std::nullopt);
+  EXPECT_EQ(invalid_utf8_offset("ck/\xC3\xA9t\xC3\xA9 \xF0\x9F\x98\x80"), std::nullopt);
+  EXPECT_EQ(invalid_utf8_offset("d\xFF.txt"), 1u);
+  EXPECT_EQ(invalid_utf8_offset("\xFF\xFE"), 0u);
+  EXPECT_EQ(invalid_utf8_offset("ab\xC3\xA9\xC0\xAF"), 4u);   // an overlong '/'
+  EXPECT_EQ(invalid_utf8_offset("x\xED\xA0\x80"), 1u);         // a surrogate
+  EXPECT_EQ(invalid_utf8_offset("abc\xE2\x82"), 3u);            // cut off by the end
+}
+
+TEST(EscapeInvalidUtf8, ShowsEachBadByteAndKeepsTheText) {
+  EXPECT_EQ(escape_invalid_utf8("d\xFF.txt"), "d\\xFF.txt");
+  EXPECT_EQ(escape_invalid_utf8("\xC3\xA9\xE2\x82"), "\xC3\xA9\\xE2\\x82");
+  EXPECT_EQ(escape_invalid_utf8("plain"), "plain");
+  const std::string escaped = escape_invalid_utf8("a\xFE\xF0\x9F\x98\x80\x80");
+  EXPECT_EQ(escaped, "a\\xFE\xF0\x9F\x98\x80\\x80");
+  EXPECT_EQ(invalid_utf8_offset(escaped), std::nullopt);
+}
+
 }  // namespace
 }  // namespace meshgrad::text

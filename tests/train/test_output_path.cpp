@@ -1,12 +1,15 @@
 // Output paths: the checks made before a run starts, atomic writes that clean up after themselves
 // (and after dead processes), and the trainer refusing bad outputs before its first step.
+#include <fcntl.h>
 #include <gtest/gtest.h>
 #include <sys/stat.h>
+#include <sys/statvfs.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <filesystem>
 #include <fstream>
 #include <iterator>
@@ -22,6 +25,7 @@
 #include "meshgrad/checkpoint/saver.hpp"
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/io/safetensors.hpp"
+#include "meshgrad/train/run_config.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::train {
@@ -289,6 +293,128 @@ TEST_F(OutputPathTest, ARefusedResumeWritesNoMetrics) {
   const std::string message = error_of([&] { train_on_two_ranks(again); });
   EXPECT_NE(message.find("wpe.weight"), std::string::npos) << message;
   EXPECT_EQ(io::read_bytes(o.metrics_path), first);
+}
+
+// ---- reliability-3 (issue 37): outputs refused up front -------------------------------------------
+
+// N80, N81: text a run records (checkpoint manifests and --save's metadata are strict UTF-8 JSON) that
+// is not UTF-8 used to fail the run at its first save, after the training.
+TEST_F(OutputPathTest, TrainRefusesRecordedTextThatIsNotUtf8BeforeTheFirstStep) {
+  TrainOptions base = tiny_run(1'000'000);   // would take hours if it started
+  base.metrics_path = path("metrics.jsonl");
+  base.save_path = path("w.safetensors");
+  const std::string data = make_file("d\xFF.txt", std::string(4096, 'a'));
+  TrainOptions o = base;
+  o.data_path = data;
+  std::string message = error_of([&] { train_on_two_ranks(o); });
+  EXPECT_NE(message.find("--data '" + path("d\\xFF.txt") + "' is not valid UTF-8"), std::string::npos) << message;
+  EXPECT_NE(message.find(fmt::format("byte 0xFF at offset {}", data.size() - 5)), std::string::npos) << message;
+  o = base;
+  o.checkpoint_dir = path("ck\xFE");
+  message = error_of([&] { train_on_two_ranks(o); });
+  EXPECT_NE(message.find("--checkpoint-dir"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(o.checkpoint_dir)) << "refused before the saver made the directory";
+  o = base;
+  o.sample_prompt = "\xFF\xFE";
+  o.sample_every = 2;
+  o.sampler = [](const nn::ModelConfig&, const std::vector<std::pair<std::string, Tensor>>&, int) { return std::string(); };
+  message = error_of([&] { train_on_two_ranks(o); });
+  EXPECT_NE(message.find("--sample-prompt '\\xFF\\xFE' is not valid UTF-8 (byte 0xFF at offset 0)"), std::string::npos)
+      << message;
+  EXPECT_FALSE(fs::exists(base.metrics_path)) << "the run got as far as opening its metrics";
+}
+
+// The backstop for the rest of a record: the place in it, the text escaped, the offset.
+TEST(RecordText, AStringThatIsNotUtf8IsNamedByItsPlace) {
+  const nlohmann::json ok{{"data", {{"source", "caf\xC3\xA9.txt"}}}};
+  EXPECT_NO_THROW(check_record_text(ok, "a checkpoint"));
+  const nlohmann::json bad{{"data", {{"identity", {{"files", {"a.bin", "b\xFF.bin"}}}}}}};
+  const std::string message = error_of([&] { check_record_text(bad, "a checkpoint"); });
+  EXPECT_NE(message.find("a checkpoint would record 'b\\xFF.bin' at /data/identity/files/1"), std::string::npos) << message;
+  EXPECT_NE(message.find("byte 0xFF at offset 1"), std::string::npos) << message;
+  const nlohmann::json bad_key{{"k\xFE", 1}};
+  EXPECT_NE(error_of([&] { check_record_text(bad_key, "x"); }).find("at /k\\xFE"), std::string::npos);
+}
+
+// N84, N85: an output file under a name the checkpoints use was destroyed by a save (--metrics
+// ck/step_00000002) or failed after the training (--save ck/step_00000004).
+TEST_F(OutputPathTest, AnOutputUnderACheckpointNameIsRefusedNamingBothOptions) {
+  fs::create_directories(dir_ / "ck");
+  const io::NamedPath root{"--checkpoint-dir", path("ck")};
+  for (const std::string leaf : {"ck/step_00000002", "ck/.lock", "ck/.step_00000004.tmp", "ck/step_00000002/m.jsonl",
+                                 "ck/../ck/step_00000006"}) {
+    const std::string message =
+        error_of([&] { checkpoint::check_outputs_outside_checkpoint_names(root, {{"--metrics", path(leaf)}}); });
+    EXPECT_NE(message.find("--metrics '" + path(leaf) + "' lies in --checkpoint-dir"), std::string::npos) << message;
+  }
+  // Other names in the directory, and the directory's neighbours, are the user's.
+  for (const std::string leaf : {"ck/metrics.jsonl", "ck/step_2", "ck/w.safetensors", "step_00000002", "ck2/.lock"}) {
+    EXPECT_NO_THROW(checkpoint::check_outputs_outside_checkpoint_names(root, {{"--save", path(leaf)}})) << leaf;
+  }
+}
+
+// C19: outputs that cannot fit are refused with the bytes needed and free; two on one file system
+// add up.
+TEST_F(OutputPathTest, OutputsThatCannotFitAreRefusedNamingTheSpace) {
+  struct statvfs vfs {};
+  ASSERT_EQ(::statvfs(dir_.c_str(), &vfs), 0);
+  const std::uint64_t free = static_cast<std::uint64_t>(vfs.f_bavail) * vfs.f_frsize;
+  const std::uint64_t half = free / 2 + (std::uint64_t{1} << 30);   // a GiB of slack for others' writes
+  EXPECT_NO_THROW(io::check_free_space({{{"--save", path("w.safetensors")}, 1 << 20}}));
+  std::string message = error_of([&] { io::check_free_space({{{"--save", path("w.safetensors")}, free * 4}}); });
+  EXPECT_NE(message.find("not enough free space for --save '" + path("w.safetensors") + "'"), std::string::npos) << message;
+  EXPECT_NE(message.find(fmt::format("at least {} bytes", free * 4)), std::string::npos) << message;
+  // Both on the file system of dir_ (the checkpoint directory not made yet: its parent's).
+  message = error_of([&] {
+    io::check_free_space({{{"--save", path("w.safetensors")}, half}, {{"--checkpoint-dir", path("ck")}, half}});
+  });
+  if (half <= free) {
+    EXPECT_NE(message.find("--save '" + path("w.safetensors") + "'"), std::string::npos) << message;
+    EXPECT_NE(message.find("and --checkpoint-dir '" + path("ck") + "'"), std::string::npos) << message;
+  }
+}
+
+// C17: one writer per metrics file; the second is refused naming who holds it.
+TEST_F(OutputPathTest, ASecondWriterOfALockedOutputIsRefusedNamingTheHolder) {
+  const std::string file = make_file("m.jsonl");
+  const io::UniqueFd first(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+  const io::UniqueFd second(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+  io::lock_output(first.get(), {"--metrics", file});
+  const std::string message = error_of([&] { io::lock_output(second.get(), {"--metrics", file}); });
+  EXPECT_NE(message.find("--metrics '" + file + "' is in use by another run (this process holds its lock)"),
+            std::string::npos) << message;
+}
+
+// C17 through train: a second run on a live run's metrics file is refused and leaves it alone.
+TEST_F(OutputPathTest, TrainRefusesAMetricsFileAnotherRunWrites) {
+  const std::string history = "{\"type\":\"header\"}\n{\"step\":1}\n";
+  const std::string file = make_file("live.jsonl", history);
+  const io::UniqueFd live(::open(file.c_str(), O_WRONLY | O_CLOEXEC));
+  io::lock_output(live.get(), {"--metrics", file});
+  TrainOptions o = tiny_run(2);
+  o.metrics_path = file;
+  const std::string message = error_of([&] { train_on_two_ranks(o); });
+  EXPECT_NE(message.find("is in use by another run"), std::string::npos) << message;
+  EXPECT_EQ(io::read_bytes(file), history);
+}
+
+// N9, N10: options that make the run's figures meaningless are refused naming them.
+TEST(TrainOptionChecks, WeightDecayThatFlipsTheWeightsAndAnImpossiblePeakAreRefused) {
+  TrainOptions o = tiny_run(2);
+  o.weight_decay = 1e308;
+  std::string message = error_of([&] { train_on_two_ranks(o); });
+  EXPECT_NE(message.find("--lr 0.003 times --weight-decay 1e+308"), std::string::npos) << message;
+  o = tiny_run(2);
+  o.lr = 0.5;
+  o.weight_decay = 2;
+  EXPECT_NE(error_of([&] { check_optimizer_options(o); }).find("--weight-decay 2 is 1"), std::string::npos);
+  for (const double peak : {-5.0, 1e-300, std::nan(""), HUGE_VAL, 1e300}) {
+    o = tiny_run(2);
+    o.peak_gflops = peak;
+    message = error_of([&] { train_on_two_ranks(o); });
+    EXPECT_NE(message.find("--peak-gflops must be 0 (measured at start) or the mesh's peak GFLOP/s"), std::string::npos)
+        << peak << ": " << message;
+  }
 }
 
 }  // namespace

@@ -11,6 +11,7 @@
 #include <vector>
 
 #include "meshgrad/checkpoint/manifest.hpp"
+#include "meshgrad/io/output_path.hpp"
 
 namespace meshgrad::checkpoint {
 
@@ -19,6 +20,17 @@ inline constexpr const char* kManifestFileName = "manifest.json";
 
 // "step_00000100": the directory name of the checkpoint taken after `step` optimizer steps.
 std::string checkpoint_dir_name(std::int64_t step);
+
+// True for a name that saves write, rename or remove directly under a root: a checkpoint
+// (step_XXXXXXXX), a temporary (.step_*: a save in progress, an old checkpoint exchanged out of its
+// name, a pruned one) and the lock (.lock). Anything else under the root is left alone.
+bool is_checkpoint_root_name(const std::string& name);
+
+// Throws InvalidArgument naming both options when one of `outputs` (files: --metrics, --save,
+// --trace) lies in the checkpoint root under one of those names, directly (--metrics ck/step_00000002)
+// or inside one (ck/step_00000002/m.jsonl): a save or a prune would replace or delete it. Paths are
+// compared after resolving what exists of them (weakly_canonical), so other spellings count.
+void check_outputs_outside_checkpoint_names(const io::NamedPath& root, const std::vector<io::NamedPath>& outputs);
 
 // The committed checkpoints under root (directories step_XXXXXXXX with a manifest.json), in the order
 // they were committed (Manifest::commit; among checkpoints of older meshgrads, which have none, by

@@ -79,6 +79,7 @@ struct Manifest {
 // wrong number of dims, a piece outside its file, a file index out of range, a hash that is not 64
 // hex digits, and pieces that do not tile their tensor exactly (a gap or an overlap).
 Manifest parse_manifest(std::string_view text, const std::string& path);
+// The manifest as JSON text; throws CheckpointError when a string in it is not valid UTF-8.
 std::string manifest_to_json(const Manifest& manifest);
 
 // Reads and parses the manifest file at path (size-bounded; errors name path).

@@ -9,8 +9,9 @@
 //   3. rank 0 writes manifest.json, fsyncs the directory, renames it to step_XXXXXXXX (atomically
 //      exchanging with a same-named older directory, which is then removed), fsyncs ROOT, and only
 //      then removes checkpoints beyond the newest `keep`;
-//   4. rank 0 tells every rank whether the checkpoint exists, so that all of them fail or go on
-//      together.
+//   4. the ranks agree on the outcome: committed, or the error of the lowest rank that failed (its
+//      writing, or rank 0's commit), which every rank then throws, so that all of them fail or go on
+//      together and each says why.
 // The rename and the flushes of step 3 are io::StagedDirectory's (io/atomic_commit.hpp). Leftover
 // .tmp directories of a killed save are removed when the next saver opens ROOT. One run at a time per
 // ROOT: the saver holds an exclusive lock (ROOT/.lock) for its lifetime.
@@ -25,12 +26,14 @@
 #include <exception>
 #include <memory>
 #include <nlohmann/json.hpp>
+#include <optional>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/checkpoint/state_tensor.hpp"
+#include "meshgrad/comm/agreement.hpp"
 #include "meshgrad/comm/communicator.hpp"
 #include "meshgrad/distributed/mesh.hpp"
 
@@ -82,9 +85,13 @@ class CheckpointSaver {
   void run_job(Job& job) noexcept;
   void write_files(Job& job) const;      // 1
   void share_reports(Job& job) const;    // 2 (collective)
-  bool commit(Job& job);                 // 3 (rank 0): true when committed, else job.commit_error says why
-  Manifest manifest_of(const Job& job) const;   // 3: from every rank's report; throws when one failed
-  bool share_verdict(bool committed) const;   // 4 (collective)
+  // 3 (rank 0): true when committed; false when a rank could not write its files (its own error
+  // says why) or the commit failed (job.commit_error says why).
+  bool commit(Job& job);
+  Manifest manifest_of(const Job& job) const;   // 3: from every rank's report
+  // 4 (collective): the failure of the lowest rank that failed (writing, or rank 0's commit), with its
+  // message, the same on every rank; nothing when the checkpoint was committed.
+  std::optional<comm::RankFailure> share_verdict(const Job& job) const;
 
   std::string root_;
   dist::DeviceMeshPtr mesh_;

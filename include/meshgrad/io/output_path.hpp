@@ -43,6 +43,30 @@ void check_output_paths(const std::vector<NamedPath>& outputs, const std::vector
 void check_output_directory(const NamedPath& output, const std::vector<NamedPath>& inputs,
                             const std::vector<NamedPath>& output_files = {});
 
+// An output and the bytes it will at least take (a file's data, a checkpoint's tensors).
+struct OutputSize {
+  NamedPath output;
+  std::uint64_t bytes = 0;
+};
+
+// Refuses, before any work, outputs that cannot fit: the outputs are grouped by the file system
+// their directory is on (an output directory not created yet: its parent's), and the bytes of each
+// group must not exceed the space free there for an unprivileged user (statvfs: f_bavail x
+// f_frsize). Throws InvalidArgument naming the options, the bytes needed and free. A file that is
+// replaced counts whole (it is written beside the old one and renamed over it). A file system whose
+// free space cannot be read is skipped (the write reports its own error).
+void check_free_space(const std::vector<OutputSize>& outputs);
+
+// Takes an exclusive advisory lock (flock) on fd, an output that one run at a time may write, without
+// waiting: held until fd is closed. Throws InvalidArgument "{option} '{path}' is in use by another
+// run ({who holds it})" when another open file holds it (in another process, or in this one: two
+// runs of the Python module). A file system without flock support is not an error.
+void lock_output(int fd, const NamedPath& output);
+
+// Who holds a flock on the file fd is open on, for messages: "process 1234" (from /proc/locks), "this
+// process" or, when it cannot be told, "another process".
+std::string lock_holder(int fd);
+
 // What went wrong writing an output file; the message names the file.
 class OutputFileError : public InvalidArgument {
  public:

@@ -6,6 +6,8 @@
 // Python's errors="replace"), so the output is always valid UTF-8.
 #pragma once
 
+#include <cstddef>
+#include <optional>
 #include <string>
 #include <string_view>
 
@@ -26,5 +28,14 @@ class Utf8Stream {
 
 // The whole of bytes as valid UTF-8 (Utf8Stream over all of it).
 std::string to_valid_utf8(std::string_view bytes);
+
+// The offset of the first byte of `bytes` that is not part of well-formed UTF-8 (where its first
+// ill-formed subpart starts; a character cut off by the end counts), or nullopt when all of it is
+// valid. For refusing, before any work, text that a strict UTF-8 format (JSON) will be asked to hold.
+std::optional<std::size_t> invalid_utf8_offset(std::string_view bytes);
+
+// `bytes` for a message: its valid UTF-8 as is, every byte of an ill-formed subpart as \xHH, so the
+// bad bytes show and the message stays printable (and can be written into a strict UTF-8 format).
+std::string escape_invalid_utf8(std::string_view bytes);
 
 }  // namespace meshgrad::text

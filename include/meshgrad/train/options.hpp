@@ -98,6 +98,11 @@ struct TrainOptions {
   using Sampler = std::function<std::string(const nn::ModelConfig& model,
                                              const std::vector<std::pair<std::string, Tensor>>& full, int step)>;
   Sampler sampler;
+  // Called on every rank before step 1 with the run's model configuration (its vocabulary resolved)
+  // when sample_every > 0: throws when `sampler` cannot sample from that model, so the run is refused
+  // before it trains, not at its first sample. Empty: no check. launch::run_train_job sets it with
+  // sampler (a vocabulary other than 256 needs the data's tokenizer).
+  std::function<void(const nn::ModelConfig& model)> check_sampler;
   // Sharded checkpoints (checkpoint/saver.hpp): every save_every steps and after the last step,
   // into checkpoint_dir/step_XXXXXXXX, keeping the newest `keep` (0 = all), written in the background
   // unless checkpoint_sync. "" = no checkpoints.
@@ -128,8 +133,8 @@ struct TrainOptions {
   // is "stop request"). E.g. the Python module's Ctrl-C. Empty: never.
   std::function<bool()> stop_requested;
   bool progress = true;      // rank 0 shows progress on stderr
-  // The mesh's peak GFLOP/s, the denominator of MFU: > 0 given; 0 measured once at start (a GEMM on
-  // rank 0, times the ranks: train/progress.hpp); < 0 no MFU.
+  // The mesh's peak GFLOP/s, the denominator of MFU: given (0.001 to 1e12), or 0: measured once at
+  // start (a GEMM on rank 0, times the ranks: train/progress.hpp). Anything else is refused.
   double peak_gflops = 0;
   // Written into the metrics file's header line with the configuration and the mesh (the CLI: the
   // meshgrad version, the git commit it was built from, the command line).

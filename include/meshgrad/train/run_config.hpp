@@ -17,6 +17,21 @@ namespace meshgrad::train {
 // model's vocabulary is the resolved one (the data's when options.model.vocab is 0).
 nlohmann::json run_config_json(const TrainOptions& options, int resolved_vocab);
 
+// Every text option the run records (the paths --data, --val-data, --metrics, --save,
+// --checkpoint-dir, absolute, and --sample-prompt, --lr-schedule, --pp-schedule) must be valid UTF-8:
+// the records are JSON text (checkpoint manifests and --save's safetensors metadata are written
+// strictly), so a byte that is not would fail the run at its first save, after the training.
+// Throws InvalidArgument naming the option, its text (bad bytes as \xHH) and the offset of the first
+// bad byte in it; for a relative path that is UTF-8 but whose absolute form is not, the working
+// directory. Paths are refused rather than escaped: a resume reads them back from the record as the
+// paths to open, and a lossless escape would need its own decoding on every reader of the record.
+void check_recorded_text(const TrainOptions& options);
+
+// The backstop of check_recorded_text for everything else a run records (a checkpoint's state, the
+// --save metadata): throws InvalidArgument naming `what`, the place in `record` (a JSON pointer, e.g.
+// "/data/identity/files/3") and the offset when one of its strings (keys included) is not valid UTF-8.
+void check_record_text(const nlohmann::json& record, const std::string& what);
+
 // The options of a run resumed from `checkpoint` (a path for messages) whose saved configuration is
 // `saved`: the saved value of every option, except those named in options.given_options (under the
 // option's name or another name of it: --micro-batches is --grad-accum), which keep the caller's

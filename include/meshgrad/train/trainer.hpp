@@ -30,7 +30,8 @@ namespace meshgrad::train {
 double learning_rate(const TrainOptions& options, int step);
 
 // Throws InvalidArgument naming the option (--lr-schedule, --min-lr, --decay-steps,
-// --decay-fraction, --beta1, --beta2, --eps, --weight-decay) when it is out of range.
+// --decay-fraction, --beta1, --beta2, --eps, --weight-decay) when it is out of range, and both when
+// --lr x --weight-decay >= 1 (the decoupled decay would zero or flip the weights).
 void check_optimizer_options(const TrainOptions& options);
 
 // Number of elements of the full model (sum over parameters of their full shapes).
