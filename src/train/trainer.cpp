@@ -137,6 +137,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   MG_CHECK(o.steps >= 1, "train: --steps must be >= 1, got {}", o.steps);
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
   check_optimizer_options(o);
+  check_blas_threads(o);
   // The ranks that split the batch: dp x fsdp.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -183,6 +184,7 @@ Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
 // resume's manifest.
 void Run::read_inputs() {
   checked_options(options_, *mesh_);
+  use_blas_threads(options_);   // every rank, before any GEMM (agreed on with the rest of the inputs)
   dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed, options_.val_data_path);
   MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");
