@@ -584,7 +584,8 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("sample", &sample_job,
         "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
         "tokenizer=None, backend='threads', tp_invariant=False, invariant_blocks=4) -> str: the prompt and its continuation, as `meshgrad sample` prints "
-        "them. checkpoint: a safetensors file from train(save=...) (or with a config.json beside it) or a "
+        "them. checkpoint: a safetensors file from train(save=...) (its own gpt2_config metadata gives the sizes; "
+        "another tool's file needs a config.json beside it) or a "
         "directory with config.json + model.safetensors. temperature=0 is greedy (the same text on every mesh); "
         "the same seed gives the same text. Generation stops early when the context (n_positions) is full.");
 }

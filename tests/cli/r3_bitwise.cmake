@@ -30,3 +30,10 @@ set(r3_bt_ck ${CMAKE_CURRENT_BINARY_DIR}/r3-blas-threads-ck)
 meshgrad_cli_test(r3_blas_threads_from_checkpoint 1
                   "--blas-threads 2 \\(from the checkpoint\\): --mesh-invariant runs one BLAS thread per rank"
                   bash -c "rm -rf ${r3_bt_ck} && ${mg} train --mesh tp=1 --blas-threads 2 --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --checkpoint-dir ${r3_bt_ck} >/dev/null 2>&1 && exec ${mg} train --resume ${r3_bt_ck} --steps 2 --mesh-invariant")
+
+# Every example of docs/training.md's "What is refused: the examples" is refused, with its message and before a
+# step (tests/cli/r3_doc_refusals.sh reads them from the doc).
+add_test(NAME cli_r3_doc_refusals
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_doc_refusals.sh $<TARGET_FILE:meshgrad_cli>
+                 ${PROJECT_SOURCE_DIR}/docs/training.md ${CMAKE_CURRENT_BINARY_DIR}/cli_r3_doc_refusals)
+set_tests_properties(cli_r3_doc_refusals PROPERTIES LABELS cli TIMEOUT 300)

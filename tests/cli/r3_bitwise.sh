@@ -11,6 +11,7 @@
 #   a resume on the same mesh continues the run that never stopped (the count comes from the
 #   checkpoint: the resume does not give it); a pp=2 checkpoint resumed on tp=1 too
 #   --mesh-invariant: pp=2 = tp=1, and a pp=2 checkpoint resumed on tp=1 (one thread by the mode)
+#   --tp-invariant --grad-accum 2 on fsdp=2 and dp=2 --shard-optimizer = dp=2 = tp=1 --grad-accum 4
 # Every metrics line's loss and grad_norm and the bytes of --save are compared.
 # Usage: r3_bitwise.sh path/to/meshgrad scratch-dir [mpirun command...]
 #   with an mpirun command: pp=2 under `--backend mpi` against the one-rank threads run too.
@@ -112,6 +113,16 @@ same inv_one inv_pp
   --metrics inv_res.jsonl >inv_res.out 2>&1 || fail "invariant resume: $(tail -c 600 inv_res.out)"
 same inv_res inv_one 3
 grep -qF "compute: 1 BLAS thread per rank (--mesh-invariant" inv_one.out || fail "the banner does not say --mesh-invariant set 1 BLAS thread"
+
+# --tp-invariant with --grad-accum on an fsdp axis and with --shard-optimizer runs (docs/training.md said it was
+# refused) and gives the bits of dp=2 and of one rank with twice the micro-batches.
+run tinv_dp dp=2 --tp-invariant --grad-accum 2
+run tinv_fsdp fsdp=2 --tp-invariant --grad-accum 2
+run tinv_zero dp=2 --shard-optimizer --tp-invariant --grad-accum 2
+run tinv_one tp=1 --tp-invariant --grad-accum 4
+same tinv_dp tinv_fsdp
+same tinv_dp tinv_zero
+same tinv_dp tinv_one
 
 if [ "$failures" -gt 0 ]; then
   echo "$failures failure(s)"
