@@ -37,3 +37,9 @@ add_test(NAME cli_r3_doc_refusals
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_doc_refusals.sh $<TARGET_FILE:meshgrad_cli>
                  ${PROJECT_SOURCE_DIR}/docs/training.md ${CMAKE_CURRENT_BINARY_DIR}/cli_r3_doc_refusals)
 set_tests_properties(cli_r3_doc_refusals PROPERTIES LABELS cli TIMEOUT 300)
+
+# N140: a --save file's own gpt2_config gives the sizes; a config.json beside it is not read, and sample says so.
+set(r3_cfg_dir ${CMAKE_CURRENT_BINARY_DIR}/r3-sample-config-beside)
+meshgrad_cli_test(r3_sample_config_beside_is_not_read 0
+                  "the model's sizes came from the '[^']*w.safetensors' metadata \"gpt2_config\"; the config.json beside the file \\('[^']*config.json'\\) was not read"
+                  bash -c "rm -rf ${r3_cfg_dir} && mkdir ${r3_cfg_dir} && ${mg} train --mesh tp=1 --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --save ${r3_cfg_dir}/w.safetensors >/dev/null 2>&1 && printf '{\"n_layer\": 3, \"n_head\": 2}' > ${r3_cfg_dir}/config.json && exec ${mg} sample --checkpoint ${r3_cfg_dir}/w.safetensors --mesh tp=1 --prompt a --tokens 2 --temperature 0")
