@@ -346,6 +346,7 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("invariant_blocks", o.parallel.invariant_blocks);
   k.get("mesh_invariant", o.parallel.mesh_invariant);
   k.get("batch_blocks", o.parallel.batch_blocks);
+  k.get("blas_threads", o.blas_threads);
   k.finish();
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
@@ -562,7 +563,9 @@ PYBIND11_MODULE(meshgrad, m) {
         "regather=False, eval_every=0, eval_steps=20, sample_every=0, sample_tokens=64, sample_prompt='\\n', grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
         "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
         "invariant_blocks=4, mesh_invariant=False, batch_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
-        "pp_layers=None (list of blocks per stage), pp_schedule='1f1b') -> list of per-step "
+        "pp_layers=None (list of blocks per stage), pp_schedule='1f1b', blas_threads=0 (OpenBLAS threads per rank; 0: "
+        "max(1, cores / ranks on the node); runs meant to be bitwise alike on meshes of different sizes, e.g. pp=2 "
+        "against grad_accum on one rank, need the same count: give both blas_threads=1)) -> list of per-step "
         "dicts, the metrics file's step lines (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and "
         "val_loss on the steps that evaluated), as `meshgrad train`; keywords are its options with _ for -. A path left out (None) is none; "
         "an empty str is an error. Under backend='mpi' "
@@ -581,7 +584,8 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("sample", &sample_job,
         "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
         "tokenizer=None, backend='threads', tp_invariant=False, invariant_blocks=4) -> str: the prompt and its continuation, as `meshgrad sample` prints "
-        "them. checkpoint: a safetensors file from train(save=...) (or with a config.json beside it) or a "
+        "them. checkpoint: a safetensors file from train(save=...) (its own gpt2_config metadata gives the sizes; "
+        "another tool's file needs a config.json beside it) or a "
         "directory with config.json + model.safetensors. temperature=0 is greedy (the same text on every mesh); "
         "the same seed gives the same text. Generation stops early when the context (n_positions) is full.");
 }

@@ -32,6 +32,10 @@ int run(SampleArgs& a) {
   if (!r.leader) return 0;   // another process (mpi) printed
   if (!r.text.empty() && r.text.back() != '\n') std::fputc('\n', stdout);
   std::fflush(stdout);
+  if (!r.ignored_config.empty()) {
+    fmt::print(stderr, "meshgrad sample: the model's sizes came from the {}; the config.json beside the file ('{}') "
+               "was not read (a file's own description wins)\n", r.config_source, r.ignored_config);
+  }
   if (r.context_full) {
     fmt::print(stderr,
                "meshgrad sample: stopped after {} of {} tokens: the context is full (n_positions = {}; the prompt is {} "
@@ -49,7 +53,8 @@ MESHGRAD_REGISTER_COMMAND(
                auto a = std::make_shared<SampleArgs>();
                auto& j = a->job;
                app.add_option("--checkpoint", j.checkpoint,
-                              "A safetensors file (from `meshgrad train --save`, or with a config.json beside it) or "
+                              "A safetensors file (from `meshgrad train --save`, whose metadata gives the sizes; another tool's "
+                              "file with a config.json beside it) or "
                               "a directory with config.json + model.safetensors")
                    ->required();
                app.add_option("--prompt", j.prompt, "The text to continue (printed first)")->required();

@@ -15,6 +15,7 @@
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/launch/launch.hpp"
+#include "meshgrad/tensor/blas.hpp"
 #include "options.hpp"
 
 #ifndef MESHGRAD_VERSION   // set by CMake for this file (the metrics header records them)
@@ -253,6 +254,12 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(at_least(1))
                   ->capture_default_str();
               add_mesh_invariant_options(app, o.parallel);
+              app.add_option("--blas-threads", o.blas_threads,
+                             "OpenBLAS threads per rank (0: max(1, cores / ranks on the node)). Runs meant to be "
+                             "bitwise alike on meshes of different sizes (pp=2 against --grad-accum on one rank) "
+                             "need the same count: give both --blas-threads 1. The invariant modes run 1")
+                  ->check(at_least(0, blas::kMaxThreadsPerRank))
+                  ->capture_default_str();
               app.add_option("--dtype", a->dtype, "float32 or float64")
                   ->check(CLI::IsMember({"float32", "float64"}))
                   ->capture_default_str();

@@ -92,6 +92,18 @@ def test_fsdp_and_the_sharded_optimizer_train_the_bytes_of_dp(tmp_path):
         meshgrad.train(steps=1, mesh="tp=2", shard_optimizer=True)
 
 
+def test_blas_threads_reach_the_ranks_and_the_metrics():
+    # blas_threads= is --blas-threads: at hidden 64 OpenBLAS splits the GEMMs over the threads, and with
+    # the same count on both, pp=2 trains the bits of one rank's grad_accum (the automatic count gives the
+    # one rank more threads than each stage: docs/training.md, "Pipeline parallelism").
+    def run(**kw):
+        steps = meshgrad.train(steps=2, layers=2, hidden=64, heads=4, seq=32, batch=8, blas_threads=1, **kw)
+        return [(s["loss"], s["grad_norm"]) for s in steps]
+    assert run(mesh="pp=2", micro_batches=4) == run(mesh="tp=1", grad_accum=4)
+    with pytest.raises(meshgrad.InvalidArgument, match="--blas-threads 2: --tp-invariant runs one BLAS thread"):
+        meshgrad.train(steps=1, mesh="tp=1", tp_invariant=True, blas_threads=2)
+
+
 def test_a_pipeline_trains_the_bits_of_gradient_accumulation():
     # mesh="pp=2" with micro_batches=4 runs the stages in 1F1B (or GPipe) and reports the losses and
     # gradient norms of one rank with grad_accum=4, bit for bit (docs/training.md, "Pipeline parallelism").

@@ -138,6 +138,7 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
     if (meta != file->metadata().end()) {
       w.config_source = fmt::format("'{}' metadata \"gpt2_config\"", checkpoint);
       w.model = interop::parse_gpt2_config(meta->second, w.config_source);
+      if (fs::is_regular_file(beside)) w.ignored_config = beside.string();
     } else if (fs::is_regular_file(beside)) {
       w.config_source = beside.string();
       w.model = interop::read_gpt2_config(w.config_source);
@@ -362,6 +363,8 @@ SampleResult run_sample_job(const SampleJob& job, const dist::RunOnMesh& run_on_
   result.prompt_tokens = prompt;
   result.n_positions = n_positions;
   result.tokenizer = tokenizer.description();
+  result.config_source = weights.config_source;
+  result.ignored_config = weights.ignored_config;
   std::mutex mu;
   bool have = false;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {

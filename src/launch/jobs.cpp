@@ -71,6 +71,7 @@ void check_train_options(const train::TrainOptions& o) {
   MG_CHECK(o.lr > 0, "train: --lr must be > 0, got {}", o.lr);
   MG_CHECK(o.warmup_steps >= 0, "train: --warmup must be >= 0, got {}", o.warmup_steps);
   train::check_optimizer_options(o);
+  train::check_blas_threads(o);
   check_positive("train", "grad-accum", o.grad_accum);
   // A path option given with an empty value (an unset shell variable, "" in a --config file) is an
   // error, never "no such output" or "start from scratch": --resume "" would silently train anew.

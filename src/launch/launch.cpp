@@ -171,7 +171,7 @@ int run_on_backend(const std::string& backend, int world_size,
     comm::MpiSession session(&argc, &argv);
     comm::CommunicatorPtr world = session.world();
     // One rank per process: the processes on this node share its cores.
-    blas::ThreadsPerRank blas_policy(mpi_ranks_on_this_node(world->size()));
+    blas::ThreadsPerRank blas_policy(mpi_ranks_on_this_node(world->size()), /*ranks_in_process=*/1);
     MG_CHECK(world_size == 0 || world_size == world->size(),
              "--backend mpi: the mesh needs {} ranks but the MPI world has {} processes (start with "
              "`mpirun -np {} meshgrad ...`)",

@@ -71,7 +71,9 @@ int available_cores() {
 
 namespace {
 std::mutex policy_m;
-std::string policy_text;   // set by the live ThreadsPerRank; empty outside one
+std::string policy_text;        // set by the live ThreadsPerRank; empty outside one
+int scope_ranks_in_process = 0; // the live ThreadsPerRank's; 0 outside one
+std::string scope_automatic;    // its automatic count and why: "2 = 2 usable cores / 1 rank on this node"
 }  // namespace
 
 namespace {
@@ -112,25 +114,32 @@ std::string idle_wait_policy() {
   return idle_wait_text;
 }
 
-ThreadsPerRank::ThreadsPerRank(int ranks_on_node) {
-  if (ranks_on_node < 1) throw InvalidArgument(fmt::format("blas::ThreadsPerRank: ranks_on_node must be >= 1, got {}",
-                                                           ranks_on_node));
+ThreadsPerRank::ThreadsPerRank(int ranks_on_node, int ranks_in_process) {
+  if (ranks_on_node < 1 || ranks_in_process < 1 || ranks_in_process > ranks_on_node)
+    throw InvalidArgument(fmt::format("blas::ThreadsPerRank: need 1 <= ranks_in_process <= ranks_on_node, got {} and {}",
+                                      ranks_in_process, ranks_on_node));
   idle_wait_policy();
   const int cores = available_cores();
   threads_ = std::max(1, cores / ranks_on_node);
   previous_threads_ = num_threads();
   set_num_threads(threads_);
+  const std::string why = fmt::format("{} usable core{} / {} rank{} on this node", cores, cores == 1 ? "" : "s",
+                                      ranks_on_node, ranks_on_node == 1 ? "" : "s");
   std::lock_guard lock(policy_m);
   previous_policy_ = policy_text;
-  policy_text = fmt::format("{} BLAS thread{} per rank ({} usable core{} / {} rank{} on this node)", threads_,
-                            threads_ == 1 ? "" : "s", cores, cores == 1 ? "" : "s", ranks_on_node,
-                            ranks_on_node == 1 ? "" : "s");
+  previous_ranks_in_process_ = scope_ranks_in_process;
+  previous_automatic_ = scope_automatic;
+  policy_text = fmt::format("{} BLAS thread{} per rank ({})", threads_, threads_ == 1 ? "" : "s", why);
+  scope_ranks_in_process = ranks_in_process;
+  scope_automatic = fmt::format("{} = {}", threads_, why);
 }
 
 ThreadsPerRank::~ThreadsPerRank() {
   set_num_threads(previous_threads_);
   std::lock_guard lock(policy_m);
   policy_text = previous_policy_;
+  scope_ranks_in_process = previous_ranks_in_process_;
+  scope_automatic = previous_automatic_;
 }
 
 namespace {
@@ -183,6 +192,32 @@ void reserve_work_buffers(int callers) {
   for (int i = 0; i < needed; ++i) buffers.push_back(blas_memory_alloc(0));
   for (void* b : buffers) blas_memory_free(b);
   reserved = needed;
+}
+
+void set_threads_per_rank(int n, const std::string& source) {
+  if (n < 1 || n > kMaxThreadsPerRank)
+    throw InvalidArgument(fmt::format("{}: BLAS threads per rank must be 1 to {}, got {}", source, kMaxThreadsPerRank, n));
+  int ranks_in_process = 0;
+  {
+    std::lock_guard lock(policy_m);
+    ranks_in_process = scope_ranks_in_process;
+  }
+  // Room for the callers' work buffers before any of them runs with the new count (OpenBLAS would
+  // otherwise retry a failed mapping for ever).
+  if (ranks_in_process > 0) reserve_work_buffers(ranks_in_process * n);
+  {
+    // The first rank thread sets the count, the others find it set: OpenBLAS is not asked to resize
+    // its pool while another rank may already run a GEMM.
+    static std::mutex set_m;
+    std::lock_guard set_lock(set_m);
+    if (num_threads() != n) set_num_threads(n);
+    if (num_threads() != n)
+      throw InvalidArgument(fmt::format("{}: this OpenBLAS runs at most {} threads, not {}", source, num_threads(), n));
+  }
+  std::lock_guard lock(policy_m);
+  if (ranks_in_process > 0)
+    policy_text = fmt::format("{} BLAS thread{} per rank ({}; automatic: {})", n, n == 1 ? "" : "s", source,
+                              scope_automatic);
 }
 
 std::string thread_policy() {

@@ -89,6 +89,7 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("batch-blocks", parallel.batch_blocks),
         MG_FIELD("pp-layers", parallel.pp_layers),
         MG_TEXT_FIELD("pp-schedule", pp_schedule),
+        MG_FIELD("blas-threads", blas_threads),
         MG_FIELD("steps", steps),
         MG_FIELD("lr", lr),
         MG_FIELD("warmup", warmup_steps),

@@ -145,6 +145,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   MG_CHECK(o.peak_gflops == 0 || (std::isfinite(o.peak_gflops) && o.peak_gflops >= 1e-3 && o.peak_gflops <= 1e12),
            "train: --peak-gflops must be 0 (measured at start) or the mesh's peak GFLOP/s, from 0.001 to 1e12, got {}",
            o.peak_gflops);
+  check_blas_threads(o);
   // The ranks that split the batch: dp x fsdp.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -197,6 +198,7 @@ Run::Run(const TrainOptions& options, const dist::DeviceMeshPtr& mesh)
 void Run::read_inputs() {
   checked_options(options_, *mesh_);
   train::check_recorded_text(options_);
+  use_blas_threads(options_);   // every rank, before any GEMM (agreed on with the rest of the inputs)
   dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed, options_.val_data_path);
   MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");

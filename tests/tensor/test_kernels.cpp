@@ -317,6 +317,31 @@ TEST(Blas, ThreadsPerRankSharesTheCoresAndRestores) {
   EXPECT_THROW(blas::ThreadsPerRank(0), InvalidArgument);
 }
 
+// A run's own count (train's --blas-threads) replaces the automatic one inside the launch scope,
+// says so in the banner's policy, and the scope's end restores the count from before it.
+TEST(Blas, SetThreadsPerRankOverridesTheLaunchPolicyUntilItsEnd) {
+  const int cores = blas::available_cores();
+  blas::set_num_threads(3);
+  {
+    blas::ThreadsPerRank scope(4 * cores, 1);   // automatic: 1
+    blas::set_threads_per_rank(2, "--blas-threads 2");
+    EXPECT_EQ(blas::num_threads(), 2);
+    EXPECT_EQ(blas::thread_policy(),
+              fmt::format("2 BLAS threads per rank (--blas-threads 2; automatic: 1 = {} usable core{} / {} ranks on "
+                          "this node)", cores, cores == 1 ? "" : "s", 4 * cores));
+    blas::set_threads_per_rank(2, "--blas-threads 2");   // the other ranks: the same count, nothing changes
+    EXPECT_EQ(blas::num_threads(), 2);
+  }
+  EXPECT_EQ(blas::num_threads(), 3);
+  EXPECT_EQ(blas::thread_policy(), "3 BLAS threads (no launch policy in effect)");
+  // Outside a scope it only sets the count; out of range is refused naming the source.
+  blas::set_threads_per_rank(1, "test");
+  EXPECT_EQ(blas::num_threads(), 1);
+  EXPECT_THROW(blas::set_threads_per_rank(0, "--blas-threads 0"), InvalidArgument);
+  EXPECT_THROW(blas::set_threads_per_rank(blas::kMaxThreadsPerRank + 1, "x"), InvalidArgument);
+  EXPECT_THROW(blas::ThreadsPerRank(1, 2), InvalidArgument);   // more ranks in the process than on the node
+}
+
 // The attention kernel splits (batch, head) pairs over blas::num_threads() threads: the split must
 // not change a bit of the result (heads are independent), and under TSan (make test-tsan) the
 // workers must not race. T = 70 crosses a tile boundary.

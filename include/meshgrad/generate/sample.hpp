@@ -41,6 +41,9 @@ struct SampleWeights {
   nn::ModelConfig model;       // the sizes; dtype = the weights' (wte.weight's), dropout 0
   std::string tokenizer_dir;   // the checkpoint directory when it holds tokenizer files, else ""
   std::string sharded_checkpoint;   // (c): the checkpoint directory step_XXXXXXXX, else ""
+  // (a) with "gpt2_config" in its metadata and a config.json beside it: that config.json, which the
+  // file's own description overrides (front-ends say so); else "".
+  std::string ignored_config;
 };
 
 // What a checkpoint path may be:
@@ -160,6 +163,8 @@ struct SampleResult {
   std::int64_t n_positions = 0;
   std::string tokenizer;                     // SampleTokenizer::description()
   std::string mesh;                          // DeviceMesh::str()
+  std::string config_source;                 // where the sizes came from (SampleWeights::config_source)
+  std::string ignored_config;                // SampleWeights::ignored_config: a config.json not read
   bool leader = false;   // this process hosted mesh rank 0 (the one that called on_text): under mpi
                          // only one process prints; the others have the same result otherwise
 };

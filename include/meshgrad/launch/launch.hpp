@@ -57,8 +57,9 @@ int mpi_ranks_on_this_node(int world_size);
 // under an MPI launcher (every process would run the whole job). While the ranks run, each uses
 // max(1, cores / ranks on this node) BLAS threads (blas::ThreadsPerRank), so ranks x BLAS threads
 // never exceeds the cores: threads -> all world_size ranks share this process; mpi -> the processes
-// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it. Under mpi the ranks first agree on their
-// options (agree_on_options over launch_options()).
+// on this node (OMPI_COMM_WORLD_LOCAL_SIZE) share it. A job may set its own count inside the ranks
+// (blas::set_threads_per_rank: train's --blas-threads); the launch's scope restores the count at the
+// end. Under mpi the ranks first agree on their options (agree_on_options over launch_options()).
 int run_on_backend(const std::string& backend, int world_size,
                    const std::function<void(const comm::CommunicatorPtr& world)>& fn);
 

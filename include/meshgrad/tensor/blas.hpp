@@ -28,22 +28,46 @@ int available_cores();
 // the scope. The cores are this process's affinity (available_cores()): under mpirun's default
 // binding a rank may see only its own core, so dividing by the node's ranks errs on the safe side
 // (never more threads than cores). Process-wide, like the count itself: two concurrent scopes with
-// different rank counts would race, so launch one set of ranks at a time.
-//   blas::ThreadsPerRank policy(world_size);            // threads backend: all ranks in this process
-//   blas::ThreadsPerRank policy(ranks_on_this_node);    // mpi: one rank per process
+// different rank counts would race, so launch one set of ranks at a time. ranks_in_process is how
+// many of the node's ranks are threads of this process (the threads backend: all of them; mpi: 1):
+// their BLAS callers share its OpenBLAS work buffers (set_threads_per_rank reserves them).
+//   blas::ThreadsPerRank policy(world_size);               // threads backend: all ranks in this process
+//   blas::ThreadsPerRank policy(ranks_on_this_node, 1);    // mpi: one rank per process
+// A run may ask for another count than this automatic one (set_threads_per_rank): the bits of a GEMM
+// depend on OpenBLAS's thread count for some kernels, so two runs meant to agree bitwise on meshes
+// of different sizes need the same count, which the automatic one is not.
 class ThreadsPerRank {
  public:
-  explicit ThreadsPerRank(int ranks_on_node);
+  explicit ThreadsPerRank(int ranks_on_node) : ThreadsPerRank(ranks_on_node, ranks_on_node) {}
+  ThreadsPerRank(int ranks_on_node, int ranks_in_process);
   ~ThreadsPerRank();
   ThreadsPerRank(const ThreadsPerRank&) = delete;
   ThreadsPerRank& operator=(const ThreadsPerRank&) = delete;
-  int threads() const { return threads_; }
+  int threads() const { return threads_; }   // the automatic count
 
  private:
   int threads_;
   int previous_threads_;
   std::string previous_policy_;
+  int previous_ranks_in_process_;
+  std::string previous_automatic_;
 };
+
+// The largest count set_threads_per_rank takes: far above any core count it is meant for, below
+// the counts OpenBLAS builds cap their pools at (it would silently run fewer).
+inline constexpr int kMaxThreadsPerRank = 256;
+
+// A run's own BLAS thread count per rank, in place of the launch policy's automatic one (the train
+// option --blas-threads, and the invariant modes' 1): every rank of the run calls it with the same
+// n before its first GEMM. The count is process-wide, shared by the rank threads of a process, so
+// ranks that asked for different counts would change each other's counts mid-run: the ranks agree
+// on their options first. Within a ThreadsPerRank scope it reserves OpenBLAS's work buffers for the
+// scope's ranks in this process x n (reserve_work_buffers: InvalidArgument when they do not fit)
+// and thread_policy() then says "n BLAS threads per rank (<source>; automatic: ...)", source naming
+// where n comes from (e.g. "--blas-threads 1"); the scope's end restores the count from before it.
+// Outside a scope it only sets the count (set_num_threads). Throws InvalidArgument naming source when
+// n is outside [1, kMaxThreadsPerRank] or OpenBLAS runs another count than n.
+void set_threads_per_rank(int n, const std::string& source);
 
 // OpenBLAS (Debian's 0.3.21) keeps one pool of work buffers for the process, each kWorkBufferBytes
 // of address space: a GEMM takes a free one for its call and maps a new one when none is free, and
@@ -65,7 +89,9 @@ void reserve_work_buffers(int callers);
 std::string idle_wait_policy();
 
 // The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 usable cores / 2 ranks on
-// this node)" inside a ThreadsPerRank, else "4 BLAS threads (no launch policy in effect)".
+// this node)" inside a ThreadsPerRank, "1 BLAS thread per rank (--blas-threads 1; automatic: 2 = 2 usable
+// cores / 1 rank on this node)" after set_threads_per_rank, else "4 BLAS threads (no launch policy in
+// effect)".
 std::string thread_policy();
 
 // C = alpha * op(A) op(B) + beta * C, row-major. op(X) = X^T when trans_x. lda/ldb/ldc are the

@@ -132,6 +132,12 @@ struct TrainOptions {
   // after the same step; with checkpoint_dir a checkpoint is written first; TrainResult::stopped_by
   // is "stop request"). E.g. the Python module's Ctrl-C. Empty: never.
   std::function<bool()> stop_requested;
+  // OpenBLAS threads per rank (--blas-threads; blas::set_threads_per_rank): 0 = the launch's automatic
+  // max(1, cores / ranks on the node). Some OpenBLAS kernels (Haswell's) split a GEMM's sums
+  // differently over 1 and 2 threads, so runs meant to agree bitwise on meshes of different sizes
+  // (pp=2 against one rank's --grad-accum) need the same count, which the automatic one is not. The
+  // invariant modes run 1 per rank (another count is refused; check_blas_threads).
+  int blas_threads = 0;
   bool progress = true;      // rank 0 shows progress on stderr
   // The mesh's peak GFLOP/s, the denominator of MFU: given (0.001 to 1e12), or 0: measured once at
   // start (a GEMM on rank 0, times the ranks: train/progress.hpp). Anything else is refused.

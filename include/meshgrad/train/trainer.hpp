@@ -34,6 +34,14 @@ double learning_rate(const TrainOptions& options, int step);
 // --lr x --weight-decay >= 1 (the decoupled decay would zero or flip the weights).
 void check_optimizer_options(const TrainOptions& options);
 
+// Throws InvalidArgument when --blas-threads is outside [0, blas::kMaxThreadsPerRank] or above 1 under
+// --tp-invariant / --mesh-invariant (which run one BLAS thread per rank), saying when the value came
+// from a resumed checkpoint.
+void check_blas_threads(const TrainOptions& options);
+// On every rank of a run, before its first GEMM: options.blas_threads (> 0) BLAS threads per rank
+// (blas::set_threads_per_rank); 0 leaves the launch's automatic count.
+void use_blas_threads(const TrainOptions& options);
+
 // Number of elements of the full model (sum over parameters of their full shapes).
 std::int64_t count_parameters(const std::vector<nn::Parameter*>& params);
 
