@@ -405,6 +405,27 @@ TEST(ExplainBatch, FsdpSplitsTheBatchAsTrainingDoes) {
   EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("fsdp=2"), kLink), InvalidArgument);
 }
 
+// fsdp sends one all-gather and one reduce-scatter per unit per step (FSDP2's foreach style), not
+// one per parameter (issue 36): each unit's forward gathers once, its backward regathers once and
+// reduce-scatters once, whatever number of parameters it holds.
+TEST(ExplainFsdp, OneGatherAndOneReduceScatterPerUnit) {
+  ModelConfig c = small_config("gpt");
+  c.batch = 4;
+  std::map<std::tuple<std::string, std::string, std::string>, int> seen;   // (unit, phase, op) -> count
+  std::set<std::string> units;
+  for (const ExplainRow& r : explain_model(c, {}, explain_mesh_axes("fsdp=2"), kLink)) {
+    if (r.axis != "fsdp") continue;
+    ++seen[{r.layer, r.phase, r.op}];
+    units.insert(r.layer);
+  }
+  ASSERT_EQ(units.size(), static_cast<std::size_t>(c.layers + 1)) << "a unit per block and the model's own";
+  for (const std::string& u : units) {
+    EXPECT_EQ((seen[{u, "forward", "all_gather"}]), 1) << u;
+    EXPECT_EQ((seen[{u, "backward", "reduce_scatter"}]), 1) << u;
+    EXPECT_LE((seen[{u, "backward", "all_gather"}]), 1) << u;
+  }
+}
+
 TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
   const ModelConfig c = small_config("gpt");
   const Batch b = data::make_synthetic_batch(c, 2, 1, 3);
