@@ -15,6 +15,7 @@
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/data/shards.hpp"
 #include "meshgrad/data/text_chunks.hpp"
+#include "meshgrad/io/atomic_commit.hpp"
 #include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/sha256.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -36,8 +37,11 @@ bool is_prepared_file(const std::string& name) {
   return shard_index("train", name).has_value() || shard_index("val", name).has_value();
 }
 
-// Files written to a temporary name in the output directory and renamed into place by commit();
-// whatever was not committed is removed when this goes out of scope (an error mid-way).
+// Files written to a temporary name in the output directory (io::unique_temporary_path: the next
+// writer of the same name removes what a killed one left) and committed by commit(): each flushed to
+// disk, renamed into place through io::rename_into_place (atomic_commit.hpp, the one way meshgrad
+// commits a file), the directory flushed last. Whatever was not committed is removed when this goes
+// out of scope (an error mid-way).
 class StagedFiles {
  public:
   explicit StagedFiles(fs::path dir) : dir_(std::move(dir)) {}
@@ -50,18 +54,25 @@ class StagedFiles {
 
   // The temporary path to write `name` to.
   std::string stage(const std::string& name) {
-    const fs::path tmp = dir_ / fmt::format(".{}.tmp-{}", name, ::getpid());
-    staged_.emplace_back(tmp, dir_ / name);
+    const std::string target = (dir_ / name).string();
+    io::remove_stale_temporaries(target);
+    const std::string tmp = io::unique_temporary_path(target);
+    staged_.emplace_back(tmp, target);
     names_.insert(name);
-    return tmp.string();
+    return tmp;
   }
-  // Renames every staged file into place, in the order staged.
+  // Flushes every staged file, renames each into place in the order staged, then flushes the
+  // directory: a kill leaves each file old or complete, and what commit() reported is on disk.
   void commit() {
     for (const auto& [tmp, final_name] : staged_) {
-      std::error_code ec;
-      fs::rename(tmp, final_name, ec);
-      MG_CHECK(!ec, "prepare: cannot rename '{}' to '{}': {}", tmp.string(), final_name.string(), ec.message());
+      const io::UniqueFd fd(::open(tmp.c_str(), O_RDONLY | O_CLOEXEC));
+      MG_CHECK(fd.get() >= 0, "prepare: cannot open '{}' to flush it: {}", tmp, io::errno_text(errno));
+      io::fsync_file(fd.get(), tmp);
     }
+    for (const auto& [tmp, final_name] : staged_) {
+      io::rename_into_place(tmp, final_name, io::ExistingTarget::kReplaceFileOrEmptyDirectory);
+    }
+    if (!staged_.empty()) io::flush_directory_of(staged_.front().second, io::ParentFlush::kRequired);
     staged_.clear();
   }
   // The names staged so far (committed or not).
@@ -69,7 +80,7 @@ class StagedFiles {
 
  private:
   fs::path dir_;
-  std::vector<std::pair<fs::path, fs::path>> staged_;
+  std::vector<std::pair<std::string, std::string>> staged_;   // (temporary, target)
   std::set<std::string> names_;
 };
 

@@ -4,6 +4,7 @@
 // lists the shards with their hashes; the dataset reads the result; --overwrite leaves one layout.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstring>
 #include <filesystem>
 #include <fstream>
@@ -293,6 +294,27 @@ TEST(PrepareShards, OverwriteLeavesOneLayoutAndRefusesWithout) {
   prepare_dataset(o);
   EXPECT_FALSE(fs::exists(d / "out" / "train_000000.bin"));
   EXPECT_NO_THROW(TokenDataset((d / "out").string(), 2, 8, 0));
+  fs::remove_all(d);
+}
+
+// prepare commits through io/atomic_commit (issue 36): its temporaries are unique_temporary_path
+// names, so a killed prepare's leftover (a dead process's temporary) is removed by the next one, and
+// nothing but the prepared files is left in --out.
+TEST(PrepareShards, CommitsThroughAtomicCommitRemovingADeadWritersTemporaries) {
+  ASSERT_TRUE(gpt2_files_present());
+  const fs::path d = meshgrad::testing::fresh_temp_dir("prepare_atomic_commit");
+  const fs::path a = write_text(d, "a.txt", varied_text(10));
+  fs::create_directories(d / "out");
+  // A temporary of train.bin left by a process that is gone (pid beyond Linux's pid_max; no host:
+  // written here).
+  const fs::path stale = d / "out" / ".train.bin.tmp-4194305-5eed-0";
+  std::ofstream(stale) << "half a token file";
+  prepare_dataset(options(d / "out", {a}));
+  EXPECT_FALSE(fs::exists(stale)) << "a dead writer's temporary is left behind";
+  std::vector<std::string> left;
+  for (const auto& e : fs::directory_iterator(d / "out")) left.push_back(e.path().filename().string());
+  std::sort(left.begin(), left.end());
+  EXPECT_EQ(left, (std::vector<std::string>{"merges.txt", "meta.json", "train.bin", "val.bin", "vocab.json"}));
   fs::remove_all(d);
 }
 
