@@ -161,7 +161,8 @@ void add_micro_batch_options(CLI::App& app, train::TrainOptions& o) {
   app.add_option("--pp-layers", o.parallel.pp_layers,
                  "With pp=P: transformer blocks per stage, e.g. 3,3 (P counts summing to --layers; default an even "
                  "split)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(each_count("3,3"));
   app.add_option("--pp-schedule", o.pp_schedule,
                  "With pp=P: 1f1b (activations of at most P micro-batches per stage) or gpipe (all forwards, then all "
                  "backwards)")

@@ -158,7 +158,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   if (o.parallel.mesh_invariant) {
     check_mesh_invariant_split(o.model.batch, dp, o.grad_accum, o.parallel.batch_blocks);
   } else if (o.parallel.tp_invariant) {
-    check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
+    check_invariant_batch_split(o.model.batch, dp, o.grad_accum, mesh.str());
   }
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);

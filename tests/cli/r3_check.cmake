@@ -25,3 +25,34 @@ meshgrad_cli_test(r3_check_pipeline_unequal_micro_batches 1 "check: --micro-batc
                   ${mg} check --mesh pp=2 --micro-batches 3 --batch 4)
 meshgrad_cli_test(r3_check_header_micro_batches 0 "2 steps of 2 micro-batches.*PASS"
                   ${mg} check --mesh pp=2 --micro-batches 2 --batch 4)
+
+# N135 / N136: bench pipeline's options are checked by their own names before anything runs.
+set(r3_bench_pipeline ${mg} bench pipeline --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 1)
+meshgrad_cli_test(r3_bench_pipeline_micro_zero 105 "--micro: must be >= 1, got 0" ${r3_bench_pipeline} --stages 2 --micro 0)
+meshgrad_cli_test(r3_bench_pipeline_micro_negative 105 "--micro: must be an integer >= 1, got '-2'" ${r3_bench_pipeline} --micro -2)
+meshgrad_cli_test(r3_bench_pipeline_stages_negative 105 "--stages: must be an integer >= 1, got '-1'" ${r3_bench_pipeline} --stages -1)
+meshgrad_cli_test(r3_bench_pipeline_stages_zero 105 "--stages: must be >= 1, got 0" ${r3_bench_pipeline} --stages 0)
+meshgrad_cli_test(r3_bench_pipeline_stages_above_layers 1 "bench pipeline: --stages 4: a pipeline of 4 stages needs at least 4 transformer blocks, and --layers is 2"
+                  ${r3_bench_pipeline} --stages 2,4 --micro 1)
+meshgrad_cli_test(r3_bench_pipeline_micro_not_dividing 1 "bench pipeline: --micro 3: --batch 4 does not divide into 3 micro-batches"
+                  ${r3_bench_pipeline} --stages 2 --micro 1,3)
+
+# N20 / N21: --pp-layers' sum in 64 bits; an empty list is named as empty, not read as 0.
+set(r3_t2 --steps 1 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics)
+meshgrad_cli_test(r3_pp_layers_overflow 1 "--pp-layers 2147483647,2147483647: the counts add up to 4294967294 blocks, and the model has 2"
+                  ${mg} train --mesh pp=2 ${r3_t2} --pp-layers 2147483647,2147483647)
+meshgrad_cli_test(r3_pp_layers_empty NONZERO "--pp-layers: an empty count in the list: give integers >= 1, e.g. 3,3"
+                  bash -c "exec ${mg} train --mesh pp=2 --steps 1 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --pp-layers ''")
+meshgrad_cli_test(r3_pp_layers_zero 105 "--pp-layers: must be >= 1, got 0" ${mg} explain --mesh pp=2 --pp-layers 0,2)
+
+# N89: prepare's integer options name the option and the bound (not CLI11's 310-digit range).
+meshgrad_cli_test(r3_prepare_chunk_bytes_zero 105 "--chunk-bytes: must be >= 1, got 0"
+                  ${mg} prepare --vocab v.json --merges m.txt --out o --chunk-bytes 0 x.txt)
+meshgrad_cli_test(r3_prepare_chunk_bytes_text 105 "--chunk-bytes: must be an integer >= 1, got 'abc'"
+                  ${mg} prepare --vocab v.json --merges m.txt --out o --chunk-bytes abc x.txt)
+meshgrad_cli_test(r3_prepare_shard_tokens_zero 105 "--shard-tokens: must be >= 1, got 0"
+                  ${mg} prepare --vocab v.json --merges m.txt --out o --shard-tokens 0 x.txt)
+
+# N29: the tp-invariant split names the mesh's axes as written (fsdp=3), not a dp=3 it does not have.
+meshgrad_cli_test(r3_tp_invariant_names_fsdp 1 "--tp-invariant: the data-parallel ranks \\(dp x fsdp = 3 on fsdp=3,tp=1\\) and --grad-accum 1 must be powers of two"
+                  ${mg} train --steps 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 6 --no-metrics --mesh fsdp=3 --tp-invariant)
