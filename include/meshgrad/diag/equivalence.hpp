@@ -48,7 +48,10 @@
 //  losses            max over steps of |l_mesh - l_ref| / |l_ref| <= loss tolerance (float32 1e-5,
 //                    float64 1e-12): the mean of ~10^2 token losses, a few ulps each, plus the first-order
 //                    effect of the floor elements' moves, whose gradients are by definition ~0.
-// The tp-invariant mode (the CLI's --tp-invariant) demands bitwise equality instead of all of these.
+//  finiteness       every loss, gradient and weight of both runs finite: a NaN passes every "error <=
+//                    tolerance" test by comparing false, so NaN and infinity fail on their own, named.
+// The tp-invariant mode (the CLI's --tp-invariant) demands bitwise equality instead of all of these
+// (and finiteness).
 #pragma once
 
 #include <atomic>
