@@ -110,9 +110,10 @@ void add_optimizer_options(CLI::App& app, train::TrainOptions& o) {
   add("--lr-schedule", o.lr_schedule, "After warmup: cosine or linear decay to --min-lr over --decay-steps, constant, "
       "or wsd (warmup-stable-decay: constant, then linear to --min-lr over the last --decay-fraction)")
       ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}));
-  add("--min-lr", o.min_lr, "Learning rate at the end of the decay (-1: lr / 10)");
+  add("--min-lr", o.min_lr, "Learning rate at the end of the decay, in [0, --lr] (-1: lr / 10)");
   add("--decay-steps", o.decay_steps, "Steps of the decay after warmup, independent of --steps (-1: to the last "
-      "step); min-lr after them");
+      "step); min-lr after them")
+      ->check(at_least_or_minus_one(1, "to the last step"));
   add("--decay-fraction", o.decay_fraction, "wsd: the fraction of --decay-steps that decays (the rest is stable)");
   add("--beta1", o.beta1, "AdamW: decay rate of the first moment");
   add("--beta2", o.beta2, "AdamW: decay rate of the second moment");

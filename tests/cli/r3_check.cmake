@@ -56,3 +56,18 @@ meshgrad_cli_test(r3_prepare_shard_tokens_zero 105 "--shard-tokens: must be >= 1
 # N29: the tp-invariant split names the mesh's axes as written (fsdp=3), not a dp=3 it does not have.
 meshgrad_cli_test(r3_tp_invariant_names_fsdp 1 "--tp-invariant: the data-parallel ranks \\(dp x fsdp = 3 on fsdp=3,tp=1\\) and --grad-accum 1 must be powers of two"
                   ${mg} train --steps 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 6 --no-metrics --mesh fsdp=3 --tp-invariant)
+
+# N3 / N6: --min-lr takes [0, lr] or the documented -1; --decay-steps names its range and its -1.
+set(r3_t --steps 1 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics)
+meshgrad_cli_test(r3_min_lr_negative 1 "--min-lr must be between 0 and --lr \\(0.003\\), or -1 for lr / 10, got -5"
+                  ${mg} train ${r3_t} --min-lr -5 --lr-schedule linear)
+meshgrad_cli_test(r3_min_lr_minus_inf 1 "--min-lr must be between 0 and --lr \\(0.003\\), or -1 for lr / 10, got -inf"
+                  ${mg} train ${r3_t} --min-lr -inf)
+meshgrad_cli_test(r3_decay_steps_too_large 105 "--decay-steps: must be -1 \\(to the last step\\) or an integer in \\[1, 2147483647\\], got '99999999999'"
+                  ${mg} train ${r3_t} --decay-steps 99999999999)
+meshgrad_cli_test(r3_decay_steps_fraction 105 "--decay-steps: must be -1 \\(to the last step\\) or an integer in \\[1, 2147483647\\], got '1e3'"
+                  ${mg} train ${r3_t} --decay-steps 1e3)
+# F5: "help" in a --config file would print the help and train nothing.
+file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/r3_help_config.json "{\"help\": true, \"steps\": 2}")
+meshgrad_cli_test(r3_config_help_refused 1 "--config '.*r3_help_config.json': help is not an option a configuration file can give"
+                  ${mg} train ${r3_t} --config ${CMAKE_CURRENT_BINARY_DIR}/r3_help_config.json)
