@@ -217,7 +217,8 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(at_least(0))
                   ->capture_default_str();
               app.add_option("--sample-tokens", o.sample_tokens, "Tokens per sample")->check(at_least(1))->capture_default_str();
-              app.add_option("--sample-prompt", o.sample_prompt, "The text samples continue");
+              app.add_option("--sample-prompt", o.sample_prompt, "The text samples continue (cut to the model's "
+                             "positions: --positions, default --seq tokens)");
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();

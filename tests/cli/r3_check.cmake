@@ -71,3 +71,21 @@ meshgrad_cli_test(r3_decay_steps_fraction 105 "--decay-steps: must be -1 \\(to t
 file(WRITE ${CMAKE_CURRENT_BINARY_DIR}/r3_help_config.json "{\"help\": true, \"steps\": 2}")
 meshgrad_cli_test(r3_config_help_refused 1 "--config '.*r3_help_config.json': help is not an option a configuration file can give"
                   ${mg} train ${r3_t} --config ${CMAKE_CURRENT_BINARY_DIR}/r3_help_config.json)
+# N27, N34, R9, N102: an option given whose value changes nothing gets a note at start-up; the run goes on.
+meshgrad_cli_test(r3_note_reshard_without_fsdp 0 "note: --no-reshard-after-forward changes nothing: the mesh dp=2,tp=1 has no fsdp axis"
+                  ${mg} train ${r3_t} --mesh dp=2 --no-reshard-after-forward)
+meshgrad_cli_test(r3_note_batch_blocks_without_mode 0 "note: --batch-blocks 8 changes nothing without --mesh-invariant"
+                  ${mg} train ${r3_t} --batch-blocks 8)
+meshgrad_cli_test(r3_note_invariant_blocks_without_mode 0 "note: --invariant-blocks 8 changes nothing without --tp-invariant or --mesh-invariant"
+                  ${mg} train ${r3_t} --invariant-blocks 8)
+meshgrad_cli_test(r3_note_data_changed_ok_without_resume 0 "note: --data-changed-ok changes nothing without --resume"
+                  ${mg} train ${r3_t} --data-changed-ok)
+meshgrad_cli_test(r3_note_warmup_longer_than_run 0 "note: --warmup 1000000 is longer than the run's 2 steps: the learning rate stays below --lr 0.003"
+                  ${mg} train --steps 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --warmup 1000000)
+# N118: a --sample-prompt longer than the model's positions is noted, and the sample shows what the model saw.
+meshgrad_cli_test(r3_note_sample_prompt_longer_than_positions 0 "note: --sample-prompt is 40 tokens and the model has 16 positions"
+                  ${mg} train --steps 2 --layers 1 --hidden 32 --heads 4 --seq 16 --batch 4 --no-metrics --sample-every 2 --sample-tokens 4
+                  --sample-prompt 0123456789012345678901234567890123456789)
+add_test(NAME cli_r3_notes_quiet COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_notes_quiet.sh ${mg}
+                                         ${CMAKE_CURRENT_BINARY_DIR}/cli_r3_notes_quiet)
+set_tests_properties(cli_r3_notes_quiet PROPERTIES LABELS cli TIMEOUT 120)
