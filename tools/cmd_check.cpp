@@ -179,7 +179,18 @@ CommandSetup setup = [](CLI::App& app) {
                  "(0 = the reference's start); the check must fail")->check(at_least(0, UINT64_MAX));
   app.add_option("--inject-fault", a->fault, "for testing the checker: drop:AXIS, double:AXIS or scale:AXIS:FACTOR "
                  "changes every backward reduction on the mesh axis; the check must fail");
-  return [a] { return run_check(*a); };
+  return [a, sub = &app] {
+    // As train's notes (docs/training.md): a mode's setting given without its mode changes nothing.
+    if (sub->count("--batch-blocks") > 0 && !a->options.parallel.mesh_invariant) {
+      fmt::print(stderr, "meshgrad check: note: --batch-blocks {} changes nothing without --mesh-invariant\n",
+                 a->options.parallel.batch_blocks);
+    }
+    if (sub->count("--invariant-blocks") > 0 && !a->options.parallel.tp_invariant && !a->options.parallel.mesh_invariant) {
+      fmt::print(stderr, "meshgrad check: note: --invariant-blocks {} changes nothing without --tp-invariant or "
+                 "--mesh-invariant\n", a->options.parallel.invariant_blocks);
+    }
+    return run_check(*a);
+  };
 };
 
 MESHGRAD_REGISTER_COMMAND(check, {"", "check", "compare the model on a mesh with the same model on one rank", setup});

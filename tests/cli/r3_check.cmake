@@ -89,3 +89,5 @@ meshgrad_cli_test(r3_note_sample_prompt_longer_than_positions 0 "note: --sample-
 add_test(NAME cli_r3_notes_quiet COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3_notes_quiet.sh ${mg}
                                          ${CMAKE_CURRENT_BINARY_DIR}/cli_r3_notes_quiet)
 set_tests_properties(cli_r3_notes_quiet PROPERTIES LABELS cli TIMEOUT 120)
+meshgrad_cli_test(r3_check_note_batch_blocks_without_mode 0 "check: note: --batch-blocks 8 changes nothing without --mesh-invariant"
+                  ${mg} check --mesh tp=2 --layers 1 --batch-blocks 8)
