@@ -75,6 +75,20 @@ class Keywords {
     known_.insert(key);
     if (!kwargs_.contains(key)) return;
     py::handle value = kwargs_[key];
+    // bool is a subclass of int in Python, and pybind11 converts True to 1: steps=True would run one
+    // step. A number keyword (or a list of them) takes no bool.
+    if constexpr ((std::is_arithmetic_v<T> && !std::is_same_v<T, bool>) || std::is_same_v<T, std::vector<int>>) {
+      const char* found = py::isinstance<py::bool_>(value) ? "bool" : nullptr;
+      if constexpr (std::is_same_v<T, std::vector<int>>) {
+        if (py::isinstance<py::list>(value) || py::isinstance<py::tuple>(value)) {
+          for (py::handle item : value) found = py::isinstance<py::bool_>(item) ? "an item is a bool" : found;
+        }
+      }
+      if (found != nullptr) {
+        throw py::type_error(fmt::format("{}(): {} must be {}, got {} ({})", function_, key, python_type_name<T>(),
+                                         std::string(py::repr(value)), found));
+      }
+    }
     // An int too large for the option is a range error, not a type error.
     if constexpr (std::is_integral_v<T> && !std::is_same_v<T, bool>) {
       if (py::isinstance<py::int_>(value) && !py::isinstance<py::bool_>(value)) {

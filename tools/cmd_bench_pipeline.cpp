@@ -17,6 +17,7 @@
 #include "command.hpp"
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/pipeline/schedule.hpp"
 #include "meshgrad/tensor/allocator.hpp"
@@ -83,7 +84,21 @@ std::string per_stage(const std::vector<double>& v, const char* format) {
   return s;
 }
 
+// What each row needs, checked for every row before the first is measured (the items' ranges are the
+// options' validators'): a pipeline of p stages needs p blocks, and m micro-batches of equal rows.
+void check_rows(const BenchPipelineOptions& o) {
+  for (const int p : o.stages) {
+    MG_CHECK(p <= o.layers, "bench pipeline: --stages {}: a pipeline of {} stages needs at least {} transformer "
+             "blocks, and --layers is {}", p, p, p, o.layers);
+  }
+  for (const int m : o.micro) {
+    MG_CHECK(o.batch % m == 0, "bench pipeline: --micro {}: --batch {} does not divide into {} micro-batches of equal "
+             "rows", m, o.batch, m);
+  }
+}
+
 int run_bench_pipeline(const BenchPipelineOptions& o) {
+  check_rows(o);
   fmt::print("pipeline bubble and memory: gpt layers={} hidden={} heads={} seq={} batch={}, {} steps per row, rank "
              "threads on this machine\n", o.layers, o.hidden, o.heads, o.seq, o.batch, o.steps);
   fmt::print("{:<7} {:>2} {:>2} {:>6} {:>8}  {:<26} {:>8}  {:<12} {:<28}\n", "sched", "p", "m", "ideal", "idle max",
@@ -92,7 +107,6 @@ int run_bench_pipeline(const BenchPipelineOptions& o) {
     const pipeline::ScheduleKind kind = pipeline::parse_schedule(name);
     for (const int p : o.stages) {
       for (const int m : o.micro) {
-        MG_CHECK(o.batch % m == 0, "bench pipeline: --batch {} does not divide into {} micro-batches", o.batch, m);
         const std::vector<StageFigures> f = measure(o, kind, p, m);
         std::vector<double> idle, peak, in_flight;
         double step_s = 0, idle_max = 0;
@@ -115,9 +129,13 @@ int run_bench_pipeline(const BenchPipelineOptions& o) {
 
 CommandSetup setup = [](CLI::App& app) {
   auto o = std::make_shared<BenchPipelineOptions>();
-  app.add_option("--stages", o->stages, "pipeline stage counts p, e.g. 2,4")->delimiter(',')->capture_default_str();
+  app.add_option("--stages", o->stages, "pipeline stage counts p, e.g. 2,4 (each at most --layers)")
+      ->delimiter(',')
+      ->check(each_count("2,4", 1, dist::kMaxMeshRanks))
+      ->capture_default_str();
   app.add_option("--micro", o->micro, "micro-batch counts m, e.g. 1,4,8 (each must divide --batch)")
       ->delimiter(',')
+      ->check(each_count("1,4,8"))
       ->capture_default_str();
   app.add_option("--schedules", o->schedules, "gpipe, 1f1b or both")
       ->delimiter(',')

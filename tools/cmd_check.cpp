@@ -4,7 +4,9 @@
 // phase, and the first parameter that diverges. Exit status 1 above tolerance (diag/equivalence.hpp
 // states and justifies the tolerances).
 #include <fmt/core.h>
+#include <fmt/ranges.h>
 
+#include <algorithm>
 #include <map>
 #include <memory>
 
@@ -62,20 +64,22 @@ int run_check(CheckArgs& a) {
   MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
            "check: --regather re-gathers the sequence-parallel input in backward; it needs --sequence-parallel");
   const diag::CommFault fault = diag::parse_comm_fault(a.fault);
+  diag::check_fault_axis(fault, o.mesh);
+  diag::FaultCount fired{0};
   const diag::EquivalenceReport report = diag::check_equivalence(o, [&](const auto& fn) {
     launch::run_on_backend(o.backend, o.backend == "mpi" ? 0 : dist::mesh_world_size(o.mesh), [&](const comm::CommunicatorPtr& world) {
-      fn(launch::make_mesh(diag::with_comm_fault(world, fault), o.mesh));
+      fn(launch::make_mesh(diag::with_comm_fault(world, fault, &fired), o.mesh));
     });
   });
   if (!report.compared) return 0;   // an mpi rank other than 0: rank 0 prints the verdict and sets the exit status
   fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
-             "{} steps, {}\n",
+             "{} steps of {} micro-batches, {}\n",
              o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
              a.dtype, dist::mesh_spec(dist::parse_mesh(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
-             o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.backend);
+             o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.micro_batches, o.backend);
   if (!o.checkpoint.empty()) fmt::print("both models start from checkpoint {}\n", o.checkpoint);
   if (o.mesh_seed != 0) fmt::print("injected: the mesh model starts from seed {}\n", o.mesh_seed);
-  if (!a.fault.empty()) fmt::print("injected fault: {}\n", a.fault);
+  if (!a.fault.empty()) fmt::print("injected fault: {} (changed {} reductions on this process's ranks)\n", a.fault, fired.load());
   if (o.parallel.mesh_invariant) {
     fmt::print("mesh-invariant mode: {} row blocks of the batch, {} blocks per split dimension\n",
                o.parallel.batch_blocks, o.parallel.invariant_blocks);
@@ -95,6 +99,19 @@ int run_check(CheckArgs& a) {
   }
   if (report.collectives.empty()) fmt::print("  none (a single rank)\n");
   if (!report.first_divergence.empty()) fmt::print("\nfirst parameter that diverges: {}\n", report.first_divergence);
+  if (!report.non_finite.empty()) {
+    // The reference's first, then the mesh's; losses before parameters (forward order).
+    const std::size_t shown = std::min<std::size_t>(report.non_finite.size(), 6);
+    fmt::print("\nFAIL: not finite (NaN or infinite): {}{}\n",
+               fmt::join(report.non_finite.begin(), report.non_finite.begin() + static_cast<std::ptrdiff_t>(shown), "; "),
+               shown < report.non_finite.size() ? fmt::format("; and {} more", report.non_finite.size() - shown) : "");
+    return 1;
+  }
+  if (!a.fault.empty() && fired.load() == 0) {
+    // The fault changed nothing, so a pass would say nothing about the checker.
+    fmt::print("\nFAIL: the injected fault {} never fired: no backward reduction ran on axis '{}'\n", a.fault, fault.axis);
+    return 1;
+  }
   if (o.parallel.tp_invariant || o.parallel.mesh_invariant) {
     const char* mode = o.parallel.mesh_invariant ? "mesh-invariant" : "tp-invariant";
     // Both sides run the tree: anything but zero difference is a failure, however small.
@@ -146,7 +163,9 @@ CommandSetup setup = [](CLI::App& app) {
                  "micro-batches per step on the mesh and in the single-rank reference (a pipeline's, with pp=P)")
       ->check(at_least(1))
       ->capture_default_str();
-  app.add_option("--pp-layers", o.parallel.pp_layers, "with pp=P: blocks per stage, e.g. 1,1")->delimiter(',');
+  app.add_option("--pp-layers", o.parallel.pp_layers, "with pp=P: blocks per stage, e.g. 1,1")
+      ->delimiter(',')
+      ->check(each_count("1,1"));
   app.add_flag("--tp-invariant", o.parallel.tp_invariant,
                "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/mesh-invariance.md)");
   app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "
@@ -160,7 +179,18 @@ CommandSetup setup = [](CLI::App& app) {
                  "(0 = the reference's start); the check must fail")->check(at_least(0, UINT64_MAX));
   app.add_option("--inject-fault", a->fault, "for testing the checker: drop:AXIS, double:AXIS or scale:AXIS:FACTOR "
                  "changes every backward reduction on the mesh axis; the check must fail");
-  return [a] { return run_check(*a); };
+  return [a, sub = &app] {
+    // As train's notes (docs/training.md): a mode's setting given without its mode changes nothing.
+    if (sub->count("--batch-blocks") > 0 && !a->options.parallel.mesh_invariant) {
+      fmt::print(stderr, "meshgrad check: note: --batch-blocks {} changes nothing without --mesh-invariant\n",
+                 a->options.parallel.batch_blocks);
+    }
+    if (sub->count("--invariant-blocks") > 0 && !a->options.parallel.tp_invariant && !a->options.parallel.mesh_invariant) {
+      fmt::print(stderr, "meshgrad check: note: --invariant-blocks {} changes nothing without --tp-invariant or "
+                 "--mesh-invariant\n", a->options.parallel.invariant_blocks);
+    }
+    return run_check(*a);
+  };
 };
 
 MESHGRAD_REGISTER_COMMAND(check, {"", "check", "compare the model on a mesh with the same model on one rank", setup});

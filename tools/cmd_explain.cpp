@@ -86,7 +86,9 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
                      "with pp=P in --mesh: micro-batches of the pipeline step")
           ->check(at_least(1))
           ->capture_default_str();
-      app.add_option("--pp-layers", a->parallel.pp_layers, "with pp=P: blocks per stage, e.g. 3,1")->delimiter(',');
+      app.add_option("--pp-layers", a->parallel.pp_layers, "with pp=P: blocks per stage, e.g. 3,1")
+          ->delimiter(',')
+          ->check(each_count("3,1"));
       app.add_option("--pp-schedule", a->schedule, "with pp=P: 1f1b or gpipe")
           ->check(CLI::IsMember({"1f1b", "gpipe"}))
           ->capture_default_str();

@@ -16,6 +16,7 @@
 
 #include "command.hpp"
 #include "meshgrad/data/prepare.hpp"
+#include "options.hpp"
 
 namespace meshgrad::tools {
 namespace {
@@ -112,12 +113,12 @@ MESHGRAD_REGISTER_COMMAND(
                                "Write train_000000.bin, train_000001.bin, ... and val_000000.bin, ... of this many "
                                "tokens each (the last may be shorter) instead of train.bin / val.bin; "
                                "llm.c uses 100000000")
-                    ->check(CLI::Range(std::int64_t{1}, std::int64_t{INT32_MAX}));
+                    ->check(at_least(1, INT32_MAX));
                 app.add_option("--chunk-bytes", o.chunk_bytes,
                                "Text is read and encoded in chunks of about this many bytes, cut where the "
                                "pre-tokenizer splits anyway; with --shard-tokens the unit of the validation split")
                     ->capture_default_str()
-                    ->check(CLI::PositiveNumber);
+                    ->check(at_least(1, INT64_MAX));
                 app.add_flag("--quiet", a->quiet, "No progress bar");
                 app.add_option("files", o.inputs, "Text files, encoded in this order")->required();
                 return [a] { return run(*a); };

@@ -110,9 +110,10 @@ void add_optimizer_options(CLI::App& app, train::TrainOptions& o) {
   add("--lr-schedule", o.lr_schedule, "After warmup: cosine or linear decay to --min-lr over --decay-steps, constant, "
       "or wsd (warmup-stable-decay: constant, then linear to --min-lr over the last --decay-fraction)")
       ->check(CLI::IsMember({"cosine", "linear", "constant", "wsd"}));
-  add("--min-lr", o.min_lr, "Learning rate at the end of the decay (-1: lr / 10)");
+  add("--min-lr", o.min_lr, "Learning rate at the end of the decay, in [0, --lr] (-1: lr / 10)");
   add("--decay-steps", o.decay_steps, "Steps of the decay after warmup, independent of --steps (-1: to the last "
-      "step); min-lr after them");
+      "step); min-lr after them")
+      ->check(at_least_or_minus_one(1, "to the last step"));
   add("--decay-fraction", o.decay_fraction, "wsd: the fraction of --decay-steps that decays (the rest is stable)");
   add("--beta1", o.beta1, "AdamW: decay rate of the first moment");
   add("--beta2", o.beta2, "AdamW: decay rate of the second moment");
@@ -161,7 +162,8 @@ void add_micro_batch_options(CLI::App& app, train::TrainOptions& o) {
   app.add_option("--pp-layers", o.parallel.pp_layers,
                  "With pp=P: transformer blocks per stage, e.g. 3,3 (P counts summing to --layers; default an even "
                  "split)")
-      ->delimiter(',');
+      ->delimiter(',')
+      ->check(each_count("3,3"));
   app.add_option("--pp-schedule", o.pp_schedule,
                  "With pp=P: 1f1b (activations of at most P micro-batches per stage) or gpipe (all forwards, then all "
                  "backwards)")
@@ -215,7 +217,8 @@ MESHGRAD_REGISTER_COMMAND(
                   ->check(at_least(0))
                   ->capture_default_str();
               app.add_option("--sample-tokens", o.sample_tokens, "Tokens per sample")->check(at_least(1))->capture_default_str();
-              app.add_option("--sample-prompt", o.sample_prompt, "The text samples continue");
+              app.add_option("--sample-prompt", o.sample_prompt, "The text samples continue (cut to the model's "
+                             "positions: --positions, default --seq tokens)");
               app.add_option("--eval-steps", o.eval_steps, "Validation batches per evaluation")
                   ->check(at_least(1))
                   ->capture_default_str();

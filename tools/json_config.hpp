@@ -77,6 +77,10 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
     const CLI::Option* option = command->get_option_no_throw(flag);
     MG_CHECK(option != nullptr && flag != "--config", "--config '{}': {} is not an option of `meshgrad {}`", path,
              io::json_quote(key), args[1]);
+    // --help in a file of options would print the help and run nothing, whatever else the file says.
+    MG_CHECK(option != command->get_help_ptr() && option != command->get_help_all_ptr(),
+             "--config '{}': {} is not an option a configuration file can give (it prints the help instead of "
+             "running: use `meshgrad {} --help`)", path, io::json_quote(key), args[1]);
     if (given(flag)) continue;   // the command line wins
     const bool is_flag = option->get_expected_min() == 0 && option->get_expected_max() == 0;
     if (value.is_boolean()) {

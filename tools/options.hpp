@@ -34,6 +34,31 @@ inline CLI::Validator at_least(unsigned long long min, unsigned long long max = 
       fmt::format("INT>={}", min));
 }
 
+// at_least(min) (an int option), or exactly -1: the option's "left out" value, whose `meaning` the
+// message gives ("--decay-steps: must be -1 (the rest of the run) or an integer in [1, 2147483647]").
+inline CLI::Validator at_least_or_minus_one(unsigned long long min, const char* meaning) {
+  const CLI::Validator range = at_least(min);
+  return CLI::Validator(
+      [range, min, meaning](std::string& text) -> std::string {
+        if (text == "-1" || range(text).empty()) return "";
+        return fmt::format("must be -1 ({}) or an integer in [{}, {}], got '{}'", meaning, min, INT_MAX, text);
+      },
+      fmt::format("-1|INT>={}", min));
+}
+
+// Each item of a comma-separated list of counts (--pp-layers, bench pipeline's --stages and --micro):
+// at_least(min, max), and an empty list (`--pp-layers ''`) named as empty, where CLI11 would read it
+// as 0.
+inline CLI::Validator each_count(const char* example, unsigned long long min = 1, unsigned long long max = INT_MAX) {
+  const CLI::Validator each = at_least(min, max);
+  return CLI::Validator(
+      [each, example, min](std::string& text) -> std::string {
+        if (text.empty()) return fmt::format("an empty count in the list: give integers >= {}, e.g. {}", min, example);
+        return each(text);
+      },
+      fmt::format("INT>={},...", min));
+}
+
 // --mesh-invariant and --batch-blocks, for the commands that train (train, check): the mode's
 // contract is nn::ParallelConfig::mesh_invariant's (docs/mesh-invariance.md).
 inline void add_mesh_invariant_options(CLI::App& app, nn::ParallelConfig& parallel) {

@@ -401,6 +401,13 @@ def test_wrong_type_is_a_type_error_naming_the_keyword():
     # The Python type, not the C++ one (std::__cxx11::basic_string).
     with pytest.raises(TypeError, match=r"mesh must be str, got None"):
         meshgrad.train(mesh=None)
+    # bool is an int subclass: steps=True ran one step; a number keyword takes no bool (issue 37, N124).
+    with pytest.raises(TypeError, match=r"steps must be int, got True \(bool\)"):
+        meshgrad.train(steps=True)
+    with pytest.raises(TypeError, match=r"lr must be float, got False \(bool\)"):
+        meshgrad.train(steps=1, lr=False)
+    with pytest.raises(TypeError, match=r"pp_layers must be a list of int, got \[True, 1\] \(an item is a bool\)"):
+        meshgrad.train(steps=1, pp_layers=[True, 1])
     # A str UTF-8 cannot hold is a value error saying so, not "must be str, got ... (str)".
     with pytest.raises(ValueError, match=r"prompt 'a\\udc80b' cannot be encoded as UTF-8"):
         meshgrad.sample(checkpoint="unused.safetensors", prompt="a\udc80b", tokens=1)

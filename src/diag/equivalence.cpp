@@ -1,6 +1,8 @@
 // The mesh model against the one-rank model (contracts and the criterion in diag/equivalence.hpp).
 #include "meshgrad/diag/equivalence.hpp"
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <cmath>
 #include <mutex>
@@ -113,20 +115,47 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
   }
 }
 
+// The larger of a and b, NaN when either is: std::max(a, NaN) is a (NaN compares false), so a NaN
+// error would vanish from a running maximum and pass every "<= tolerance" test downstream.
+double worse(double a, double b) { return std::isnan(a) || std::isnan(b) ? std::nan("") : std::max(a, b); }
+
 double max_abs(const std::vector<double>& v) {
   double m = 0;
-  for (double x : v) m = std::max(m, std::abs(x));
+  for (double x : v) m = worse(m, std::abs(x));
   return m;
 }
 
-// {max |a - b|, that / max |b|} (the absolute difference where b is all zero).
+// {max |a - b|, that / max |b|} (the absolute difference where b is all zero); NaN when any element
+// of either is NaN, or both are the same infinity (inf - inf).
 std::pair<double, double> max_differences(const Tensor& a, const Tensor& b) {
   const auto va = a.to_vector();
   const auto vb = b.to_vector();
   double diff = 0;
-  for (std::size_t i = 0; i < vb.size(); ++i) diff = std::max(diff, std::abs(va[i] - vb[i]));
+  for (std::size_t i = 0; i < vb.size(); ++i) diff = worse(diff, std::abs(va[i] - vb[i]));
   const double scale = max_abs(vb);
   return {diff, scale > 0 ? diff / scale : diff};
+}
+
+// Appends to `found` what of `run` is not finite (NaN or infinite): the losses by step, the initial
+// weights, the gradients by step and the final weights by parameter; `side` names the run.
+void find_non_finite(const RunResult& run, const char* side, std::vector<std::string>& found) {
+  const auto finite = [](const Tensor& t) {
+    const auto v = t.to_vector();
+    return std::all_of(v.begin(), v.end(), [](double x) { return std::isfinite(x); });
+  };
+  for (std::size_t i = 0; i < run.losses.size(); ++i) {
+    if (!std::isfinite(run.losses[i])) found.push_back(fmt::format("{} loss of step {} ({})", side, i + 1, run.losses[i]));
+  }
+  for (const std::string& name : run.order) {
+    if (run.initial.count(name) && !finite(run.initial.at(name))) found.push_back(fmt::format("{} initial {}", side, name));
+    if (run.grads.count(name)) {
+      const auto& steps = run.grads.at(name);
+      for (std::size_t i = 0; i < steps.size(); ++i) {
+        if (!finite(steps[i])) found.push_back(fmt::format("{} gradient of {} at step {}", side, name, i + 1));
+      }
+    }
+    if (run.weights.count(name) && !finite(run.weights.at(name))) found.push_back(fmt::format("{} final {}", side, name));
+  }
 }
 
 // Per element: true when the reference gradient is at the floor (|g| <= floor x max |g|) at some step.
@@ -151,7 +180,7 @@ void compare_updates(const RunResult& mesh, const RunResult& ref, const std::str
   for (std::size_t i = 0; i < w0r.size(); ++i) {
     const double e = std::abs((wkm[i] - w0m[i]) - (wkr[i] - w0r[i])) / movement;
     double& worst = at_floor[i] ? d.floor_update_max_rel : d.update_max_rel;
-    worst = std::max(worst, e);
+    worst = worse(worst, e);
     d.floor_elements += at_floor[i] ? 1 : 0;
   }
 }
@@ -177,8 +206,8 @@ ParameterDifference compare_parameter(const RunResult& mesh, const RunResult& re
 
 // The largest error / tolerance of d.
 double margin_of(const ParameterDifference& d, const Tolerances& t) {
-  return std::max({d.init_max_rel / t.init, d.grad_max_rel / t.grad, d.update_max_rel / t.update,
-                   d.floor_update_max_rel / t.floor_update});
+  return worse(worse(d.init_max_rel / t.init, d.grad_max_rel / t.grad),
+               worse(d.update_max_rel / t.update, d.floor_update_max_rel / t.floor_update));
 }
 
 EquivalenceReport compare_runs(const RunResult& mesh, const RunResult& ref, const EquivalenceOptions& o) {
@@ -189,15 +218,19 @@ EquivalenceReport compare_runs(const RunResult& mesh, const RunResult& ref, cons
   report.mesh_losses = mesh.losses;
   for (std::size_t i = 0; i < ref.losses.size() && i < mesh.losses.size(); ++i) {
     const double d = std::abs(ref.losses[i] - mesh.losses[i]) / std::max(1e-300, std::abs(ref.losses[i]));
-    report.max_loss_difference = std::max(report.max_loss_difference, d);
+    report.max_loss_difference = worse(report.max_loss_difference, d);
   }
-  report.passed = report.max_loss_difference <= t.loss;
+  // Every test below is "error <= tolerance", false for NaN; the non-finite values are also named,
+  // since two runs that both blow up can agree (or be NaN) everywhere.
+  find_non_finite(ref, "reference", report.non_finite);
+  find_non_finite(mesh, "mesh", report.non_finite);
+  report.passed = report.max_loss_difference <= t.loss && report.non_finite.empty();
   report.margin = report.max_loss_difference / t.loss;
   for (const auto& name : ref.order) {
     ParameterDifference d = compare_parameter(mesh, ref, name, o, t);
     if (!d.passed && report.first_divergence.empty()) report.first_divergence = name;
     report.passed = report.passed && d.passed;
-    report.margin = std::max(report.margin, margin_of(d, t));
+    report.margin = worse(report.margin, margin_of(d, t));
     report.parameters.push_back(std::move(d));
   }
   for (const auto& r : mesh.first_step.records()) {
@@ -232,6 +265,14 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
     const int split = train::batch_split_size(*mesh);
     if (o.parallel.mesh_invariant) {
       train::check_mesh_invariant_split(o.model.batch, split, o.micro_batches, o.parallel.batch_blocks);
+    }
+    if (mesh->has_axis("pp") && mesh->axis_size("pp") > 1) {
+      // As train refuses it: a pipeline's micro-batches are of equal rows (their activations are
+      // sent between stages in one shape).
+      const int micro = train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches);
+      MG_CHECK(o.model.batch % split == 0 && (o.model.batch / split) % micro == 0,
+               "check: --micro-batches {} on {}: each data-parallel replica's {} rows of --batch {} must divide into "
+               "{} micro-batches of equal rows", micro, mesh->str(), o.model.batch / split, o.model.batch, micro);
     }
     if (mesh->rank() == 0) mesh_dp = split;
     train_and_collect(o, mesh, mesh_seed, sharded, mu, train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches));

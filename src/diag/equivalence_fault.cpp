@@ -3,12 +3,14 @@
 // the backend's own, changed after they complete (or not run at all), on every rank alike, so the
 // ranks stay in step and the run ends normally with a wrong model.
 #include <fmt/format.h>
+#include <fmt/ranges.h>
 
 #include <cstring>
 #include <mutex>
 
 #include "meshgrad/diag/equivalence.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mesh.hpp"
 
 namespace meshgrad::diag {
 
@@ -56,7 +58,8 @@ class DoneWork final : public comm::Work {
 
 class FaultyCommunicator final : public comm::Communicator {
  public:
-  FaultyCommunicator(comm::CommunicatorPtr inner, CommFault fault) : inner_(std::move(inner)), fault_(std::move(fault)) {}
+  FaultyCommunicator(comm::CommunicatorPtr inner, CommFault fault, FaultCount* fired)
+      : inner_(std::move(inner)), fault_(std::move(fault)), fired_(fired) {}
 
   int rank() const override { return inner_->rank(); }
   int size() const override { return inner_->size(); }
@@ -103,13 +106,18 @@ class FaultyCommunicator final : public comm::Communicator {
   comm::WorkPtr barrier_async(const comm::CollectiveOptions& opt) override { return inner_->barrier_async(opt); }
   std::shared_ptr<comm::Communicator> split(int color, int key) override {
     auto sub = inner_->split(color, key);
-    return sub ? std::make_shared<FaultyCommunicator>(std::move(sub), fault_) : nullptr;
+    return sub ? std::make_shared<FaultyCommunicator>(std::move(sub), fault_, fired_) : nullptr;
   }
 
  private:
   // The phase is the calling thread's: the autograd engine's backward pass, where the rule's
   // backward reductions and the gradient synchronisation run.
-  bool faulty() const { return label_ == fault_.axis && dist::current_phase() == dist::Phase::Backward; }
+  // Counts the reductions it changes (true) in *fired_.
+  bool faulty() const {
+    const bool hit = label_ == fault_.axis && dist::current_phase() == dist::Phase::Backward;
+    if (hit && fired_ != nullptr) fired_->fetch_add(1, std::memory_order_relaxed);
+    return hit;
+  }
 
   comm::WorkPtr keep_own(comm::ConstBuffer in, comm::MutableBuffer out, std::size_t offset) {
     const std::size_t bytes = dtype_size(out.dtype);
@@ -124,6 +132,7 @@ class FaultyCommunicator final : public comm::Communicator {
 
   comm::CommunicatorPtr inner_;
   CommFault fault_;
+  FaultCount* fired_;   // may be null
   std::string label_;
 };
 
@@ -161,9 +170,22 @@ CommFault parse_comm_fault(const std::string& spec) {
   return f;
 }
 
-comm::CommunicatorPtr with_comm_fault(comm::CommunicatorPtr world, const CommFault& fault) {
+void check_fault_axis(const CommFault& fault, const std::string& mesh) {
+  if (fault.kind == CommFault::Kind::None) return;
+  const std::vector<dist::MeshAxis> axes = dist::parse_mesh(mesh);
+  std::vector<std::string> listed;
+  bool reduces = false;
+  for (const dist::MeshAxis& a : axes) {
+    listed.push_back(fmt::format("{}={}", a.name, a.size));
+    reduces = reduces || (a.name == fault.axis && a.size > 1);
+  }
+  MG_CHECK(reduces, "--inject-fault: the mesh {} has no axis '{}' of more than one rank, so no reduction would run on "
+           "it and the fault would change nothing (the mesh's axes: {})", mesh, fault.axis, fmt::join(listed, ", "));
+}
+
+comm::CommunicatorPtr with_comm_fault(comm::CommunicatorPtr world, const CommFault& fault, FaultCount* fired) {
   if (fault.kind == CommFault::Kind::None) return world;
-  return std::make_shared<FaultyCommunicator>(std::move(world), fault);
+  return std::make_shared<FaultyCommunicator>(std::move(world), fault, fired);
 }
 
 }  // namespace meshgrad::diag

@@ -7,7 +7,9 @@
 #include <cctype>
 #include <cerrno>
 #include <optional>
+#include <string>
 #include <string_view>
+#include <vector>
 
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
@@ -52,6 +54,37 @@ void check_token_range(const Tensor& t, const char* name, const std::string& fil
                                       static_cast<std::int64_t>(i) / cols, static_cast<std::int64_t>(i) % cols, v[i],
                                       vocab, ignore ? fmt::format(" (and is not the ignore index {})", train::kIgnoreIndex) : ""));
   }
+}
+
+// One line per option the user gave (o.given_options: the command line, --config, Python's keywords;
+// never a value a checkpoint restored) whose value changes nothing on this run: a mode's setting
+// without its mode, an fsdp setting without fsdp, --data-changed-ok without --resume, a warmup longer
+// than the run. Settings at their defaults are not named (a recorded configuration fed back as
+// --config gives every option), so a note means a value that was asked for and is ignored.
+std::vector<std::string> ignored_option_notes(const train::TrainOptions& o, const dist::DeviceMesh& mesh) {
+  const auto given = [&](const char* name) { return o.given_options.count(name) > 0; };
+  const nn::ParallelConfig defaults;
+  std::vector<std::string> notes;
+  const bool fsdp = mesh.has_axis("fsdp") && mesh.axis_size("fsdp") > 1;
+  if (given("reshard-after-forward") && o.parallel.reshard_after_forward != defaults.reshard_after_forward && !fsdp) {
+    notes.push_back(fmt::format("--no-reshard-after-forward changes nothing: the mesh {} has no fsdp axis", mesh.str()));
+  }
+  if (given("batch-blocks") && o.parallel.batch_blocks != defaults.batch_blocks && !o.parallel.mesh_invariant) {
+    notes.push_back(fmt::format("--batch-blocks {} changes nothing without --mesh-invariant", o.parallel.batch_blocks));
+  }
+  if (given("invariant-blocks") && o.parallel.invariant_blocks != defaults.invariant_blocks &&
+      !o.parallel.tp_invariant && !o.parallel.mesh_invariant) {
+    notes.push_back(fmt::format("--invariant-blocks {} changes nothing without --tp-invariant or --mesh-invariant",
+                                o.parallel.invariant_blocks));
+  }
+  if (given("data-changed-ok") && o.data_changed_ok && o.resume.empty()) {
+    notes.push_back("--data-changed-ok changes nothing without --resume");
+  }
+  if (given("warmup") && o.warmup_steps != train::TrainOptions{}.warmup_steps && o.warmup_steps > o.steps) {
+    notes.push_back(fmt::format("--warmup {} is longer than the run's {} steps: the learning rate stays below --lr {:g}",
+                                o.warmup_steps, o.steps, o.lr));
+  }
+  return notes;
 }
 
 }  // namespace
@@ -166,6 +199,9 @@ train::TrainResult run_train_job(const train::TrainOptions& given, const dist::R
     train::TraceRecorder trace(options.trace_path, "--trace", options.provenance, options.progress);
     std::optional<train::TrainResult> result;
     run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+      if (mesh->rank() == 0 && options.progress) {
+        for (const std::string& note : ignored_option_notes(options, *mesh)) fmt::print(stderr, "meshgrad train: note: {}\n", note);
+      }
       train::TrainResult r = train::train(options, mesh);
       trace.finish_rank(*mesh->world());
       // threads: rank 0's thread keeps its result; mpi: this process runs one rank and keeps its own

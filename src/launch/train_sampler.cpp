@@ -58,7 +58,10 @@ std::string sample_text(const SamplerState& st, const nn::ModelConfig& trained,
   config.dropout = 0;
   config.batch = 1;
   std::vector<std::int64_t> prompt = st.prompt;
-  if (static_cast<int>(prompt.size()) > config.n_positions()) prompt.resize(static_cast<std::size_t>(config.n_positions()));
+  // A prompt longer than the model's positions: the model sees its first n_positions tokens, and the
+  // text shows those (not the whole prompt, which the continuation does not follow).
+  const bool cut = static_cast<int>(prompt.size()) > config.n_positions();
+  if (cut) prompt.resize(static_cast<std::size_t>(config.n_positions()));
   std::string text;
   comm::run_ranks(1, [&](const comm::CommunicatorPtr& world) {
     const auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"tp", 1}});
@@ -76,10 +79,14 @@ std::string sample_text(const SamplerState& st, const nn::ModelConfig& trained,
     g.sampling.seed = st.seed + static_cast<std::uint64_t>(step);
     g.allowed_vocab = st.tokenizer ? st.tokenizer->vocab_size() : 256;
     const generate::Generation out = generate::generate(*model, prompt, g);
-    std::string bytes = st.prompt_text;
-    for (std::int64_t id : out.tokens) {
-      bytes += st.tokenizer ? st.tokenizer->token_bytes(id) : std::string(1, static_cast<char>(id));
+    const auto token_bytes = [&](std::int64_t id) {
+      return st.tokenizer ? st.tokenizer->token_bytes(id) : std::string(1, static_cast<char>(id));
+    };
+    std::string bytes = cut ? std::string() : st.prompt_text;
+    if (cut) {
+      for (std::int64_t id : prompt) bytes += token_bytes(id);
     }
+    for (std::int64_t id : out.tokens) bytes += token_bytes(id);
     text = text::to_valid_utf8(bytes);
   });
   return text;
@@ -103,6 +110,11 @@ void set_train_sampler(train::TrainOptions& options) {
     st->tokenizer_description = st->tokenizer->description();
   } else {
     for (unsigned char c : options.sample_prompt) st->prompt.push_back(c);
+  }
+  const int positions = options.model.n_positions();   // 0 sizes with --init-from: known at the first sample
+  if (options.progress && positions > 0 && static_cast<int>(st->prompt.size()) > positions) {
+    fmt::print(stderr, "meshgrad train: note: --sample-prompt is {} tokens and the model has {} positions: the samples "
+               "continue its first {} tokens (and show only those)\n", st->prompt.size(), positions, positions);
   }
   options.sampler = [st](const nn::ModelConfig& model, const std::vector<std::pair<std::string, Tensor>>& full, int step) {
     return sample_text(*st, model, full, step);

@@ -697,7 +697,7 @@ std::vector<int> stage_layer_counts(int layers, int stages, const std::vector<in
   const std::string given = fmt::format("{}", fmt::join(requested, ","));
   MG_CHECK(static_cast<int>(requested.size()) == stages, "--pp-layers {}: {} counts for a pipeline of {} stages (pp={})",
            given, requested.size(), stages, stages);
-  int sum = 0;
+  std::int64_t sum = 0;   // of up to kMaxMeshRanks ints: no overflow in 64 bits
   for (const int n : requested) {
     MG_CHECK(n >= 1, "--pp-layers {}: every stage needs at least one transformer block", given);
     sum += n;

@@ -70,15 +70,15 @@ std::int64_t count_loss_targets(const Tensor& targets) {
   return n;
 }
 
-void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum) {
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum, const std::string& mesh) {
   const std::int64_t blocks = std::int64_t{dp_size} * grad_accum;
   MG_CHECK(tree::is_power_of_two(dp_size) && tree::is_power_of_two(grad_accum),
-           "--tp-invariant: dp={} and --grad-accum {} must be powers of two (the micro-batches and the dp replicas are "
-           "added in a fixed binary tree)", dp_size, grad_accum);
+           "--tp-invariant: the data-parallel ranks (dp x fsdp = {} on {}) and --grad-accum {} must be powers of two "
+           "(the micro-batches and the replicas are added in a fixed binary tree)", dp_size, mesh, grad_accum);
   MG_CHECK(rows % blocks == 0,
-           "--tp-invariant: the global batch of {} rows must divide into dp x grad-accum = {} x {} = {} micro-batches of "
-           "equal rows, so that every mesh with the same dp x grad-accum sums the same micro-batches; use a --batch "
-           "that is a multiple of {}", rows, dp_size, grad_accum, blocks, blocks);
+           "--tp-invariant: the global batch of {} rows must divide into dp x fsdp x grad-accum = {} x {} = {} "
+           "micro-batches of equal rows ({}), so that every mesh with the same dp x fsdp x grad-accum sums the same "
+           "micro-batches; use a --batch that is a multiple of {}", rows, dp_size, grad_accum, blocks, mesh, blocks);
 }
 
 void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, int batch_blocks) {
@@ -119,7 +119,7 @@ Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const d
            "over dp={})", micro_batches, batch.inputs.size(0), global_batch.inputs.size(0), dp.size);
   const dist::ReduceOrder order = model.reduce_order();
   if (order == dist::ReduceOrder::FixedTree) {
-    check_invariant_batch_split(global_batch.inputs.size(0), dp.size, micro_batches);
+    check_invariant_batch_split(global_batch.inputs.size(0), dp.size, micro_batches, mesh.str());
   }
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
   const std::int64_t targets = count_loss_targets(global_batch.targets);

@@ -158,7 +158,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
   if (o.parallel.mesh_invariant) {
     check_mesh_invariant_split(o.model.batch, dp, o.grad_accum, o.parallel.batch_blocks);
   } else if (o.parallel.tp_invariant) {
-    check_invariant_batch_split(o.model.batch, dp, o.grad_accum);
+    check_invariant_batch_split(o.model.batch, dp, o.grad_accum, mesh.str());
   }
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
            o.grad_clip);
@@ -624,8 +624,9 @@ void check_optimizer_options(const TrainOptions& o) {
   MG_CHECK(o.lr_schedule == "cosine" || o.lr_schedule == "linear" || o.lr_schedule == "constant" ||
                o.lr_schedule == "wsd",
            "train: --lr-schedule must be cosine, linear, constant or wsd, got \"{}\"", o.lr_schedule);
-  MG_CHECK(o.min_lr < 0 || (std::isfinite(o.min_lr) && o.min_lr <= o.lr),
-           "train: --min-lr must be between 0 and --lr ({}), got {} (leave it out for lr / 10)", o.lr, o.min_lr);
+  // -1 exactly is the documented "left out"; another negative (-5, -inf) is a mistake, not lr / 10.
+  MG_CHECK(o.min_lr == -1 || (o.min_lr >= 0 && std::isfinite(o.min_lr) && o.min_lr <= o.lr),
+           "train: --min-lr must be between 0 and --lr ({}), or -1 for lr / 10, got {}", o.lr, o.min_lr);
   MG_CHECK(o.decay_steps == -1 || o.decay_steps >= 1,
            "train: --decay-steps must be >= 1 (or left out: the rest of the run), got {}", o.decay_steps);
   MG_CHECK(o.decay_fraction > 0 && o.decay_fraction <= 1, "train: --decay-fraction must be in (0, 1], got {}",

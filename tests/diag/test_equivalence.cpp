@@ -41,11 +41,12 @@ diag::EquivalenceOptions cli_defaults(const std::string& mesh, DType dtype) {
   return o;
 }
 
-// Runs fn(mesh) on dp x tp rank threads (dp outer), every communicator with `fault`.
-dist::RunOnMesh threads_mesh(int dp, int tp, const diag::CommFault& fault = {}) {
-  return [dp, tp, fault](const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
+// Runs fn(mesh) on dp x tp rank threads (dp outer), every communicator with `fault` (counted in
+// *fired when given).
+dist::RunOnMesh threads_mesh(int dp, int tp, const diag::CommFault& fault = {}, diag::FaultCount* fired = nullptr) {
+  return [dp, tp, fault, fired](const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
     comm::run_ranks(dp * tp, [&](const comm::CommunicatorPtr& world) {
-      fn(std::make_shared<const dist::DeviceMesh>(diag::with_comm_fault(world, fault),
+      fn(std::make_shared<const dist::DeviceMesh>(diag::with_comm_fault(world, fault, fired),
                                                   std::vector<dist::MeshAxis>{{"dp", dp}, {"tp", tp}}));
     });
   };
@@ -134,6 +135,63 @@ TEST(Equivalence, TheFaultDecoratorAloneChangesNothing) {
   const auto report = diag::check_equivalence(small_check("tp=2", DType::Float32),
                                               threads_mesh(1, 2, diag::parse_comm_fault("scale:tp:1")));
   EXPECT_TRUE(report.passed) << report.first_divergence;
+}
+
+// A mesh that makes NaN or infinity fails, naming what is not finite, in float32 and float64: NaN
+// compares false with every tolerance, so without the finiteness test a NaN loss counted as no error,
+// and the tp-invariant mode's bitwise test too (issue 37, N39).
+TEST(Equivalence, NonFiniteLossesGradientsOrWeightsFail) {
+  for (DType dtype : {DType::Float32, DType::Float64}) {
+    for (const char* fault : {"scale:tp:nan", "scale:tp:inf"}) {
+      for (bool invariant : {false, true}) {
+        auto o = small_check("tp=2", dtype);
+        o.parallel.tp_invariant = invariant;
+        const auto report = diag::check_equivalence(o, threads_mesh(1, 2, diag::parse_comm_fault(fault)));
+        const std::string what = std::string(fault) + " " + std::string(dtype_name(dtype)) + (invariant ? " invariant" : "");
+        EXPECT_FALSE(report.passed) << what;
+        ASSERT_FALSE(report.non_finite.empty()) << what;
+        // The losses are named first, the mesh's side, with the step.
+        EXPECT_EQ(report.non_finite.front().rfind("mesh loss of step ", 0), 0U) << what << ": " << report.non_finite.front();
+        for (const auto& n : report.non_finite) EXPECT_EQ(n.find("reference"), std::string::npos) << what << ": " << n;
+      }
+    }
+  }
+  // A correct mesh has none.
+  EXPECT_TRUE(diag::check_equivalence(small_check("tp=2"), threads_mesh(1, 2)).non_finite.empty());
+}
+
+// A fault is refused up front on an axis the mesh lacks, or has with one rank (no reduction runs
+// there): the check would pass while saying a fault was injected (issue 37, N38).
+TEST(Equivalence, AFaultOnAnAxisWithoutReductionsIsRefusedNamingTheAxes) {
+  EXPECT_NO_THROW(diag::check_fault_axis(diag::parse_comm_fault(""), "tp=2"));
+  EXPECT_NO_THROW(diag::check_fault_axis(diag::parse_comm_fault("drop:tp"), "tp=2"));
+  EXPECT_NO_THROW(diag::check_fault_axis(diag::parse_comm_fault("drop:fsdp"), "fsdp=2,tp=2"));
+  struct Case {
+    const char *spec, *mesh, *axis;
+  };
+  for (const Case& c : {Case{"drop:bogus", "tp=2", "bogus"}, Case{"drop:dp", "tp=2", "dp"},
+                        Case{"scale:tp:2", "dp=2", "tp"}, Case{"drop:tp", "tp=2x2", "tp"}}) {
+    try {
+      diag::check_fault_axis(diag::parse_comm_fault(c.spec), c.mesh);
+      ADD_FAILURE() << c.spec << " on " << c.mesh << " was accepted";
+    } catch (const InvalidArgument& e) {
+      const std::string m = e.what();
+      EXPECT_NE(m.find(std::string("no axis '") + c.axis + "'"), std::string::npos) << m;
+      EXPECT_NE(m.find("the mesh's axes: dp="), std::string::npos) << m;
+    }
+  }
+}
+
+// The decorator counts the reductions it changes: a fault on an axis whose reductions never run in
+// backward fires zero times, which the CLI reports as a failure rather than a pass.
+TEST(Equivalence, TheFaultDecoratorCountsWhatItChanged) {
+  diag::FaultCount fired{0};
+  (void)diag::check_equivalence(small_check("tp=2"), threads_mesh(1, 2, diag::parse_comm_fault("scale:tp:1"), &fired));
+  EXPECT_GT(fired.load(), 0);
+  diag::FaultCount never{0};
+  const auto report = diag::check_equivalence(small_check("tp=2"), threads_mesh(1, 2, diag::parse_comm_fault("drop:dp"), &never));
+  EXPECT_EQ(never.load(), 0);
+  EXPECT_TRUE(report.passed);   // nothing changed: why the CLI must not call this a pass
 }
 
 TEST(Equivalence, FaultSpecsAreParsedOrRefusedByName) {

@@ -211,14 +211,14 @@ TEST(TpInvariant, TheMicroBatchCountChangesTheBits) {
 }
 
 TEST(TpInvariant, RefusesABatchThatDoesNotSplitIntoEqualMicroBatches) {
-  EXPECT_NO_THROW(train::check_invariant_batch_split(8, 2, 4));
+  EXPECT_NO_THROW(train::check_invariant_batch_split(8, 2, 4, "dp=2"));
   try {
-    train::check_invariant_batch_split(6, 2, 2);
+    train::check_invariant_batch_split(6, 2, 2, "dp=2");
     ADD_FAILURE() << "6 rows into 4 micro-batches was accepted";
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("multiple of 4"), std::string::npos) << e.what();
   }
-  EXPECT_THROW(train::check_invariant_batch_split(12, 1, 3), InvalidArgument);   // 3 micro-batches: no binary tree
+  EXPECT_THROW(train::check_invariant_batch_split(12, 1, 3, "tp=2"), InvalidArgument);   // 3 micro-batches: no binary tree
 }
 
 // A degree that cannot keep the tree is refused, naming the degrees that work.

@@ -305,7 +305,9 @@ TEST(Fsdp, RefusesWhatItCannotDoBeforeTheFirstStepNamingIt) {
   EXPECT_NE(train_error("dp=2,fsdp=2", o).find("fsdp shards the optimizer state already"), std::string::npos);
   o.parallel.shard_optimizer = false;
   o.parallel.tp_invariant = true;
-  EXPECT_NE(train_error("fsdp=3", o).find("must be powers of two"), std::string::npos) << train_error("fsdp=3", o);
+  // Named as the mesh has it (fsdp=3), not as a dp=3 the mesh does not have (issue 37, N29).
+  EXPECT_NE(train_error("fsdp=3", o).find("(dp x fsdp = 3 on fsdp=3"),
+            std::string::npos) << train_error("fsdp=3", o);
   o.parallel.tp_invariant = false;
   o.model.batch = 2;
   EXPECT_NE(train_error("fsdp=4", o).find("at least one row per data-parallel rank (dp x fsdp = 4"), std::string::npos)

@@ -48,9 +48,13 @@
 //  losses            max over steps of |l_mesh - l_ref| / |l_ref| <= loss tolerance (float32 1e-5,
 //                    float64 1e-12): the mean of ~10^2 token losses, a few ulps each, plus the first-order
 //                    effect of the floor elements' moves, whose gradients are by definition ~0.
-// The tp-invariant mode (the CLI's --tp-invariant) demands bitwise equality instead of all of these.
+//  finiteness       every loss, gradient and weight of both runs finite: a NaN passes every "error <=
+//                    tolerance" test by comparing false, so NaN and infinity fail on their own, named.
+// The tp-invariant mode (the CLI's --tp-invariant) demands bitwise equality instead of all of these
+// (and finiteness).
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -113,6 +117,10 @@ struct EquivalenceReport {
   // The largest error / tolerance over every comparison (< 1 passes): how close a pass came.
   double margin = 0;
   std::string first_divergence;   // the first parameter (forward order) above tolerance, "" if none
+  // What is NaN or infinite, on either side: "mesh loss of step 2 (nan)", "reference gradient of
+  // NAME at step 1", "mesh initial NAME", "mesh final NAME". Any fails the check (also the bitwise
+  // one): a NaN compares false with every tolerance and would otherwise count as no error.
+  std::vector<std::string> non_finite;
   bool passed = false;
   // False in a process that did not host mesh rank 0 (under mpi: every rank but 0). Such a process
   // takes part in the mesh run but compares nothing: its report is otherwise empty and passed, and
@@ -155,8 +163,16 @@ struct CommFault {
 // "drop:AXIS", "double:AXIS", "scale:AXIS:FACTOR" (e.g. "scale:tp:1.001"); "" is no fault. Throws
 // InvalidArgument naming spec otherwise.
 CommFault parse_comm_fault(const std::string& spec);
+// Throws InvalidArgument, naming the axis and the mesh's axes, unless `fault` (Kind::None passes) is on
+// an axis of the mesh `mesh` (a --mesh spec) with more than one rank: on any other axis no reduction
+// runs, the fault would change nothing, and the check would pass while saying a fault was injected.
+void check_fault_axis(const CommFault& fault, const std::string& mesh);
+// How many reductions a fault changed, counted by every rank of this process (atomic: rank threads).
+using FaultCount = std::atomic<std::int64_t>;
 // `world` with `fault` applied to it and to every communicator split from it (the mesh's axes).
-// Returns world itself for Kind::None.
-comm::CommunicatorPtr with_comm_fault(comm::CommunicatorPtr world, const CommFault& fault);
+// Returns world itself for Kind::None. With `fired`, each changed reduction adds one to it (on every
+// rank that ran it): a run whose fault never fired proves nothing about the checker, and the caller
+// must not report it as a pass. *fired must outlive the communicators.
+comm::CommunicatorPtr with_comm_fault(comm::CommunicatorPtr world, const CommFault& fault, FaultCount* fired = nullptr);
 
 }  // namespace meshgrad::diag

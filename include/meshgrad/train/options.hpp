@@ -54,7 +54,7 @@ struct TrainOptions {
   double lr = 3e-3;          // peak learning rate
   int warmup_steps = 10;
   std::string lr_schedule = "cosine";
-  double min_lr = -1;        // < 0: lr * 0.1
+  double min_lr = -1;        // -1: lr * 0.1 (other negatives are refused)
   int decay_steps = -1;
   double decay_fraction = 0.2;
   // AdamW (optim/adamw.hpp): moments' decay rates, the denominator's epsilon, decoupled weight decay

@@ -62,9 +62,10 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
 // their gradients and losses in the fixed binary tree, and the synchroniser must be built with the
 // same order (GradSyncOptions::order), so the step is bitwise the same on every mesh with the same
 // dp x K (docs/mesh-invariance.md, "dp").
-// check_invariant_batch_split throws InvalidArgument unless dp and K are powers of two and the
-// global batch of `rows` splits into dp x K micro-batches of equal rows.
-void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum);
+// check_invariant_batch_split throws InvalidArgument unless dp (dp_size: dp x fsdp) and K are powers
+// of two and the global batch of `rows` splits into dp x K micro-batches of equal rows; the message
+// names `mesh` (the mesh's spec, as the user wrote it: "fsdp=3", not a dp the mesh does not have).
+void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum, const std::string& mesh);
 
 // Mesh-invariant mode (nn::ParallelConfig::mesh_invariant, docs/mesh-invariance.md): the global batch
 // of `rows` is cut into batch_blocks row blocks, and each of the dp_size = dp x fsdp replicas runs
