@@ -82,13 +82,11 @@ struct FsdpUnitState {
   bool resident = false;                         // full[] holds the gathered values now
   std::vector<std::uint64_t> versions;           // the shards' versions those values were gathered from
   bool accumulating = false;
-  // Gradient accumulation, unsharded, in the model's order: rank order sums each micro-batch into
-  // `accumulated` (per parameter, as dp sums them in .grad); the fixed tree (tp- and mesh-invariant
-  // modes) pushes each micro-batch's gradients into `tree` as one leaf and reduces the root, so fsdp
-  // adds the micro-batches in the tree dp adds them in (optim/micro_batches.hpp).
-  std::vector<Tensor> accumulated;
-  tree::StreamingSum tree;
-  std::vector<dist::AxisMask> tree_partial;      // per parameter: the axes the tree's terms are partial on
+  // Gradient accumulation, unsharded, in the model's order (tree::OrderedSum, the accumulator dp's
+  // micro-batches go through too: left to right as .grad sums them, or the fixed tree of the tp- and
+  // mesh-invariant modes): each micro-batch's gradients are one push, the sum is reduced after the last.
+  tree::OrderedSum micro_sum{false};
+  std::vector<dist::AxisMask> partial;           // per parameter: the axes its terms are partial on
 
   dist::StepArgs gather_args(std::size_t i) const {
     dist::StepArgs a;
@@ -210,22 +208,22 @@ class GatherUnitFn final : public autograd::Function {
     // checkpoint) and not for the last unit, whose gradients are returned as they are.
     const bool defer = s.reductions && !s.last_in_backward && !autograd::PassState::recomputing();
     TensorList out(grads.size());
-    const TensorList summed = sum_in_tree(grads);
-    std::vector<std::pair<std::size_t, Tensor>> ready;   // (parameter, gradient) to reduce now
+    std::vector<Tensor> micro(grads.size());
     for (std::size_t i = 0; i < grads.size(); ++i) {
-      Tensor g = summed[i];
-      if (!g.defined()) continue;
-      if (s.accumulated[i].defined()) {   // earlier micro-batches' sum + this one: dp's order in .grad
-        const dist::AxisMask mask = dist::partial_axes(g);
-        g = kernels::binary(kernels::Binary::Add, s.accumulated[i], g);
-        dist::set_partial_axes(g, mask);
-        s.accumulated[i] = Tensor();
+      if (!grads[i].defined()) continue;
+      micro[i] = grads[i].detach();
+      s.partial[i] = dist::partial_axes(grads[i]);
+    }
+    s.micro_sum.push(std::move(micro));
+    std::vector<std::pair<std::size_t, Tensor>> ready;   // (parameter, gradient) to reduce now
+    if (!s.accumulating) {   // the last micro-batch: the sum of all of them
+      std::vector<Tensor> total = s.micro_sum.total();
+      s.micro_sum.clear();
+      for (std::size_t i = 0; i < total.size(); ++i) {
+        if (!total[i].defined()) continue;
+        dist::set_partial_axes(total[i], s.partial[i]);   // partial where its terms were
+        ready.emplace_back(i, std::move(total[i]));
       }
-      if (s.accumulating) {
-        s.accumulated[i] = g.detach();
-        continue;
-      }
-      ready.emplace_back(i, std::move(g));
     }
     std::vector<FsdpReductions::InFlight> launched = reduce(ready);
     if (!s.accumulating) s.release();   // the next use gathers again
@@ -243,29 +241,6 @@ class GatherUnitFn final : public autograd::Function {
   }
 
  private:
-  // In the fixed tree with micro-batches: this micro-batch's gradients become a leaf of the unit's
-  // tree; while accumulating nothing is returned (nothing to reduce yet), after the last micro-batch
-  // the root, each entry partial on the axes its terms were. Otherwise (rank order) grads as given.
-  TensorList sum_in_tree(const TensorList& grads) const {
-    FsdpUnitState& s = *state_;
-    if (s.ctx->reduce_order() != dist::ReduceOrder::FixedTree || (!s.accumulating && s.tree.leaves() == 0)) return grads;
-    std::vector<Tensor> leaf(grads.size());
-    s.tree_partial.resize(grads.size(), 0);
-    for (std::size_t i = 0; i < grads.size(); ++i) {
-      if (!grads[i].defined()) continue;
-      leaf[i] = grads[i].detach();
-      s.tree_partial[i] = dist::partial_axes(grads[i]);
-    }
-    s.tree.push(std::move(leaf));
-    if (s.accumulating) return TensorList(grads.size());
-    TensorList root = s.tree.root();
-    for (std::size_t i = 0; i < root.size(); ++i) {
-      if (root[i].defined()) dist::set_partial_axes(root[i], s.tree_partial[i]);
-    }
-    s.tree = tree::StreamingSum();
-    return root;
-  }
-
   // The gathered pieces' gradients -> the shards': each over tp where it is partial there (a
   // replicated parameter under SP), then the rule's backward of Sp(0) -> R over fsdp for all of them
   // at once (FSDP2's foreach reduce-scatter): coordinate r's chunk of the packed buffer holds its rows
@@ -391,7 +366,8 @@ FsdpUnit::FsdpUnit(std::string name, std::vector<Parameter*> params, ParallelCon
     s.full.push_back(Tensor::empty(shape, p->value.dtype()));
     s.full.back().storage()->release_memory();   // taken when first gathered
   }
-  s.accumulated.resize(s.params.size());
+  s.micro_sum = tree::OrderedSum(s.ctx->reduce_order() == dist::ReduceOrder::FixedTree);
+  s.partial.assign(s.params.size(), 0);
 }
 
 FsdpUnit::~FsdpUnit() {

@@ -6,6 +6,7 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/p2p.hpp"
 #include "meshgrad/distributed/placement.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
 namespace meshgrad::nn {
@@ -28,7 +29,10 @@ struct TiedWeightState {
   ParallelContextPtr ctx;
   PipelineStage stage;
   bool accumulating = false;
-  Tensor output_sum;   // H of the micro-batches so far (undefined: none yet)
+  // H of the micro-batches so far, left to right (tree::OrderedSum, the accumulator every
+  // micro-batch sum goes through; the fixed tree sends each micro-batch's H whole instead).
+  tree::OrderedSum output_sum{false};
+  dist::AxisMask output_partial = 0;   // the axes the sum's terms are partial on
   dist::SendQueuePtr sends = std::make_shared<dist::SendQueue>();
   bool pipelined() const { return stage.count > 1; }
   // The tp-invariant mode adds micro-batches in its fixed tree, each micro-batch's gradient whole:
@@ -52,18 +56,19 @@ class TiedOutputUseFn final : public autograd::Function {
       s.sends->add(dist::send_async(g[0], s.pp(), 0, kTagOutputGradient));
       return {Tensor()};
     }
-    if (!s.output_sum.defined()) {
-      s.output_sum = g[0].clone();   // a packed copy
-      dist::set_partial_axes(s.output_sum, dist::partial_axes(g[0]));
+    if (s.output_sum.count() == 0) {
+      s.output_sum.push({g[0].clone()});   // a packed copy: the engine may reuse g's buffer
+      s.output_partial = dist::partial_axes(g[0]);
     } else {
-      MG_CHECK(dist::partial_axes(g[0]) == dist::partial_axes(s.output_sum), "{}: the output layer's gradient is "
-               "partial on axes {:#x} in this micro-batch and {:#x} in earlier ones", s.name,
-               dist::partial_axes(g[0]), dist::partial_axes(s.output_sum));
-      s.output_sum = plus(s.output_sum, g[0]);
+      MG_CHECK(dist::partial_axes(g[0]) == s.output_partial, "{}: the output layer's gradient is partial on axes "
+               "{:#x} in this micro-batch and {:#x} in earlier ones", s.name, dist::partial_axes(g[0]),
+               s.output_partial);
+      s.output_sum.push({g[0]});
     }
     if (s.accumulating) return {Tensor()};
-    Tensor total = std::move(s.output_sum);
-    s.output_sum = Tensor();
+    Tensor total = s.output_sum.total().front();
+    s.output_sum.clear();
+    dist::set_partial_axes(total, s.output_partial);
     if (!s.pipelined()) return {total};
     // The first stage adds it to the embedding's gradient (TiedEmbeddingUseFn), which carries the
     // same partial axes (the batch's).

@@ -57,6 +57,35 @@ std::vector<Tensor> StreamingSum::AddLists::operator()(const std::vector<Tensor>
   return out;
 }
 
+void OrderedSum::push(std::vector<Tensor> values) {
+  MG_CHECK(count_ == 0 || values.size() == (tree_ ? values.size() : running_.size()), "OrderedSum: a push of {} "
+           "tensors after pushes of {}", values.size(), running_.size());
+  ++count_;
+  if (tree_) {
+    sum_.push(std::move(values));
+    return;
+  }
+  if (count_ == 1) {
+    running_ = std::move(values);
+    return;
+  }
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    if (!values[i].defined()) continue;
+    running_[i] = running_[i].defined() ? kernels::binary(kernels::Binary::Add, running_[i], values[i]) : values[i];
+  }
+}
+
+std::vector<Tensor> OrderedSum::total() const {
+  MG_CHECK(count_ > 0, "OrderedSum: nothing was pushed");
+  return tree_ ? sum_.root() : running_;
+}
+
+void OrderedSum::clear() {
+  count_ = 0;
+  running_.clear();
+  sum_ = StreamingSum();
+}
+
 // ---- plans -------------------------------------------------------------------------------------
 
 SplitPlan SplitPlan::whole(std::int64_t local_extent) {

@@ -13,10 +13,17 @@ MicroBatchGradients::MicroBatchGradients(std::vector<nn::Parameter*> params, Gra
            "micro-batches are added in a fixed binary tree, which needs a power of two", count);
 }
 
+MicroBatchGradients::MicroBatchGradients(nn::Model& model, GradientSynchronizer& sync, int count)
+    : MicroBatchGradients(model.parameters(), sync, model.reduce_order(), count) {
+  model_ = &model;
+}
+
 void MicroBatchGradients::before_backward(int k) {
   MG_CHECK(k == next_ && k < count_, "gradient accumulation: micro-batch {} after {} of {}", k, next_, count_);
   // Rank order: reduce during the last backward. Tree: the caller's tree holds the sum; reduce it in finish().
   sync_.set_accumulating(tree() || k + 1 < count_);
+  // fsdp units and the tied weight sum the micro-batches themselves and reduce after the last.
+  if (model_) model_->set_accumulating(k + 1 < count_);
 }
 
 void MicroBatchGradients::after_backward(int k) {
@@ -34,8 +41,9 @@ void MicroBatchGradients::after_backward(int k) {
 
 void MicroBatchGradients::finish() {
   MG_CHECK(next_ == count_, "gradient accumulation: finish after {} of {} micro-batches", next_, count_);
+  if (model_) model_->set_accumulating(false);
   if (!tree()) return;
-  const std::vector<Tensor>& total = sum_.root();
+  const std::vector<Tensor> total = sum_.total();
   for (std::size_t i = 0; i < params_.size(); ++i) {
     if (!total[i].defined()) continue;
     dist::set_partial_axes(total[i], partial_[i]);   // the sum is partial where its terms were (dp)
@@ -44,19 +52,11 @@ void MicroBatchGradients::finish() {
   sync_.reduce_gradients();
 }
 
-void MicroBatchLosses::push(const Tensor& loss) {
-  const Tensor l = loss.detach();
-  if (order_ == dist::ReduceOrder::FixedTree) {
-    tree_.push({l});
-    return;
-  }
-  running_ = running_.defined() ? kernels::binary(kernels::Binary::Add, running_, l) : l;
-}
+void MicroBatchLosses::push(const Tensor& loss) { sum_.push({loss.detach()}); }
 
 Tensor MicroBatchLosses::total() const {
-  if (order_ == dist::ReduceOrder::FixedTree) return tree_.root().front();
-  MG_CHECK(running_.defined(), "micro-batch losses: none pushed");
-  return running_;
+  MG_CHECK(sum_.count() > 0, "micro-batch losses: none pushed");
+  return sum_.total().front();
 }
 
 }  // namespace meshgrad::optim

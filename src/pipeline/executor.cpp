@@ -81,14 +81,12 @@ Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int6
       if (st.is_last()) losses.push(roots[k].detach());
     } else {
       trace::Span span(fmt::format("backward {}", a.micro), "pipeline_backward");
-      gradients.before_backward(a.micro);
-      model.set_accumulating(a.micro + 1 < m);
+      gradients.before_backward(a.micro);   // arms the synchroniser and tells the model if more follow
       backward(roots[k]);
       roots[k] = Tensor();   // the micro-batch's graph and activations go
       gradients.after_backward(a.micro);
     }
   }
-  model.set_accumulating(false);
   sends->wait_all();
   return st.is_last() ? losses.total() : Tensor::scalar(0.0, model.config().dtype);
 }

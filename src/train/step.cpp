@@ -123,7 +123,7 @@ Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const d
   }
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
   const std::int64_t targets = count_loss_targets(global_batch.targets);
-  optim::MicroBatchGradients gradients(model.parameters(), sync, order, micro_batches);
+  optim::MicroBatchGradients gradients(model, sync, micro_batches);
   const Tensor stage_loss = pipeline::run_step(model, micro_batches_of(batch, micro_batches), targets, schedule,
                                                gradients, mesh);
   gradients.finish();

@@ -204,5 +204,31 @@ TEST(BlockedOps, MatmulIntoAColumnSlice) {
   EXPECT_THROW(kernels::matmul_into(strided, a, b, false), InvalidArgument);
 }
 
+// OrderedSum, the one accumulator of micro-batches: left to right or the fixed tree, told apart by
+// values whose sum depends on the order (in float64 1e16 + 1 rounds to 1e16), entry by entry, with an
+// undefined entry adding nothing.
+TEST(OrderedSum, AddsLeftToRightOrInTheFixedTree) {
+  const std::vector<double> v = {1e16, 1.0, -1e16, 1.0};
+  OrderedSum left(false), tree(true);
+  for (std::size_t k = 0; k < v.size(); ++k) {
+    // Entry 1 is undefined in micro-batch 1: it sums the other three.
+    const Tensor second = k == 1 ? Tensor() : Tensor::full({2}, 2.0 * static_cast<double>(k), DType::Float64);
+    left.push({Tensor::full({1}, v[k], DType::Float64), second});
+    tree.push({Tensor::full({1}, v[k], DType::Float64), second});
+  }
+  EXPECT_EQ(left.total()[0].item(), 1.0) << "((1e16 + 1) - 1e16) + 1";
+  EXPECT_EQ(tree.total()[0].item(), 0.0) << "(1e16 + 1) + (-1e16 + 1)";
+  EXPECT_EQ(left.total()[1].at({1}), 0.0 + 4.0 + 6.0);
+  EXPECT_EQ(tree.total()[1].at({1}), 0.0 + 4.0 + 6.0);
+  EXPECT_EQ(left.count(), 4);
+  left.clear();
+  EXPECT_EQ(left.count(), 0);
+  EXPECT_THROW(left.total(), InvalidArgument);
+  left.push({Tensor::full({1}, 3.0, DType::Float64)});
+  EXPECT_EQ(left.total()[0].item(), 3.0) << "a cleared sum starts again";
+  tree.push({Tensor::full({1}, 1.0, DType::Float64), Tensor()});
+  EXPECT_THROW(tree.total(), InvalidArgument) << "five leaves are not a tree";
+}
+
 }  // namespace
 }  // namespace meshgrad::tree

@@ -111,5 +111,42 @@ TEST(MicroBatches, RefusesATreeOfThreeAndOutOfOrderCalls) {
   });
 }
 
+// A model whose only state is what MicroBatchGradients tells it.
+class AccumulationRecorder final : public nn::Model {
+ public:
+  explicit AccumulationRecorder(nn::Parameter* w) : w_(w) {}
+  Tensor loss(const nn::Batch&, std::int64_t) override { return Tensor(); }
+  std::vector<nn::Parameter*> parameters() override { return {w_}; }
+  const nn::ModelConfig& config() const override { return config_; }
+  void set_training(bool) override {}
+  void set_accumulating(bool on) override { calls.push_back(on); }
+  std::vector<bool> calls;
+
+ private:
+  nn::Parameter* w_;
+  nn::ModelConfig config_;
+};
+
+// MicroBatchGradients is the one object that knows which backward is the last: it tells the model
+// (fsdp units and the tied weight hold their sums until then) in the same call that arms the
+// synchroniser, and releases it in finish(), so no caller keeps the two in step (issue 36).
+TEST(MicroBatches, TheModelIsToldWhichBackwardIsTheLast) {
+  run_mesh(1, [](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param(mesh);
+    GradientSynchronizer sync({&w}, mesh);
+    AccumulationRecorder model(&w);
+    MicroBatchGradients grads(model, sync, 3);
+    for (int k = 0; k < 3; ++k) {
+      grads.before_backward(k);
+      backward(sum(mul(w.value, Tensor::from_values({1.0}, {1}, DType::Float64))));
+      grads.after_backward(k);
+    }
+    grads.finish();
+    sync.finish();
+    EXPECT_EQ(model.calls, (std::vector<bool>{true, true, false, false}));
+    EXPECT_EQ(w.value.grad().item(), 3.0);
+  });
+}
+
 }  // namespace
 }  // namespace meshgrad::optim

@@ -111,6 +111,32 @@ class StreamingSum {
   PairwiseSum<std::vector<Tensor>, AddLists> sum_;
 };
 
+// The one accumulator of a step's micro-batches: the values pushed one after the other, added in
+// one of the two orders meshgrad sums in, left to right (((v0 + v1) + v2) + ...: rank order, as
+// .grad accumulates) or the fixed binary tree (StreamingSum: the tp- and mesh-invariant modes). A
+// push is a list of tensors added entry by entry; an undefined entry adds nothing. The losses and
+// gradients of a step (optim/micro_batches.hpp), an fsdp unit's unsharded gradients (nn/fsdp.cpp)
+// and the tied weight's output gradient (nn/tied_weight.cpp) all add through it, so the three agree
+// on the order by construction. Pushed tensors are kept, not copied (the caller no longer writes
+// them); the sums are new tensors.
+class OrderedSum {
+ public:
+  explicit OrderedSum(bool fixed_tree) : tree_(fixed_tree) {}
+  void push(std::vector<Tensor> values);
+  // The sum of the pushes so far; in the tree their count must be a power of two. Throws
+  // InvalidArgument when nothing was pushed.
+  std::vector<Tensor> total() const;
+  std::int64_t count() const { return count_; }
+  bool fixed_tree() const { return tree_; }
+  void clear();   // back to no pushes, same order
+
+ private:
+  bool tree_;
+  std::int64_t count_ = 0;
+  std::vector<Tensor> running_;   // left to right
+  StreamingSum sum_;              // the tree
+};
+
 // ---- the blocks a layer computes in ------------------------------------------------------------
 
 // One contiguous piece of a split dimension held by this rank: `size` elements at `local_offset` in

@@ -5,9 +5,8 @@
 // nodes move the gradients between stages, so nothing here writes a gradient transfer.
 //
 // The micro-batches' gradients accumulate exactly as optim::MicroBatchGradients accumulates them on
-// one rank (the same object drives the gradient synchroniser), and the model is told which backward
-// is the last (Model::set_accumulating), so `--mesh pp=P --grad-accum M` gives the bits of one rank
-// with `--grad-accum M`.
+// one rank (the same object drives the gradient synchroniser and tells the model which backward is
+// the last), so `--mesh pp=P --grad-accum M` gives the bits of one rank with `--grad-accum M`.
 //
 // A mesh without a pp axis is a pipeline of one stage: the same functions run it (the schedules'
 // one-stage order is forward k, backward k, for k in order), with no transfer, so every step of
