@@ -570,7 +570,8 @@ PYBIND11_MODULE(meshgrad, m) {
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
   m.def("train", &train_job,
-        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, backend='threads', data=None, val_data=None, "
+        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, ffn=0 (4 x hidden), vocab=0 (the data's), "
+        "positions=0 (seq), layer_norm_epsilon=1e-5, backend='threads', data=None, val_data=None, "
         "lr=3e-3, warmup=10, lr_schedule='cosine', min_lr=-1 (lr / 10), decay_steps=-1 (to the last step), "
         "decay_fraction=0.2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, peak_gflops=0 (measured), seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
         "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "

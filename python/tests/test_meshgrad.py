@@ -502,3 +502,15 @@ def test_ctrl_c_with_a_checkpoint_dir_saves_the_step_it_stopped_at(tmp_path):
     last = [json.loads(l) for l in metrics.read_text().splitlines() if '"step"' in l][-1]["step"]
     assert sorted(p.name for p in ck.iterdir() if p.name.startswith("step_"))[-1] == f"step_{last:08d}", \
         (last, list(ck.iterdir()))
+
+
+def test_train_docstring_names_every_keyword_train_takes():
+    # train()'s docstring is the reference a Python user reads: every keyword it accepts (listed by
+    # the error for an unknown one) appears there as name=default (review-3: ffn, vocab, positions and
+    # layer_norm_epsilon were accepted but missing).
+    with pytest.raises(TypeError) as e:
+        meshgrad.train(no_such_keyword=1)
+    taken = str(e.value).split("(it takes: ", 1)[1].rstrip(")").split(", ")
+    assert len(taken) > 40, taken
+    missing = [k for k in taken if f"{k}=" not in meshgrad.train.__doc__]
+    assert missing == [], f"train() takes {missing} but its docstring does not name them"
