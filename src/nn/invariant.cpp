@@ -55,8 +55,10 @@ std::string working_degrees(const ModelConfig& cfg, const ParallelConfig& parall
 void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
   if (!ctx.config.tp_invariant) return;
   const ParallelConfig& p = ctx.config;
-  MG_CHECK(tree::is_power_of_two(p.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power of two "
-           "(1, 2, 4, 8, ...)", p.invariant_blocks);
+  // Refusals name the mode the user asked for: --mesh-invariant holds --tp-invariant's tree.
+  const char* mode = p.mesh_invariant ? "--mesh-invariant" : "--tp-invariant";
+  MG_CHECK(tree::is_power_of_two(p.invariant_blocks), "{}: --invariant-blocks {} must be a power of two "
+           "(1, 2, 4, 8, ...)", mode, p.invariant_blocks);
   // A block holds at least one unit of the largest split dimension: more blocks than that cut nothing
   // and would only cost a plan entry each (2^30 blocks exhausted memory, reliability-2 R8).
   const std::vector<Split> splits = model_splits(cfg, p);
@@ -64,30 +66,30 @@ void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
     return a.full / (a.parts * a.unit) < b.full / (b.parts * b.unit);
   });
   const std::int64_t most_units = largest->full / (largest->parts * largest->unit);
-  MG_CHECK(p.invariant_blocks <= std::max<std::int64_t>(1, most_units), "--tp-invariant: --invariant-blocks {} is more "
+  MG_CHECK(p.invariant_blocks <= std::max<std::int64_t>(1, most_units), "{}: --invariant-blocks {} is more "
            "than the {} units of this model's largest split dimension ({}): a block must hold at least one; use a "
-           "power of two of at most {}", p.invariant_blocks, most_units, largest->what, most_units);
+           "power of two of at most {}", mode, p.invariant_blocks, most_units, largest->what, most_units);
   std::string failing;
   if (ctx.two_d) {
     // A grid computes as tp = C over tp_col (its rows only store: layers.hpp, GridLinear); the
     // vocabulary is split over the whole grid.
     const int c = ctx.col().size(), grid = ctx.tp_size();
     MG_CHECK(tree::is_power_of_two(c) && model_nests(cfg, p, c, &failing),
-             "--tp-invariant: tp_col={} (the C of tp=RxC, which splits the heads and the MLP width) cannot keep the "
+             "{}: tp_col={} (the C of tp=RxC, which splits the heads and the MLP width) cannot keep the "
              "fixed tree of {} blocks for this model ({}). Degrees that work for this model: {}",
-             c, p.invariant_blocks, failing.empty() ? "not a power of two" : failing, working_degrees(cfg, p));
+             mode, c, p.invariant_blocks, failing.empty() ? "not a power of two" : failing, working_degrees(cfg, p));
     MG_CHECK(tree::is_power_of_two(grid) && tree::nests(cfg.vocab, 1, 1, p.invariant_blocks, grid),
-             "--tp-invariant: the grid's {} ranks split the vocabulary ({} tokens), which cannot keep the fixed tree "
-             "of {} blocks: grids whose R x C is {} work for this model", grid, cfg.vocab, p.invariant_blocks,
+             "{}: the grid's {} ranks split the vocabulary ({} tokens), which cannot keep the fixed tree "
+             "of {} blocks: grids whose R x C is {} work for this model", mode, grid, cfg.vocab, p.invariant_blocks,
              working_degrees(cfg, p));
     return;
   }
   const int tp = ctx.tp_size();
   if (!tree::is_power_of_two(tp) || !model_nests(cfg, p, tp, &failing)) {
     throw InvalidArgument(fmt::format(
-        "--tp-invariant: tp={} cannot keep the fixed tree of {} blocks for this model ({}{}). Degrees that work for "
+        "{}: tp={} cannot keep the fixed tree of {} blocks for this model ({}{}). Degrees that work for "
         "this model: tp = {} (a power of two dividing --invariant-blocks, at most the heads, and every split "
-        "dimension cut in whole blocks)", tp, p.invariant_blocks, failing.empty() ? "tp is not a power of two" : failing,
+        "dimension cut in whole blocks)", mode, tp, p.invariant_blocks, failing.empty() ? "tp is not a power of two" : failing,
         failing.empty() ? "" : " does not split into blocks that nest in the tp shards", working_degrees(cfg, p)));
   }
 }

@@ -100,8 +100,8 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp = mesh->group(ctx->tp_axis);
   }
   if (ctx->config.tp_invariant) {
-    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--tp-invariant: --invariant-blocks {} must be a power "
-             "of two (1, 2, 4, 8, ...)", config.invariant_blocks);
+    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "{}: --invariant-blocks {} must be a power of two (1, 2, "
+             "4, 8, ...)", config.mesh_invariant ? "--mesh-invariant" : "--tp-invariant", config.invariant_blocks);
     // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one
     // thread per rank makes a GEMM's result a function of its shape and data only. (The banner's
     // thread policy then names the mode.)

@@ -91,3 +91,9 @@ add_test(NAME cli_r3_notes_quiet COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/r3
 set_tests_properties(cli_r3_notes_quiet PROPERTIES LABELS cli TIMEOUT 120)
 meshgrad_cli_test(r3_check_note_batch_blocks_without_mode 0 "check: note: --batch-blocks 8 changes nothing without --mesh-invariant"
                   ${mg} check --mesh tp=2 --layers 1 --batch-blocks 8)
+# A refusal names the mode the user asked for (N53's fresh-run half): --mesh-invariant holds
+# --tp-invariant's tree, and was refused under that name.
+meshgrad_cli_test(r3_mesh_invariant_refusal_names_its_mode 1 "--mesh-invariant: tp=3 cannot keep the fixed tree"
+                  ${mg} train --mesh tp=3 --mesh-invariant --steps 1 --no-metrics)
+meshgrad_cli_test(r3_tp_invariant_refusal_names_its_mode 1 "--tp-invariant: tp=3 cannot keep the fixed tree"
+                  ${mg} train --mesh tp=3 --tp-invariant --steps 1 --no-metrics)
