@@ -332,6 +332,11 @@ TEST(ThreadsRanks, LeavesComputeSettingsToTheLauncher) {
 // thread stacks fit, and starts 256 ranks that wait in a barrier for the ones that cannot start.
 // Exits 3 after printing the CommError, 1 if every thread started, 2 if the limit could not be set.
 [[noreturn]] void start_ranks_under_address_limit() {
+  // OpenBLAS starts its worker threads when the library loads, and each allocates a 128 MB buffer
+  // when it first runs: on a loaded machine a worker may run only after the cap below, and its
+  // allocation fails instead of a rank's stack (under ASan an abort, exit 1; seen once in CI). Stop
+  // the pool first (idle_wait_policy restarts it lazily, at the next GEMM, which this child never runs).
+  (void)meshgrad::blas::idle_wait_policy();
   long pages = 0;
   if (FILE* f = std::fopen("/proc/self/statm", "r")) {
     if (std::fscanf(f, "%ld", &pages) != 1) pages = 0;
