@@ -58,13 +58,14 @@ std::vector<Tensor> StreamingSum::AddLists::operator()(const std::vector<Tensor>
 }
 
 void OrderedSum::push(std::vector<Tensor> values) {
-  MG_CHECK(count_ == 0 || values.size() == (tree_ ? values.size() : running_.size()), "OrderedSum: a push of {} "
-           "tensors after pushes of {}", values.size(), running_.size());
-  ++count_;
   if (tree_) {
-    sum_.push(std::move(values));
+    sum_.push(std::move(values));   // StreamingSum checks that every leaf has the same length
+    ++count_;
     return;
   }
+  MG_CHECK(count_ == 0 || values.size() == running_.size(), "OrderedSum: a push of {} tensors after pushes of {}",
+           values.size(), running_.size());
+  ++count_;
   if (count_ == 1) {
     running_ = std::move(values);
     return;

@@ -226,6 +226,8 @@ TEST(OrderedSum, AddsLeftToRightOrInTheFixedTree) {
   EXPECT_THROW(left.total(), InvalidArgument);
   left.push({Tensor::full({1}, 3.0, DType::Float64)});
   EXPECT_EQ(left.total()[0].item(), 3.0) << "a cleared sum starts again";
+  EXPECT_THROW(left.push({Tensor(), Tensor()}), InvalidArgument) << "a push of another length";
+  EXPECT_EQ(left.count(), 1) << "a refused push is not counted";
   tree.push({Tensor::full({1}, 1.0, DType::Float64), Tensor()});
   EXPECT_THROW(tree.total(), InvalidArgument) << "five leaves are not a tree";
 }
