@@ -316,7 +316,7 @@ GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t ou
   w_spec[static_cast<std::size_t>(out_axis_)] = w_out;
   b_spec[static_cast<std::size_t>(out_axis_)] = b_out;
   weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
-  bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
+  if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
   if (ctx_->config.tp_invariant) {
     // The 1-D layer's blocks at tp = C: the column layer's output features, the row layer's input.
     const dist::ProcessGroup& col = ctx_->col();
@@ -346,6 +346,7 @@ Tensor GridLinear::forward_gathered(const Tensor& x) const {
   const Tensor w = dist::gather_from_region(weight.operand(), ctx_->row(), 1, out_);   // [in_local, out]
   const Tensor partial = tree::linear_over_input_blocks(x, w, plan_);
   const Tensor y = dist::reduce_from_region(partial, ctx_->col(), ctx_->reduce_order());
+  if (!bias.operand().defined()) return y;
   const Tensor b = dist::gather_from_region(bias.operand(), ctx_->row(), 0, out_);
   return tree::add_bias(y, b, ctx_->token_row_blocks(x.size(0), y.size(0), rows_per_token(y)));
 }
@@ -372,7 +373,7 @@ Tensor GridLinear::forward(const Tensor& x) const {
                                               out_group.size() > 1 ? out_group.axes : 0);
   const Tensor partial = meshgrad::linear(x_in, weight.operand());             // partial over in_axis
   const Tensor y = dist::reduce_from_region(partial, in_group);            // P -> R on in_axis
-  return meshgrad::add(y, bias.operand());
+  return bias.operand().defined() ? meshgrad::add(y, bias.operand()) : y;
 }
 
 LayerNorm::LayerNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)

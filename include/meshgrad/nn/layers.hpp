@@ -143,6 +143,7 @@ class VocabParallelEmbedding {
 class GridLinear {
  public:
   struct Options {
+    bool bias = true;
     bool input_is_split = false;
     int blocks = 1;
     std::int64_t in_unit = 1, out_unit = 1;

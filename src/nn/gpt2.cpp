@@ -1,0 +1,229 @@
+// GPT-2's module tree (pre-LN blocks, learned positions, GELU tanh, the output layer tied to the
+// token table) and its tensor-parallel plan. Nothing here knows of pipelines, FSDP, activation
+// checkpointing or dropout streams: decoder_lm.cpp applies those to any family.
+#include <cmath>
+
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/nn/decoder_lm.hpp"
+#include "gelu_mlp.hpp"
+#include "meshgrad/nn/invariant.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
+
+namespace meshgrad::nn {
+
+namespace {
+
+// Sizes the tensor-parallel split must respect, checked before any layer is built so the message
+// says what is wrong (not a shard extent deep inside a layer).
+void check_split(const ModelConfig& cfg, const ParallelContext& ctx) {
+  MG_CHECK(cfg.hidden % cfg.heads == 0, "gpt: --hidden {} is not divisible by --heads {} (each head needs a whole "
+           "number of features)", cfg.hidden, cfg.heads);
+  const int head_split = ctx.two_d ? ctx.col().size() : ctx.tp_size();
+  MG_CHECK(head_split <= cfg.heads, "gpt: {} ranks split the attention heads but there are only {} heads (--heads): "
+           "use at most {} ranks on that axis ({})", head_split, cfg.heads, cfg.heads,
+           ctx.two_d ? "tp_col, the C of tp=RxC" : "tp");
+  if (ctx.two_d) {
+    MG_CHECK(ctx.row().size() <= cfg.hidden, "gpt: tp_row = {} ranks split --hidden {} features", ctx.row().size(),
+             cfg.hidden);
+  }
+}
+
+// c_attn (q, k, v fused, the heads split whole) and c_proj, as the plan splits them.
+class Attention {
+ public:
+  Attention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
+      : name_(name), head_dim_(cfg.hidden / cfg.heads) {
+    const TensorParallelPlan& plan = gpt2_tp_plan();
+    c_attn_ = plan.linear(name + ".c_attn",
+                          {.in = cfg.hidden, .out = 3 * cfg.hidden, .blocks = 3, .out_unit = head_dim_}, ctx, seed,
+                          cfg.dtype);
+    c_proj_ = plan.linear(name + ".c_proj",
+                          {.in = cfg.hidden, .out = cfg.hidden, .in_unit = head_dim_,
+                           .init_std = 0.02 / std::sqrt(2.0 * cfg.layers)},
+                          ctx, seed, cfg.dtype);
+  }
+
+  // x: [T(_local), B, C] -> same.
+  Tensor forward(const Tensor& x, std::int64_t seq) const {
+    trace::Scope scope(name_);
+    const Heads h = project_heads(x, seq);
+    return project_output(causal_attention(h.q, h.k, h.v), seq);
+  }
+
+  // DecoderBlock::forward_cached's attention: x [T_new, B, C] at positions start ..
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
+                        std::int64_t& scores) const {
+    const std::int64_t t_new = x.size(0);
+    const Heads h = project_heads(x, t_new);
+    Tensor k_new = keys.narrow(2, start, t_new), v_new = values.narrow(2, start, t_new);
+    k_new.copy_from(h.k);
+    v_new.copy_from(h.v);
+    const kernels::AttentionForward y =
+        kernels::causal_attention_forward(h.q, keys.narrow(2, 0, start + t_new), values.narrow(2, 0, start + t_new),
+                                          1.0 / std::sqrt(static_cast<double>(head_dim_)));
+    scores += y.scores;
+    return project_output(y.out, t_new);
+  }
+  // Heads this rank computes (c_attn's output features are split in whole heads per q, k, v block).
+  std::int64_t local_heads() const { return c_attn_->output_features() / 3 / head_dim_; }
+  std::int64_t head_dim() const { return head_dim_; }
+  void collect(std::vector<Parameter*>& out) {
+    c_attn_->collect(out);
+    c_proj_->collect(out);
+  }
+
+ private:
+  struct Heads {
+    Tensor q, k, v;   // [B, H_local, T, D], contiguous
+  };
+  // c_attn and the split into this rank's heads: x [T(_local), B, C] -> q, k, v.
+  Heads project_heads(const Tensor& x, std::int64_t seq) const {
+    const Tensor qkv = c_attn_->forward(x, seq);   // [T, B, 3 * H_local * D]
+    const std::int64_t b = qkv.size(1);
+    const std::int64_t local = qkv.size(2) / 3;
+    const std::int64_t heads = local / head_dim_;
+    auto heads_first = [&](const Tensor& t) {          // [T, B, H_l * D] -> [B, H_l, T, D]
+      return contiguous(permute(reshape(t, {seq, b, heads, head_dim_}), {1, 2, 0, 3}));
+    };
+    const TensorList parts = split(qkv, 2, {local, local, local});
+    return {heads_first(parts[0]), heads_first(parts[1]), heads_first(parts[2])};
+  }
+  // The heads' outputs merged and c_proj: y [B, H_local, T, D] -> [T(_local), B, C].
+  Tensor project_output(const Tensor& y, std::int64_t seq) const {
+    const std::int64_t b = y.size(0), local = y.size(1) * head_dim_;
+    return c_proj_->forward(reshape(contiguous(permute(y, {2, 0, 1, 3})), {seq, b, local}), seq);
+  }
+
+  std::string name_;   // its trace scope
+  std::int64_t head_dim_;
+  std::unique_ptr<ParallelLinear> c_attn_, c_proj_;
+};
+
+// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))): two dropout draws.
+class Block final : public DecoderBlock {
+ public:
+  Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
+      : name_(fmt::format("h.{}", index)),
+        ln_1_(name_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
+        attn_(name_ + ".attn", cfg, ctx, seed),
+        ln_2_(name_ + ".ln_2", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
+        mlp_(name_ + ".mlp", cfg, gpt2_tp_plan(), ctx, seed) {}
+
+  const std::string& name() const override { return name_; }
+  Tensor forward(const Tensor& x, std::int64_t seq, const Dropout& dropout) const override {
+    const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x, seq), seq)));
+    return add(h, dropout(mlp_.forward(ln_2_.forward(h, seq), seq)));
+  }
+  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
+                        std::int64_t& scores) const override {
+    const Tensor h = add(x, attn_.forward_cached(ln_1_.forward(x), keys, values, start, scores));
+    return add(h, mlp_.forward(ln_2_.forward(h), x.size(0)));
+  }
+  Shape cache_shape(std::int64_t batch, std::int64_t capacity) const override {
+    return {batch, attn_.local_heads(), capacity, attn_.head_dim()};
+  }
+  void collect(std::vector<Parameter*>& out) override {
+    out.push_back(&ln_1_.weight);
+    out.push_back(&ln_1_.bias);
+    attn_.collect(out);
+    out.push_back(&ln_2_.weight);
+    out.push_back(&ln_2_.bias);
+    mlp_.collect(out);
+  }
+
+ private:
+  std::string name_;
+  LayerNorm ln_1_;
+  Attention attn_;
+  LayerNorm ln_2_;
+  GeluMlp mlp_;
+};
+
+// wte and wpe (the first stage; wte on the last too, for the tied output layer), the blocks, ln_f
+// and the output layer (the last stage) whose weight is wte^T.
+class Gpt2 final : public DecoderFamily {
+ public:
+  Gpt2(const ModelConfig& cfg, const ParallelContextPtr& ctx, const StagePieces& pieces, std::uint64_t seed)
+      : cfg_(cfg), ctx_(ctx), ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype) {
+    check_split(cfg, *ctx);
+    invariant::check_model(cfg, *ctx);
+    // Every parameter is built with its global name and seed, so a stage's are the one-rank model's.
+    if (pieces.embedding || pieces.head) {
+      wte_ = std::make_unique<VocabParallelEmbedding>("wte", cfg.vocab, cfg.hidden, ctx, seed, cfg.dtype);
+    }
+    if (pieces.embedding) {
+      wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx->replicated(), *ctx, seed, 0.02, 0.0,
+                            cfg.dtype);
+    }
+    for (int i = pieces.first_block; i < pieces.end_block; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg, ctx, seed));
+    // No weight of its own: the output layer's is wte^T.
+    lm_head_ = std::make_unique<ColumnParallelLinear>(
+        "lm_head", cfg.hidden, cfg.vocab, ColumnParallelLinear::Options{.bias = false, .owns_weight = false}, ctx, 0,
+        cfg.dtype);
+  }
+
+  int embedding_dropout_draws() const override { return 1; }
+  int block_dropout_draws() const override { return 2; }
+  VocabParallelEmbedding* token_embedding() override { return wte_.get(); }
+  bool tied_output() const override { return true; }
+
+  // Vocabulary-parallel partial sums reduced over tp (all-reduce, or reduce-scatter along the
+  // sequence under SP), plus this rank's positions.
+  Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t position0, const Dropout& dropout) const override {
+    const ParallelContext& ctx = *ctx_;
+    const bool sp = ctx.sequence_parallel();
+    const std::int64_t seq = ids.size(0), c = cfg_.hidden;
+    Tensor h;
+    {
+      dist::CommLabelScope label("wte");
+      trace::Scope scope("wte");
+      const Tensor partial = wte_->forward_partial(ids, table);   // [T, B, C]
+      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
+    }
+    const std::int64_t t0 = position0 + sequence_shard_offset(ctx, seq);
+    const std::int64_t t_local = h.size(0);
+    const Tensor pos = reshape(narrow(wpe_.operand(), 0, t0, t_local), {t_local, 1, c});
+    h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
+    return dropout(h);
+  }
+
+  const std::vector<std::shared_ptr<DecoderBlock>>& blocks() const override { return blocks_; }
+  Tensor final_norm(const Tensor& h, std::int64_t seq) const override { return ln_f_.forward(h, seq); }
+  Tensor output_logits(const Tensor& h, std::int64_t seq, const Tensor& tied_weight) const override {
+    return lm_head_->forward_with(h, seq, transpose(tied_weight, 0, 1), Tensor());   // [T, B, V_local]
+  }
+  std::int64_t vocab_offset() const override { return wte_->vocab_offset(); }
+  const tree::SplitPlan& output_plan() const override { return lm_head_->plan(); }
+  std::vector<Parameter*> embedding_parameters() override { return {&wte_->weight, &wpe_}; }
+  std::vector<Parameter*> head_parameters() override { return {&ln_f_.weight, &ln_f_.bias}; }
+
+ private:
+  ModelConfig cfg_;
+  ParallelContextPtr ctx_;
+  std::unique_ptr<VocabParallelEmbedding> wte_;
+  Parameter wpe_;
+  std::vector<std::shared_ptr<DecoderBlock>> blocks_;
+  LayerNorm ln_f_;
+  std::unique_ptr<ColumnParallelLinear> lm_head_;
+};
+
+}  // namespace
+
+const TensorParallelPlan& gpt2_tp_plan() {
+  static const TensorParallelPlan plan{"gpt2",
+                                       {{"h.*.attn.c_attn", LinearStyle::Column},
+                                        {"h.*.attn.c_proj", LinearStyle::Row},
+                                        {"h.*.mlp.c_fc", LinearStyle::Column},
+                                        {"h.*.mlp.c_proj", LinearStyle::Row}}};
+  return plan;
+}
+
+std::unique_ptr<DecoderFamily> make_gpt2_family(const ModelConfig& config, const ParallelContextPtr& ctx,
+                                                const StagePieces& pieces, std::uint64_t seed) {
+  return std::make_unique<Gpt2>(config, ctx, pieces, seed);
+}
+
+}  // namespace meshgrad::nn
