@@ -20,6 +20,7 @@
 #include "meshgrad/optim/grad_sync.hpp"
 #include "meshgrad/nn/parallel_context.hpp"
 #include "meshgrad/optim/adamw.hpp"
+#include "meshgrad/pipeline/executor.hpp"
 #include "meshgrad/train/trainer.hpp"
 
 namespace meshgrad::diag {
@@ -48,9 +49,10 @@ NamedTensors gather_full(const nn::Model& model, const std::vector<nn::Parameter
   dist::CountingScope not_counted(ignored);
   NamedTensors full;
   for (nn::Parameter* p : params) full.emplace_back(p->name, nn::gather_full(take(*p), *p).to(DType::Float64).clone());
-  if (model.stage().count > 1 && nn::parameter_shard_group(mesh, params).rank() == 0) {
+  const dist::ProcessGroup* stages = pipeline::parameter_stages(model, mesh);
+  if (stages != nullptr && nn::parameter_shard_group(mesh, params).rank() == 0) {
     // Every stage's tensors to stage 0 (whose first rank is the mesh's rank 0).
-    full = checkpoint::collect_on_first_stage(std::move(full), mesh.group("pp"));
+    full = checkpoint::collect_on_first_stage(std::move(full), *stages);
   }
   return full;
 }

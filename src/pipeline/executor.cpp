@@ -54,6 +54,11 @@ const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh) {
   return mesh.group("pp");
 }
 
+const dist::ProcessGroup* parameter_stages(const nn::Model& model, const dist::DeviceMesh& mesh) {
+  const dist::ProcessGroup* stages = stages_of(model, mesh);
+  return stages != nullptr && stages->size() > 1 ? stages : nullptr;
+}
+
 Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int64_t targets, ScheduleKind schedule,
                 optim::MicroBatchGradients& gradients, const dist::DeviceMesh& mesh) {
   const nn::PipelineStage st = model.stage();

@@ -29,6 +29,7 @@
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
+#include "meshgrad/pipeline/executor.hpp"
 #include "meshgrad/pipeline/schedule.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/trace.hpp"
@@ -342,12 +343,11 @@ void Run::build() {
   data_position_ = resumed_data_position();
   if (saver_ && options_.handle_signals) signals_.emplace();
   result_.parameters = count_parameters(params_);
-  if (model_->stage().count > 1) {
+  if (const dist::ProcessGroup* stages = pipeline::parameter_stages(*model_, *mesh_)) {
     // Each stage holds its own parameters: the model's are every stage's (exact in float64).
     dist::PhaseScope phase(dist::Phase::Optimizer);
     result_.parameters = static_cast<std::int64_t>(
-        dist::all_reduce(Tensor::scalar(static_cast<double>(result_.parameters), DType::Float64), mesh_->group("pp"))
-            .item());
+        dist::all_reduce(Tensor::scalar(static_cast<double>(result_.parameters), DType::Float64), *stages).item());
   }
   // An output that cannot fit fails now, not after the training.
   comm::run_agreed(*mesh_->world(), [&] {
@@ -453,7 +453,7 @@ void Run::sample(int done) {
   std::vector<std::pair<std::string, Tensor>> full;
   if (nn::in_first_parameter_shard_group(*mesh_, params_)) {
     full = checkpoint::gather_full_parameters(params_, nn::parameter_shard_group(*mesh_, params_), 0,
-                                              model_->stage().count > 1 ? &mesh_->group("pp") : nullptr);
+                                              pipeline::parameter_stages(*model_, *mesh_));
   }
   if (!leader_) return;
   MG_CHECK(!full.empty() && options_.sampler, "train: --sample-every: mesh rank 0 has no full parameters or no sampler");
@@ -548,7 +548,7 @@ void Run::finish() {
     // writes the full tensors; the replicas are identical.
     checkpoint::save_parameters(options_.save_path, params_, nn::parameter_shard_group(*mesh_, params_), 0,
                                 interop::hf_checkpoint_metadata(config_, dataset()),
-                                model_->stage().count > 1 ? &mesh_->group("pp") : nullptr);
+                                pipeline::parameter_stages(*model_, *mesh_));
   }
 }
 

@@ -26,6 +26,11 @@ namespace meshgrad::pipeline {
 // The pp group of the mesh; throws when the mesh has no pp axis.
 const dist::ProcessGroup& stage_group(const dist::DeviceMesh& mesh);
 
+// The group of the model's pipeline stages when there are several (the pp group: each stage holds
+// other parameters, so what gathers every parameter collects over it), else nullptr: one stage holds
+// them all. Throws when the model was built for another stage than the mesh gives this rank.
+const dist::ProcessGroup* parameter_stages(const nn::Model& model, const dist::DeviceMesh& mesh);
+
 // Forward and backward of every micro-batch on this rank's stage. micro: the step's micro-batches,
 // in order (the same on every stage: the first reads inputs, the last targets). targets: the
 // global batch's loss-target count. Returns the sum of the micro-batch losses in the model's order
