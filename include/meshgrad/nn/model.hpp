@@ -1,5 +1,6 @@
-// The models meshgrad trains and checks ("mlp" and "gpt"), behind one interface the trainer, the
-// equivalence checker, `grads`, `explain` and the benchmarks use.
+// The models meshgrad trains and checks ("gpt" and "mlp"), behind one interface the trainer, the
+// equivalence checker, `grads`, `explain` and the benchmarks use. A decoder family is a module tree
+// plus a tensor-parallel plan run by nn/decoder_lm.hpp (docs/DESIGN.md, "A model family").
 #pragma once
 
 #include <cstdint>
