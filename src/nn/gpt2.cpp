@@ -7,6 +7,7 @@
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/decoder_lm.hpp"
 #include "gelu_mlp.hpp"
+#include "pre_norm_block.hpp"
 #include "meshgrad/nn/invariant.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
@@ -68,7 +69,7 @@ class Attention {
     return project_output(y.out, t_new);
   }
   // Heads this rank computes (c_attn's output features are split in whole heads per q, k, v block).
-  std::int64_t local_heads() const { return c_attn_->output_features() / 3 / head_dim_; }
+  std::int64_t local_kv_heads() const { return c_attn_->output_features() / 3 / head_dim_; }
   std::int64_t head_dim() const { return head_dim_; }
   void collect(std::vector<Parameter*>& out) {
     c_attn_->collect(out);
@@ -102,45 +103,16 @@ class Attention {
   std::unique_ptr<ParallelLinear> c_attn_, c_proj_;
 };
 
-// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))): two dropout draws.
-class Block final : public DecoderBlock {
+// GPT-2's MLP as the block builds it: c_fc, GELU, c_proj, split by GPT-2's plan.
+class Gpt2Mlp : public GeluMlp {
  public:
-  Block(int index, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : name_(fmt::format("h.{}", index)),
-        ln_1_(name_ + ".ln_1", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
-        attn_(name_ + ".attn", cfg, ctx, seed),
-        ln_2_(name_ + ".ln_2", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
-        mlp_(name_ + ".mlp", cfg, gpt2_tp_plan(), ctx, seed) {}
-
-  const std::string& name() const override { return name_; }
-  Tensor forward(const Tensor& x, std::int64_t seq, const Dropout& dropout) const override {
-    const Tensor h = add(x, dropout(attn_.forward(ln_1_.forward(x, seq), seq)));
-    return add(h, dropout(mlp_.forward(ln_2_.forward(h, seq), seq)));
-  }
-  Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
-                        std::int64_t& scores) const override {
-    const Tensor h = add(x, attn_.forward_cached(ln_1_.forward(x), keys, values, start, scores));
-    return add(h, mlp_.forward(ln_2_.forward(h), x.size(0)));
-  }
-  Shape cache_shape(std::int64_t batch, std::int64_t capacity) const override {
-    return {batch, attn_.local_heads(), capacity, attn_.head_dim()};
-  }
-  void collect(std::vector<Parameter*>& out) override {
-    out.push_back(&ln_1_.weight);
-    out.push_back(&ln_1_.bias);
-    attn_.collect(out);
-    out.push_back(&ln_2_.weight);
-    out.push_back(&ln_2_.bias);
-    mlp_.collect(out);
-  }
-
- private:
-  std::string name_;
-  LayerNorm ln_1_;
-  Attention attn_;
-  LayerNorm ln_2_;
-  GeluMlp mlp_;
+  Gpt2Mlp(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
+      : GeluMlp(name, cfg, gpt2_tp_plan(), ctx, seed) {}
 };
+
+// x + drop(attn(ln_1(x))), then h + drop(mlp(ln_2(h))): two dropout draws.
+using Block = PreNormBlock<LayerNorm, Attention, Gpt2Mlp>;
+constexpr PreNormNames kGpt2Block{"ln_1", "attn", "ln_2", "mlp"};
 
 // wte and wpe (the first stage; wte on the last too, for the tied output layer), the blocks, ln_f
 // and the output layer (the last stage) whose weight is wte^T.
@@ -158,7 +130,7 @@ class Gpt2 final : public DecoderFamily {
       wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx->replicated(), *ctx, seed, 0.02, 0.0,
                             cfg.dtype);
     }
-    for (int i = pieces.first_block; i < pieces.end_block; ++i) blocks_.push_back(std::make_shared<Block>(i, cfg, ctx, seed));
+    for (int i = pieces.first_block; i < pieces.end_block; ++i) blocks_.push_back(std::make_shared<Block>(fmt::format("h.{}", i), kGpt2Block, cfg, ctx, seed));
     // No weight of its own: the output layer's is wte^T.
     lm_head_ = std::make_unique<ColumnParallelLinear>(
         "lm_head", cfg.hidden, cfg.vocab, ColumnParallelLinear::Options{.bias = false, .owns_weight = false}, ctx, 0,

@@ -25,6 +25,12 @@ std::vector<Split> model_splits(const ModelConfig& cfg, const ParallelConfig& pa
     s.push_back({fmt::format("the fused q, k, v heads (--heads {})", cfg.heads), 3 * std::int64_t{cfg.hidden}, 3, head});
     s.push_back({fmt::format("the vocabulary ({} tokens)", cfg.vocab), cfg.vocab, 1, 1});
   }
+  if (cfg.kind == "llama") {
+    const std::int64_t head = std::max(1, cfg.head_size());
+    s.push_back({fmt::format("the attention heads (--heads {})", cfg.heads), head * cfg.heads, 1, head});
+    s.push_back({fmt::format("the key/value heads ({})", cfg.kv_head_count()), head * cfg.kv_head_count(), 1, head});
+    s.push_back({fmt::format("the vocabulary ({} tokens)", cfg.vocab), cfg.vocab, 1, 1});
+  }
   s.push_back({fmt::format("the MLP width (--ffn {})", cfg.ffn_size()), cfg.ffn_size(), 1, 1});
   if (parallel.sequence_parallel) s.push_back({fmt::format("the sequence (--seq {})", cfg.seq), cfg.seq, 1, 1});
   return s;

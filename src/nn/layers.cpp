@@ -394,6 +394,20 @@ Tensor LayerNorm::forward(const Tensor& x, std::int64_t seq) const {
                               ctx_->token_row_blocks(seq > 0 ? seq : x.size(0), x.size(0), rows_per_token(x)));
 }
 
+RmsNorm::RmsNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype)
+    : name_(name), eps_(eps), ctx_(std::move(ctx)) {
+  weight = make_parameter(name + ".weight", {features}, ctx_->replicated(), *ctx_, 0, 0.0, 1.0, dtype);
+}
+
+Tensor RmsNorm::forward(const Tensor& x, std::int64_t seq) const {
+  trace::Scope scope(name_);
+  MG_CHECK(x.dim() >= 2, "{}: input {} must be [T, ..., C]", name_, shape_str(x.shape()));
+  MG_CHECK(seq > 0 || !ctx_->sequence_parallel(), "{}: under sequence parallelism the input holds one shard of the "
+           "sequence, so the global sequence length must be given", name_);
+  return meshgrad::rms_norm(x, ctx_->replicated_on_sequence_shard(weight.operand()), eps_,
+                            ctx_->token_row_blocks(seq > 0 ? seq : x.size(0), x.size(0), rows_per_token(x)));
+}
+
 VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int64_t vocab, std::int64_t features,
                                                ParallelContextPtr ctx, std::uint64_t seed, DType dtype)
     : vocab_(vocab), ctx_(std::move(ctx)) {

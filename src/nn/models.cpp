@@ -79,8 +79,9 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfi
            "model: layers, hidden, heads and vocab must be positive (got {}, {}, {}, {})", config.layers, config.hidden,
            config.heads, config.vocab);
   if (config.kind == "gpt") return make_decoder_lm(config, parallel, std::move(mesh), seed, make_gpt2_family);
+  if (config.kind == "llama") return make_decoder_lm(config, parallel, std::move(mesh), seed, make_llama_family);
   if (config.kind == "mlp") return make_mlp_stack(config, parallel, std::move(mesh), seed);
-  throw InvalidArgument(fmt::format("model: unknown kind '{}' (expected gpt or mlp)", config.kind));
+  throw InvalidArgument(fmt::format("model: unknown kind '{}' (expected gpt, llama or mlp)", config.kind));
 }
 
 }  // namespace meshgrad::nn

@@ -332,6 +332,7 @@ std::vector<Spec> nonlinearity_specs() {
   return {
     {"relu", "relu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), relu); }},
     {"gelu", "gelu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), gelu); }},
+    {"silu", "silu", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), silu); }},
     {"tanh", "tanh", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::tanh); }},
     {"exp", "exp", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(1, 5)}), meshgrad::exp); }},
     {"log", "log", [](Draw& d) { return unary(d.positive({d.dim(1, 5), d.dim(1, 5)}), meshgrad::log); }},
@@ -339,6 +340,18 @@ std::vector<Spec> nonlinearity_specs() {
 }
 
 // ---- normalisation and probabilities ------------------------------------------------------------
+// Four row blocks of 1..2 rows each (a norm's weight gradient is then the tree of their column sums).
+std::vector<std::int64_t> draw_row_blocks(Draw& d) {
+  std::vector<std::int64_t> blocks;
+  for (int i = 0; i < 4; ++i) blocks.push_back(d.dim(1, 2));
+  return blocks;
+}
+std::int64_t row_count(const std::vector<std::int64_t>& blocks) {
+  std::int64_t rows = 0;
+  for (const std::int64_t b : blocks) rows += b;
+  return rows;
+}
+
 std::vector<Spec> normalisation_specs() {
   return {
     {"softmax.2d", "softmax", [](Draw& d) { return unary(d.normal({d.dim(1, 5), d.dim(2, 5)}), softmax); }},
@@ -359,16 +372,26 @@ std::vector<Spec> normalisation_specs() {
        return unary(d.normal({d.dim(1, 2), d.dim(1, 4), d.dim(2, 5)}),
                     [](const Tensor& x) { return layer_norm(x, Tensor(), Tensor(), 1e-5); });
      }},
+    {"rms_norm.affine", "rms_norm",
+     [](Draw& d) {
+       auto n = d.dim(1, 4), c = d.dim(2, 5);
+       return Built{{d.normal({n, c}), d.normal({c})}, {"x", "weight"},
+                    [](const TensorList& in) { return rms_norm(in[0], in[1], 1e-6); }};
+     }},
+    {"rms_norm.row_blocks", "rms_norm",
+     [](Draw& d) {
+       const std::vector<std::int64_t> blocks = draw_row_blocks(d);
+       auto c = d.dim(2, 4);
+       return Built{{d.normal({row_count(blocks), c}), d.normal({c})}, {"x", "weight"},
+                    [blocks](const TensorList& in) { return rms_norm(in[0], in[1], 1e-6, blocks); }};
+     }},
     // Four row blocks (sizes 1..2 each): the weight and bias gradients are the tree of the blocks'
     // column sums.
     {"layer_norm.row_blocks", "layer_norm",
      [](Draw& d) {
-       std::vector<std::int64_t> blocks;
-       for (int i = 0; i < 4; ++i) blocks.push_back(d.dim(1, 2));
-       std::int64_t rows = 0;
-       for (std::int64_t b : blocks) rows += b;
+       const std::vector<std::int64_t> blocks = draw_row_blocks(d);
        auto c = d.dim(2, 4);
-       return Built{{d.normal({rows, c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
+       return Built{{d.normal({row_count(blocks), c}), d.normal({c}), d.normal({c})}, {"x", "weight", "bias"},
                     [blocks](const TensorList& in) { return layer_norm(in[0], in[1], in[2], 1e-5, blocks); }};
      }},
   };

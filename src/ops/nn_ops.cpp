@@ -49,6 +49,17 @@ class GeluFn final : public Function {
   TensorList backward(const TensorList& g) override { return {kernels::gelu_backward(g[0], saved()[0])}; }
 };
 
+// silu (x sigmoid(x), SwiGLU's gate): dx = dy * silu'(x). Saves x.
+class SiluFn final : public Function {
+ public:
+  std::string_view name() const override { return "silu"; }
+  TensorList forward(const TensorList& x) override {
+    save_for_backward({x[0]});
+    return {kernels::unary(Unary::Silu, x[0])};
+  }
+  TensorList backward(const TensorList& g) override { return {kernels::silu_backward(g[0], saved()[0])}; }
+};
+
 // tanh: dx = dy * (1 - y^2). Saves the output y.
 class TanhFn final : public Function {
  public:
@@ -121,20 +132,23 @@ class LogSoftmaxFn final : public Function {
 // Backward, with g = dy * weight (or dy) per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat))
 //   dweight = sum over rows of dy * xhat,   dbias = sum over rows of dy.
+// center = false is RMSNorm (rms_norm): mean = 0, and the mean(g) term of dx drops out.
 class LayerNormFn final : public Function {
  public:
-  LayerNormFn(double eps, std::vector<std::int64_t> row_blocks) : eps_(eps), row_blocks_(std::move(row_blocks)) {}
-  std::string_view name() const override { return "layer_norm"; }
+  LayerNormFn(double eps, std::vector<std::int64_t> row_blocks, bool center = true)
+      : eps_(eps), row_blocks_(std::move(row_blocks)), center_(center) {}
+  std::string_view name() const override { return center_ ? "layer_norm" : "rms_norm"; }
 
   TensorList forward(const TensorList& in) override {
     const Tensor& x = in[0];
-    check_floating(x, "layer_norm");
-    MG_CHECK(x.dim() >= 1, "layer_norm: input must have at least 1 dim, got {}", x.str());
-    MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "layer_norm: eps must be finite and >= 0, got {}", eps_);
+    const std::string op(name());
+    check_floating(x, op.c_str());
+    MG_CHECK(x.dim() >= 1, "{}: input must have at least 1 dim, got {}", op, x.str());
+    MG_CHECK(std::isfinite(eps_) && eps_ >= 0, "{}: eps must be finite and >= 0, got {}", op, eps_);
     const Tensor weight = checked_affine(in[1], x, "weight");
     const Tensor bias = checked_affine(in[2], x, "bias");
     const Tensor xp = x.contiguous();
-    kernels::LayerNormForward f = kernels::layer_norm_forward(xp, weight, bias, eps_);
+    kernels::LayerNormForward f = kernels::layer_norm_forward(xp, weight, bias, eps_, center_);
     has_bias_ = bias.defined();
     save_for_backward({xp, weight, f.mean, f.rstd});
     return {f.y};
@@ -147,7 +161,8 @@ class LayerNormFn final : public Function {
     const std::vector<std::int64_t> blocks = row_blocks_.size() > 1 ? row_blocks_ : std::vector<std::int64_t>{};
     kernels::LayerNormGrads grads =
         kernels::layer_norm_backward(g[0], s[0], weight, s[2], s[3], needs_input_grad(0),
-                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2), blocks);
+                                     weight.defined() && needs_input_grad(1), has_bias_ && needs_input_grad(2), blocks,
+                                     center_);
     return {grads.dx, tree_over_rows(grads.dweight), tree_over_rows(grads.dbias)};
   }
 
@@ -171,6 +186,7 @@ class LayerNormFn final : public Function {
 
   double eps_;
   std::vector<std::int64_t> row_blocks_;   // empty or one entry: a single block
+  bool center_;
   bool has_bias_ = false;
 };
 
@@ -357,6 +373,7 @@ class CausalAttentionFn final : public Function {
 
 Tensor relu(const Tensor& a) { return autograd::apply<ReluFn>({a})[0]; }
 Tensor gelu(const Tensor& a) { return autograd::apply<GeluFn>({a})[0]; }
+Tensor silu(const Tensor& a) { return autograd::apply<SiluFn>({a})[0]; }
 Tensor tanh(const Tensor& a) { return autograd::apply<TanhFn>({a})[0]; }
 Tensor exp(const Tensor& a) { return autograd::apply<ExpFn>({a})[0]; }
 Tensor log(const Tensor& a) { return autograd::apply<LogFn>({a})[0]; }
@@ -367,6 +384,10 @@ Tensor log_softmax(const Tensor& x) { return autograd::apply<LogSoftmaxFn>({x})[
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
                   const std::vector<std::int64_t>& row_blocks) {
   return autograd::apply<LayerNormFn>({x, weight, bias}, eps, row_blocks)[0];
+}
+
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const std::vector<std::int64_t>& row_blocks) {
+  return autograd::apply<LayerNormFn>({x, weight, Tensor()}, eps, row_blocks, /*center=*/false)[0];
 }
 
 Tensor embedding(const Tensor& weight, const Tensor& indices) {

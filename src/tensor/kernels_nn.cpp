@@ -157,6 +157,7 @@ const char* unary_name(Unary op) {
     case Unary::Sqrt: return "sqrt";
     case Unary::Relu: return "relu";
     case Unary::Gelu: return "gelu";
+    case Unary::Silu: return "silu";
   }
   return "unary";
 }
@@ -179,6 +180,7 @@ Tensor unary(Unary op, const Tensor& a) {
       case Unary::Sqrt: return map_unary<T>(a, [](T x) { return std::sqrt(x); });
       case Unary::Relu: return map_unary<T>(a, [](T x) { return x < T(0) ? T(0) : x; });
       case Unary::Gelu: return map_unary<T>(a, [](T x) { return gelu_value(x); });
+      case Unary::Silu: return map_unary<T>(a, [](T x) { return x / (T(1) + std::exp(-x)); });
     }
     throw InvalidArgument(fmt::format("unary: unknown op {}", static_cast<int>(op)));
   });
@@ -196,6 +198,17 @@ Tensor gelu_backward(const Tensor& grad, const Tensor& x) {
   check_backward_pair(grad, x, "gelu_backward", "input");
   return dispatch_floating(x.dtype(), "gelu_backward", [&]<class T>() {
     return map_binary<T>(grad, x, [](T g, T v) { return g * gelu_derivative(v); });
+  });
+}
+
+// silu(x) = x sigmoid(x): d / dx = s (1 + x (1 - s)), s = sigmoid(x).
+Tensor silu_backward(const Tensor& grad, const Tensor& x) {
+  check_backward_pair(grad, x, "silu_backward", "input");
+  return dispatch_floating(x.dtype(), "silu_backward", [&]<class T>() {
+    return map_binary<T>(grad, x, [](T g, T v) {
+      const T s = T(1) / (T(1) + std::exp(-v));
+      return g * (s * (T(1) + v * (T(1) - s)));
+    });
   });
 }
 
@@ -339,7 +352,8 @@ void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double sc
 
 // float32 rows: lane sums and float arithmetic per element (vectorised); float64 rows: double sums
 // in index order. The weight / bias cases are separate loops so no per-element branch remains.
-LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps) {
+LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, const Tensor& bias, double eps,
+                                    bool center) {
   Rows r = as_rows(x_in, "layer_norm");
   LayerNormForward f{Tensor::empty(x_in.shape(), x_in.dtype()), Tensor::empty({r.rows}, DType::Float64),
                      Tensor::empty({r.rows}, DType::Float64)};
@@ -352,7 +366,8 @@ LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, co
     for (std::int64_t i = 0; i < r.rows; ++i) {
       const T* row = r.packed.data<T>() + i * cols;
       T* out = f.y.data<T>() + i * cols;
-      const double mu = detail::row_sum<T>(cols, [&](std::int64_t j) { return row[j]; }) / static_cast<double>(cols);
+      const double mu =
+          center ? detail::row_sum<T>(cols, [&](std::int64_t j) { return row[j]; }) / static_cast<double>(cols) : 0.0;
       const T mu_t = static_cast<T>(mu);
       const double squares = detail::row_sum<T>(cols, [&](std::int64_t j) {
         const T d = row[j] - mu_t;
@@ -378,7 +393,7 @@ LayerNormForward layer_norm_forward(const Tensor& x_in, const Tensor& weight, co
 
 LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, bool want_dx, bool want_dw, bool want_db,
-                                   const std::vector<std::int64_t>& row_blocks) {
+                                   const std::vector<std::int64_t>& row_blocks, bool center) {
   check_backward_pair(dy_in, x, "layer_norm backward", "input");
   Rows r = as_rows(x, "layer_norm backward");
   const Tensor dy = dy_in.contiguous();
@@ -427,7 +442,8 @@ LayerNormGrads layer_norm_backward(const Tensor& dy_in, const Tensor& x, const T
       const T* xh = xhat.data();
       const T* gg = gw.data();
       const double inv_cols = 1.0 / static_cast<double>(cols);
-      const T mean_g = static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return gg[j]; }) * inv_cols);
+      const T mean_g =
+          center ? static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return gg[j]; }) * inv_cols) : T(0);
       const T mean_gx =
           static_cast<T>(detail::row_sum<T>(cols, [&](std::int64_t j) { return gg[j] * xh[j]; }) * inv_cols);
       T* out = g.dx.data<T>() + i * cols;

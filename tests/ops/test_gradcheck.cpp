@@ -51,7 +51,7 @@ TEST(GradcheckSuiteTable, CoversEveryOpOfOpsHpp) {
   const std::vector<std::string> ops = gradcheck_op_names();
   for (const char* op : {"add", "sub", "mul", "div", "neg", "scale", "add_scalar", "matmul", "linear", "sum", "mean",
                          "reshape", "transpose", "permute", "narrow", "expand", "contiguous", "cat", "split", "chunk",
-                         "relu", "gelu", "tanh", "exp", "log", "softmax", "log_softmax", "layer_norm", "embedding",
+                         "relu", "gelu", "silu", "tanh", "exp", "log", "softmax", "log_softmax", "layer_norm", "rms_norm", "embedding",
                          "cross_entropy", "dropout", "causal_attention", "linear_over_input_blocks", "add_bias",
                          "sum_over_blocks"}) {
     EXPECT_NE(std::find(ops.begin(), ops.end(), op), ops.end()) << "no gradcheck case for op " << op;

@@ -105,6 +105,21 @@ class LayerNorm {
   ParallelContextPtr ctx_;
 };
 
+// RMSNorm (Llama): x * rsqrt(mean(x^2) + eps) * weight over the last dim, the weight replicated
+// and its gradient summed as LayerNorm's.
+class RmsNorm {
+ public:
+  RmsNorm(const std::string& name, std::int64_t features, double eps, ParallelContextPtr ctx, DType dtype);
+  // As LayerNorm::forward.
+  Tensor forward(const Tensor& x, std::int64_t seq = -1) const;
+  Parameter weight;
+
+ private:
+  std::string name_;
+  double eps_;
+  ParallelContextPtr ctx_;
+};
+
 // Embedding whose table [V, C] is split over tp by vocabulary rows. forward returns this rank's
 // partial sum (rows it does not hold contribute zero); the caller reduces it over tp.
 class VocabParallelEmbedding {

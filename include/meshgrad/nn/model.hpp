@@ -26,10 +26,27 @@ struct ModelConfig {
   int positions = 0;          // n_positions; 0 = seq
   int seq = 32;               // T of a batch
   int batch = 4;              // B of a batch
-  double layer_norm_epsilon = 1e-5;
+  double layer_norm_epsilon = 1e-5;   // layer_norm_epsilon; the Llama family's rms_norm_eps
   double dropout = 0.0;       // embd/resid dropout probability (training only)
   DType dtype = DType::Float32;
+  // The Llama family (kind "llama": Llama 2/3, TinyLlama, SmolLM, Qwen2, Mistral), exactly Hugging
+  // Face's semantics; ffn is intermediate_size there, positions max_position_embeddings.
+  int kv_heads = 0;                 // num_key_value_heads (grouped-query attention); 0 = heads
+  int head_dim = 0;                 // head_dim; 0 = hidden / heads
+  double rope_theta = 10000.0;      // rope_theta
+  // rope_scaling: "" (none), "linear" (positions / rope_factor) or "llama3" (Llama 3.1's smoothed
+  // frequency bands: rope_factor, low/high_freq_factor, original_max_position_embeddings).
+  std::string rope_scaling;
+  double rope_factor = 1.0;
+  double rope_low_freq_factor = 1.0;
+  double rope_high_freq_factor = 4.0;
+  int rope_original_positions = 8192;
+  bool tie_word_embeddings = false; // tie_word_embeddings: lm_head is embed_tokens^T
+  bool attention_bias = false;      // q, k, v projections with biases (Qwen2)
+  int sliding_window = 0;           // Mistral's sliding_window; 0 = none
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
+  int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
+  int head_size() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
   int n_positions() const { return positions > 0 ? positions : seq; }
 
   // A GPT of these sizes, every other field at its default: how code that does not parse a file

@@ -57,6 +57,7 @@ TensorList chunk(const Tensor& a, std::int64_t dim, int parts);
 Tensor relu(const Tensor& a);
 // GELU, tanh approximation as GPT-2: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))).
 Tensor gelu(const Tensor& a);
+Tensor silu(const Tensor& a);   // x * sigmoid(x) (SwiGLU: silu(gate) * up)
 Tensor tanh(const Tensor& a);
 Tensor exp(const Tensor& a);
 Tensor log(const Tensor& a);
@@ -70,6 +71,11 @@ Tensor log_softmax(const Tensor& x);
 // at every tp that holds whole subtrees of the blocks. Empty or one block: one column sum.
 Tensor layer_norm(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps = 1e-5,
                   const std::vector<std::int64_t>& row_blocks = {});
+
+// RMSNorm (Llama, Hugging Face's LlamaRMSNorm): x * rsqrt(mean(x^2) + eps) * weight over the last
+// dim; weight [C] or undefined; row_blocks as layer_norm's.
+Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
+                const std::vector<std::int64_t>& row_blocks = {});
 
 // ---- embedding and loss -------------------------------------------------------------------------
 // weight: [V, C], indices: int64 [...] -> [..., C].

@@ -22,12 +22,13 @@ void axpy_(Tensor& a, double alpha, const Tensor& b);
 // a * s
 Tensor scale(const Tensor& a, double s);
 
-enum class Unary { Neg, Exp, Log, Tanh, Sqrt, Relu, Gelu };
+enum class Unary { Neg, Exp, Log, Tanh, Sqrt, Relu, Gelu, Silu };
 Tensor unary(Unary op, const Tensor& a);
 // Gradients of pointwise nonlinearities: grad * f'(x).
 Tensor relu_backward(const Tensor& grad, const Tensor& x);
 Tensor gelu_backward(const Tensor& grad, const Tensor& x);   // tanh approximation (GPT-2)
 Tensor tanh_backward(const Tensor& grad, const Tensor& y);   // y = tanh(x)
+Tensor silu_backward(const Tensor& grad, const Tensor& x);   // silu(x) = x sigmoid(x) (SwiGLU)
 
 // Sum over dims (empty = all dims). keepdim keeps reduced dims as size 1. Accumulates in the
 // tensor's dtype, in row-major order (deterministic).
@@ -83,10 +84,13 @@ void exp_shifted_scaled(const double* x, std::int64_t n, double shift, double sc
 struct LayerNormForward {
   Tensor y, mean, rstd;
 };
-LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps);
+// center = false: RMSNorm (Llama's): no mean is taken out (mean = 0), rstd = 1 / sqrt(mean(x^2) + eps).
+LayerNormForward layer_norm_forward(const Tensor& x, const Tensor& weight, const Tensor& bias, double eps,
+                                    bool center = true);
 // With g = dy * weight (or dy) and xhat = (x - mean) * rstd per row:
 //   dx = rstd * (g - mean(g) - xhat * mean(g * xhat)),  dweight = sum_rows dy * xhat,
 //   dbias = sum_rows dy (column sums in row order, in double). Unwanted results are undefined.
+// center = false (RMSNorm): mean = 0 and the mean(g) term is dropped: dx = rstd * (g - xhat * mean(g * xhat)).
 // row_blocks (optional): the rows cut into consecutive blocks of these sizes (summing to the row
 // count); dweight and dbias are then [blocks, C], one column sum per block (each in row order, in
 // double), for a caller that adds the blocks in its own fixed tree (TP-invariant mode).
@@ -95,7 +99,7 @@ struct LayerNormGrads {
 };
 LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tensor& weight, const Tensor& mean,
                                    const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias,
-                                   const std::vector<std::int64_t>& row_blocks = {});
+                                   const std::vector<std::int64_t>& row_blocks = {}, bool center = true);
 
 // Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
 // [T, T] matrix is kept, tiles above the diagonal are skipped.
