@@ -10,13 +10,12 @@
 #include <cstring>
 #include <limits>
 
+#include "config_keys.hpp"
 #include "meshgrad/io/json_input.hpp"
 
 namespace meshgrad::interop {
 
-namespace {
-
-using json = nlohmann::json;
+namespace detail {
 
 // The whole file, refusing what is not a regular file of at most max_bytes (a directory, a device
 // such as /dev/zero) with a message naming it.
@@ -46,7 +45,7 @@ std::string read_config_file(const std::string& path) {
 }
 
 // A key of the config as a positive int no larger than `max`.
-int int_key(const json& j, const std::string& path, const char* key, std::int64_t max = std::numeric_limits<int>::max()) {
+int int_key(const json& j, const std::string& path, const char* key, std::int64_t max) {
   MG_CHECK(j.contains(key), "config '{}': missing key \"{}\"", path, key);
   const json& v = j.at(key);
   MG_CHECK(v.is_number_integer(), "config '{}': key \"{}\" must be an integer but is {}", path, key, io::json_excerpt(v));
@@ -75,11 +74,7 @@ void require_bool_key(const json& j, const std::string& path, const char* key, b
   MG_CHECK(v.get<bool>() == expected, "config '{}': \"{}\": {} is not supported: {}", path, key, v.dump(), why);
 }
 
-}  // namespace
-
-nn::ModelConfig read_gpt2_config(const std::string& path) { return parse_gpt2_config(read_config_file(path), path); }
-
-nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& path) {
+nlohmann::json parse_config_object(const std::string& text, const std::string& path) {
   MG_CHECK(text.size() <= kMaxConfigBytes, "config '{}' has {} bytes, more than the {} a config.json may have", path,
            text.size(), kMaxConfigBytes);
   json j;
@@ -91,6 +86,17 @@ nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& pa
     throw InvalidArgument(fmt::format("config '{}' is not valid JSON{}: {}", path, at, e.what()));
   }
   MG_CHECK(j.is_object(), "config '{}': expected a JSON object, got {}", path, io::json_excerpt(j));
+  return j;
+}
+
+}  // namespace detail
+
+using namespace detail;
+
+nn::ModelConfig read_gpt2_config(const std::string& path) { return parse_gpt2_config(read_config_file(path), path); }
+
+nn::ModelConfig parse_gpt2_config(const std::string& text, const std::string& path) {
+  const json j = parse_config_object(text, path);
   nn::ModelConfig c;
   c.kind = "gpt";
   c.layers = int_key(j, path, "n_layer");

@@ -44,6 +44,7 @@ struct ModelConfig {
   bool tie_word_embeddings = false; // tie_word_embeddings: lm_head is embed_tokens^T
   bool attention_bias = false;      // q, k, v projections with biases (Qwen2)
   int sliding_window = 0;           // Mistral's sliding_window; 0 = none
+  std::string model_type = "llama"; // config.json's model_type: "llama", "qwen2" or "mistral" (export)
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_size() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }

@@ -1,0 +1,121 @@
+// config.json by model_type (contract in include/meshgrad/interop/hf_config.hpp).
+#include "meshgrad/interop/hf_config.hpp"
+
+#include "config_keys.hpp"
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/io/json_input.hpp"
+
+namespace meshgrad::interop {
+
+namespace {
+
+using namespace detail;
+
+// An optional number, `fallback` when absent or null.
+double number_or(const json& j, const std::string& path, const char* key, double fallback) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  return number_key(j, path, key);
+}
+
+int int_or(const json& j, const std::string& path, const char* key, int fallback) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  return int_key(j, path, key);
+}
+
+bool bool_or(const json& j, const std::string& path, const char* key, bool fallback) {
+  if (!j.contains(key) || j.at(key).is_null()) return fallback;
+  const json& v = j.at(key);
+  MG_CHECK(v.is_boolean(), "config '{}': key \"{}\" must be true or false but is {}", path, key, io::json_excerpt(v));
+  return v.get<bool>();
+}
+
+// rope_scaling: null / absent, or {"rope_type" (or the older "type"): "default" | "linear" | "llama3", ...}.
+void read_rope_scaling(const json& j, const std::string& path, nn::ModelConfig& c) {
+  if (!j.contains("rope_scaling") || j.at("rope_scaling").is_null()) return;
+  const json& s = j.at("rope_scaling");
+  MG_CHECK(s.is_object(), "config '{}': key \"rope_scaling\" must be null or an object but is {}", path,
+           io::json_excerpt(s));
+  const char* type_key = s.contains("rope_type") ? "rope_type" : "type";
+  MG_CHECK(s.contains(type_key) && s.at(type_key).is_string(), "config '{}': \"rope_scaling\" needs a string "
+           "\"rope_type\" (or \"type\"), got {}", path, io::json_excerpt(s));
+  const std::string type = s.at(type_key).get<std::string>();
+  const std::string key = std::string("rope_scaling.") + type_key;
+  MG_CHECK(type == "default" || type == "linear" || type == "llama3", "config '{}': \"{}\": \"{}\" is not "
+           "supported (meshgrad implements \"default\", \"linear\" and \"llama3\")", path, key, type);
+  if (type == "default") return;
+  c.rope_scaling = type;
+  const std::string where = path + "' key 'rope_scaling";
+  c.rope_factor = number_key(s, where, "factor");
+  MG_CHECK(c.rope_factor > 0, "config '{}': rope_scaling.factor must be > 0, got {}", path, c.rope_factor);
+  if (type == "llama3") {
+    c.rope_low_freq_factor = number_key(s, where, "low_freq_factor");
+    c.rope_high_freq_factor = number_key(s, where, "high_freq_factor");
+    c.rope_original_positions = int_key(s, where, "original_max_position_embeddings");
+    MG_CHECK(c.rope_high_freq_factor > c.rope_low_freq_factor && c.rope_low_freq_factor > 0, "config '{}': "
+             "rope_scaling needs 0 < low_freq_factor < high_freq_factor, got {} and {}", path, c.rope_low_freq_factor,
+             c.rope_high_freq_factor);
+  }
+}
+
+nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const std::string& model_type) {
+  nn::ModelConfig c;
+  c.kind = "llama";
+  c.model_type = model_type;
+  c.layers = int_key(j, path, "num_hidden_layers");
+  c.hidden = int_key(j, path, "hidden_size");
+  c.ffn = int_key(j, path, "intermediate_size");
+  c.heads = int_key(j, path, "num_attention_heads");
+  c.kv_heads = int_or(j, path, "num_key_value_heads", c.heads);
+  c.vocab = int_key(j, path, "vocab_size");
+  c.positions = int_key(j, path, "max_position_embeddings");
+  c.layer_norm_epsilon = number_or(j, path, "rms_norm_eps", 1e-6);
+  MG_CHECK(c.layer_norm_epsilon > 0, "config '{}': rms_norm_eps must be > 0, got {}", path, c.layer_norm_epsilon);
+  c.rope_theta = number_or(j, path, "rope_theta", 10000.0);
+  MG_CHECK(c.rope_theta > 1, "config '{}': rope_theta must be > 1, got {}", path, c.rope_theta);
+  MG_CHECK(c.heads % c.kv_heads == 0, "config '{}': num_attention_heads = {} is not a multiple of "
+           "num_key_value_heads = {}", path, c.heads, c.kv_heads);
+  if (j.contains("head_dim") && !j.at("head_dim").is_null()) {
+    c.head_dim = int_key(j, path, "head_dim");
+  } else {
+    MG_CHECK(c.hidden % c.heads == 0, "config '{}': hidden_size = {} is not divisible by num_attention_heads = {} "
+             "(and no head_dim is given)", path, c.hidden, c.heads);
+  }
+  read_rope_scaling(j, path, c);
+  c.tie_word_embeddings = bool_or(j, path, "tie_word_embeddings", false);
+  // Qwen2's q, k and v projections always have biases (its config has no key for it).
+  c.attention_bias = model_type == "qwen2" || bool_or(j, path, "attention_bias", false);
+  if (model_type == "mistral") c.sliding_window = int_or(j, path, "sliding_window", 0);
+  if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
+    c.sliding_window = int_or(j, path, "sliding_window", 0);
+  }
+  if (j.contains("hidden_act")) {
+    const json& v = j.at("hidden_act");
+    MG_CHECK(v.is_string() && v.get<std::string>() == "silu", "config '{}': \"hidden_act\": {} is not supported: the "
+             "Llama family's MLP is SwiGLU (\"silu\")", path, io::json_excerpt(v));
+  }
+  require_bool_key(j, path, "mlp_bias", false, "the Llama family's MLP projections have no biases in meshgrad");
+  MG_CHECK(int_or(j, path, "pretraining_tp", 1) == 1, "config '{}': \"pretraining_tp\": {} is not supported (it "
+           "splits the products into slices that change rounding; 1 is the model's definition)", path,
+           j.at("pretraining_tp").dump());
+  MG_CHECK(number_or(j, path, "attention_dropout", 0.0) == 0.0, "config '{}': \"attention_dropout\": {} is not "
+           "supported (meshgrad's Llama family has no dropout)", path, j.at("attention_dropout").dump());
+  c.dropout = 0.0;
+  return c;
+}
+
+}  // namespace
+
+nn::ModelConfig read_hf_config(const std::string& path) { return parse_hf_config(read_config_file(path), path); }
+
+nn::ModelConfig parse_hf_config(const std::string& text, const std::string& path) {
+  const json j = parse_config_object(text, path);
+  MG_CHECK(j.contains("model_type") && j.at("model_type").is_string(), "config '{}': missing string key "
+           "\"model_type\"", path);
+  const std::string type = j.at("model_type").get<std::string>();
+  if (type == "gpt2") return parse_gpt2_config(text, path);
+  if (type == "llama" || type == "qwen2" || type == "mistral") return parse_llama_config(j, path, type);
+  throw InvalidArgument(fmt::format("config '{}': \"model_type\": \"{}\" is not a model meshgrad builds (gpt2, llama, "
+                                    "qwen2, mistral)", path, type));
+}
+
+}  // namespace meshgrad::interop
