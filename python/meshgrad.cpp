@@ -356,12 +356,15 @@ py::list train_job(const py::kwargs& kwargs) {
   k.get("sync_checkpoints", o.checkpoint_sync);
   k.get_path("resume", o.resume);
   k.get("data_changed_ok", o.data_changed_ok);
-  k.get("tp_invariant", o.parallel.tp_invariant);
+  bool tp_invariant = false, mesh_invariant = false;   // the flags of o.parallel.invariance
+  k.get("tp_invariant", tp_invariant);
   k.get("invariant_blocks", o.parallel.invariant_blocks);
-  k.get("mesh_invariant", o.parallel.mesh_invariant);
+  k.get("mesh_invariant", mesh_invariant);
   k.get("batch_blocks", o.parallel.batch_blocks);
   k.get("blas_threads", o.blas_threads);
   k.finish();
+  if (tp_invariant) o.parallel.require(nn::Invariance::Tp);   // as the CLI: mesh_invariant=True wins
+  if (mesh_invariant) o.parallel.require(nn::Invariance::Mesh);
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
     if (item.second.is_none()) continue;   // a path left out

@@ -249,7 +249,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_flag("--shard-optimizer", o.parallel.shard_optimizer,
                            "Shard the gradients and AdamW moments over dp (ZeRO): reduce-scatter instead of "
                            "all-reduce, each rank steps its shard, parameters all-gathered once per step; needs dp > 1");
-              app.add_flag("--tp-invariant", o.parallel.tp_invariant,
+              add_tp_invariant_flag(app, o.parallel,
                            "Bitwise the same model at every tensor-parallel degree that keeps the fixed reduction "
                            "tree (docs/mesh-invariance.md); one BLAS thread per rank");
               app.add_option("--invariant-blocks", o.parallel.invariant_blocks,

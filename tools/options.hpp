@@ -59,10 +59,16 @@ inline CLI::Validator each_count(const char* example, unsigned long long min = 1
       fmt::format("INT>={},...", min));
 }
 
+// --tp-invariant: asks for nn::Invariance::Tp (a --mesh-invariant given too wins: it holds Tp's
+// tree). `--tp-invariant=false` asks for nothing.
+inline CLI::Option* add_tp_invariant_flag(CLI::App& app, nn::ParallelConfig& parallel, const std::string& help) {
+  return app.add_flag_callback("--tp-invariant", [&parallel] { parallel.require(nn::Invariance::Tp); }, help);
+}
+
 // --mesh-invariant and --batch-blocks, for the commands that train (train, check): the mode's
-// contract is nn::ParallelConfig::mesh_invariant's (docs/mesh-invariance.md).
+// contract is nn::ParallelConfig::invariance's (docs/mesh-invariance.md).
 inline void add_mesh_invariant_options(CLI::App& app, nn::ParallelConfig& parallel) {
-  app.add_flag("--mesh-invariant", parallel.mesh_invariant,
+  app.add_flag_callback("--mesh-invariant", [&parallel] { parallel.require(nn::Invariance::Mesh); },
                "Bitwise the same model on every mesh for the same global batch: --tp-invariant's tree over the "
                "features and the batch cut into --batch-blocks row blocks added in one fixed tree over "
                "micro-batches, dp, fsdp and pipeline stages (docs/mesh-invariance.md); one BLAS thread per rank");

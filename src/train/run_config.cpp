@@ -62,6 +62,22 @@ struct OptionField {
         [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.EXPR); }                   \
   }
 
+// The two flags of ParallelConfig::invariance, recorded as the command line gives them: "tp-invariant"
+// true for the tp mode, "mesh-invariant" true for the mesh mode (as records before the enum: a run
+// given --mesh-invariant alone records "tp-invariant": false). Read back, true asks for the mode (the
+// stronger one wins, in either order of the keys) and false drops only that mode, so a resume that
+// gives one flag and takes the other from the checkpoint ends where two independent flags did.
+OptionField invariance_field(const char* name, nn::Invariance mode) {
+  return {name, [mode](const TrainOptions& o, int) -> nlohmann::json { return o.parallel.invariance == mode; },
+          [mode](TrainOptions& o, const nlohmann::json& v) {
+            if (v.get<bool>()) {
+              o.parallel.require(mode);
+            } else if (o.parallel.invariance == mode) {
+              o.parallel.invariance = nn::Invariance::None;
+            }
+          }};
+}
+
 // The model's sizes (interop::model_config_fields: the one list of their keys, which is also what
 // export and sample read back from a checkpoint), then the rest of the run.
 const std::vector<OptionField>& option_fields() {
@@ -83,9 +99,9 @@ const std::vector<OptionField>& option_fields() {
         MG_FIELD("checkpoint-blocks", parallel.checkpoint_blocks),
         MG_FIELD("reshard-after-forward", parallel.reshard_after_forward),
         MG_FIELD("shard-optimizer", parallel.shard_optimizer),
-        MG_FIELD("tp-invariant", parallel.tp_invariant),
+        invariance_field("tp-invariant", nn::Invariance::Tp),
         MG_FIELD("invariant-blocks", parallel.invariant_blocks),
-        MG_FIELD("mesh-invariant", parallel.mesh_invariant),
+        invariance_field("mesh-invariant", nn::Invariance::Mesh),
         MG_FIELD("batch-blocks", parallel.batch_blocks),
         MG_FIELD("pp-layers", parallel.pp_layers),
         MG_TEXT_FIELD("pp-schedule", pp_schedule),
