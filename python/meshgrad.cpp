@@ -30,6 +30,8 @@
 #include <thread>
 #include <limits>
 #include <type_traits>
+#include <variant>
+#include <map>
 #include <memory>
 #include <optional>
 #include <set>
@@ -47,6 +49,7 @@
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/generate/sample.hpp"
 #include "meshgrad/launch/launch.hpp"
+#include "meshgrad/train/option_table.hpp"
 
 namespace py = pybind11;
 
@@ -291,77 +294,91 @@ void run_answering_signals(std::atomic<bool>& stop, const std::function<void()>&
   if (job_error) std::rethrow_exception(job_error);
 }
 
-py::list train_job(const py::kwargs& kwargs) {
+// The options train() starts from: a small model and a few steps (seconds), no progress bar; the
+// rest the library's defaults (train::TrainOptions), as the CLI's.
+train::TrainOptions python_defaults() {
   train::TrainOptions o;
-  std::string mesh = "tp=2", backend = "threads";
-  // Small defaults: a few seconds. The rest as the CLI's defaults (TrainOptions).
   o.model = small_gpt();
   o.model.vocab = 0;   // as the CLI: from the data (256 for bytes, a prepared directory's meta.json)
   o.steps = 5;
   o.progress = false;
-  std::string dtype = "float32";
-  Keywords k("train", kwargs);
-  k.get("mesh", mesh);
-  k.get("backend", backend);
-  k.get("steps", o.steps);
-  k.get_path("data", o.data_path);
-  k.get_path("val_data", o.val_data_path);
-  model_keywords(k, o.model);
-  k.get("ffn", o.model.ffn);
-  k.get("vocab", o.model.vocab);
-  k.get("positions", o.model.positions);
-  k.get("layer_norm_epsilon", o.model.layer_norm_epsilon);
-  k.get("lr", o.lr);
-  k.get("warmup", o.warmup_steps);
-  k.get("lr_schedule", o.lr_schedule);
-  k.get("min_lr", o.min_lr);
-  k.get("decay_steps", o.decay_steps);
-  k.get("decay_fraction", o.decay_fraction);
-  k.get("beta1", o.beta1);
-  k.get("beta2", o.beta2);
-  k.get("eps", o.eps);
-  k.get("weight_decay", o.weight_decay);
-  k.get("peak_gflops", o.peak_gflops);
-  k.get("seed", o.seed);
-  k.get_path("metrics", o.metrics_path);
-  k.get("sequence_parallel", o.parallel.sequence_parallel);
-  k.get("overlap", o.parallel.overlap);
-  k.get("checkpoint_blocks", o.parallel.checkpoint_blocks);
-  k.get("reshard_after_forward", o.parallel.reshard_after_forward);
-  k.get("shard_optimizer", o.parallel.shard_optimizer);
-  k.get("dtype", dtype);
-  k.get("dropout", o.model.dropout);
-  k.get_path("save", o.save_path);
-  k.get_path("init_from", o.init_from);
-  k.get_path("trace", o.trace_path);
-  k.get("progress", o.progress);
-  k.get("regather", o.parallel.recompute_allgather);
-  k.get("eval_every", o.eval_every);
-  k.get("eval_steps", o.eval_steps);
-  k.get("sample_every", o.sample_every);
-  k.get("sample_tokens", o.sample_tokens);
-  k.get("sample_prompt", o.sample_prompt);
-  k.get("grad_clip", o.grad_clip);
-  k.get("grad_accum", o.grad_accum);
-  if (kwargs.contains("micro_batches")) {
-    // The pipeline's name for grad_accum (as --micro-batches); both at once is ambiguous.
-    MG_CHECK(!kwargs.contains("grad_accum"), "train: give micro_batches or grad_accum, not both (they are one setting)");
-    k.get("micro_batches", o.grad_accum);
+  return o;
+}
+
+// train()'s keywords, one per entry of train::train_option_table() Python takes: read into `o` (the
+// SurfaceHeld ones into held[name]). The adapters' values are applied after k.finish(), in the
+// table's order, so an unknown keyword is refused before any of them runs.
+void train_keywords(Keywords& k, const py::kwargs& kwargs, train::TrainOptions& o,
+                    const std::map<std::string, std::string*>& held) {
+  std::vector<std::function<void()>> adapters;
+  for (const train::TrainOption& t : train::train_option_table()) {
+    if (!t.on(train::kPython)) continue;
+    const std::string key = t.python_keyword();
+    if (t.is_alias()) {
+      const std::string other = train::train_option(t.alias_of).python_keyword();
+      MG_CHECK(!(kwargs.contains(key) && kwargs.contains(other)), "train: give {} or {}, not both (they are one "
+               "setting)", key, other);
+    }
+    std::visit(
+        [&](const auto& field) {
+          using F = std::decay_t<decltype(field)>;
+          if constexpr (std::is_same_v<F, train::SurfaceHeld>) {
+            k.get(key.c_str(), *held.at(t.name));
+          } else if constexpr (std::is_same_v<F, train::FlagAdapter> || std::is_same_v<F, train::TextAdapter>) {
+            using V = std::conditional_t<std::is_same_v<F, train::FlagAdapter>, bool, std::string>;
+            V value{};
+            k.get(key.c_str(), value);
+            if (kwargs.contains(key.c_str())) adapters.push_back([&o, set = field.set, value] { set(o, value); });
+          } else if constexpr (std::is_same_v<F, train::OptionMember<std::string>>) {
+            if (t.kind == train::OptionKind::Path) k.get_path(key.c_str(), field(o));
+            else k.get(key.c_str(), field(o));
+          } else {
+            k.get(key.c_str(), field(o));
+          }
+        },
+        t.field);
   }
-  k.get("pp_layers", o.parallel.pp_layers);
-  k.get("pp_schedule", o.pp_schedule);
-  k.get_path("checkpoint_dir", o.checkpoint_dir);
-  k.get("save_every", o.save_every);
-  k.get("keep", o.keep);
-  k.get("sync_checkpoints", o.checkpoint_sync);
-  k.get_path("resume", o.resume);
-  k.get("data_changed_ok", o.data_changed_ok);
-  k.get("tp_invariant", o.parallel.tp_invariant);
-  k.get("invariant_blocks", o.parallel.invariant_blocks);
-  k.get("mesh_invariant", o.parallel.mesh_invariant);
-  k.get("batch_blocks", o.parallel.batch_blocks);
-  k.get("blas_threads", o.blas_threads);
   k.finish();
+  for (const auto& apply : adapters) apply();
+}
+
+// A JSON value as Python writes it: 3, 0.003, True, 'float32', [3, 3].
+std::string python_repr(const nlohmann::json& v) {
+  if (v.is_boolean()) return v.get<bool>() ? "True" : "False";
+  if (v.is_number_float()) return py::repr(py::float_(v.get<double>()));
+  if (v.is_number()) return v.dump();
+  if (v.is_string()) return py::repr(py::str(v.get<std::string>()));
+  std::string out;
+  for (const nlohmann::json& e : v) out += (out.empty() ? "" : ", ") + python_repr(e);
+  return "[" + out + "]";
+}
+
+// train()'s docstring: every keyword with its default (python_defaults()) and the table's help.
+std::string train_docstring() {
+  const train::TrainOptions o = python_defaults();
+  std::string doc =
+      "train(**keywords) -> list of per-step dicts, the metrics file's step lines (step, loss, tokens_per_s, "
+      "gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and val_loss on the steps that evaluated), as `meshgrad "
+      "train`. Under backend='mpi' (one rank per process, started by mpirun) the process of rank 0 gets the list, "
+      "the others [].\n\nKeywords: `meshgrad train`'s options with _ for - (help as there). A path left out (None) "
+      "is none; an empty str is an error.\n";
+  for (const train::TrainOption& t : train::train_option_table()) {
+    if (!t.on(train::kPython)) continue;
+    std::string value;
+    if (std::holds_alternative<train::SurfaceHeld>(t.field)) value = python_repr(t.surface_default);
+    else if (t.kind == train::OptionKind::Path && train::option_value(t, o).get<std::string>().empty()) value = "None";
+    else value = python_repr(train::option_value(t, o));
+    doc += fmt::format("  {}={}: {}\n", t.python_keyword(), value, t.help);
+  }
+  return doc;
+}
+
+py::list train_job(const py::kwargs& kwargs) {
+  train::TrainOptions o = python_defaults();
+  std::string mesh = train::train_option("mesh").surface_default;
+  std::string backend = train::train_option("backend").surface_default;
+  Keywords k("train", kwargs);
+  train_keywords(k, kwargs, o, {{"mesh", &mesh}, {"backend", &backend}});
   // As the CLI: the keywords given override a resumed checkpoint's configuration (by option name).
   for (const auto& item : kwargs) {
     if (item.second.is_none()) continue;   // a path left out
@@ -372,7 +389,6 @@ py::list train_job(const py::kwargs& kwargs) {
   if (!o.resume.empty() && !kwargs.contains("mesh")) {
     mesh = checkpoint::read_manifest(checkpoint::resolve_checkpoint(o.resume)).state.value("mesh", mesh);
   }
-  o.model.dtype = parse_dtype(dtype);
   // As the CLI: with init_from, the sizes not given come from its config.json (0 = the file's).
   if (!o.init_from.empty()) {
     for (auto [key, field] : {std::pair{"layers", &o.model.layers}, std::pair{"hidden", &o.model.hidden},
@@ -396,6 +412,23 @@ py::list train_job(const py::kwargs& kwargs) {
       if (value.is_number_integer()) d[py::str(key)] = value.get<std::int64_t>();
       else d[py::str(key)] = value.get<double>();
     }
+    out.append(d);
+  }
+  return out;
+}
+
+// The option table as train_options() returns it (what the tests hold train() and its docstring to).
+py::list train_options_list() {
+  static constexpr const char* kKinds[] = {"int", "seed", "float", "flag", "text", "path", "list of int"};
+  py::list out;
+  for (const train::TrainOption& t : train::train_option_table()) {
+    py::dict d;
+    d["name"] = t.name;
+    d["keyword"] = t.on(train::kPython) ? py::object(py::str(t.python_keyword())) : py::object(py::none());
+    d["kind"] = kKinds[static_cast<int>(t.kind)];
+    d["help"] = t.help;
+    d["recorded"] = t.recorded != train::Recorded::No;
+    d["alias_of"] = t.is_alias() ? py::object(py::str(t.alias_of)) : py::object(py::none());
     out.append(d);
   }
   return out;
@@ -569,22 +602,12 @@ PYBIND11_MODULE(meshgrad, m) {
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
 
-  m.def("train", &train_job,
-        "train(mesh='tp=2' (also 'fsdp=2,tp=2', 'dp=2,fsdp=2', 'pp=2,tp=2'), steps=5, layers=1, hidden=32, heads=4, seq=16, batch=4, ffn=0 (4 x hidden), vocab=0 (the data's), "
-        "positions=0 (seq), layer_norm_epsilon=1e-5, backend='threads', data=None, val_data=None, "
-        "lr=3e-3, warmup=10, lr_schedule='cosine', min_lr=-1 (lr / 10), decay_steps=-1 (to the last step), "
-        "decay_fraction=0.2, beta1=0.9, beta2=0.95, eps=1e-8, weight_decay=0.1, peak_gflops=0 (measured), seed=1234, metrics=None, sequence_parallel=False, overlap=False, "
-        "checkpoint_blocks=False, dtype='float32', dropout=0.0, save=None, init_from=None, progress=False, "
-        "regather=False, eval_every=0, eval_steps=20, sample_every=0, sample_tokens=64, sample_prompt='\\n', grad_clip=0, grad_accum=1, checkpoint_dir=None, save_every=0, "
-        "keep=0, sync_checkpoints=False, resume=None, data_changed_ok=False, trace=None, tp_invariant=False, "
-        "invariant_blocks=4, mesh_invariant=False, batch_blocks=4, reshard_after_forward=True, shard_optimizer=False, micro_batches=1 (= grad_accum), "
-        "pp_layers=None (list of blocks per stage), pp_schedule='1f1b', blas_threads=0 (OpenBLAS threads per rank; 0: "
-        "max(1, cores / ranks on the node); runs meant to be bitwise alike on meshes of different sizes, e.g. pp=2 "
-        "against grad_accum on one rank, need the same count: give both blas_threads=1)) -> list of per-step "
-        "dicts, the metrics file's step lines (step, loss, tokens_per_s, gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and "
-        "val_loss on the steps that evaluated), as `meshgrad train`; keywords are its options with _ for -. A path left out (None) is none; "
-        "an empty str is an error. Under backend='mpi' "
-        "(one rank per process, started by mpirun) the process of rank 0 gets the list, the others [].");
+  static const std::string train_doc = train_docstring();
+  m.def("train", &train_job, train_doc.c_str());
+  m.def("train_options", &train_options_list,
+        "train_options() -> list of dicts, one per option of train() and `meshgrad train` (the table both are made "
+        "from): name (the command line's), keyword (train()'s, None for an option of the command line only), kind, "
+        "help, recorded (kept in a checkpoint's run record), alias_of (the option it is another name of, or None)");
   m.def("grads", &grads_job,
         "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "
         "sequence_parallel=False, backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "

@@ -93,8 +93,9 @@ int run_bench_invariant(const BenchInvariantOptions& o) {
     for (int r = 0; r < o.repeats; ++r) {
       for (const bool inv : {false, true}) {
         train::TrainOptions run = t;
-        run.parallel.tp_invariant = inv && o.mode == "tp";
-        run.parallel.mesh_invariant = inv && o.mode == "mesh";
+        run.parallel.invariance = !inv              ? nn::Invariance::None
+                                  : o.mode == "mesh" ? nn::Invariance::Mesh
+                                                     : nn::Invariance::Tp;   // --mode is tp or mesh
         run.parallel.invariant_blocks = blocks;
         run.parallel.batch_blocks = o.batch_blocks;
         run.grad_accum = inv ? 1 : normal_micro_batches(o, mesh);

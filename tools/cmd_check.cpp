@@ -80,10 +80,10 @@ int run_check(CheckArgs& a) {
   if (!o.checkpoint.empty()) fmt::print("both models start from checkpoint {}\n", o.checkpoint);
   if (o.mesh_seed != 0) fmt::print("injected: the mesh model starts from seed {}\n", o.mesh_seed);
   if (!a.fault.empty()) fmt::print("injected fault: {} (changed {} reductions on this process's ranks)\n", a.fault, fired.load());
-  if (o.parallel.mesh_invariant) {
+  if (o.parallel.mesh_invariant()) {
     fmt::print("mesh-invariant mode: {} row blocks of the batch, {} blocks per split dimension\n",
                o.parallel.batch_blocks, o.parallel.invariant_blocks);
-  } else if (o.parallel.tp_invariant) {
+  } else if (o.parallel.tp_invariant()) {
     fmt::print("tp-invariant mode, {} blocks per split dimension\n", o.parallel.invariant_blocks);
   }
   print_parameters(report);
@@ -112,8 +112,8 @@ int run_check(CheckArgs& a) {
     fmt::print("\nFAIL: the injected fault {} never fired: no backward reduction ran on axis '{}'\n", a.fault, fault.axis);
     return 1;
   }
-  if (o.parallel.tp_invariant || o.parallel.mesh_invariant) {
-    const char* mode = o.parallel.mesh_invariant ? "mesh-invariant" : "tp-invariant";
+  if (o.parallel.tp_invariant()) {
+    const char* mode = nn::invariance_option(o.parallel.invariance);
     // Both sides run the tree: anything but zero difference is a failure, however small.
     bool bitwise = report.max_loss_difference == 0;
     for (const auto& p : report.parameters) {
@@ -166,7 +166,7 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--pp-layers", o.parallel.pp_layers, "with pp=P: blocks per stage, e.g. 1,1")
       ->delimiter(',')
       ->check(each_count("1,1"));
-  app.add_flag("--tp-invariant", o.parallel.tp_invariant,
+  add_tp_invariant_flag(app, o.parallel,
                "TP-invariant mode on both sides: the mesh must match the single rank bit for bit (docs/mesh-invariance.md)");
   app.add_option("--invariant-blocks", o.parallel.invariant_blocks, "with --tp-invariant: fixed blocks per split "
                  "dimension (a power of two)")->capture_default_str();
@@ -181,11 +181,11 @@ CommandSetup setup = [](CLI::App& app) {
                  "changes every backward reduction on the mesh axis; the check must fail");
   return [a, sub = &app] {
     // As train's notes (docs/training.md): a mode's setting given without its mode changes nothing.
-    if (sub->count("--batch-blocks") > 0 && !a->options.parallel.mesh_invariant) {
+    if (sub->count("--batch-blocks") > 0 && !a->options.parallel.mesh_invariant()) {
       fmt::print(stderr, "meshgrad check: note: --batch-blocks {} changes nothing without --mesh-invariant\n",
                  a->options.parallel.batch_blocks);
     }
-    if (sub->count("--invariant-blocks") > 0 && !a->options.parallel.tp_invariant && !a->options.parallel.mesh_invariant) {
+    if (sub->count("--invariant-blocks") > 0 && !a->options.parallel.tp_invariant()) {
       fmt::print(stderr, "meshgrad check: note: --invariant-blocks {} changes nothing without --tp-invariant or "
                  "--mesh-invariant\n", a->options.parallel.invariant_blocks);
     }

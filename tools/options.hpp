@@ -12,6 +12,7 @@
 #include <string>
 
 #include "meshgrad/nn/model.hpp"
+#include "meshgrad/train/option_table.hpp"
 
 namespace meshgrad::tools {
 
@@ -59,16 +60,19 @@ inline CLI::Validator each_count(const char* example, unsigned long long min = 1
       fmt::format("INT>={},...", min));
 }
 
-// --mesh-invariant and --batch-blocks, for the commands that train (train, check): the mode's
-// contract is nn::ParallelConfig::mesh_invariant's (docs/mesh-invariance.md).
+// --tp-invariant: asks for nn::Invariance::Tp (a --mesh-invariant given too wins: it holds Tp's
+// tree). `--tp-invariant=false` asks for nothing.
+inline CLI::Option* add_tp_invariant_flag(CLI::App& app, nn::ParallelConfig& parallel, const std::string& help) {
+  return app.add_flag_callback("--tp-invariant", [&parallel] { parallel.require(nn::Invariance::Tp); }, help);
+}
+
+// --mesh-invariant and --batch-blocks for `meshgrad check` (train's come from the option table,
+// train_options.hpp), with the table's help: the mode's contract is nn::ParallelConfig::invariance's
+// (docs/mesh-invariance.md).
 inline void add_mesh_invariant_options(CLI::App& app, nn::ParallelConfig& parallel) {
-  app.add_flag("--mesh-invariant", parallel.mesh_invariant,
-               "Bitwise the same model on every mesh for the same global batch: --tp-invariant's tree over the "
-               "features and the batch cut into --batch-blocks row blocks added in one fixed tree over "
-               "micro-batches, dp, fsdp and pipeline stages (docs/mesh-invariance.md); one BLAS thread per rank");
-  app.add_option("--batch-blocks", parallel.batch_blocks,
-                 "With --mesh-invariant: row blocks of the global batch, each its own micro-batch (a power of two "
-                 "dividing --batch; dp x fsdp must divide it)")
+  app.add_flag_callback("--mesh-invariant", [&parallel] { parallel.require(nn::Invariance::Mesh); },
+                        train::train_option("mesh-invariant").help);
+  app.add_option("--batch-blocks", parallel.batch_blocks, train::train_option("batch-blocks").help)
       ->check(at_least(1))
       ->capture_default_str();
 }

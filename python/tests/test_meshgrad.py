@@ -504,13 +504,32 @@ def test_ctrl_c_with_a_checkpoint_dir_saves_the_step_it_stopped_at(tmp_path):
         (last, list(ck.iterdir()))
 
 
+def _train_keywords():
+    # The keywords of the option table (meshgrad.train_options(): what train(), its docstring and
+    # `meshgrad train` are made from) that Python takes.
+    table = meshgrad.train_options()
+    assert len(table) > 55 and all(o["help"] for o in table), table
+    return [o["keyword"] for o in table if o["keyword"] is not None]
+
+
 def test_train_docstring_names_every_keyword_train_takes():
     # train()'s docstring is the reference a Python user reads: every keyword it accepts (listed by
     # the error for an unknown one) appears there as name=default (review-3: ffn, vocab, positions and
-    # layer_norm_epsilon were accepted but missing).
+    # layer_norm_epsilon were accepted but missing), one a line, in the table's order.
     with pytest.raises(TypeError) as e:
         meshgrad.train(no_such_keyword=1)
     taken = str(e.value).split("(it takes: ", 1)[1].rstrip(")").split(", ")
-    assert len(taken) > 40, taken
-    missing = [k for k in taken if f"{k}=" not in meshgrad.train.__doc__]
-    assert missing == [], f"train() takes {missing} but its docstring does not name them"
+    assert sorted(taken) == sorted(_train_keywords())
+    documented = [line.split("=", 1)[0].strip() for line in meshgrad.train.__doc__.splitlines()
+                  if line.startswith("  ") and "=" in line]
+    assert documented == _train_keywords()
+    assert "  steps=5: " in meshgrad.train.__doc__ and "  metrics=None: " in meshgrad.train.__doc__
+
+
+def test_every_table_keyword_is_taken_by_train():
+    # Each keyword of the table reaches train()'s reading of its keywords: a value of no type is a
+    # TypeError naming it (not an unexpected keyword), raised before anything runs.
+    for key in _train_keywords():
+        with pytest.raises(TypeError) as e:
+            meshgrad.train(**{key: object()})
+        assert "unexpected keyword" not in str(e.value) and f"{key} must be" in str(e.value), (key, str(e.value))

@@ -265,7 +265,7 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
   const std::uint64_t mesh_seed = o.mesh_seed != 0 ? o.mesh_seed : reference_seed;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
     const int split = train::batch_split_size(*mesh);
-    if (o.parallel.mesh_invariant) {
+    if (o.parallel.mesh_invariant()) {
       train::check_mesh_invariant_split(o.model.batch, split, o.micro_batches, o.parallel.batch_blocks);
     }
     if (mesh->has_axis("pp") && mesh->axis_size("pp") > 1) {
@@ -292,8 +292,8 @@ EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::Run
     EquivalenceOptions ro = o;
     ro.parallel.pp_layers.clear();   // a pipeline's split means nothing on one rank
     // Mesh-invariant: one micro-batch per row block; TP-invariant: the mesh's dp x fsdp x micro-batches.
-    const int micro = o.parallel.mesh_invariant ? train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches)
-                      : o.parallel.tp_invariant ? mesh_dp * o.micro_batches
+    const int micro = o.parallel.mesh_invariant() ? train::micro_batches_per_replica(o.parallel, *mesh, o.micro_batches)
+                      : o.parallel.tp_invariant() ? mesh_dp * o.micro_batches
                                                 : o.micro_batches;
     train_and_collect(ro, mesh, reference_seed, reference, mu, micro);
   });

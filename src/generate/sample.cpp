@@ -372,7 +372,7 @@ SampleResult run_sample_job(const SampleJob& job, const dist::RunOnMesh& run_on_
              "decodes with the whole model on every rank: give --mesh without pp (a pipeline's checkpoint samples on "
              "any such mesh)", mesh->str());
     nn::ParallelConfig parallel;
-    parallel.tp_invariant = job.tp_invariant;
+    if (job.tp_invariant) parallel.require(nn::Invariance::Tp);
     parallel.invariant_blocks = job.invariant_blocks;
     auto model = nn::make_model(weights.model, parallel, mesh, 0);
     model->set_training(false);

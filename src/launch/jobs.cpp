@@ -69,11 +69,11 @@ std::vector<std::string> ignored_option_notes(const train::TrainOptions& o, cons
   if (given("reshard-after-forward") && o.parallel.reshard_after_forward != defaults.reshard_after_forward && !fsdp) {
     notes.push_back(fmt::format("--no-reshard-after-forward changes nothing: the mesh {} has no fsdp axis", mesh.str()));
   }
-  if (given("batch-blocks") && o.parallel.batch_blocks != defaults.batch_blocks && !o.parallel.mesh_invariant) {
+  if (given("batch-blocks") && o.parallel.batch_blocks != defaults.batch_blocks && !o.parallel.mesh_invariant()) {
     notes.push_back(fmt::format("--batch-blocks {} changes nothing without --mesh-invariant", o.parallel.batch_blocks));
   }
   if (given("invariant-blocks") && o.parallel.invariant_blocks != defaults.invariant_blocks &&
-      !o.parallel.tp_invariant && !o.parallel.mesh_invariant) {
+      !o.parallel.tp_invariant()) {
     notes.push_back(fmt::format("--invariant-blocks {} changes nothing without --tp-invariant or --mesh-invariant",
                                 o.parallel.invariant_blocks));
   }
@@ -272,7 +272,7 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
   if (!from_files) out_dtype = config.dtype;
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = job.sequence_parallel;
-  parallel.tp_invariant = job.tp_invariant;
+  if (job.tp_invariant) parallel.require(nn::Invariance::Tp);
   parallel.invariant_blocks = job.invariant_blocks;
 
   GradsResult result;

@@ -59,10 +59,10 @@ std::string working_degrees(const ModelConfig& cfg, const ParallelConfig& parall
 }
 
 void check_model(const ModelConfig& cfg, const ParallelContext& ctx) {
-  if (!ctx.config.tp_invariant) return;
+  if (!ctx.tp_invariant()) return;
   const ParallelConfig& p = ctx.config;
   // Refusals name the mode the user asked for: --mesh-invariant holds --tp-invariant's tree.
-  const char* mode = p.mesh_invariant ? "--mesh-invariant" : "--tp-invariant";
+  const std::string mode = fmt::format("--{}", invariance_option(p.invariance));
   MG_CHECK(tree::is_power_of_two(p.invariant_blocks), "{}: --invariant-blocks {} must be a power of two "
            "(1, 2, 4, 8, ...)", mode, p.invariant_blocks);
   // A block holds at least one unit of the largest split dimension: more blocks than that cut nothing

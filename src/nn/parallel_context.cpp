@@ -65,11 +65,22 @@ bool in_first_parameter_shard_group(const dist::DeviceMesh& mesh, const std::vec
   return true;
 }
 
+// Indexed by the enum's value (None, Tp, Mesh).
+const char* invariance_name(Invariance mode) {
+  static constexpr const char* kNames[] = {"none", "tp", "mesh"};
+  return kNames[static_cast<int>(mode)];
+}
+
+const char* invariance_option(Invariance mode) {
+  static constexpr const char* kOptions[] = {"", "tp-invariant", "mesh-invariant"};
+  return kOptions[static_cast<int>(mode)];
+}
+
 std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
   MG_CHECK(mesh != nullptr, "model: no mesh given");
   auto ctx = std::make_shared<ParallelContext>();
-  ctx->config = config;
-  ctx->config.tp_invariant = config.tp_invariant || config.mesh_invariant;   // the mode's tensor-parallel part
+  static_cast<ParallelConfig&>(ctx->config) = config;
+  ctx->config.tp_invariant = config.tp_invariant();   // both modes hold the features' tree
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
@@ -99,13 +110,13 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp_axis = mesh->axis_index("tp");
     ctx->tp = mesh->group(ctx->tp_axis);
   }
-  if (ctx->config.tp_invariant) {
-    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "{}: --invariant-blocks {} must be a power of two (1, 2, "
-             "4, 8, ...)", config.mesh_invariant ? "--mesh-invariant" : "--tp-invariant", config.invariant_blocks);
+  if (config.tp_invariant()) {
+    MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--{}: --invariant-blocks {} must be a power of two (1, "
+             "2, 4, 8, ...)", invariance_option(config.invariance), config.invariant_blocks);
     // OpenBLAS splits a GEMM over its threads, and the split changes the bits of edge tiles: one
     // thread per rank makes a GEMM's result a function of its shape and data only. (The banner's
     // thread policy then names the mode.)
-    blas::set_threads_per_rank(1, config.mesh_invariant ? "--mesh-invariant" : "--tp-invariant");
+    blas::set_threads_per_rank(1, fmt::format("--{}", invariance_option(config.invariance)));
   }
   ctx->mesh = std::move(mesh);
   return ctx;
@@ -152,12 +163,12 @@ Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
 // ---- the summation-order policy ------------------------------------------------------------------
 
 dist::ReduceOrder ParallelContext::reduce_order() const {
-  return config.tp_invariant ? dist::ReduceOrder::FixedTree : dist::ReduceOrder::RankOrder;
+  return tp_invariant() ? dist::ReduceOrder::FixedTree : dist::ReduceOrder::RankOrder;
 }
 
 tree::SplitPlan ParallelContext::feature_plan(const std::string& what, std::int64_t full, int parts, std::int64_t unit,
                                               std::int64_t local_extent) const {
-  if (!config.tp_invariant) return tree::SplitPlan::whole(local_extent);
+  if (!tp_invariant()) return tree::SplitPlan::whole(local_extent);
   tree::SplitPlan plan = tree::plan_split(what, full, parts, unit, config.invariant_blocks, tp_size(), tp_rank());
   MG_CHECK(plan.local_extent() == local_extent, "{}: the plan covers {} local features, the shard has {}", what,
            plan.local_extent(), local_extent);
@@ -166,7 +177,7 @@ tree::SplitPlan ParallelContext::feature_plan(const std::string& what, std::int6
 
 std::vector<std::int64_t> ParallelContext::token_row_blocks(std::int64_t seq, std::int64_t local_tokens,
                                                             std::int64_t rows_per_token) const {
-  if (!config.tp_invariant) return {local_tokens * rows_per_token};
+  if (!tp_invariant()) return {local_tokens * rows_per_token};
   const bool sp = sequence_parallel();
   const tree::SplitPlan tokens = tree::plan_split(fmt::format("the sequence (length {})", seq), seq, 1, 1,
                                                   config.invariant_blocks, sp ? tp_size() : 1, sp ? tp_rank() : 0);
@@ -179,7 +190,7 @@ std::vector<std::int64_t> ParallelContext::token_row_blocks(std::int64_t seq, st
 
 Tensor ParallelContext::replicated_on_sequence_shard(const Tensor& p) const {
   if (!sequence_parallel()) return p;
-  if (!config.tp_invariant) return partial_over_tp(p);
+  if (!tp_invariant()) return partial_over_tp(p);
   // Forward identity; the gradient arrives marked partial, so the R -> R step all-reduces it (tree).
   return dist::mark_partial_grad(dist::copy_to_region(p, tp, dist::ReduceOrder::FixedTree), tp.axes);
 }

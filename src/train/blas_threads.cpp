@@ -16,11 +16,10 @@ void check_blas_threads(const TrainOptions& o) {
   MG_CHECK(o.blas_threads >= 0 && o.blas_threads <= blas::kMaxThreadsPerRank,
            "train: --blas-threads must be 0 (automatic) to {}, got {}{}", blas::kMaxThreadsPerRank, o.blas_threads,
            origin);
-  const bool invariant = o.parallel.tp_invariant || o.parallel.mesh_invariant;
-  MG_CHECK(o.blas_threads <= 1 || !invariant,
+  MG_CHECK(o.blas_threads <= 1 || !o.parallel.tp_invariant(),
            "train: --blas-threads {}{}: --{} runs one BLAS thread per rank (OpenBLAS's split of a GEMM over threads "
            "changes its bits); give --blas-threads 1{}", o.blas_threads, origin,
-           o.parallel.mesh_invariant ? "mesh-invariant" : "tp-invariant", origin.empty() ? " or leave it out" : "");
+           nn::invariance_option(o.parallel.invariance), origin.empty() ? " or leave it out" : "");
 }
 
 void use_blas_threads(const TrainOptions& o) {

@@ -13,6 +13,7 @@
 #include "meshgrad/checkpoint/manifest.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/text/utf8.hpp"
+#include "meshgrad/train/option_table.hpp"
 
 namespace meshgrad::train {
 
@@ -25,117 +26,72 @@ nlohmann::json absolute_path(const std::string& path) {
   return std::filesystem::absolute(path).lexically_normal().string();
 }
 
-// One option: its command-line name, how it goes to JSON and back, and whether a checkpoint fixes
-// it (the model's shape).
+// One recorded option (an entry of train_option_table() whose `recorded` is not No): its
+// command-line name, how it goes to JSON and back, and whether a checkpoint fixes it (the model's shape).
 struct OptionField {
   std::string name;
   std::function<nlohmann::json(const TrainOptions&, int resolved_vocab)> get;
   std::function<void(TrainOptions&, const nlohmann::json&)> set;
   bool fixed_by_checkpoint = false;
-  // A text option (a path, a prompt, a name): the member the user's spelling is in, for
-  // check_recorded_text's messages. nullptr for the others.
-  std::string TrainOptions::*text = nullptr;
+  bool text = false;   // a text option (a path, a prompt, a name): check_recorded_text checks its spelling
   bool path = false;   // recorded absolute (a relative one gains the working directory)
   // Other command-line names that set the same option (--micro-batches is --grad-accum, --no-metrics
   // sets --metrics to none): given under any of them, the option is given.
   std::vector<std::string> aliases = {};
 };
 
-// A path is recorded absolute, so a resume from another working directory finds the same files.
-#define MG_PATH_FIELD(NAME, MEMBER)                                                              \
-  OptionField {                                                                                  \
-    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return absolute_path(o.MEMBER); },   \
-        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.MEMBER); }, false,             \
-        &TrainOptions::MEMBER, true                                                              \
-  }
+// The model's sizes go through interop::model_config_fields (the list export and sample read back
+// from a checkpoint), under the table's names; the vocabulary recorded is the one the run used.
+OptionField model_field(const TrainOption& t) {
+  const auto& model = interop::model_config_fields();
+  const auto m = std::find_if(model.begin(), model.end(), [&](const interop::ModelConfigField& f) { return f.name == t.name; });
+  if (m == model.end()) return {};
+  MG_CHECK(m->fixed_by_checkpoint == (t.recorded == Recorded::Fixed), "train: the option table and "
+           "interop::model_config_fields disagree on whether a checkpoint fixes --{}", t.name);
+  return {t.name,
+          [get = m->get](const TrainOptions& o, int resolved_vocab) {
+            nn::ModelConfig c = o.model;
+            c.vocab = resolved_vocab;   // 0 means "the data's": record the one the run used
+            return get(c);
+          },
+          [set = m->set](TrainOptions& o, const nlohmann::json& v) { set(o.model, v); }, m->fixed_by_checkpoint};
+}
 
-#define MG_TEXT_FIELD(NAME, MEMBER)                                                              \
-  OptionField {                                                                                  \
-    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return o.MEMBER; },                 \
-        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.MEMBER); }, false,             \
-        &TrainOptions::MEMBER                                                                    \
+OptionField record_field(const TrainOption& t) {
+  OptionField f = model_field(t);
+  if (f.name.empty()) {
+    f.name = t.name;
+    f.set = [&t](TrainOptions& o, const nlohmann::json& v) { set_option_value(t, o, v); };
+    f.fixed_by_checkpoint = t.recorded == Recorded::Fixed;
+    f.text = t.kind == OptionKind::Text || t.kind == OptionKind::Path;
+    f.path = t.kind == OptionKind::Path;
+    if (f.path) {
+      // A path is recorded absolute, so a resume from another working directory finds the same files.
+      f.get = [&t](const TrainOptions& o, int) -> nlohmann::json {
+        const std::string value = option_value(t, o).get<std::string>();
+        return value.empty() && t.record_empty ? nlohmann::json("") : absolute_path(value);
+      };
+    } else {
+      f.get = [&t](const TrainOptions& o, int) { return option_value(t, o); };
+    }
   }
-
-#define MG_FIELD(NAME, EXPR)                                                                 \
-  OptionField {                                                                              \
-    NAME, [](const TrainOptions& o, int) -> nlohmann::json { return o.EXPR; },               \
-        [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.EXPR); }                   \
+  for (const TrainOption& other : train_option_table()) {
+    if (other.alias_of == t.name) f.aliases.push_back(other.name);
   }
+  return f;
+}
 
-// The model's sizes (interop::model_config_fields: the one list of their keys, which is also what
-// export and sample read back from a checkpoint), then the rest of the run.
+// The recorded options, in the table's order.
 const std::vector<OptionField>& option_fields() {
   static const std::vector<OptionField> fields = [] {
     std::vector<OptionField> f;
-    for (const interop::ModelConfigField& m : interop::model_config_fields()) {
-      f.push_back({m.name,
-                   [get = m.get](const TrainOptions& o, int resolved_vocab) {
-                     nn::ModelConfig c = o.model;
-                     c.vocab = resolved_vocab;   // 0 means "the data's": record the one the run used
-                     return get(c);
-                   },
-                   [set = m.set](TrainOptions& o, const nlohmann::json& v) { set(o.model, v); }, m.fixed_by_checkpoint});
+    for (const TrainOption& t : train_option_table()) {
+      if (t.recorded != Recorded::No) f.push_back(record_field(t));
     }
-    const std::vector<OptionField> rest = {
-        MG_FIELD("sequence-parallel", parallel.sequence_parallel),
-        MG_FIELD("overlap", parallel.overlap),
-        MG_FIELD("regather", parallel.recompute_allgather),
-        MG_FIELD("checkpoint-blocks", parallel.checkpoint_blocks),
-        MG_FIELD("reshard-after-forward", parallel.reshard_after_forward),
-        MG_FIELD("shard-optimizer", parallel.shard_optimizer),
-        MG_FIELD("tp-invariant", parallel.tp_invariant),
-        MG_FIELD("invariant-blocks", parallel.invariant_blocks),
-        MG_FIELD("mesh-invariant", parallel.mesh_invariant),
-        MG_FIELD("batch-blocks", parallel.batch_blocks),
-        MG_FIELD("pp-layers", parallel.pp_layers),
-        MG_TEXT_FIELD("pp-schedule", pp_schedule),
-        MG_FIELD("blas-threads", blas_threads),
-        MG_FIELD("steps", steps),
-        MG_FIELD("lr", lr),
-        MG_FIELD("warmup", warmup_steps),
-        MG_TEXT_FIELD("lr-schedule", lr_schedule),
-        MG_FIELD("min-lr", min_lr),
-        MG_FIELD("decay-steps", decay_steps),
-        MG_FIELD("decay-fraction", decay_fraction),
-        MG_FIELD("beta1", beta1),
-        MG_FIELD("beta2", beta2),
-        MG_FIELD("eps", eps),
-        MG_FIELD("weight-decay", weight_decay),
-        MG_FIELD("seed", seed),
-        MG_PATH_FIELD("data", data_path),
-        MG_PATH_FIELD("val-data", val_data_path),
-        // Recorded even when "" (--no-metrics): left out, a resume would take the CLI's default file.
-        OptionField{"metrics",
-                    [](const TrainOptions& o, int) -> nlohmann::json {
-                      return o.metrics_path.empty() ? nlohmann::json("") : absolute_path(o.metrics_path);
-                    },
-                    [](TrainOptions& o, const nlohmann::json& v) { v.get_to(o.metrics_path); }, false,
-                    &TrainOptions::metrics_path, true, {"no-metrics"}},
-        MG_PATH_FIELD("save", save_path),
-        MG_FIELD("eval-every", eval_every),
-        MG_FIELD("eval-steps", eval_steps),
-        MG_FIELD("sample-every", sample_every),
-        MG_FIELD("sample-tokens", sample_tokens),
-        MG_TEXT_FIELD("sample-prompt", sample_prompt),
-        MG_FIELD("grad-clip", grad_clip),
-        [] {
-          OptionField f = MG_FIELD("grad-accum", grad_accum);
-          f.aliases = {"micro-batches"};
-          return f;
-        }(),
-        MG_PATH_FIELD("checkpoint-dir", checkpoint_dir),
-        MG_FIELD("save-every", save_every),
-        MG_FIELD("keep", keep),
-        MG_FIELD("sync-checkpoints", checkpoint_sync),
-    };
-    f.insert(f.end(), rest.begin(), rest.end());
     return f;
   }();
   return fields;
 }
-#undef MG_FIELD
-#undef MG_TEXT_FIELD
-#undef MG_PATH_FIELD
 
 // "byte 0xFF at offset 1" of the first ill-formed byte of text (which has one).
 std::string bad_byte(std::string_view text, std::size_t at) {
@@ -172,8 +128,8 @@ bool find_invalid_text(const nlohmann::json& j, const std::string& where, std::s
 
 void check_recorded_text(const TrainOptions& options) {
   for (const OptionField& f : option_fields()) {
-    if (f.text == nullptr) continue;
-    const std::string& given = options.*f.text;
+    if (!f.text) continue;
+    const std::string given = option_value(train_option(f.name), options).get<std::string>();
     if (const std::optional<std::size_t> bad = text::invalid_utf8_offset(given)) {
       throw InvalidArgument(fmt::format(
           "train: --{} '{}' is not valid UTF-8 ({}); a run records its options as JSON text, which is UTF-8 (every "

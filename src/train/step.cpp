@@ -103,7 +103,7 @@ void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, 
 int batch_split_size(const dist::DeviceMesh& mesh) { return dp_place(mesh).size; }
 
 int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::DeviceMesh& mesh, int grad_accum) {
-  if (!parallel.mesh_invariant) return grad_accum;
+  if (!parallel.mesh_invariant()) return grad_accum;
   const int replicas = batch_split_size(mesh);
   MG_CHECK(replicas >= 1 && parallel.batch_blocks % replicas == 0, "--mesh-invariant: --batch-blocks {} over dp x "
            "fsdp = {} replicas", parallel.batch_blocks, replicas);

@@ -153,12 +153,12 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
            "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());
   // Each replica splits its rows (the smallest has batch / dp) into --grad-accum micro-batches: known
   // now, not only at the first step (train_step's check).
-  MG_CHECK(o.parallel.mesh_invariant || o.grad_accum <= o.model.batch / dp, "train: --grad-accum {} needs at least that "
+  MG_CHECK(o.parallel.mesh_invariant() || o.grad_accum <= o.model.batch / dp, "train: --grad-accum {} needs at least that "
            "many rows per dp replica, and a replica has {} (--batch {} over dp x fsdp = {} on {})", o.grad_accum,
            o.model.batch / dp, o.model.batch, dp, mesh.str());
-  if (o.parallel.mesh_invariant) {
+  if (o.parallel.mesh_invariant()) {
     check_mesh_invariant_split(o.model.batch, dp, o.grad_accum, o.parallel.batch_blocks);
-  } else if (o.parallel.tp_invariant) {
+  } else if (o.parallel.tp_invariant()) {
     check_invariant_batch_split(o.model.batch, dp, o.grad_accum, mesh.str());
   }
   MG_CHECK(o.grad_clip >= 0 && std::isfinite(o.grad_clip), "train: --grad-clip must be >= 0 (0 = off), got {}",
@@ -374,9 +374,9 @@ void Run::print_start() const {
              config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
-             p.mesh_invariant ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
+             p.mesh_invariant() ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
                                             micro_batches())
-             : p.tp_invariant ? ", tp-invariant" : "",
+             : p.tp_invariant() ? ", tp-invariant" : "",
              p.shard_optimizer ? ", shard-optimizer" : !p.reshard_after_forward ? ", no-reshard-after-forward" : "",
              options_.steps, options_.lr, dataset().source(),
              dataset().description(), dataset().size(), dataset().vocab());

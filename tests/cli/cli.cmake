@@ -261,3 +261,11 @@ if(NOT MESHGRAD_SANITIZER)
                    ${CMAKE_CURRENT_BINARY_DIR}/cli_readme_newcomer ${PROJECT_SOURCE_DIR}/docs/training.md)
   set_tests_properties(cli_readme_newcomer PROPERTIES LABELS cli TIMEOUT 600)
 endif()
+
+# The option table against `meshgrad train`'s parser and --config reader (test_train_options.cpp):
+# built from the tools' headers as the command is, so a table entry the command line lost fails here.
+add_executable(test_train_options ${CMAKE_CURRENT_SOURCE_DIR}/cli/test_train_options.cpp)
+target_include_directories(test_train_options PRIVATE ${CLI11_INCLUDE_DIR} ${PROJECT_SOURCE_DIR}/tools)
+target_link_libraries(test_train_options PRIVATE meshgrad nlohmann_json::nlohmann_json GTest::gtest GTest::gtest_main)
+gtest_discover_tests(test_train_options DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
+                     PROPERTIES LABELS cli TIMEOUT 120)

@@ -145,7 +145,7 @@ TEST(Equivalence, NonFiniteLossesGradientsOrWeightsFail) {
     for (const char* fault : {"scale:tp:nan", "scale:tp:inf"}) {
       for (bool invariant : {false, true}) {
         auto o = small_check("tp=2", dtype);
-        o.parallel.tp_invariant = invariant;
+        o.parallel.invariance = invariant ? nn::Invariance::Tp : nn::Invariance::None;
         const auto report = diag::check_equivalence(o, threads_mesh(1, 2, diag::parse_comm_fault(fault)));
         const std::string what = std::string(fault) + " " + std::string(dtype_name(dtype)) + (invariant ? " invariant" : "");
         EXPECT_FALSE(report.passed) << what;

@@ -40,8 +40,7 @@ struct MeshCase {
 
 nn::ParallelConfig mesh_invariant(const MeshCase& m) {
   nn::ParallelConfig p;
-  p.mesh_invariant = m.mesh_mode;
-  p.tp_invariant = m.tp_only;
+  p.invariance = m.mesh_mode ? nn::Invariance::Mesh : m.tp_only ? nn::Invariance::Tp : nn::Invariance::None;
   p.batch_blocks = m.blocks;
   p.sequence_parallel = m.sp;
   p.overlap = m.overlap;
@@ -234,7 +233,7 @@ TEST(MeshInvariant, RefusesSplitsThatCannotKeepTheTreeNamingTheOnesThatCan) {
   o.model.vocab = 0;
   o.steps = 1;
   o.progress = false;
-  o.parallel.mesh_invariant = true;
+  o.parallel.invariance = nn::Invariance::Mesh;
   EXPECT_THROW(mesh_runner("threads", "dp=8")([&](const dist::DeviceMeshPtr& m) { train::train(o, m); }), Error);
 }
 

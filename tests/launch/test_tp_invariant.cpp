@@ -52,7 +52,7 @@ nn::ParallelConfig invariant_config(const Case& m) {
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = m.sp;
   parallel.overlap = m.overlap;
-  parallel.tp_invariant = true;
+  parallel.invariance = nn::Invariance::Tp;
   return parallel;
 }
 

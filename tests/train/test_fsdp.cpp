@@ -52,7 +52,7 @@ TrainOptions options_for(const Options& x, int steps) {
   o.progress = false;
   o.parallel.sequence_parallel = x.sp;
   o.parallel.overlap = x.overlap;
-  o.parallel.tp_invariant = x.tree;
+  o.parallel.invariance = x.tree ? nn::Invariance::Tp : nn::Invariance::None;
   o.parallel.checkpoint_blocks = x.checkpoint_blocks;
   o.parallel.shard_optimizer = x.shard_optimizer;
   o.parallel.reshard_after_forward = x.reshard;
@@ -304,11 +304,11 @@ TEST(Fsdp, RefusesWhatItCannotDoBeforeTheFirstStepNamingIt) {
       << train_error("tp=2", o);
   EXPECT_NE(train_error("dp=2,fsdp=2", o).find("fsdp shards the optimizer state already"), std::string::npos);
   o.parallel.shard_optimizer = false;
-  o.parallel.tp_invariant = true;
+  o.parallel.invariance = nn::Invariance::Tp;
   // Named as the mesh has it (fsdp=3), not as a dp=3 the mesh does not have (issue 37, N29).
   EXPECT_NE(train_error("fsdp=3", o).find("(dp x fsdp = 3 on fsdp=3"),
             std::string::npos) << train_error("fsdp=3", o);
-  o.parallel.tp_invariant = false;
+  o.parallel.invariance = nn::Invariance::None;
   o.model.batch = 2;
   EXPECT_NE(train_error("fsdp=4", o).find("at least one row per data-parallel rank (dp x fsdp = 4"), std::string::npos)
       << train_error("fsdp=4", o);

@@ -47,7 +47,7 @@ nn::ParallelConfig parallel_for(const Options& x, const dist::DeviceMesh& mesh) 
   p.sequence_parallel = x.sp;
   p.overlap = x.overlap;
   p.checkpoint_blocks = x.checkpoint_blocks;
-  p.tp_invariant = x.tree;
+  p.invariance = x.tree ? nn::Invariance::Tp : nn::Invariance::None;
   p.shard_optimizer = x.shard_optimizer;
   p.reshard_after_forward = x.reshard;
   if (mesh.has_axis("pp")) p.pp_layers = x.pp_layers;

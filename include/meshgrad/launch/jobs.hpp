@@ -48,7 +48,7 @@ struct GradsJob {
   std::uint64_t seed = 1;               // seed mode
   std::string dtype;                    // compute dtype: "" = the weights' (files) / model.dtype (seed)
   bool sequence_parallel = false;
-  bool tp_invariant = false;            // nn::ParallelConfig::tp_invariant
+  bool tp_invariant = false;            // nn::Invariance::Tp (grads has no mesh mode)
   int invariant_blocks = 4;
 };
 

@@ -1,4 +1,4 @@
-// TP-invariant mode (ParallelConfig::tp_invariant, `--tp-invariant`; docs/mesh-invariance.md): the
+// TP-invariant mode (nn::Invariance::Tp, `--tp-invariant`; docs/mesh-invariance.md): the
 // loss, every gradient and every update are bitwise those of tp=1. The layers run the same code as
 // in the normal mode; the context's policy (parallel_context.hpp) gives them plans of
 // ParallelConfig::invariant_blocks fixed blocks per split dimension, so every GEMM and column sum

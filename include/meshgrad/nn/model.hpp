@@ -3,6 +3,7 @@
 // plus a tensor-parallel plan run by nn/decoder_lm.hpp (docs/DESIGN.md, "A model family").
 #pragma once
 
+#include <algorithm>
 #include <cstdint>
 #include <memory>
 #include <string>
@@ -60,26 +61,41 @@ struct ModelConfig {
   ModelConfig with_shape_of(const ModelConfig& shape) const;
 };
 
+// The summation-order modes of ParallelConfig::invariance, weakest first.
+enum class Invariance { None, Tp, Mesh };
+// "none", "tp", "mesh".
+const char* invariance_name(Invariance mode);
+// The command-line option that asks for the mode, without its dashes: "tp-invariant",
+// "mesh-invariant" ("" for None). Refusals name the mode the user asked for by it.
+const char* invariance_option(Invariance mode);
+
 // How the model is parallelised on its mesh. The mesh has a "tp" axis and optionally a "dp" axis.
 struct ParallelConfig {
   bool sequence_parallel = false;    // reduce-scatter / all-gather along the sequence between layers
   bool overlap = false;              // column layers overlap their backward communication with compute
   bool recompute_allgather = false;  // column layers keep only the local input shard (SP) and re-gather in backward
   bool checkpoint_blocks = false;    // activation checkpointing per transformer block
-  // TP-invariant mode (docs/mesh-invariance.md): the loss, gradients and updates are bitwise the same
-  // at every tp that keeps the fixed reduction tree of invariant_blocks blocks (a power of two; tp
-  // must divide it and every split dimension must cut into whole blocks). Pins OpenBLAS to one
-  // thread per rank (its results depend on the thread count).
-  bool tp_invariant = false;
+  // The summation-order mode (docs/mesh-invariance.md), one of three (each holds the one before):
+  //   None  the backends' rank order: fastest, bits depend on the mesh.
+  //   Tp    TP-invariant (--tp-invariant): the loss, gradients and updates are bitwise the same at
+  //         every tp that keeps the fixed reduction tree of invariant_blocks blocks (a power of two;
+  //         tp must divide it and every split dimension must cut into whole blocks).
+  //   Mesh  mesh-invariant (--mesh-invariant): Tp's tree over the features, and the global batch cut
+  //         into batch_blocks fixed row blocks (a power of two that the batch, and dp x fsdp times
+  //         the micro-batches, divide), each block's forward and backward run alone and the blocks
+  //         added in one fixed binary tree wherever they lie (micro-batches, dp, fsdp, pipeline). The
+  //         same global batch then gives the same bits on every mesh that keeps both trees.
+  // Both invariant modes pin OpenBLAS to one thread per rank (its results depend on the thread count).
+  Invariance invariance = Invariance::None;
   int invariant_blocks = 4;
-  // Mesh-invariant mode (docs/mesh-invariance.md): tp_invariant's tree over the features, and the
-  // global batch cut into batch_blocks fixed row blocks (a power of two that the batch, and dp x fsdp
-  // times the micro-batches, divide), each block's forward and backward run alone and the blocks
-  // added in one fixed binary tree wherever they lie (micro-batches, dp, fsdp, pipeline). The same
-  // global batch then gives the same bits on every mesh that keeps both trees. Implies tp_invariant
-  // (ParallelContext::on sets it).
-  bool mesh_invariant = false;
   int batch_blocks = 4;
+  // Tp or Mesh: the features' fixed tree (what the layers and the tp reductions follow).
+  bool tp_invariant() const { return invariance != Invariance::None; }
+  // Mesh: the batch's fixed row blocks too (what the trainer's split and sums follow).
+  bool mesh_invariant() const { return invariance == Invariance::Mesh; }
+  // Asks for `mode` on top of what is asked already: the stronger mode wins, so --tp-invariant with
+  // --mesh-invariant (in either order) is mesh-invariant, which holds the tp mode's tree.
+  void require(Invariance mode) { invariance = std::max(invariance, mode); }
   // FSDP (a mesh with fsdp > 1, nn/fsdp.hpp): give each block's gathered parameters back after its
   // forward and gather them again for its backward (ZeRO-3's memory); false keeps them from forward
   // to backward (--no-reshard-after-forward: one gather fewer per block and step, ZeRO-2's memory).

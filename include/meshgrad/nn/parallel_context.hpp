@@ -32,6 +32,15 @@ class GatherBuffers {
   std::vector<Tensor> buffers_;
 };
 
+// ParallelContext::config: the ParallelConfig the context was built with, plus `tp_invariant` as a
+// field, for src/nn/layers.cpp, which reads `ctx->config.tp_invariant` and was left untouched when the
+// mode became one enum (ParallelConfig::invariance; another change was restructuring that file). The
+// field hides ParallelConfig::tp_invariant() here: other code asks ParallelContext::tp_invariant().
+// It goes when layers.cpp asks ctx->tp_invariant() instead.
+struct ContextConfig : ParallelConfig {
+  bool tp_invariant = false;   // == (invariance != Invariance::None); set by ParallelContext::on
+};
+
 // The mesh a model lives on, its tensor-parallel groups and the parallel options. Built once per
 // model and shared (std::shared_ptr) by its layers and by the graph nodes they record, so a node
 // never points into a layer or model that moved or died.
@@ -48,7 +57,7 @@ struct ParallelContext {
   // --shard-optimizer; -1: none.
   int fsdp_axis = -1;
   int pp_axis = -1;                  // -1: no pp axis (pipeline parallelism, pipeline/executor.hpp)
-  ParallelConfig config;
+  ContextConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
   // Collective over the mesh (builds the grid group on a 2-D mesh). Throws naming the mesh when it
@@ -62,6 +71,8 @@ struct ParallelContext {
   int pp_size() const { return pp_axis >= 0 ? mesh->axis_size(pp_axis) : 1; }
   int pp_rank() const { return pp_axis >= 0 ? mesh->coordinate(pp_axis) : 0; }
   bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
+  // The features' fixed tree (--tp-invariant, and --mesh-invariant, which holds it).
+  bool tp_invariant() const { return config.invariance != Invariance::None; }
   // Parameters are sharded over an fsdp axis of more than one rank and gathered per unit (fsdp.hpp).
   bool fsdp_active() const { return fsdp_axis >= 0 && mesh->axis_size(fsdp_axis) > 1; }
   // Whether an FSDP unit gives its gathered bytes back after its forward (see fsdp.hpp): yes unless
@@ -87,7 +98,7 @@ struct ParallelContext {
   // over fsdp and the synchroniser all-reduces over dp, both by the one rule.
   Tensor loss_partial_over_dp(const Tensor& loss) const;
 
-  // ---- the summation-order policy (ParallelConfig::tp_invariant; docs/mesh-invariance.md) ----------
+  // ---- the summation-order policy (ParallelConfig::invariance; docs/mesh-invariance.md) ----------
   // The two modes differ in nothing but the order of the sums split over tp, and these four are
   // where that difference lives; layers ask them and run the same code in both modes.
   //

@@ -1,6 +1,8 @@
 // What a training run is asked to do (TrainOptions), what it reports per step (StepMetrics) and at
 // the end (TrainResult): the vocabulary the trainer (trainer.hpp), the run configuration a
-// checkpoint records (run_config.hpp), the jobs (launch/jobs.hpp), the CLI and Python share.
+// checkpoint records (run_config.hpp), the jobs (launch/jobs.hpp), the CLI and Python share. The
+// options a user sets are declared once, with their names and help, in option_table.hpp; a field
+// added here that a user should set needs an entry there.
 #pragma once
 
 #include <cstdint>

@@ -67,7 +67,7 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
 // names `mesh` (the mesh's spec, as the user wrote it: "fsdp=3", not a dp the mesh does not have).
 void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum, const std::string& mesh);
 
-// Mesh-invariant mode (nn::ParallelConfig::mesh_invariant, docs/mesh-invariance.md): the global batch
+// Mesh-invariant mode (nn::Invariance::Mesh, docs/mesh-invariance.md): the global batch
 // of `rows` is cut into batch_blocks row blocks, and each of the dp_size = dp x fsdp replicas runs
 // its batch_blocks / dp_size blocks as that many micro-batches (one block each), whatever
 // --grad-accum says: the tree over the blocks is then the same on every mesh. Throws InvalidArgument
