@@ -52,7 +52,9 @@ std::string working_degrees(const ModelConfig& cfg, const ParallelConfig& parall
   std::string out;
   for (int tp = 1; tp <= std::max(1, parallel.invariant_blocks); tp *= 2) {
     // Tensor parallelism splits the heads: a degree above their number is refused by the mesh check.
-    if (tp > std::max(1, cfg.heads) || !model_nests(cfg, parallel, tp, nullptr)) continue;
+    // The Llama family splits its key/value heads too: a degree must divide them (nn/llama.cpp).
+    const bool splits_kv = cfg.kind != "llama" || cfg.kv_head_count() % tp == 0;
+    if (tp > std::max(1, cfg.heads) || !splits_kv || !model_nests(cfg, parallel, tp, nullptr)) continue;
     out += out.empty() ? fmt::format("{}", tp) : fmt::format(", {}", tp);
   }
   return out.empty() ? "none" : out;

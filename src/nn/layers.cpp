@@ -317,7 +317,7 @@ GridLinear::GridLinear(const std::string& name, std::int64_t in, std::int64_t ou
   b_spec[static_cast<std::size_t>(out_axis_)] = b_out;
   weight = make_parameter(name + ".weight", {in, out}, w_spec, *ctx_, seed, options.init_std, 0.0, dtype);
   if (options.bias) bias = make_parameter(name + ".bias", {out}, b_spec, *ctx_, seed, 0.0, 0.0, dtype);
-  if (ctx_->config.tp_invariant) {
+  if (ctx_->tp_invariant()) {
     // The 1-D layer's blocks at tp = C: the column layer's output features, the row layer's input.
     const dist::ProcessGroup& col = ctx_->col();
     plan_ = in_on_rows ? tree::plan_split(name + " output features", out, options.blocks, options.out_unit,
@@ -337,7 +337,7 @@ Tensor GridLinear::forward_invariant_column(const Tensor& x) const {
 }
 
 Tensor GridLinear::forward_gathered(const Tensor& x) const {
-  if (!ctx_->config.tp_invariant) return dist::gather_from_region(forward(x), ctx_->mesh->group(out_axis_), -1, out_);
+  if (!ctx_->tp_invariant()) return dist::gather_from_region(forward(x), ctx_->mesh->group(out_axis_), -1, out_);
   MG_CHECK(!in_on_rows_, "{}: forward_gathered is for the layers whose output is split over tp_row", name_);
   dist::CommLabelScope label(name_);
   trace::Scope scope(name_);
@@ -354,7 +354,7 @@ Tensor GridLinear::forward_gathered(const Tensor& x) const {
 Tensor GridLinear::forward(const Tensor& x) const {
   dist::CommLabelScope label(name_);
   trace::Scope scope(name_);
-  if (ctx_->config.tp_invariant) {
+  if (ctx_->tp_invariant()) {
     MG_CHECK(in_on_rows_, "{}: in the invariant modes this layer's output is whole (forward_gathered)", name_);
     return forward_invariant_column(x);
   }

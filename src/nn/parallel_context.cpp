@@ -79,8 +79,7 @@ const char* invariance_option(Invariance mode) {
 std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr mesh, const ParallelConfig& config) {
   MG_CHECK(mesh != nullptr, "model: no mesh given");
   auto ctx = std::make_shared<ParallelContext>();
-  static_cast<ParallelConfig&>(ctx->config) = config;
-  ctx->config.tp_invariant = config.tp_invariant();   // both modes hold the features' tree
+  ctx->config = config;
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;

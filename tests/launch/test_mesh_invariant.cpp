@@ -32,6 +32,7 @@ struct MeshCase {
   // only (tp_only) or the normal mode (neither).
   bool mesh_mode = true, tp_only = false;
   int blocks = 4;   // --batch-blocks
+  bool llama = false;   // the Llama family (GQA, RoPE, RMSNorm, SwiGLU, untied head) instead of GPT-2
   std::string str() const {
     return fmt::format("{}{}{}{} grad-accum={}", mesh, sp ? " sp" : "", overlap ? " overlap" : "",
                        shard_optimizer ? " shard-optimizer" : "", grad_accum);
@@ -42,6 +43,8 @@ nn::ParallelConfig mesh_invariant(const MeshCase& m) {
   nn::ParallelConfig p;
   p.invariance = m.mesh_mode ? nn::Invariance::Mesh : m.tp_only ? nn::Invariance::Tp : nn::Invariance::None;
   p.batch_blocks = m.blocks;
+  // The small Llama's 2 key/value heads are 2 units: a tree of 2 feature blocks cuts them whole.
+  if (m.llama) p.invariant_blocks = 2;
   p.sequence_parallel = m.sp;
   p.overlap = m.overlap;
   p.shard_optimizer = m.shard_optimizer;
@@ -53,15 +56,28 @@ using testing::RunBits;
 using testing::same_doubles;
 nn::ModelConfig small_gpt(DType dtype) { return testing::small_gpt(dtype, 8); }
 
+// Llama-shaped: 4 query heads over 2 key/value heads, llama3 RoPE scaling, an untied head.
+nn::ModelConfig small_llama(DType dtype) {
+  nn::ModelConfig c = small_gpt(dtype);
+  c.kind = "llama";
+  c.kv_heads = 2;
+  c.ffn = 48;
+  c.rope_theta = 500000;
+  c.rope_scaling = "llama3";
+  c.rope_factor = 8;
+  c.rope_original_positions = 8;
+  return c;
+}
+
 constexpr int kSteps = 20;
 
 // 20 training steps with dropout and gradient clipping on the built-in corpus (vocabulary 256).
 RunBits train_on(const MeshCase& m, DType dtype, const std::string& tag) {
   train::TrainOptions o;
-  o.model = small_gpt(dtype);
+  o.model = m.llama ? small_llama(dtype) : small_gpt(dtype);
   o.model.vocab = 0;
   o.model.seq = 16;
-  o.model.dropout = 0.1;
+  o.model.dropout = m.llama ? 0.0 : 0.1;   // the Llama family has none
   o.parallel = mesh_invariant(m);
   o.steps = kSteps;
   o.lr = 3e-3;
@@ -140,6 +156,17 @@ TEST(MeshInvariant, FourMicroBatchesPerReplicaAreAddedInTheTree) {
 TEST(MeshInvariant, TwentyStepsAreTheSameBytesOnEveryKindOfMeshFloat64) {
   expect_same_training(DType::Float64,
                        {{"tp=1"}, {"dp=4"}, {"fsdp=2,tp=2", true, true}, {"pp=2,dp=2"}, {"tp=4", true}, {"tp=2x2"}});
+}
+
+// The Llama family keeps the promise: the module tree and its plan change nothing of it.
+TEST(MeshInvariant, TheLlamaFamilyIsTheSameBytesOnEveryKindOfMeshFloat32) {
+  auto llama = [](std::string mesh, bool sp = false) {
+    MeshCase c{std::move(mesh), sp};
+    c.llama = true;
+    return c;
+  };
+  expect_same_training(DType::Float32, {llama("tp=1"), llama("tp=2", true), llama("dp=2,tp=2"), llama("fsdp=2"),
+                                        llama("pp=2"), llama("tp=2x1"), llama("dp=2,tp=1x2")});
 }
 
 // Every gradient of every step, the losses and the weights after 20 steps, against one rank running

@@ -32,15 +32,6 @@ class GatherBuffers {
   std::vector<Tensor> buffers_;
 };
 
-// ParallelContext::config: the ParallelConfig the context was built with, plus `tp_invariant` as a
-// field, for src/nn/layers.cpp, which reads `ctx->config.tp_invariant` and was left untouched when the
-// mode became one enum (ParallelConfig::invariance; another change was restructuring that file). The
-// field hides ParallelConfig::tp_invariant() here: other code asks ParallelContext::tp_invariant().
-// It goes when layers.cpp asks ctx->tp_invariant() instead.
-struct ContextConfig : ParallelConfig {
-  bool tp_invariant = false;   // == (invariance != Invariance::None); set by ParallelContext::on
-};
-
 // The mesh a model lives on, its tensor-parallel groups and the parallel options. Built once per
 // model and shared (std::shared_ptr) by its layers and by the graph nodes they record, so a node
 // never points into a layer or model that moved or died.
@@ -57,7 +48,7 @@ struct ParallelContext {
   // --shard-optimizer; -1: none.
   int fsdp_axis = -1;
   int pp_axis = -1;                  // -1: no pp axis (pipeline parallelism, pipeline/executor.hpp)
-  ContextConfig config;
+  ParallelConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
   // Collective over the mesh (builds the grid group on a 2-D mesh). Throws naming the mesh when it
