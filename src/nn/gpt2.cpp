@@ -152,8 +152,7 @@ class Gpt2 final : public DecoderFamily {
     {
       dist::CommLabelScope label("wte");
       trace::Scope scope("wte");
-      const Tensor partial = wte_->forward_partial(ids, table);   // [T, B, C]
-      h = sp ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0) : dist::reduce_from_region(partial, ctx.tp);
+      h = wte_->forward(ids, table);   // [T(_local), B, C]
     }
     const std::int64_t t0 = position0 + sequence_shard_offset(ctx, seq);
     const std::int64_t t_local = h.size(0);

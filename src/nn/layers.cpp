@@ -418,6 +418,12 @@ VocabParallelEmbedding::VocabParallelEmbedding(const std::string& name, std::int
   offset_ = shard_range(vocab, ctx_->tp_size(), ctx_->tp_rank()).offset;
 }
 
+Tensor VocabParallelEmbedding::forward(const Tensor& ids, const Tensor& table) const {
+  const Tensor partial = forward_partial(ids, table);
+  return ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
+                                   : dist::reduce_from_region(partial, ctx_->tp);
+}
+
 Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids, const Tensor& table) const {
   check_dtype(ids, DType::Int64, "vocab_parallel_embedding", "ids");
   MG_CHECK(table.defined() && table.shape() == weight.operand_shape(), "vocab_parallel_embedding: the table {} is not "

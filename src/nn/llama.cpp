@@ -254,12 +254,9 @@ class Llama final : public DecoderFamily {
   bool tied_output() const override { return cfg_.tie_word_embeddings; }
 
   Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t, const Dropout&) const override {
-    const ParallelContext& ctx = *ctx_;
     dist::CommLabelScope label("model.embed_tokens");
     trace::Scope scope("model.embed_tokens");
-    const Tensor partial = embed_tokens_->forward_partial(ids, table);   // [T, B, C]
-    return ctx.sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx.tp, 0)
-                                   : dist::reduce_from_region(partial, ctx.tp);
+    return embed_tokens_->forward(ids, table);   // [T(_local), B, C]
   }
   const std::vector<std::shared_ptr<DecoderBlock>>& blocks() const override { return blocks_; }
   Tensor final_norm(const Tensor& h, std::int64_t seq) const override { return norm_.forward(h, seq); }

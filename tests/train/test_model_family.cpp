@@ -74,9 +74,7 @@ class ToyFamily final : public nn::DecoderFamily {
   nn::VocabParallelEmbedding* token_embedding() override { return embed_.get(); }
   bool tied_output() const override { return true; }
   Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t, const nn::Dropout&) const override {
-    const Tensor partial = embed_->forward_partial(ids, table);
-    return ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0)
-                                     : dist::reduce_from_region(partial, ctx_->tp);
+    return embed_->forward(ids, table);
   }
   const std::vector<std::shared_ptr<nn::DecoderBlock>>& blocks() const override { return blocks_; }
   Tensor final_norm(const Tensor& h, std::int64_t seq) const override { return norm_.forward(h, seq); }

@@ -131,6 +131,9 @@ class VocabParallelEmbedding {
   // The same with `table` (this rank's [V_local, C] rows: the weight's operand, or a node of it) as
   // the table: how a model adds its own step between the weight and the lookup.
   Tensor forward_partial(const Tensor& ids, const Tensor& table) const;
+  // The embedding of ids [T, B] from `table` as above, reduced over tp: [T, B, C] replicated, or under
+  // sequence parallelism this rank's sequence shard [T_local, B, C] (a reduce-scatter along T).
+  Tensor forward(const Tensor& ids, const Tensor& table) const;
   std::int64_t vocab_offset() const { return offset_; }
   std::int64_t vocab() const { return vocab_; }
   Parameter weight;
