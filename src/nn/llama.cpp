@@ -37,10 +37,13 @@ void check_llama(const ModelConfig& cfg, const ParallelContext& ctx) {
   MG_CHECK(kv >= 1 && cfg.heads % kv == 0, "llama: {} attention heads are not a multiple of {} key/value heads "
            "(num_key_value_heads)", cfg.heads, kv);
   const int head_split = ctx.two_d ? ctx.col().size() : ctx.tp_size();
-  MG_CHECK(kv % head_split == 0, "llama: {} ranks split the attention heads ({}), and the {} key/value heads "
-           "(num_key_value_heads) do not split evenly over them; replicating key/value heads over tensor-parallel "
-           "ranks (Megatron's way for tp > kv heads) is not supported yet: use a degree that divides {}",
-           head_split, ctx.two_d ? "tp_col, the C of tp=RxC" : "tp", kv, kv);
+  // Fewer key/value heads than ranks: each is replicated over tp / kv ranks (1-D, Megatron's way),
+  // and every rank's query heads must then read the one key/value head it holds.
+  const bool replicated = !ctx.two_d && kv < head_split && head_split % kv == 0 && cfg.heads % head_split == 0;
+  MG_CHECK(kv % head_split == 0 || replicated, "llama: {} ranks split the attention heads ({}), and the {} key/value "
+           "heads (num_key_value_heads) neither split evenly over them nor divide them{}: use a degree that divides {} "
+           "or a multiple of it that divides the {} heads", head_split, ctx.two_d ? "tp_col, the C of tp=RxC" : "tp",
+           kv, ctx.two_d ? " (a 2-D grid does not replicate key/value heads)" : "", kv, cfg.heads);
   if (ctx.two_d) {
     MG_CHECK(ctx.row().size() <= cfg.hidden, "llama: tp_row = {} ranks split hidden {} features", ctx.row().size(),
              cfg.hidden);
@@ -123,17 +126,17 @@ const TensorParallelPlan& llama_plan() {
 class LlamaAttention {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : name_(name), head_dim_(cfg.head_size()), groups_(cfg.heads / cfg.kv_head_count()),
+      : name_(name), head_dim_(cfg.head_size()),
         inv_freq_(inverse_frequencies(cfg)), dtype_(cfg.dtype) {
     const TensorParallelPlan& plan = llama_plan();
     const std::int64_t q_out = std::int64_t{cfg.heads} * head_dim_, kv_out = std::int64_t{cfg.kv_head_count()} * head_dim_;
     const bool bias = cfg.attention_bias;
     q_proj_ = plan.linear(name + ".q_proj", {.in = cfg.hidden, .out = q_out, .bias = bias, .out_unit = head_dim_}, ctx,
                           seed, cfg.dtype);
-    k_proj_ = plan.linear(name + ".k_proj", {.in = cfg.hidden, .out = kv_out, .bias = bias, .out_unit = head_dim_}, ctx,
-                          seed, cfg.dtype);
-    v_proj_ = plan.linear(name + ".v_proj", {.in = cfg.hidden, .out = kv_out, .bias = bias, .out_unit = head_dim_}, ctx,
-                          seed, cfg.dtype);
+    // Key/value heads fewer than tp ranks are replicated (LinearSpec::replicate_units).
+    const LinearSpec kv_spec{.in = cfg.hidden, .out = kv_out, .bias = bias, .out_unit = head_dim_, .replicate_units = true};
+    k_proj_ = plan.linear(name + ".k_proj", kv_spec, ctx, seed, cfg.dtype);
+    v_proj_ = plan.linear(name + ".v_proj", kv_spec, ctx, seed, cfg.dtype);
     o_proj_ = plan.linear(name + ".o_proj", {.in = q_out, .out = cfg.hidden, .bias = false, .in_unit = head_dim_}, ctx,
                           seed, cfg.dtype);
   }
@@ -142,7 +145,8 @@ class LlamaAttention {
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
     const Heads h = project_heads(x, seq, 0);
-    const Tensor y = causal_attention(h.q, repeat_kv(h.k, groups_), repeat_kv(h.v, groups_));
+    const std::int64_t groups = h.q.size(1) / h.k.size(1);   // this rank's query heads per key/value head
+    const Tensor y = causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups));
     return project_output(y, seq);
   }
 
@@ -155,8 +159,9 @@ class LlamaAttention {
     Tensor k_new = keys.narrow(2, start, t_new), v_new = values.narrow(2, start, t_new);
     k_new.copy_from(h.k);
     v_new.copy_from(h.v);
+    const std::int64_t groups = h.q.size(1) / h.k.size(1);
     const kernels::AttentionForward y = kernels::causal_attention_forward(
-        h.q, repeat_kv(keys.narrow(2, 0, start + t_new), groups_), repeat_kv(values.narrow(2, 0, start + t_new), groups_),
+        h.q, repeat_kv(keys.narrow(2, 0, start + t_new), groups), repeat_kv(values.narrow(2, 0, start + t_new), groups),
         1.0 / std::sqrt(static_cast<double>(head_dim_)));
     scores += y.scores;
     return project_output(y.out, t_new);
@@ -189,7 +194,7 @@ class LlamaAttention {
   }
 
   std::string name_;
-  std::int64_t head_dim_, groups_;
+  std::int64_t head_dim_;
   std::vector<double> inv_freq_;
   DType dtype_;
   std::unique_ptr<ParallelLinear> q_proj_, k_proj_, v_proj_, o_proj_;

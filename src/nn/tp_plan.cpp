@@ -4,7 +4,13 @@
 #include <fmt/format.h>
 #include <fmt/ranges.h>
 
+#include <algorithm>
+
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/tensor/error.hpp"
 
 namespace meshgrad::nn {
@@ -63,6 +69,49 @@ class Row1D final : public ParallelLinear {
   RowParallelLinear layer_;
 };
 
+// A column layer of fewer whole units than tp ranks (LinearSpec::replicate_units): the weight [in,
+// out] and bias are replicated over tp; rank r computes unit u = r * units / tp, so the tp / units
+// ranks of a unit repeat one another's product.
+//   forward:  x gathered along the sequence under SP (else used as it is) | x W[:, u] + b[u]
+//   backward: dX arrives partial over tp (each rank saw its unit only): reduced by the rule (the
+//             all-reduce of copy_to_region, the reduce-scatter of the SP gather); dW, db: partial
+//             over tp (zero outside the unit), summed over tp by the gradient synchroniser as a
+//             LayerNorm weight's under SP.
+class ReplicatedUnits final : public ParallelLinear {
+ public:
+  ReplicatedUnits(const std::string& name, const LinearSpec& s, const ParallelContextPtr& ctx, std::uint64_t seed,
+                  DType dtype)
+      : name_(name), unit_(s.out_unit), ctx_(ctx) {
+    const std::int64_t units = s.out / s.out_unit;
+    MG_CHECK(!ctx->tp_invariant(), "{}: {} units over tp = {} ranks are replicated, which the invariant modes do not "
+             "support yet (the fixed tree of a replicated unit is not the one-rank model's): use a tp that divides "
+             "them", name, units, ctx->tp_size());
+    weight = make_parameter(name + ".weight", {s.in, s.out}, ctx->replicated(), *ctx, seed, s.init_std, 0.0, dtype);
+    if (s.bias) bias = make_parameter(name + ".bias", {s.out}, ctx->replicated(), *ctx, seed, 0.0, 0.0, dtype);
+    first_ = ctx->tp_rank() * units / ctx->tp_size() * unit_;
+  }
+  Tensor forward(const Tensor& x, std::int64_t seq) const override {
+    dist::CommLabelScope label(name_);
+    trace::Scope scope(name_);
+    const ParallelContext& ctx = *ctx_;
+    const Tensor whole = ctx.sequence_parallel() ? dist::gather_from_sequence(x, ctx.tp, 0, seq)
+                                                 : dist::copy_to_region(x, ctx.tp, ctx.reduce_order());
+    const Tensor x_in = dist::mark_partial_grad(whole, ctx.tp.axes);
+    const Tensor w = narrow(ctx.partial_over_tp(weight.operand()), 1, first_, unit_);
+    const Tensor b = bias.operand().defined() ? narrow(ctx.partial_over_tp(bias.operand()), 0, first_, unit_) : Tensor();
+    return meshgrad::linear(x_in, w, b);
+  }
+  std::int64_t output_features() const override { return unit_; }
+  void collect(std::vector<Parameter*>& out) override { push(out, *this); }
+
+  Parameter weight, bias;
+
+ private:
+  std::string name_;
+  std::int64_t unit_, first_ = 0;
+  ParallelContextPtr ctx_;
+};
+
 // 2-D: the column style's input on tp_row, output on tp_col; the row style the other way round,
 // its output gathered whole (the activations between blocks are replicated on a grid).
 class Grid2D final : public ParallelLinear {
@@ -113,7 +162,16 @@ std::unique_ptr<ParallelLinear> TensorParallelPlan::linear(const std::string& na
                                                            DType dtype) const {
   const LinearStyle style = style_of(name);
   if (ctx->two_d) return std::make_unique<Grid2D>(name, spec, style, ctx, seed, dtype);
-  if (style == LinearStyle::Column) return std::make_unique<Column1D>(name, spec, ctx, seed, dtype);
+  if (style == LinearStyle::Column) {
+    const std::int64_t units = spec.out / std::max<std::int64_t>(1, spec.out_unit);
+    if (spec.blocks == 1 && units < ctx->tp_size()) {
+      MG_CHECK(spec.replicate_units && ctx->tp_size() % units == 0, "{}: {} units of {} features over tp = {} ranks: "
+               "a column-parallel layer needs at least one whole unit per rank{}", name, units, spec.out_unit,
+               ctx->tp_size(), spec.replicate_units ? ", or a tp that is a multiple of the units (each then replicated)" : "");
+      return std::make_unique<ReplicatedUnits>(name, spec, ctx, seed, dtype);
+    }
+    return std::make_unique<Column1D>(name, spec, ctx, seed, dtype);
+  }
   return std::make_unique<Row1D>(name, spec, ctx, seed, dtype);
 }
 

@@ -133,9 +133,21 @@ std::string hf_config_json(const nn::ModelConfig& c) {
                      scaling, c.tie_word_embeddings ? "true" : "false", c.attention_bias ? "true" : "false");
 }
 
+// Multi-query attention (one key/value head, Falcon / PaLM style; SmolLM-135M has 3 for 9 heads):
+// at tp > 1 the key/value head is replicated over the ranks.
+nn::ModelConfig mqa_config() {
+  nn::ModelConfig c = llama3_config();
+  c.kv_heads = 1;
+  c.attention_bias = true;
+  return c;
+}
+
 class LlamaFamily : public ::testing::TestWithParam<std::string> {
  protected:
-  nn::ModelConfig config() const { return GetParam() == "llama3" ? llama3_config() : qwen2_config(); }
+  nn::ModelConfig config() const {
+    if (GetParam() == "mqa") return mqa_config();
+    return GetParam() == "llama3" ? llama3_config() : qwen2_config();
+  }
 };
 
 TEST_P(LlamaFamily, Float64LossAndGradientsEqualAPyTorchModelWithHuggingFaceSemantics) {
@@ -183,8 +195,12 @@ TEST_P(LlamaFamily, EveryMeshGivesTheOneRankGradients) {
       {"pp=3", {}},
       {"pp=2,tp=2", {.sequence_parallel = true}},
       {"pp=2,fsdp=2", {}},
+      {"tp=4", {}},   // 2 key/value heads (llama3, qwen2) or 1 (mqa): replicated over 2 or 4 ranks
+      {"tp=4", {.sequence_parallel = true}},
   };
   for (const Case& c : cases) {
+    // A grid splits heads over tp_col and does not replicate key/value heads (refused, tested below).
+    if (c.mesh == "tp=2x2" && cfg.kv_head_count() < 2) continue;
     const MeshRun got = run(cfg, c.mesh, c.parallel, batch);
     EXPECT_NEAR(got.loss, one.loss, 1e-12 * std::abs(one.loss)) << c.mesh;
     ASSERT_EQ(got.gradients.size(), one.gradients.size()) << c.mesh;
@@ -195,7 +211,7 @@ TEST_P(LlamaFamily, EveryMeshGivesTheOneRankGradients) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LlamaFamily, ::testing::Values("llama3", "qwen2"));
+INSTANTIATE_TEST_SUITE_P(Configs, LlamaFamily, ::testing::Values("llama3", "qwen2", "mqa"));
 
 TEST(LlamaFamilyRefusals, WhatIsNotSupportedYetIsRefusedByName) {
   auto refusal = [](const nn::ModelConfig& cfg, const std::string& spec) {
@@ -209,10 +225,11 @@ TEST(LlamaFamilyRefusals, WhatIsNotSupportedYetIsRefusedByName) {
     });
     return message;
   };
-  nn::ModelConfig mqa = llama3_config();
-  mqa.kv_heads = 1;
-  EXPECT_NE(refusal(mqa, "tp=2").find("the 1 key/value heads (num_key_value_heads) do not split evenly"),
+  nn::ModelConfig kv2 = llama3_config();
+  EXPECT_NE(refusal(kv2, "tp=3").find("the 2 key/value heads (num_key_value_heads) neither split evenly over them nor "
+                                      "divide them"),
             std::string::npos);
+  EXPECT_NE(refusal(mqa_config(), "tp=1x2").find("a 2-D grid does not replicate key/value heads"), std::string::npos);
   nn::ModelConfig window = llama3_config();
   window.sliding_window = 4;
   EXPECT_NE(refusal(window, "tp=1").find("sliding_window 4 is shorter"), std::string::npos);

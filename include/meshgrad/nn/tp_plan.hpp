@@ -42,6 +42,10 @@ struct LinearSpec {
   std::int64_t in_unit = 1;      // a split of the input features cuts whole units (a row layer after heads)
   std::int64_t out_unit = 1;     // a split of the output features cuts whole units (a head's width)
   double init_std = 0.02;
+  // A column layer with fewer whole output units than tensor-parallel ranks (key/value heads at
+  // tp > num_key_value_heads): true replicates the weight over tp and rank r computes unit
+  // r * units / tp (Megatron's and vLLM's way; tp must be a multiple of the units); false refuses.
+  bool replicate_units = false;
 };
 
 // One linear layer as a plan built it, whatever the mesh.
