@@ -91,6 +91,34 @@ TEST(Jobs, TrainOptionsAreCheckedByTheirCliName) {
   }
 }
 
+// The Llama family trains through the job; what reads or writes its model outside the run (GPT-2's
+// files so far) is refused by name before any rank starts.
+TEST(Jobs, TheLlamaFamilyTrainsAndWhatWouldWriteItAsGpt2IsRefused) {
+  train::TrainOptions o = tiny_job(3);
+  o.model.kind = "llama";
+  o.model.kv_heads = 2;
+  const train::TrainResult result = run_train_job(o, threads_mesh(1, 2));
+  ASSERT_EQ(result.losses.size(), 3u);
+  EXPECT_TRUE(std::isfinite(result.losses.back()));
+  const std::vector<std::pair<void (*)(train::TrainOptions&), const char*>> refused = {
+      {[](train::TrainOptions& x) { x.save_path = "w.safetensors"; }, "--save"},
+      {[](train::TrainOptions& x) { x.checkpoint_dir = "ck"; }, "--checkpoint-dir"},
+      {[](train::TrainOptions& x) { x.resume = "ck"; }, "--resume"},
+      {[](train::TrainOptions& x) { x.init_from = "hf"; }, "--init-from"},
+      {[](train::TrainOptions& x) { x.sample_every = 5; }, "--sample-every"},
+  };
+  for (const auto& [change, option] : refused) {
+    train::TrainOptions x = o;
+    change(x);
+    bool ran = false;
+    const std::string message = error_of([&] { run_train_job(x, [&](const auto&) { ran = true; }); });
+    EXPECT_FALSE(ran) << option;
+    EXPECT_NE(message.find(fmt::format("train: {} is not supported for the Llama family yet", option)),
+              std::string::npos)
+        << message;
+  }
+}
+
 TEST(Jobs, GradsFilesGoTogether) {
   GradsJob job;
   job.config = "config.json";
