@@ -93,7 +93,18 @@ namespace {
 
 // What reads or writes a model outside the run is GPT-2's so far: a Llama run trains and reports.
 void check_llama_edges(const train::TrainOptions& o) {
-  if (o.model.kind != "llama") return;
+  if (o.model.kind != "llama") {
+    // The Llama family's sizes mean nothing to GPT-2: given, they are refused rather than ignored.
+    const nn::ModelConfig plain;
+    for (const auto& [option, set] :
+         {std::pair{"kv-heads", o.model.kv_heads != plain.kv_heads}, {"head-dim", o.model.head_dim != plain.head_dim},
+          {"rope-theta", o.model.rope_theta != plain.rope_theta},
+          {"tie-word-embeddings", o.model.tie_word_embeddings != plain.tie_word_embeddings},
+          {"attention-bias", o.model.attention_bias != plain.attention_bias}}) {
+      MG_CHECK(!set, "train: --{} is an option of --model llama; the model is \"{}\"", option, o.model.kind);
+    }
+    return;
+  }
   for (const auto& [option, on] : {std::pair{"init-from", !o.init_from.empty()}, {"save", !o.save_path.empty()},
                                    {"checkpoint-dir", !o.checkpoint_dir.empty()}, {"resume", !o.resume.empty()},
                                    {"sample-every", o.sample_every > 0}}) {

@@ -75,6 +75,21 @@ std::vector<TrainOption> where_and_what() {
        .recorded = R::Kept, .min = 1},
       {.name = "dropout", .kind = K::Double, .help = "Dropout probability", .field = MG_MEMBER(model.dropout),
        .recorded = R::Kept},
+      // The model family and the Llama family's own sizes. Not recorded yet: a Llama run writes no
+      // checkpoint (launch/jobs.cpp refuses --save, --checkpoint-dir and --resume for it).
+      {.name = "model", .kind = K::Text, .help = "Model family: gpt (GPT-2) or llama (RMSNorm, RoPE, grouped-query "
+       "attention, SwiGLU: Llama 2/3, Qwen2, Mistral-style; no checkpoints or samples yet)",
+       .field = MG_MEMBER(model.kind), .choices = {"gpt", "llama"}},
+      {.name = "kv-heads", .kind = K::Int, .help = "With --model llama: key/value heads, num_key_value_heads (0: "
+       "--heads)", .field = MG_MEMBER(model.kv_heads), .min = 0},
+      {.name = "head-dim", .kind = K::Int, .help = "With --model llama: features per head (0: hidden / heads)",
+       .field = MG_MEMBER(model.head_dim), .min = 0},
+      {.name = "rope-theta", .kind = K::Double, .help = "With --model llama: RoPE's base, rope_theta",
+       .field = MG_MEMBER(model.rope_theta)},
+      {.name = "tie-word-embeddings", .kind = K::Flag, .help = "With --model llama: the output layer is the token "
+       "embedding transposed", .field = MG_MEMBER(model.tie_word_embeddings)},
+      {.name = "attention-bias", .kind = K::Flag, .help = "With --model llama: q, k and v projections with biases "
+       "(Qwen2)", .field = MG_MEMBER(model.attention_bias)},
   };
 }
 

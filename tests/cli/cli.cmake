@@ -269,3 +269,14 @@ target_include_directories(test_train_options PRIVATE ${CLI11_INCLUDE_DIR} ${PRO
 target_link_libraries(test_train_options PRIVATE meshgrad nlohmann_json::nlohmann_json GTest::gtest GTest::gtest_main)
 gtest_discover_tests(test_train_options DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
                      PROPERTIES LABELS cli TIMEOUT 120)
+
+# The Llama family from the command line: trains on tp=2 with SP (3 steps, the loss printed), refuses
+# its options for GPT-2 and what would write its model as GPT-2's files.
+meshgrad_cli_test(train_llama_tp2_sp 0 "loss [0-9.]+ -> [0-9.]+" ${mg} train --model llama --kv-heads 2 --layers 2
+                  --hidden 32 --heads 4 --seq 16 --batch 8 --steps 3 --mesh tp=2 --sequence-parallel --no-metrics)
+meshgrad_cli_test(train_llama_option_for_gpt 1 "--kv-heads is an option of --model llama; the model is \"gpt\""
+                  ${mg} train --kv-heads 2 ${tiny})
+meshgrad_cli_test(train_llama_save_refused 1 "--save is not supported for the Llama family yet"
+                  ${mg} train --model llama --save llama.safetensors ${tiny})
+meshgrad_cli_test(train_llama_unknown_model 105 "--model: gemma not in .gpt,llama."
+                  ${mg} train --model gemma ${tiny})
