@@ -13,6 +13,7 @@
 
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/interop/hf_config.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
@@ -111,6 +112,45 @@ void check_llama_edges(const train::TrainOptions& o) {
     MG_CHECK(!on, "train: --{} is not supported for the Llama family yet: its checkpoints, Hugging Face files and "
              "samples are written and read as GPT-2's today", option);
   }
+}
+
+// --model-config: the model's shape from a config.json. A size option the caller gave must agree
+// with the file (it is not silently replaced); the others take the file's values.
+train::TrainOptions with_model_config(const train::TrainOptions& given) {
+  if (given.model_config.empty()) return given;
+  MG_CHECK(given.init_from.empty(), "train: --model-config and --init-from both give the model's shape (--init-from "
+           "reads its directory's config.json): give one");
+  const nn::ModelConfig file = interop::read_hf_config(given.model_config);
+  train::TrainOptions o = given;
+  struct Size {
+    const char* option;
+    double given, file;
+  };
+  const std::vector<Size> sizes = {
+      {"layers", double(o.model.layers), double(file.layers)},   {"hidden", double(o.model.hidden), double(file.hidden)},
+      {"ffn", double(o.model.ffn), double(file.ffn)},            {"heads", double(o.model.heads), double(file.heads)},
+      {"vocab", double(o.model.vocab), double(file.vocab)},      {"positions", double(o.model.positions), double(file.positions)},
+      {"layer-norm-epsilon", o.model.layer_norm_epsilon, file.layer_norm_epsilon},
+      {"kv-heads", double(o.model.kv_heads), double(file.kv_heads)},
+      {"head-dim", double(o.model.head_dim), double(file.head_dim)},
+      {"rope-theta", o.model.rope_theta, file.rope_theta},
+      {"tie-word-embeddings", double(o.model.tie_word_embeddings), double(file.tie_word_embeddings)},
+      {"attention-bias", double(o.model.attention_bias), double(file.attention_bias)}};
+  for (const Size& s : sizes) {
+    MG_CHECK(given.given_options.count(s.option) == 0 || s.given == s.file, "train: --{} {:g} disagrees with --model-config "
+             "'{}', which gives {:g}: leave the option out or change the file", s.option, s.given, given.model_config,
+             s.file);
+  }
+  MG_CHECK(given.given_options.count("model") == 0 || given.model.kind == file.kind, "train: --model {} disagrees with "
+           "--model-config '{}', a {} model", given.model.kind, given.model_config, file.kind);
+  // The file's shape with the run's own sizes (seq, batch, dropout, dtype).
+  nn::ModelConfig m = file;
+  m.seq = o.model.seq;
+  m.batch = o.model.batch;
+  m.dropout = o.model.dropout;
+  m.dtype = o.model.dtype;
+  o.model = m;
+  return o;
 }
 
 }  // namespace
@@ -219,7 +259,8 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
   return options;
 }
 
-train::TrainResult run_train_job(const train::TrainOptions& given, const dist::RunOnMesh& run_on_mesh) {
+train::TrainResult run_train_job(const train::TrainOptions& given_options, const dist::RunOnMesh& run_on_mesh) {
+  const train::TrainOptions given = with_model_config(given_options);
   check_llama_edges(given);   // before a checkpoint is read for --resume
   train::TrainOptions options = resolve_resume(given);
   try {

@@ -227,6 +227,9 @@ std::vector<TrainOption> checkpoints_and_the_rest() {
       {.name = "data-changed-ok", .kind = K::Flag, .help = "With --resume: go on although the data's content differs "
        "from the checkpoint's (it is refused otherwise, naming both content hashes)",
        .field = MG_MEMBER(data_changed_ok), .group = kCheckpoints},
+      {.name = "model-config", .kind = K::Path, .help = "A Hugging Face config.json (model_type gpt2, llama, qwen2 or "
+       "mistral) the model's shape comes from; a size option also given must agree with it",
+       .field = MG_MEMBER(model_config)},
       {.name = "init-from", .kind = K::Path, .help = "Start from a Hugging Face GPT-2 directory (config.json + "
        "model.safetensors) instead of random weights; the sizes come from its config.json",
        .field = MG_MEMBER(init_from)},

@@ -280,3 +280,12 @@ meshgrad_cli_test(train_llama_save_refused 1 "--save is not supported for the Ll
                   ${mg} train --model llama --save llama.safetensors ${tiny})
 meshgrad_cli_test(train_llama_unknown_model 105 "--model: gemma not in .gpt,llama."
                   ${mg} train --model gemma ${tiny})
+# --model-config: a Llama config.json (GQA, llama3 RoPE scaling) gives the shape; a size option that
+# disagrees with it and a model_type meshgrad does not build are refused naming them.
+set(llama_config ${CMAKE_CURRENT_SOURCE_DIR}/cli/data/llama_config.json)
+meshgrad_cli_test(train_model_config_llama 0 "loss [0-9.]+ -> [0-9.]+" ${mg} train --model-config ${llama_config}
+                  --seq 16 --batch 8 --steps 2 --mesh tp=2 --no-metrics)
+meshgrad_cli_test(train_model_config_disagrees 1 "--layers 3 disagrees with --model-config '.*llama_config.json', which gives 2"
+                  ${mg} train --model-config ${llama_config} --layers 3 --steps 1 --no-metrics)
+meshgrad_cli_test(train_model_config_missing 1 "config '.*no_such_config.json' cannot be opened"
+                  ${mg} train --model-config ${CMAKE_CURRENT_SOURCE_DIR}/cli/data/no_such_config.json --steps 1 --no-metrics)

@@ -76,6 +76,10 @@ struct TrainOptions {
   // random initialisation (interop/hf_io.hpp): the model's sizes come from its config.json, and a size
   // of `model` that is set (> 0) must agree with it (0 takes the file's); checked before step 1.
   std::string init_from;
+  // A Hugging Face config.json (model_type gpt2, llama, qwen2 or mistral; interop/hf_config.hpp) the
+  // model's shape comes from instead of the size options (launch::run_train_job applies it): a size
+  // option also given must agree with it. seq, batch, dropout and dtype stay the run's. "" = none.
+  std::string model_config;
   std::string trace_path;    // Chrome trace of the run (run_train_job, trace_file.hpp); "" = none
   // Evaluation every eval_every steps (and after the last one; 0 = never): the mean global loss of
   // the model over the first eval_steps validation batches (all of them if fewer), without dropout
