@@ -120,6 +120,8 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
   if (given.model_config.empty()) return given;
   MG_CHECK(given.init_from.empty(), "train: --model-config and --init-from both give the model's shape (--init-from "
            "reads its directory's config.json): give one");
+  MG_CHECK(given.resume.empty(), "train: --model-config with --resume: a resumed run's shape is its checkpoint's; "
+           "leave --model-config out");
   const nn::ModelConfig file = interop::read_hf_config(given.model_config);
   train::TrainOptions o = given;
   struct Size {

@@ -183,9 +183,20 @@ class LlamaAttention {
     auto heads_first = [&](const Tensor& t) {   // [T, B, H_l * D] -> [B, H_l, T, D]
       return contiguous(permute(reshape(t, {seq, t.size(1), t.size(2) / head_dim_, head_dim_}), {1, 2, 0, 3}));
     };
-    const RopeTables rope = rope_tables(inv_freq_, start, seq, dtype_);
+    const RopeTables rope = rope_for(start, seq);
     return {apply_rope(heads_first(q_proj_->forward(x, seq)), rope), apply_rope(heads_first(k_proj_->forward(x, seq)), rope),
             heads_first(v_proj_->forward(x, seq))};
+  }
+  // The tables of positions [start, start + count): computed once for a training shape (every step
+  // asks the same), again when the positions change (decoding). Constants: a graph that saved them
+  // keeps them, and they are never written.
+  RopeTables rope_for(std::int64_t start, std::int64_t count) const {
+    if (start != rope_start_ || count != rope_count_) {
+      rope_ = rope_tables(inv_freq_, start, count, dtype_);
+      rope_start_ = start;
+      rope_count_ = count;
+    }
+    return rope_;
   }
   // y [B, H_local, T, D] -> o_proj: [T(_local), B, C].
   Tensor project_output(const Tensor& y, std::int64_t seq) const {
@@ -197,6 +208,8 @@ class LlamaAttention {
   std::int64_t head_dim_;
   std::vector<double> inv_freq_;
   DType dtype_;
+  mutable RopeTables rope_;   // rope_for's (one model per rank: no lock)
+  mutable std::int64_t rope_start_ = -1, rope_count_ = 0;
   std::unique_ptr<ParallelLinear> q_proj_, k_proj_, v_proj_, o_proj_;
 };
 

@@ -119,6 +119,20 @@ TEST(Jobs, TheLlamaFamilyTrainsAndWhatWouldWriteItAsGpt2IsRefused) {
   }
 }
 
+// --model-config gives the shape of a new run only: with --resume (the checkpoint's shape) or
+// --init-from (its directory's config.json) it is refused before any file is read.
+TEST(Jobs, AModelConfigWithAResumeOrAnInitFromIsRefused) {
+  train::TrainOptions o = tiny_job(1);
+  o.model_config = "config.json";
+  o.resume = "no-such-checkpoint";
+  EXPECT_NE(error_of([&] { run_train_job(o, threads_mesh(1, 1)); }).find("--model-config with --resume"),
+            std::string::npos);
+  o.resume.clear();
+  o.init_from = "no-such-directory";
+  EXPECT_NE(error_of([&] { run_train_job(o, threads_mesh(1, 1)); }).find("--model-config and --init-from"),
+            std::string::npos);
+}
+
 TEST(Jobs, GradsFilesGoTogether) {
   GradsJob job;
   job.config = "config.json";
