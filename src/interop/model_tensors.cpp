@@ -1,0 +1,64 @@
+// Parameters as file tensors (contract in include/meshgrad/interop/model_tensors.hpp).
+#include "meshgrad/interop/model_tensors.hpp"
+
+#include <fmt/core.h>
+
+#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/tensor/error.hpp"
+
+namespace meshgrad::interop {
+
+namespace {
+
+std::vector<ModelTensor> llama_tensors(const nn::ModelConfig& c) {
+  const std::int64_t hidden = c.hidden, ffn = c.ffn_size(), d = c.head_size();
+  const std::int64_t q_out = c.heads * d, kv_out = c.kv_head_count() * d;
+  std::vector<ModelTensor> out{{"model.embed_tokens.weight", {c.vocab, hidden}, false}};
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string p = fmt::format("model.layers.{}.", i);
+    out.push_back({p + "input_layernorm.weight", {hidden}, false});
+    const std::pair<const char*, std::int64_t> qkv[] = {{"q_proj", q_out}, {"k_proj", kv_out}, {"v_proj", kv_out}};
+    for (const auto& [proj, width] : qkv) {
+      out.push_back({p + "self_attn." + proj + ".weight", {hidden, width}, true});
+      if (c.attention_bias) out.push_back({p + "self_attn." + proj + ".bias", {width}, false});
+    }
+    out.push_back({p + "self_attn.o_proj.weight", {q_out, hidden}, true});
+    out.push_back({p + "post_attention_layernorm.weight", {hidden}, false});
+    out.push_back({p + "mlp.gate_proj.weight", {hidden, ffn}, true});
+    out.push_back({p + "mlp.up_proj.weight", {hidden, ffn}, true});
+    out.push_back({p + "mlp.down_proj.weight", {ffn, hidden}, true});
+  }
+  out.push_back({"model.norm.weight", {hidden}, false});
+  if (!c.tie_word_embeddings) out.push_back({"lm_head.weight", {hidden, c.vocab}, true});
+  return out;
+}
+
+}  // namespace
+
+std::vector<ModelTensor> model_tensors(const nn::ModelConfig& config) {
+  if (config.kind == "llama") return llama_tensors(config);
+  MG_CHECK(config.kind == "gpt", "model '{}' has no file layout (gpt and llama have one)", config.kind);
+  std::vector<ModelTensor> out;
+  for (auto& [name, shape] : gpt2_parameter_shapes(config)) out.push_back({std::move(name), std::move(shape), false});
+  return out;
+}
+
+std::vector<std::pair<std::string, Shape>> model_parameter_shapes(const nn::ModelConfig& config) {
+  std::vector<std::pair<std::string, Shape>> out;
+  for (ModelTensor& t : model_tensors(config)) out.emplace_back(std::move(t.name), std::move(t.shape));
+  return out;
+}
+
+Tensor to_file_layout(const ModelTensor& spec, const Tensor& t) {
+  MG_CHECK(t.shape() == spec.shape, "tensor '{}': expected meshgrad's shape {}, got {}", spec.name,
+           shape_str(spec.shape), shape_str(t.shape()));
+  return spec.transposed ? t.transpose(0, 1).contiguous() : t.contiguous();
+}
+
+Tensor from_file_layout(const ModelTensor& spec, const Tensor& t) {
+  MG_CHECK(t.shape() == spec.file_shape(), "tensor '{}': expected the file's shape {}, got {}", spec.name,
+           shape_str(spec.file_shape()), shape_str(t.shape()));
+  return spec.transposed ? t.transpose(0, 1).contiguous() : t.contiguous();
+}
+
+}  // namespace meshgrad::interop
