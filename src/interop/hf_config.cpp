@@ -57,6 +57,25 @@ void read_rope_scaling(const json& j, const std::string& path, nn::ModelConfig& 
   }
 }
 
+// Mistral: sliding_window (null or absent: none) on every layer. Qwen2: only with use_sliding_window,
+// on the layers from max_window_layers (Qwen2Config's default 28) on, as its layer_types say. A
+// "layer_types" list given in the file must be the one these keys imply (meshgrad has no other
+// layout of windowed layers).
+void read_sliding_window(const json& j, const std::string& path, const std::string& model_type, nn::ModelConfig& c) {
+  if (model_type == "mistral") c.sliding_window = int_or(j, path, "sliding_window", 0);
+  if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
+    c.sliding_window = int_or(j, path, "sliding_window", 0);
+    c.max_window_layers = int_or(j, path, "max_window_layers", 28);
+  }
+  if (!j.contains("layer_types") || j.at("layer_types").is_null()) return;
+  const json& types = j.at("layer_types");
+  json implied = json::array();
+  for (int i = 0; i < c.layers; ++i) implied.push_back(c.attention_window(i) > 0 ? "sliding_attention" : "full_attention");
+  MG_CHECK(types == implied, "config '{}': \"layer_types\": {} differs from the layers that sliding_window, "
+           "use_sliding_window and max_window_layers give ({}); meshgrad builds only that layout", path,
+           io::json_excerpt(types), io::json_excerpt(implied));
+}
+
 nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const std::string& model_type) {
   nn::ModelConfig c;
   c.kind = "llama";
@@ -84,10 +103,7 @@ nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const
   c.tie_word_embeddings = bool_or(j, path, "tie_word_embeddings", false);
   // Qwen2's q, k and v projections always have biases (its config has no key for it).
   c.attention_bias = model_type == "qwen2" || bool_or(j, path, "attention_bias", false);
-  if (model_type == "mistral") c.sliding_window = int_or(j, path, "sliding_window", 0);
-  if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
-    c.sliding_window = int_or(j, path, "sliding_window", 0);
-  }
+  read_sliding_window(j, path, model_type, c);
   if (j.contains("hidden_act")) {
     const json& v = j.at("hidden_act");
     MG_CHECK(v.is_string() && v.get<std::string>() == "silu", "config '{}': \"hidden_act\": {} is not supported: the "

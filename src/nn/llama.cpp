@@ -50,9 +50,8 @@ void check_llama(const ModelConfig& cfg, const ParallelContext& ctx) {
   }
   MG_CHECK(cfg.dropout == 0, "llama: the Llama family has no dropout (attention_dropout is 0 in every released "
            "config); --dropout {} is refused", cfg.dropout);
-  MG_CHECK(cfg.sliding_window <= 0 || cfg.sliding_window >= cfg.n_positions(), "llama: sliding_window {} is shorter "
-           "than the {} positions a sequence may have: sliding-window attention is not supported yet (a window at "
-           "least max_position_embeddings long is plain causal attention)", cfg.sliding_window, cfg.n_positions());
+  MG_CHECK(cfg.sliding_window >= 0 && cfg.max_window_layers >= 0, "llama: sliding_window {} and max_window_layers {} "
+           "must be >= 0", cfg.sliding_window, cfg.max_window_layers);
   MG_CHECK(cfg.rope_scaling.empty() || cfg.rope_scaling == "linear" || cfg.rope_scaling == "llama3" ||
                cfg.rope_scaling == "default",
            "llama: rope_scaling type '{}' is not supported (default, linear and llama3 are)", cfg.rope_scaling);
@@ -126,7 +125,7 @@ const TensorParallelPlan& llama_plan() {
 class LlamaAttention {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : name_(name), head_dim_(cfg.head_size()),
+      : name_(name), head_dim_(cfg.head_size()), window_(cfg.sliding_window),
         inv_freq_(inverse_frequencies(cfg)), dtype_(cfg.dtype) {
     const TensorParallelPlan& plan = llama_plan();
     const std::int64_t q_out = std::int64_t{cfg.heads} * head_dim_, kv_out = std::int64_t{cfg.kv_head_count()} * head_dim_;
@@ -141,12 +140,13 @@ class LlamaAttention {
                           seed, cfg.dtype);
   }
 
-  // x: [T(_local), B, C] -> same; positions 0 .. seq - 1.
+  // x: [T(_local), B, C] -> same; positions 0 .. seq - 1. cfg.sliding_window is this layer's window
+  // (the family gives each block its ModelConfig::attention_window).
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
     const Heads h = project_heads(x, seq, 0);
     const std::int64_t groups = h.q.size(1) / h.k.size(1);   // this rank's query heads per key/value head
-    const Tensor y = causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups));
+    const Tensor y = causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups), window_);
     return project_output(y, seq);
   }
 
@@ -162,7 +162,7 @@ class LlamaAttention {
     const std::int64_t groups = h.q.size(1) / h.k.size(1);
     const kernels::AttentionForward y = kernels::causal_attention_forward(
         h.q, repeat_kv(keys.narrow(2, 0, start + t_new), groups), repeat_kv(values.narrow(2, 0, start + t_new), groups),
-        1.0 / std::sqrt(static_cast<double>(head_dim_)));
+        1.0 / std::sqrt(static_cast<double>(head_dim_)), window_);
     scores += y.scores;
     return project_output(y.out, t_new);
   }
@@ -206,6 +206,7 @@ class LlamaAttention {
 
   std::string name_;
   std::int64_t head_dim_;
+  std::int64_t window_;   // sliding window of this layer; 0: plain causal attention
   std::vector<double> inv_freq_;
   DType dtype_;
   mutable RopeTables rope_;   // rope_for's (one model per rank: no lock)
@@ -256,7 +257,10 @@ class Llama final : public DecoderFamily {
                                                                cfg.dtype);
     }
     for (int i = pieces.first_block; i < pieces.end_block; ++i) {
-      blocks_.push_back(std::make_shared<LlamaBlock>(fmt::format("model.layers.{}", i), kLlamaBlock, cfg, ctx, seed));
+      ModelConfig layer = cfg;   // the block's attention sees its own window
+      layer.sliding_window = cfg.attention_window(i);
+      layer.max_window_layers = 0;
+      blocks_.push_back(std::make_shared<LlamaBlock>(fmt::format("model.layers.{}", i), kLlamaBlock, layer, ctx, seed));
     }
     // Column-parallel over the vocabulary (logits stay split); its own weight unless tied.
     lm_head_ = std::make_unique<ColumnParallelLinear>(

@@ -512,6 +512,14 @@ std::vector<Spec> attention_specs() {
        return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
                     [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
      }},
+    // A sliding window inside and across the two tiles (Mistral's attention).
+    {"causal_attention.window", "causal_attention",
+     [](Draw& d) {
+       Shape s{1, 1, d.dim(65, 100), d.dim(1, 3)};   // [B, H, T, D]
+       const std::int64_t window = d.dim(1, 70);
+       return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
+                    [window](const TensorList& in) { return causal_attention(in[0], in[1], in[2], window); }};
+     }},
   };
 }
 

@@ -340,8 +340,10 @@ class DropoutFn final : public Function {
 // Blocked like FlashAttention (kernels::causal_attention_forward): saves q, k, v (the inputs,
 // no copies), the output and the per-row log-sum-exp [B, H, T] -- O(T) per head, no [T, T]
 // matrix. Backward recomputes the probabilities tile by tile from them.
+// window > 0: a sliding window (kernels.hpp), the same in backward.
 class CausalAttentionFn final : public Function {
  public:
+  explicit CausalAttentionFn(std::int64_t window) : window_(window) {}
   std::string_view name() const override { return "causal_attention"; }
 
   TensorList forward(const TensorList& in) override {
@@ -351,7 +353,7 @@ class CausalAttentionFn final : public Function {
     MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
              "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", q.str(), k.str(), v.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_);
+    kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_, window_);
     const bool any_grad = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(2);
     if (any_grad) save_for_backward({q, k, v, fwd.out, fwd.lse});
     return {fwd.out};
@@ -361,11 +363,12 @@ class CausalAttentionFn final : public Function {
     const TensorList& s = saved();
     kernels::AttentionGrads grads =
         kernels::causal_attention_backward(g[0], s[0], s[1], s[2], {s[3], s[4]}, scale_, needs_input_grad(0),
-                                           needs_input_grad(1), needs_input_grad(2));
+                                           needs_input_grad(1), needs_input_grad(2), window_);
     return {grads.dq, grads.dk, grads.dv};
   }
 
  private:
+  std::int64_t window_;
   double scale_ = 1.0;
 };
 
@@ -408,8 +411,9 @@ Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training)
   return autograd::apply<DropoutFn>({x}, p, gen.next_seed())[0];
 }
 
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v) {
-  return autograd::apply<CausalAttentionFn>({q, k, v})[0];
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window) {
+  MG_CHECK(window >= 0, "causal_attention: the sliding window must be >= 0 (0: none), got {}", window);
+  return autograd::apply<CausalAttentionFn>({q, k, v}, window)[0];
 }
 
 }  // namespace meshgrad

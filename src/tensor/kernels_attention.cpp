@@ -86,21 +86,35 @@ void tile_scores(T* s, const HeadMat<const T>& q, const HeadMat<const T>& k, std
   blas::gemm(false, true, rows, cols, dim, scale, q.row(i0), q.ld, k.row(j0), k.ld, T(0), s, kBlock);
 }
 
-// Number of keys of tile column range [j0, j0 + cols) that query position t may see (s <= t).
-// >= 1 in training (square tiles, j0 <= the tile's first query); <= 0 when decoding with a cache
-// puts a key tile entirely after a query.
-inline std::int64_t visible(std::int64_t t, std::int64_t j0, std::int64_t cols) {
-  return std::min(cols, t - j0 + 1);
+// The columns [lo, hi) of a tile covering keys [j0, j0 + cols) that query position t may see:
+// keys s with s <= t and, with a sliding window w > 0, s > t - w (Hugging Face's Mistral mask:
+// kv_idx > q_idx - sliding_window, so w keys counting t itself). Empty (hi <= lo) when every key of
+// the tile is after t (decoding with a cache) or before the window.
+struct Visible {
+  std::int64_t lo, hi;
+};
+inline Visible visible(std::int64_t t, std::int64_t j0, std::int64_t cols, std::int64_t window) {
+  const std::int64_t hi = std::min(cols, t - j0 + 1);
+  const std::int64_t lo = window > 0 ? std::clamp<std::int64_t>(t - window + 1 - j0, 0, cols) : 0;
+  return {lo, hi};
+}
+
+// The first key tile (a multiple of kBlock) that a query block starting at position p0 needs: 0,
+// or with a window the tile holding p0's first visible key (earlier tiles are all masked).
+inline std::int64_t first_key_tile(std::int64_t p0, std::int64_t window) {
+  if (window <= 0 || p0 - window + 1 <= 0) return 0;
+  return (p0 - window + 1) / kBlock * kBlock;
 }
 
 // queries rows of q are the last positions of a sequence of `keys` positions (queries <= keys):
-// query row r is position keys - queries + r and sees keys 0 .. that position. Training has
-// queries == keys; incremental decoding passes the new positions' queries and every cached key.
+// query row r is position keys - queries + r and sees keys 0 .. that position (with window > 0,
+// only the last `window` of them). Training has queries == keys; incremental decoding passes the
+// new positions' queries and every cached key.
 // Returns the number of scores computed (tile entries, including masked ones inside a tile).
 template <class T>
 std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const HeadMat<const T>& v,
                           const HeadMat<T>& out, T* lse, std::int64_t queries, std::int64_t keys, std::int64_t dim,
-                          T scale) {
+                          T scale, std::int64_t window) {
   std::vector<T> s(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> acc(static_cast<std::size_t>(kBlock * dim));
   std::vector<T> m(static_cast<std::size_t>(kBlock)), l(static_cast<std::size_t>(kBlock));
@@ -112,22 +126,23 @@ std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, 
     std::fill(acc.begin(), acc.end(), T(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
     std::fill(l.begin(), l.end(), T(0));
-    for (std::int64_t j0 = 0; j0 < seen; j0 += kBlock) {
-      // With first == 0 (training) these are the square tiles on and below the diagonal.
+    for (std::int64_t j0 = first_key_tile(first + i0, window); j0 < seen; j0 += kBlock) {
+      // With first == 0 (training) and no window these are the square tiles on and below the diagonal.
       const std::int64_t cols = std::min(kBlock, seen - j0);
       tile_scores(s.data(), q, k, i0, j0, rows, cols, dim, scale);
       scores += rows * cols;
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = s.data() + r * kBlock;
-        const std::int64_t vis = visible(first + i0 + r, j0, cols);
-        if (vis <= 0) {   // a key tile entirely after this query (only when first > 0)
+        const auto [lo, hi] = visible(first + i0 + r, j0, cols, window);
+        if (hi <= lo) {   // every key of the tile after this query (first > 0) or before its window
           std::fill(row, row + cols, T(0));
           continue;
         }
-        const T m_new = std::max(m[r], detail::row_max(row, vis));
-        for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - m_new);
-        const T total = static_cast<T>(detail::row_sum<T>(vis, [&](std::int64_t c) { return row[c]; }));
-        std::fill(row + vis, row + cols, T(0));   // masked keys weigh exactly 0
+        const T m_new = std::max(m[r], detail::row_max(row + lo, hi - lo));
+        for (std::int64_t c = lo; c < hi; ++c) row[c] = detail::exp_fast(row[c] - m_new);
+        const T total = static_cast<T>(detail::row_sum<T>(hi - lo, [&](std::int64_t c) { return row[lo + c]; }));
+        std::fill(row, row + lo, T(0));   // masked keys weigh exactly 0
+        std::fill(row + hi, row + cols, T(0));
         // First tile: m = -inf, l = 0 and acc = 0, so the rescale is skipped (exp(-inf) is 0 anyway).
         if (m[r] != m_new && l[r] != T(0)) {
           const T correction = std::exp(m[r] - m_new);
@@ -159,7 +174,7 @@ struct BackwardHead {
 };
 
 template <class T>
-void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t dim, T scale) {
+void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t dim, T scale, std::int64_t window) {
   std::vector<T> p(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> dp(static_cast<std::size_t>(kBlock * kBlock));
   // delta[t] = <dO_t, O_t> = sum_s P[t, s] dP[t, s], the row sum in the softmax backward.
@@ -173,15 +188,16 @@ void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t di
   const bool want_ds = h.dq.p != nullptr || h.dk.p != nullptr;
   for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
     const std::int64_t rows = std::min(kBlock, steps - i0);
-    for (std::int64_t j0 = 0; j0 <= i0; j0 += kBlock) {
+    for (std::int64_t j0 = first_key_tile(i0, window); j0 <= i0; j0 += kBlock) {
       const std::int64_t cols = std::min(kBlock, steps - j0);
       tile_scores(p.data(), h.q, h.k, i0, j0, rows, cols, dim, scale);
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = p.data() + r * kBlock;
-        const std::int64_t vis = visible(i0 + r, j0, cols);
+        const auto [lo, hi] = visible(i0 + r, j0, cols, window);
         const T shift = h.lse[i0 + r];
-        for (std::int64_t c = 0; c < vis; ++c) row[c] = detail::exp_fast(row[c] - shift);
-        std::fill(row + vis, row + cols, T(0));
+        for (std::int64_t c = lo; c < hi; ++c) row[c] = detail::exp_fast(row[c] - shift);
+        std::fill(row, row + std::min(lo, cols), T(0));
+        std::fill(row + std::max(lo, hi), row + cols, T(0));
       }
       // dV_j += P^T dO_i
       if (h.dv.p != nullptr) {
@@ -213,8 +229,10 @@ void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t di
 
 }  // namespace
 
-AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale) {
+AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale,
+                                          std::int64_t window) {
   const char* op = "causal_attention";
+  MG_CHECK(window >= 0, "{}: the sliding window must be >= 0 (0: none), got {}", op, window);
   check_floating(q_in, op);
   check_same_dtype(q_in, k_in, op);
   check_same_dtype(q_in, v_in, op);
@@ -233,7 +251,8 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
     for_each_pair(pairs, pairs * queries * keys * dim, [&](std::int64_t pair) {
       scores[static_cast<std::size_t>(pair)] =
           forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
-                          head<T>(r.out, pair, heads), lse + pair * queries, queries, keys, dim, static_cast<T>(scale));
+                          head<T>(r.out, pair, heads), lse + pair * queries, queries, keys, dim, static_cast<T>(scale),
+                          window);
     });
   });
   for (std::int64_t n : scores) r.scores += n;
@@ -242,7 +261,7 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
 
 AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
                                          const Tensor& v_in, const AttentionForward& fwd, double scale, bool want_dq,
-                                         bool want_dk, bool want_dv) {
+                                         bool want_dk, bool want_dv, std::int64_t window) {
   check_qkv(q_in, k_in, v_in, "causal_attention backward");
   check_same_dtype(q_in, dout_in, "causal_attention backward");
   MG_CHECK(dout_in.shape() == q_in.shape() && fwd.out.shape() == q_in.shape() && fwd.lse.dtype() == q_in.dtype() &&
@@ -270,7 +289,7 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
                               head<const T>(dout, pair, heads), lse + pair * steps,
                               grad_head(g.dq, pair),           grad_head(g.dk, pair),
                               grad_head(g.dv, pair)};
-      backward_head<T>(h, steps, dim, static_cast<T>(scale));
+      backward_head<T>(h, steps, dim, static_cast<T>(scale), window);
     });
   });
   return g;

@@ -144,3 +144,31 @@ TEST(HfConfig, WhatMeshgradDoesNotComputeIsRefusedNamingTheKeyAndTheValue) {
 }
 
 }  // namespace
+
+namespace {
+
+// Qwen2 with use_sliding_window: the window applies from max_window_layers on (Qwen2Config's
+// layer_types rule); a layer_types list that says otherwise is refused. Mistral's applies everywhere.
+TEST(HfConfig, SlidingWindowLayersFollowQwen2sMaxWindowLayers) {
+  std::string text = kQwen2;
+  const std::string use = "\"use_sliding_window\": false", window = "\"sliding_window\": 32768";
+  text.replace(text.find(use), use.size(), "\"use_sliding_window\": true");
+  text.replace(text.find(window), window.size(), "\"sliding_window\": 4096");
+  const nn::ModelConfig c = interop::parse_hf_config(text, "config.json");
+  EXPECT_EQ(c.sliding_window, 4096);
+  EXPECT_EQ(c.max_window_layers, 24);
+  for (int i = 0; i < c.layers; ++i) EXPECT_EQ(c.attention_window(i), 0) << i;   // 24 layers, max_window_layers 24
+  std::string two = text;
+  const std::string key = "\"max_window_layers\": 24";
+  two.replace(two.find(key), key.size(), "\"max_window_layers\": 2");
+  const nn::ModelConfig w = interop::parse_hf_config(two, "config.json");
+  EXPECT_EQ(w.attention_window(1), 0);
+  EXPECT_EQ(w.attention_window(2), 4096);
+  const nn::ModelConfig m = interop::parse_hf_config(kMistral, "config.json");
+  EXPECT_EQ(m.attention_window(0), 4096);
+  std::string listed = text;
+  listed.insert(listed.find('{') + 1, R"("layer_types": ["full_attention"], )");
+  EXPECT_NE(refusal(listed, "max_window_layers", "24").find("\"layer_types\""), std::string::npos);
+}
+
+}  // namespace

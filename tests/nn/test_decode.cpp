@@ -126,6 +126,29 @@ TEST_P(DecodeOnMesh, CachedStepsEqualTheFullRecomputeAndTouchTKeys) {
 INSTANTIATE_TEST_SUITE_P(Meshes, DecodeOnMesh, ::testing::ValuesIn(meshes()),
                          [](const ::testing::TestParamInfo<Mesh>& info) { return info.param.name; });
 
+// A Mistral-style model (a sliding window of 3 positions, shorter than the 12 generated): each cached
+// step sees the same window of keys as the full recompute of the prefix, on one rank and at tp=2.
+TEST(Decode, SlidingWindowCachedStepsEqualTheFullRecompute) {
+  nn::ModelConfig cfg = decode_gpt();
+  cfg.kind = "llama";
+  cfg.kv_heads = 1;
+  cfg.heads = 2;   // head_dim 6: RoPE rotates pairs
+  cfg.ffn = 24;
+  cfg.sliding_window = 3;
+  const Tensor tokens = random::randint({2, 12}, 19, cfg.vocab);
+  const StepLogits one = run_steps(cfg, meshes()[0], tokens, 4);
+  const StepLogits two = run_steps(cfg, meshes()[1], tokens, 4);
+  ASSERT_FALSE(one.cached.empty());
+  for (std::size_t i = 0; i < one.cached.size(); ++i) {
+    EXPECT_LT(rel_diff(one.cached[i], one.full[i]), 1e-12) << "step " << i;
+    EXPECT_LT(rel_diff(two.cached[i], one.cached[i]), 1e-12) << "tp=2 step " << i;
+  }
+  // Without the window the logits differ: the window is applied.
+  cfg.sliding_window = 0;
+  const StepLogits plain = run_steps(cfg, meshes()[0], tokens, 4);
+  EXPECT_GT(rel_diff(plain.cached.back(), one.cached.back()), 1e-6);
+}
+
 // decode of whole sequences is the training forward: the mean cross-entropy of its logits is loss().
 TEST(Decode, AllPositionLogitsGiveTheTrainingLoss) {
   nn::ModelConfig cfg = decode_gpt();

@@ -527,8 +527,9 @@ TEST(NnOps, DropoutBackwardUsesTheForwardMask) {
 
 // ---- causal attention -----------------------------------------------------------------------------
 
-// Direct loops: out[b,h,t] = sum_{s<=t} softmax_s(q[t].k[s] / sqrt(D)) v[s].
-std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v) {
+// Direct loops: out[b,h,t] = sum_{s<=t} softmax_s(q[t].k[s] / sqrt(D)) v[s]; with window > 0 only
+// over s > t - window (Hugging Face's sliding-window mask).
+std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window = 0) {
   const std::int64_t B = q.size(0), H = q.size(1), T = q.size(2), D = q.size(3);
   std::vector<double> out(static_cast<std::size_t>(B * H * T * D), 0.0);
   for (std::int64_t b = 0; b < B; ++b) {
@@ -536,14 +537,15 @@ std::vector<double> attention_reference(const Tensor& q, const Tensor& k, const 
       for (std::int64_t t = 0; t < T; ++t) {
         std::vector<double> score(static_cast<std::size_t>(t + 1));
         double m = -std::numeric_limits<double>::infinity(), denom = 0;
-        for (std::int64_t s = 0; s <= t; ++s) {
+        const std::int64_t first = window > 0 ? std::max<std::int64_t>(0, t - window + 1) : 0;
+        for (std::int64_t s = first; s <= t; ++s) {
           double dot = 0;
           for (std::int64_t d = 0; d < D; ++d) dot += q.at({b, h, t, d}) * k.at({b, h, s, d});
           score[s] = dot / std::sqrt(static_cast<double>(D));
           m = std::max(m, score[s]);
         }
-        for (std::int64_t s = 0; s <= t; ++s) denom += std::exp(score[s] - m);
-        for (std::int64_t s = 0; s <= t; ++s) {
+        for (std::int64_t s = first; s <= t; ++s) denom += std::exp(score[s] - m);
+        for (std::int64_t s = first; s <= t; ++s) {
           const double p = std::exp(score[s] - m) / denom;
           for (std::int64_t d = 0; d < D; ++d) out[((b * H + h) * T + t) * D + d] += p * v.at({b, h, s, d});
         }
@@ -598,6 +600,46 @@ TEST(NnOps, CausalAttentionMatchesDirectLoopsAcrossTiles) {
   const std::vector<double> strided = causal_attention(qs, k, v).to_vector();
   const std::vector<double> packed = attention_reference(qs.contiguous(), k, v);
   for (std::size_t i = 0; i < strided.size(); ++i) EXPECT_NEAR(strided[i], packed[i], 1e-12) << i;
+}
+
+// Sliding windows shorter than, equal to and longer than a 64-key tile, over three tiles: tiles wholly
+// before a window are skipped, a window starting inside a tile masks its first columns.
+TEST(NnOps, SlidingWindowAttentionMatchesDirectLoops) {
+  const Tensor q = scale(randn64({1, 2, 150, 5}, 244), 3.0), k = randn64({1, 2, 150, 5}, 245);
+  const Tensor v = randn64({1, 2, 150, 5}, 246);
+  for (const std::int64_t window : {1, 7, 64, 65, 100, 149, 150, 400}) {
+    const std::vector<double> expected = attention_reference(q, k, v, window);
+    const std::vector<double> got = causal_attention(q, k, v, window).to_vector();
+    ASSERT_EQ(got.size(), expected.size());
+    for (std::size_t i = 0; i < got.size(); ++i) ASSERT_NEAR(got[i], expected[i], 1e-12) << "window " << window << " " << i;
+  }
+  // A window covering the sequence is plain causal attention, bit for bit.
+  const std::vector<double> plain = causal_attention(q, k, v).to_vector();
+  const std::vector<double> wide = causal_attention(q, k, v, 150).to_vector();
+  for (std::size_t i = 0; i < plain.size(); ++i) ASSERT_EQ(plain[i], wide[i]) << i;
+  // Window 1: every position sees only itself.
+  const Tensor one = causal_attention(q, k, v, 1);
+  EXPECT_NEAR(one.at({0, 1, 120, 3}), v.at({0, 1, 120, 3}), 1e-15);
+  expect_invalid([&] { causal_attention(q, k, v, -1); }, {"causal_attention", "window", "-1"});
+}
+
+// Decoding with a cache (T_q < T_k) under a window sees the same keys as the full forward's rows.
+TEST(NnOps, SlidingWindowAttentionWithACacheEqualsTheFullRows) {
+  const Tensor q = randn64({1, 2, 140, 4}, 251), k = randn64({1, 2, 140, 4}, 252), v = randn64({1, 2, 140, 4}, 253);
+  const double scale_d = 0.5;
+  for (const std::int64_t window : {3, 70}) {
+    const kernels::AttentionForward full = kernels::causal_attention_forward(q, k, v, scale_d, window);
+    const kernels::AttentionForward last = kernels::causal_attention_forward(q.narrow(2, 130, 10), k, v, scale_d, window);
+    for (std::int64_t t = 0; t < 10; ++t) {
+      for (std::int64_t d = 0; d < 4; ++d) {
+        EXPECT_NEAR(last.out.at({0, 1, t, d}), full.out.at({0, 1, 130 + t, d}), 1e-13) << window;
+      }
+    }
+    // Window 3 needs only the last key tile; window 70 reaches back into the first.
+    const std::int64_t plain = kernels::causal_attention_forward(q.narrow(2, 130, 10), k, v, scale_d).scores;
+    if (window == 3) EXPECT_LT(last.scores, plain);
+    if (window == 70) EXPECT_EQ(last.scores, plain);
+  }
 }
 
 TEST(NnOps, CausalAttentionTakesStridedHeads) {

@@ -95,6 +95,11 @@ def loss_of(p, cfg, inputs, targets, variant=""):
 
     h = p["model.embed_tokens.weight"][inputs]
     mask = torch.full((t, t), float("-inf"), dtype=torch.float64).triu(1)
+    # Sliding-window layers (Mistral: all; Qwen2: from max_window_layers on) also mask the keys at
+    # or before q - window (Hugging Face's kv_idx > q_idx - sliding_window).
+    window = cfg.get("sliding_window") or 0
+    pos = torch.arange(t)
+    window_mask = mask.masked_fill(pos[None, :] <= pos[:, None] - window, float("-inf")) if window else mask
     for layer in range(cfg["num_hidden_layers"]):
         pre = f"model.layers.{layer}"
         n = rms(h, p[pre + ".input_layernorm.weight"])
@@ -109,7 +114,8 @@ def loss_of(p, cfg, inputs, targets, variant=""):
         else:
             k = k[:, :, None].expand(b, kv, groups, t, d).reshape(b, heads, t, d)
             v = v[:, :, None].expand(b, kv, groups, t, d).reshape(b, heads, t, d)
-        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + mask, dim=-1) @ v
+        windowed = window and layer >= cfg.get("max_window_layers", 0) and variant != "no_window"
+        att = torch.softmax(q @ k.transpose(-1, -2) / math.sqrt(d) + (window_mask if windowed else mask), dim=-1) @ v
         h = h + linear(att.transpose(1, 2).reshape(b, t, heads * d), pre + ".self_attn.o_proj")
         m = rms(h, p[pre + ".post_attention_layernorm.weight"])
         gate = F.silu(linear(m, pre + ".mlp.gate_proj"))
@@ -148,9 +154,11 @@ def main(path):
             ok = False
         worst = max(worst, r)
     print(f"largest relative difference over the loss and {len(names)} gradients: {worst:.2e}")
-    variants = ["interleaved", "eps", "no_scaling"] + (["repeat_order"] if cfg["num_key_value_heads"] > 1 else [])
+    variants = ["interleaved", "eps", "no_scaling", "no_window"] + (["repeat_order"] if cfg["num_key_value_heads"] > 1 else [])
     for variant in variants:
         if variant == "no_scaling" and not cfg.get("rope_scaling"):
+            continue
+        if variant == "no_window" and not cfg.get("sliding_window"):
             continue
         wrong_loss, wrong_grads = run(variant)
         moved = max([abs(wrong_loss - theirs_loss) / abs(theirs_loss)] +

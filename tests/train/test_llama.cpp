@@ -128,9 +128,10 @@ std::string hf_config_json(const nn::ModelConfig& c) {
   }
   return fmt::format(R"({{"hidden_size": {}, "num_attention_heads": {}, "num_key_value_heads": {}, "head_dim": {}, )"
                      R"("num_hidden_layers": {}, "rms_norm_eps": {}, "rope_theta": {}, "rope_scaling": {}, )"
-                     R"("tie_word_embeddings": {}, "attention_bias": {}}})",
+                     R"("tie_word_embeddings": {}, "attention_bias": {}, "sliding_window": {}, "max_window_layers": {}}})",
                      c.hidden, c.heads, c.kv_head_count(), c.head_size(), c.layers, c.layer_norm_epsilon, c.rope_theta,
-                     scaling, c.tie_word_embeddings ? "true" : "false", c.attention_bias ? "true" : "false");
+                     scaling, c.tie_word_embeddings ? "true" : "false", c.attention_bias ? "true" : "false",
+                     c.sliding_window, c.max_window_layers);
 }
 
 // Multi-query attention (one key/value head, Falcon / PaLM style; SmolLM-135M has 3 for 9 heads):
@@ -142,10 +143,29 @@ nn::ModelConfig mqa_config() {
   return c;
 }
 
+// Mistral style: a sliding window of 5 positions on every layer (sequences of 12), plain RoPE.
+nn::ModelConfig mistral_config() {
+  nn::ModelConfig c = llama3_config();
+  c.rope_scaling.clear();
+  c.rope_theta = 10000.0;
+  c.sliding_window = 5;
+  return c;
+}
+
+// Qwen2 with use_sliding_window: full attention in layer 0, a window of 4 from max_window_layers 1 on.
+nn::ModelConfig qwen2_window_config() {
+  nn::ModelConfig c = qwen2_config();
+  c.sliding_window = 4;
+  c.max_window_layers = 1;
+  return c;
+}
+
 class LlamaFamily : public ::testing::TestWithParam<std::string> {
  protected:
   nn::ModelConfig config() const {
     if (GetParam() == "mqa") return mqa_config();
+    if (GetParam() == "mistral") return mistral_config();
+    if (GetParam() == "qwen2_window") return qwen2_window_config();
     return GetParam() == "llama3" ? llama3_config() : qwen2_config();
   }
 };
@@ -211,7 +231,7 @@ TEST_P(LlamaFamily, EveryMeshGivesTheOneRankGradients) {
   }
 }
 
-INSTANTIATE_TEST_SUITE_P(Configs, LlamaFamily, ::testing::Values("llama3", "qwen2", "mqa"));
+INSTANTIATE_TEST_SUITE_P(Configs, LlamaFamily, ::testing::Values("llama3", "qwen2", "mqa", "mistral", "qwen2_window"));
 
 TEST(LlamaFamilyRefusals, WhatIsNotSupportedYetIsRefusedByName) {
   auto refusal = [](const nn::ModelConfig& cfg, const std::string& spec) {
@@ -231,8 +251,8 @@ TEST(LlamaFamilyRefusals, WhatIsNotSupportedYetIsRefusedByName) {
             std::string::npos);
   EXPECT_NE(refusal(mqa_config(), "tp=1x2").find("a 2-D grid does not replicate key/value heads"), std::string::npos);
   nn::ModelConfig window = llama3_config();
-  window.sliding_window = 4;
-  EXPECT_NE(refusal(window, "tp=1").find("sliding_window 4 is shorter"), std::string::npos);
+  window.sliding_window = -4;
+  EXPECT_NE(refusal(window, "tp=1").find("sliding_window -4 and max_window_layers 0 must be >= 0"), std::string::npos);
   nn::ModelConfig dropout = llama3_config();
   dropout.dropout = 0.1;
   EXPECT_NE(refusal(dropout, "tp=1").find("has no dropout"), std::string::npos);

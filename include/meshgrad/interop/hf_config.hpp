@@ -15,7 +15,8 @@ namespace meshgrad::interop {
 // (default 1e-6), rope_theta (default 10000), rope_scaling (null, or rope_type / type "default",
 // "linear" or "llama3" with their factors), tie_word_embeddings (default false), attention_bias
 // (llama: default false; qwen2: always true, as Qwen2's q/k/v projections have biases) and
-// sliding_window (mistral; qwen2 only with use_sliding_window). Refused naming the key and the
+// sliding_window (mistral: every layer; qwen2 only with use_sliding_window, on the layers from
+// max_window_layers (default 28) on; a layer_types list must agree). Refused naming the key and the
 // value: an unknown model_type, a rope_scaling type not implemented, hidden_act other than "silu",
 // mlp_bias true, pretraining_tp other than 1, a non-zero attention_dropout, heads not a multiple of
 // the key/value heads; missing or ill-typed keys as read_gpt2_config.

@@ -120,7 +120,7 @@ std::unique_ptr<DecoderFamily> make_gpt2_family(const ModelConfig& config, const
 const TensorParallelPlan& gpt2_tp_plan();
 
 // The Llama family (src/nn/llama.cpp; kind "llama"): Llama 2/3, TinyLlama, SmolLM, Qwen2 (q/k/v
-// biases), Mistral (a sliding window no shorter than the positions), in Hugging Face's names.
+// biases), Mistral (sliding-window attention; Qwen2 from max_window_layers on), in Hugging Face's names.
 std::unique_ptr<DecoderFamily> make_llama_family(const ModelConfig& config, const ParallelContextPtr& ctx,
                                                  const StagePieces& pieces, std::uint64_t seed);
 const TensorParallelPlan& llama_tp_plan();

@@ -44,12 +44,20 @@ struct ModelConfig {
   int rope_original_positions = 8192;
   bool tie_word_embeddings = false; // tie_word_embeddings: lm_head is embed_tokens^T
   bool attention_bias = false;      // q, k, v projections with biases (Qwen2)
-  int sliding_window = 0;           // Mistral's sliding_window; 0 = none
+  // Sliding-window attention: layers max_window_layers .. layers - 1 attend to their last
+  // sliding_window positions only (Mistral: every layer, max_window_layers 0; Qwen2 with
+  // use_sliding_window: the layers from its max_window_layers on). sliding_window 0: none.
+  int sliding_window = 0;
+  int max_window_layers = 0;
   std::string model_type = "llama"; // config.json's model_type: "llama", "qwen2" or "mistral" (export)
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_size() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
   int n_positions() const { return positions > 0 ? positions : seq; }
+  // The attention window of block `layer` (0: plain causal attention).
+  int attention_window(int layer) const {
+    return sliding_window > 0 && layer >= max_window_layers ? sliding_window : 0;
+  }
 
   // A GPT of these sizes, every other field at its default: how code that does not parse a file
   // builds a model's configuration.

@@ -92,7 +92,9 @@ Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training 
 
 // ---- attention ----------------------------------------------------------------------------------
 // Causal scaled-dot-product attention over heads: q, k, v: [B, H, T, D] -> [B, H, T, D];
-// softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t.
-Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v);
+// softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t; with a
+// sliding window > 0 only to positions t - window + 1 .. t (Mistral's: Hugging Face's mask
+// kv_idx > q_idx - sliding_window). window = 0 is plain causal attention.
+Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window = 0);
 
 }  // namespace meshgrad

@@ -110,6 +110,9 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
 // q [B, H, T_q, D], k, v [B, H, T_k, D] with T_q <= T_k; query row r is then position
 // T_k - T_q + r of the sequence and attends to keys 0 .. T_k - T_q + r. With T_q == T_k this is the
 // case above, bit for bit. (The backward takes T_q == T_k only.)
+// window > 0 is a sliding window (Mistral's; Hugging Face's mask kv_idx > q_idx - sliding_window):
+// position t attends to keys max(0, t - window + 1) .. t only, and key tiles wholly before the window
+// are skipped. window = 0 is plain causal attention, bit for bit as without the argument.
 struct AttentionForward {
   Tensor out;
   Tensor lse;
@@ -117,7 +120,8 @@ struct AttentionForward {
   // entries inside a tile included). A cost counter: T_q = 1 against T_k keys computes B H T_k.
   std::int64_t scores = 0;
 };
-AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale);
+AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
+                                          std::int64_t window = 0);
 // Gradients of sum(dout * out) with respect to q, k, v, recomputing the probabilities from
 // (q, k, fwd.lse). Only the wanted ones are computed; the others are undefined.
 struct AttentionGrads {
@@ -125,6 +129,6 @@ struct AttentionGrads {
 };
 AttentionGrads causal_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const AttentionForward& fwd, double scale, bool want_dq, bool want_dk,
-                                         bool want_dv);
+                                         bool want_dv, std::int64_t window = 0);
 
 }  // namespace meshgrad::kernels
