@@ -12,17 +12,31 @@
 # sets OPENBLAS_CORETYPE=Haswell: AVX2 kernels, about half the sgemm speed of the AVX-512 ones on its
 # CPUs), the whole comparison runs twice: with the environment's kernels and with OpenBLAS's own
 # choice, one table each, every row of a table on the same kernels.
-# Usage: [DATA=dir] [TPS="1 2 4"] [WARMUP=5] bench/compare_train.sh [BUILD_DIR [STEPS [LAYERS HIDDEN HEADS SEQ BATCH]]]
+# Usage: [DATA=dir] [TPS="1 2 4"] [WARMUP=5] [MODEL=llama KV_HEADS=K FFN=F TIED=0|1] \
+#        bench/compare_train.sh [BUILD_DIR [STEPS [LAYERS HIDDEN HEADS SEQ BATCH]]]
 #   DATA: a `meshgrad prepare` directory (e.g. GPT-2 BPE tokens: GPT-2 small's vocabulary, 50257),
 #   default the built-in bytes (vocabulary 256); the PyTorch peer gets the same vocabulary (random
 #   tokens: the speed does not depend on them). TPS: the tensor-parallel sizes to run. WARMUP:
 #   untimed steps before the STEPS timed ones, on both sides. Prints whether each meshgrad row reaches
 #   85% of the sgemm peak (issue 25's goal).
+#   MODEL=llama: the Llama family instead of GPT-2 (`--model llama --kv-heads KV_HEADS --ffn FFN`,
+#   TIED=1 adds --tie-word-embeddings), against bench/peers/torch_llama_train.py (the same model in
+#   PyTorch). Flops per token: 6 N + 12 L (H D) T, N counting every parameter that multiplies (the
+#   input embedding table only when it is also the output layer).
 set -eu
 build=${1:-build}
 steps=${2:-20}
 layers=${3:-6} hidden=${4:-384} heads=${5:-6} seq=${6:-256} batch=${7:-8}
 tps=${TPS:-"1 2 4"}
+model=${MODEL:-gpt}
+kv_heads=${KV_HEADS:-$heads}
+ffn=${FFN:-$((4 * hidden))}
+tied=${TIED:-0}
+model_options=""
+if [ "$model" = llama ]; then
+  model_options="--model llama --kv-heads $kv_heads --ffn $ffn"
+  [ "$tied" = 1 ] && model_options="$model_options --tie-word-embeddings"
+fi
 warmup=${WARMUP:-5}
 [ "$warmup" -ge 1 ] || { echo "compare_train: WARMUP must be >= 1, got $warmup" >&2; exit 2; }
 peers=$(dirname "$0")/peers
@@ -43,23 +57,37 @@ for setting in $settings; do
   # meshgrad: WARMUP untimed steps, then tokens/s over the next STEPS from the per-step metrics.
   for tp in $tps; do
     "$build/meshgrad" train --mesh tp=$tp ${DATA:+--data "$DATA"} --steps $((steps + warmup)) --layers "$layers" \
-      --hidden "$hidden" --heads "$heads" --seq "$seq" --batch "$batch" --metrics "$work/tp$tp.jsonl" \
+      --hidden "$hidden" --heads "$heads" --seq "$seq" --batch "$batch" $model_options --metrics "$work/tp$tp.jsonl" \
       > "$work/tp$tp.log" 2>&1 || { cat "$work/tp$tp.log"; exit 1; }
   done
   first_tp=${tps%% *}
   kernels=$(sed -n 's/^compute: [^;]*; \(.*\)$/\1/p' "$work/tp$first_tp.log" | head -1)
   vocab=$(sed -n 's/.*vocab \([0-9]*\)).*/\1/p' "$work/tp$first_tp.log" | head -1)
-  torch=$(/usr/bin/python3 "$peers/torch_gpt_train.py" "$steps" "$layers" "$hidden" "$heads" "$seq" "$batch" "$vocab" "$warmup")
+  if [ "$model" = llama ]; then
+    torch=$(/usr/bin/python3 "$peers/torch_llama_train.py" "$steps" "$layers" "$hidden" "$heads" "$kv_heads" "$ffn" \
+            "$seq" "$batch" "$vocab" "$warmup" "$tied")
+  else
+    torch=$(/usr/bin/python3 "$peers/torch_gpt_train.py" "$steps" "$layers" "$hidden" "$heads" "$seq" "$batch" "$vocab" "$warmup")
+  fi
   torch_tps=$(echo "$torch" | sed -n 's/.*: \([0-9]*\) tokens\/s.*/\1/p')
 
-  /usr/bin/python3 - "$work" "$peak" "$torch_tps" "$steps" "$layers" "$hidden" "$seq" "$batch" "$kernels" "$vocab" "$warmup" "$tps" <<'PY'
+  /usr/bin/python3 - "$work" "$peak" "$torch_tps" "$steps" "$layers" "$hidden" "$seq" "$batch" "$kernels" "$vocab" "$warmup" "$tps" \
+      "$model" "$heads" "$kv_heads" "$ffn" "$tied" <<'PY'
 import json, sys
 work, peak, torch_tps = sys.argv[1], float(sys.argv[2]), float(sys.argv[3])
 steps, L, C, T, B = (int(a) for a in sys.argv[4:9])
 V, warmup, tps = int(sys.argv[10]), int(sys.argv[11]), [int(t) for t in sys.argv[12].split()]
+model, H, KV, FF, tied = sys.argv[13], int(sys.argv[14]), int(sys.argv[15]), int(sys.argv[16]), sys.argv[17] == "1"
 print(f"\nkernels: {sys.argv[9]}")
-params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C   # tied wte, wpe, blocks, final LayerNorm
-flops_per_token = 6 * params + 12 * L * C * T
+if model == "llama":
+    D = C // H
+    # output layer (tied or not), per block q, k, v, o, gate, up, down and two RMSNorms, final RMSNorm
+    params = V * C + L * (C * H * D + 2 * C * KV * D + H * D * C + 3 * C * FF + 2 * C) + C
+    flops_per_token = 6 * params + 12 * L * H * D * T
+    print(f"model: llama, heads {H}, kv heads {KV}, ffn {FF}, {'tied' if tied else 'untied'} output layer")
+else:
+    params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C   # tied wte, wpe, blocks, final LayerNorm
+    flops_per_token = 6 * params + 12 * L * C * T
 print(f"shape: layers {L}, hidden {C}, seq {T}, batch {B}, vocab {V}, {params} parameters; "
       f"{flops_per_token / 1e6:.1f} MFLOP per token; sgemm peak (n=1024 or 2048) {peak:.1f} GFLOP/s")
 print(f"| run | tokens/s | vs PyTorch | GFLOP/s | % of sgemm peak |")
