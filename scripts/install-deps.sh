@@ -22,6 +22,7 @@ esac
 packages=(
   build-essential cmake pkg-config
   libopenblas-dev          # GEMM (cblas_sgemm / cblas_dgemm)
+  libdnnl-dev              # oneDNN: float32 products (src/tensor/onednn_gemm.cpp)
   libcli11-dev             # command-line parsing
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics

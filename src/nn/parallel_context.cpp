@@ -116,6 +116,12 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     // thread per rank makes a GEMM's result a function of its shape and data only. (The banner's
     // thread policy then names the mode.)
     blas::set_threads_per_rank(1, fmt::format("--{}", invariance_option(config.invariance)));
+    // oneDNN picks its kernel from the operands' row strides (a dense matrix: its brgemm kernels; a
+    // block of a wider one: its jit gemm), and the two round differently once K is longer than a
+    // kernel's K block: the same fixed block is a whole local matrix on one mesh and part of one on
+    // another. OpenBLAS's result depends on the shape and data only, so the invariant modes' products
+    // are OpenBLAS's (restored when the launch's ThreadsPerRank scope ends).
+    blas::set_float32_gemm_library(blas::GemmLibrary::OpenBlas);
   }
   ctx->mesh = std::move(mesh);
   return ctx;

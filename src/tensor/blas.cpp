@@ -8,6 +8,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
@@ -15,6 +16,7 @@
 #include <vector>
 
 #include "meshgrad/tensor/error.hpp"
+#include "onednn_gemm.hpp"
 
 // Parts of OpenBLAS's pthreads server outside cblas.h (exported by Debian's libopenblas0-pthread
 // 0.3.21). Weak: a build without them (the OpenMP or serial variants) leaves the idle wait as it is.
@@ -122,6 +124,7 @@ ThreadsPerRank::ThreadsPerRank(int ranks_on_node, int ranks_in_process) {
   const int cores = available_cores();
   threads_ = std::max(1, cores / ranks_on_node);
   previous_threads_ = num_threads();
+  previous_library_ = float32_gemm_library();
   set_num_threads(threads_);
   const std::string why = fmt::format("{} usable core{} / {} rank{} on this node", cores, cores == 1 ? "" : "s",
                                       ranks_on_node, ranks_on_node == 1 ? "" : "s");
@@ -136,6 +139,7 @@ ThreadsPerRank::ThreadsPerRank(int ranks_on_node, int ranks_in_process) {
 
 ThreadsPerRank::~ThreadsPerRank() {
   set_num_threads(previous_threads_);
+  set_float32_gemm_library(previous_library_);
   std::lock_guard lock(policy_m);
   policy_text = previous_policy_;
   scope_ranks_in_process = previous_ranks_in_process_;
@@ -231,8 +235,62 @@ namespace {
 CBLAS_TRANSPOSE flag(bool t) { return t ? CblasTrans : CblasNoTrans; }
 }  // namespace
 
+namespace {
+thread_local bool split_work = false;   // the thread runs one range of split work
+}  // namespace
+
+SplitWorkScope::SplitWorkScope() : outer_(split_work) { split_work = true; }
+SplitWorkScope::~SplitWorkScope() { split_work = outer_; }
+bool in_split_work() { return split_work; }
+
+namespace {
+
+GemmLibrary library_from_environment() {
+  const char* env = std::getenv("MESHGRAD_GEMM");
+  const std::string value = env == nullptr ? "" : env;
+  if (value.empty()) return onednn::built() ? GemmLibrary::OneDnn : GemmLibrary::OpenBlas;
+  if (value == "openblas") return GemmLibrary::OpenBlas;
+  MG_CHECK(value == "onednn", "MESHGRAD_GEMM={}: the float32 product library must be 'openblas' or 'onednn'", value);
+  MG_CHECK(onednn::built(), "MESHGRAD_GEMM=onednn: this build has no oneDNN (configure with -DMESHGRAD_ONEDNN=ON and "
+           "install libdnnl-dev)");
+  return GemmLibrary::OneDnn;
+}
+
+std::atomic<int>& chosen_library() {
+  static std::atomic<int> library{static_cast<int>(library_from_environment())};
+  return library;
+}
+
+}  // namespace
+
+GemmLibrary float32_gemm_library() { return static_cast<GemmLibrary>(chosen_library().load(std::memory_order_relaxed)); }
+
+void set_float32_gemm_library(GemmLibrary library) {
+  MG_CHECK(library == GemmLibrary::OpenBlas || onednn::built(), "set_float32_gemm_library: this build has no oneDNN "
+           "(configure with -DMESHGRAD_ONEDNN=ON and install libdnnl-dev)");
+  chosen_library().store(static_cast<int>(library), std::memory_order_relaxed);
+}
+
+std::string gemm_description() {
+  if (float32_gemm_library() == GemmLibrary::OpenBlas) return kernel_description();
+  return fmt::format("{} for float32 products of >= 2^21 multiply-adds; {} below that and for float64",
+                     onednn::description(), kernel_description());
+}
+
+std::string gemm_core() {
+  const std::string openblas = "openblas " + kernel_core();
+  if (float32_gemm_library() == GemmLibrary::OpenBlas) return openblas;
+  std::string onednn = onednn::description();   // "oneDNN 2.6.3 brg:avx512_core"
+  onednn.replace(0, 6, "onednn");
+  return onednn + " + " + openblas;
+}
+
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (float32_gemm_library() == GemmLibrary::OneDnn && m * n * k >= kOneDnnMinProduct && !in_split_work()) {
+    onednn::sgemm(trans_a, trans_b, m, n, k, alpha, a, lda, b, ldb, beta, c, ldc, num_threads());
+    return;
+  }
   cblas_sgemm(CblasRowMajor, flag(trans_a), flag(trans_b), static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));

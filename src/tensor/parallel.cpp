@@ -22,6 +22,7 @@ void for_ranges(std::int64_t n, int workers, const std::function<void(std::int64
   }
   std::vector<std::exception_ptr> errors(static_cast<std::size_t>(w));
   const auto run = [&](std::int64_t k) {
+    const blas::SplitWorkScope split;   // products inside run on this thread alone
     try {
       fn(k * n / w, (k + 1) * n / w);
     } catch (...) {

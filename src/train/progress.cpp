@@ -25,6 +25,7 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
   nlohmann::json h{{"type", "header"}, {"mesh", mesh.str()}, {"data", dataset.source()}};
   for (const auto& [key, value] : o.provenance) h[key] = value;
   h["blas_kernels"] = blas::kernel_core();   // the bits of a run depend on the GEMM kernels
+  h["gemm"] = blas::gemm_core();               // and on the product library
   h["blas_threads"] = blas::num_threads();   // and, for some kernels, on their threads per rank
   // The run's options by their command-line names (the list a checkpoint records: run_config.hpp),
   // with the model's vocabulary as resolved from the data.

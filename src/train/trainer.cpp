@@ -381,7 +381,7 @@ void Run::print_start() const {
              options_.steps, options_.lr, dataset().source(),
              dataset().description(), dataset().size(), dataset().vocab());
   fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
-             blas::kernel_description());   // policy set by whoever launched the ranks
+             blas::gemm_description());   // policy set by whoever launched the ranks
   if (resume_) fmt::print(stderr, "resumed from {} (after step {})\n", options_.resume_dir, result_.first_step);
   // Where checkpoints go and what --keep may remove, before anything is written (a resume's folder
   // comes from --resume unless --checkpoint-dir is given: run_config.hpp).

@@ -87,7 +87,7 @@ set_tests_properties(cli_blas_kernels_from_environment PROPERTIES ENVIRONMENT "O
 meshgrad_cli_test(blas_kernels_openblas_choice 0 "compute: .*; OpenBLAS [A-Za-z]+ kernels \\(OpenBLAS's choice for this CPU\\)"
                   ${CMAKE_COMMAND} -E env --unset=OPENBLAS_CORETYPE ${mg} train ${tiny})
 # OpenBLAS's idle workers: meshgrad shortens their spin unless the user set OPENBLAS_THREAD_TIMEOUT.
-meshgrad_cli_test(blas_idle_wait_shortened 0 "compute: .*, idle BLAS threads sleep after 2\\^18 cycles; OpenBLAS"
+meshgrad_cli_test(blas_idle_wait_shortened 0 "compute: .*, idle BLAS threads sleep after 2\\^18 cycles; (oneDNN|OpenBLAS)"
                   ${CMAKE_COMMAND} -E env --unset=OPENBLAS_THREAD_TIMEOUT ${mg} train ${tiny})
 meshgrad_cli_test(blas_idle_wait_from_environment 0
                   "compute: .*, idle BLAS threads spin 2\\^25 cycles \\(OPENBLAS_THREAD_TIMEOUT from the environment\\)"

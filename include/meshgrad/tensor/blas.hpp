@@ -22,7 +22,7 @@ int num_threads();
 // Number of cores this process may run on (sched_getaffinity), at least 1.
 int available_cores();
 
-// The launch policy: while alive, OpenBLAS uses max(1, available_cores() / ranks_on_node) threads,
+// The launch policy: while alive (and float32_gemm_library() is restored at its end too), OpenBLAS uses max(1, available_cores() / ranks_on_node) threads,
 // so ranks x BLAS threads never exceeds the cores (rank threads of one process share the count;
 // separate processes on a node each get their share). The previous count comes back at the end of
 // the scope. The cores are this process's affinity (available_cores()): under mpirun's default
@@ -36,6 +36,8 @@ int available_cores();
 // A run may ask for another count than this automatic one (set_threads_per_rank): the bits of a GEMM
 // depend on OpenBLAS's thread count for some kernels, so two runs meant to agree bitwise on meshes
 // of different sizes need the same count, which the automatic one is not.
+enum class GemmLibrary;
+
 class ThreadsPerRank {
  public:
   explicit ThreadsPerRank(int ranks_on_node) : ThreadsPerRank(ranks_on_node, ranks_on_node) {}
@@ -48,6 +50,7 @@ class ThreadsPerRank {
  private:
   int threads_;
   int previous_threads_;
+  GemmLibrary previous_library_;   // float32_gemm_library() before the scope: restored at its end
   std::string previous_policy_;
   int previous_ranks_in_process_;
   std::string previous_automatic_;
@@ -94,8 +97,48 @@ std::string idle_wait_policy();
 // effect)".
 std::string thread_policy();
 
+// The library that computes float32 products. OneDnn: oneDNN's matmul (its brgemm kernels in the
+// CPU's widest instructions) for products of at least kOneDnnMinProduct multiply-adds, OpenBLAS
+// below that (a oneDNN call costs a few microseconds more, bench/gemm_peaks.sh) and on threads that
+// run one range of split work (in_split_work()). OpenBlas: OpenBLAS for every product.
+// float64 products are OpenBLAS's always (oneDNN has no float64 matmul).
+enum class GemmLibrary { OpenBlas, OneDnn };
+// (The invariant modes choose OpenBlas for their run, nn/parallel_context.cpp: oneDNN picks its kernel
+// from the operands' row strides, so a block product computed inside a wider matrix on one mesh and
+// as a whole matrix on another would round differently.)
+inline constexpr std::int64_t kOneDnnMinProduct = std::int64_t{1} << 21;
+// The process's choice: MESHGRAD_GEMM=openblas or onednn in the environment (read once; any other
+// value throws InvalidArgument naming it, and onednn in a build without oneDNN throws rather than
+// running OpenBLAS under its name), else OneDnn when the build has it (CMake MESHGRAD_ONEDNN).
+GemmLibrary float32_gemm_library();
+// Sets it for the process (benchmarks and tests comparing the two); OneDnn in a build without
+// oneDNN throws InvalidArgument. Call between products, not during them.
+void set_float32_gemm_library(GemmLibrary library);
+// "oneDNN 2.6.3 brg:avx512_core for float32 products of >= 2^21 multiply-adds, OpenBLAS ... below"
+// or kernel_description(): for banners and the metrics header (the bits of a product depend on it).
+std::string gemm_description();
+// The short form for the metrics header: "onednn 2.6.3 brg:avx512_core + openblas Haswell" or
+// "openblas Haswell".
+std::string gemm_core();
+
+// While alive, the calling thread runs one range of work split over threads (parallel::for_ranges
+// opens one per range): its products stay on this thread (OpenBLAS's, single-threaded for such
+// small tiles) rather than start threads of their own. Nests.
+class SplitWorkScope {
+ public:
+  SplitWorkScope();
+  ~SplitWorkScope();
+  SplitWorkScope(const SplitWorkScope&) = delete;
+  SplitWorkScope& operator=(const SplitWorkScope&) = delete;
+
+ private:
+  bool outer_;
+};
+bool in_split_work();
+
 // C = alpha * op(A) op(B) + beta * C, row-major. op(X) = X^T when trans_x. lda/ldb/ldc are the
-// row strides (in elements) of A, B, C as stored.
+// row strides (in elements) of A, B, C as stored. Float32 goes to float32_gemm_library()'s choice
+// for the shape; the same inputs, shape and thread count give the same bits on every call.
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* a,

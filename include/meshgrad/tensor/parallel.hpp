@@ -29,7 +29,8 @@ int workers_for(std::int64_t elements);
 // Runs fn(begin, end) over [0, n) cut into `workers` contiguous ranges of near-equal size, the first
 // on the caller's thread and the others on threads started for this call; returns when all are done.
 // An exception from any range is rethrown on the caller's thread (the first by range order).
-void for_ranges(std::int64_t n, int workers, const std::function<void(std::int64_t, std::int64_t)>& fn);
+void for_ranges(std::int64_t n, int workers, const std::function<void(std::int64_t, std::int64_t)>& fn);// Each range of a split over more than one worker runs inside a blas::SplitWorkScope: products
+// there (attention's tiles) do not start threads of their own.
 
 // Elementwise op over a tensor of `shape` in slabs: calls fn(dim, begin, end) for contiguous ranges
 // [begin, end) of dimension `dim`, the first dimension of size > 1 (every dimension before it has

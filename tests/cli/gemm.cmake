@@ -1,0 +1,10 @@
+# The float32 product library (oneDNN or OpenBLAS) in whole runs: tests/cli/gemm_library.sh.
+if(MESHGRAD_ONEDNN)
+  set(gemm_onednn 1)
+else()
+  set(gemm_onednn 0)
+endif()
+add_test(NAME train_cli_gemm_library
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gemm_library.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_gemm_library ${gemm_onednn})
+set_tests_properties(train_cli_gemm_library PROPERTIES LABELS train TIMEOUT 240)
