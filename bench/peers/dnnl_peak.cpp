@@ -2,9 +2,11 @@
 // float32 or bf16 (bf16 inputs, float32 accumulation and output: what a bf16 training step's
 // products do), row-major, weights in plain layout. The primitive is created once, as a training
 // step's would be. Usage: dnnl_peak N [REPS [f32|bf16]] (default 5 repeats after one untimed call;
-// OMP_NUM_THREADS sets the threads). Prints "dnnl <dtype> n=N threads=T: G GFLOP/s (impl)".
+// OMP_NUM_THREADS sets the threads), or dnnl_peak M REPS TYPE N K for an M x K by K x N product.
+// Prints "dnnl <dtype> MxNxK threads=T: G GFLOP/s (impl)".
 #include <oneapi/dnnl/dnnl.hpp>
 
+#include <algorithm>
 #include <chrono>
 #include <cstdio>
 #include <cstdlib>
@@ -15,11 +17,12 @@
 #include <omp.h>
 
 int main(int argc, char** argv) {
-  const long n = argc > 1 ? std::atol(argv[1]) : 1024;
+  const long m = argc > 1 ? std::atol(argv[1]) : 1024;
   const int reps = argc > 2 ? std::atoi(argv[2]) : 5;
   const std::string type = argc > 3 ? argv[3] : "f32";
-  if (n <= 0 || reps <= 0 || (type != "f32" && type != "bf16")) {
-    std::fprintf(stderr, "usage: dnnl_peak N [REPS [f32|bf16]]\n");
+  const long n = argc > 5 ? std::atol(argv[4]) : m, k = argc > 5 ? std::atol(argv[5]) : m;
+  if (m <= 0 || n <= 0 || k <= 0 || reps <= 0 || (type != "f32" && type != "bf16")) {
+    std::fprintf(stderr, "usage: dnnl_peak N [REPS [f32|bf16]] | dnnl_peak M REPS TYPE N K\n");
     return 2;
   }
   using dt = dnnl::memory::data_type;
@@ -27,20 +30,21 @@ int main(int argc, char** argv) {
   const dt in = type == "bf16" ? dt::bf16 : dt::f32;
   dnnl::engine eng(dnnl::engine::kind::cpu, 0);
   dnnl::stream s(eng);
-  const dnnl::memory::desc a_md({n, n}, in, tag::ab), b_md({n, n}, in, tag::ab), c_md({n, n}, dt::f32, tag::ab);
+  const dnnl::memory::desc a_md({m, k}, in, tag::ab), b_md({k, n}, in, tag::ab), c_md({m, n}, dt::f32, tag::ab);
   dnnl::matmul::primitive_desc pd;
   try {
     pd = dnnl::matmul::primitive_desc(dnnl::matmul::desc(a_md, b_md, c_md), eng);
   } catch (const dnnl::error& e) {
-    std::printf("dnnl %s n=%ld: not available on this CPU (%s)\n", type.c_str(), n, e.what());
+    std::printf("dnnl %s %ldx%ldx%ld: not available on this CPU (%s)\n", type.c_str(), m, n, k, e.what());
     return 0;
   }
   dnnl::matmul mm(pd);
   dnnl::memory a(a_md, eng), b(b_md, eng), c(c_md, eng);
   // Values of a few bits: exact in bf16, so the inputs are the same numbers in both types.
   const std::size_t elem = type == "bf16" ? 2 : 4;
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(n * n) * elem);
-  for (long i = 0; i < n * n; ++i) {
+  const long count = std::max(m * k, k * n);
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(count) * elem);
+  for (long i = 0; i < count; ++i) {
     const float v = static_cast<float>(i % 7) * 0.125f;
     unsigned int bits;
     std::memcpy(&bits, &v, 4);
@@ -51,8 +55,8 @@ int main(int argc, char** argv) {
       std::memcpy(bytes.data() + i * 4, &v, 4);
     }
   }
-  std::memcpy(a.get_data_handle(), bytes.data(), bytes.size());
-  std::memcpy(b.get_data_handle(), bytes.data(), bytes.size());
+  std::memcpy(a.get_data_handle(), bytes.data(), static_cast<std::size_t>(m * k) * elem);
+  std::memcpy(b.get_data_handle(), bytes.data(), static_cast<std::size_t>(k * n) * elem);
   auto run = [&] {
     mm.execute(s, {{DNNL_ARG_SRC, a}, {DNNL_ARG_WEIGHTS, b}, {DNNL_ARG_DST, c}});
     s.wait();
@@ -65,7 +69,7 @@ int main(int argc, char** argv) {
     const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     if (t < best) best = t;
   }
-  std::printf("dnnl %s n=%ld threads=%d: %.1f GFLOP/s (%s)\n", type.c_str(), n, omp_get_max_threads(),
-              2.0 * n * n * n / best / 1e9, pd.impl_info_str());
+  std::printf("dnnl %s %ldx%ldx%ld threads=%d: %.1f GFLOP/s (%s)\n", type.c_str(), m, n, k, omp_get_max_threads(),
+              2.0 * m * n * k / best / 1e9, pd.impl_info_str());
   return 0;
 }

@@ -273,8 +273,10 @@ void set_float32_gemm_library(GemmLibrary library) {
 
 std::string gemm_description() {
   if (float32_gemm_library() == GemmLibrary::OpenBlas) return kernel_description();
-  return fmt::format("{} for float32 products of >= 2^21 multiply-adds; {} below that and for float64",
-                     onednn::description(), kernel_description());
+  int log2_min = 0;
+  while ((std::int64_t{1} << log2_min) < kOneDnnMinProduct) ++log2_min;
+  return fmt::format("{} for float32 products of >= 2^{} multiply-adds; {} below that and for float64",
+                     onednn::description(), log2_min, kernel_description());
 }
 
 std::string gemm_core() {

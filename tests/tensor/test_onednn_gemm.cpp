@@ -17,8 +17,8 @@ using namespace meshgrad;
 
 namespace {
 
-// A product above kOneDnnMinProduct (131 x 130 x 129 = 2.2M multiply-adds), every dimension odd so
-// every kernel tile has an edge, stored with row strides padded by 3.
+// A product of 131 x 130 x K (K = 129 by default), dimensions odd so every kernel tile has an edge,
+// stored with row strides padded by 3 (or `pad`).
 struct Case {
   bool ta, tb;
   std::int64_t m = 131, n = 130, k = 129, pad = 3;
@@ -90,7 +90,8 @@ TEST(OneDnnGemm, TheSameInputsGiveTheSameBitsOnEveryCall) {
 TEST(OneDnnGemm, BlasGemmRoutesByTheChoiceTheShapeAndSplitWork) {
   if (!built()) GTEST_SKIP() << "built without oneDNN (MESHGRAD_ONEDNN=OFF)";
   const blas::GemmLibrary before = blas::float32_gemm_library();
-  // Dense (padded rows take oneDNN's jit gemm, not its brgemm), and K = 1100 longer than either
+  // Above kOneDnnMinProduct (18.7M multiply-adds); dense (padded rows take oneDNN's jit gemm, not
+  // its brgemm); and K = 1100 longer than either
   // library's K block: a K within one block is the same chain of fused multiply-adds in both, bit
   // for bit, so this test could not tell them apart.
   const Case t(true, false, /*pad=*/0, /*k=*/1100);

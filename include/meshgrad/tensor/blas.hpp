@@ -99,14 +99,15 @@ std::string thread_policy();
 
 // The library that computes float32 products. OneDnn: oneDNN's matmul (its brgemm kernels in the
 // CPU's widest instructions) for products of at least kOneDnnMinProduct multiply-adds, OpenBLAS
-// below that (a oneDNN call costs a few microseconds more, bench/gemm_peaks.sh) and on threads that
+// below that (a oneDNN call costs more, and its OpenMP team's fork and join weighs on products of a
+// few milliseconds and less, bench/gemm_peaks.sh) and on threads that
 // run one range of split work (in_split_work()). OpenBlas: OpenBLAS for every product.
 // float64 products are OpenBLAS's always (oneDNN has no float64 matmul).
 enum class GemmLibrary { OpenBlas, OneDnn };
 // (The invariant modes choose OpenBlas for their run, nn/parallel_context.cpp: oneDNN picks its kernel
 // from the operands' row strides, so a block product computed inside a wider matrix on one mesh and
 // as a whole matrix on another would round differently.)
-inline constexpr std::int64_t kOneDnnMinProduct = std::int64_t{1} << 21;
+inline constexpr std::int64_t kOneDnnMinProduct = std::int64_t{1} << 24;
 // The process's choice: MESHGRAD_GEMM=openblas or onednn in the environment (read once; any other
 // value throws InvalidArgument naming it, and onednn in a build without oneDNN throws rather than
 // running OpenBLAS under its name), else OneDnn when the build has it (CMake MESHGRAD_ONEDNN).
@@ -114,7 +115,7 @@ GemmLibrary float32_gemm_library();
 // Sets it for the process (benchmarks and tests comparing the two); OneDnn in a build without
 // oneDNN throws InvalidArgument. Call between products, not during them.
 void set_float32_gemm_library(GemmLibrary library);
-// "oneDNN 2.6.3 brg:avx512_core for float32 products of >= 2^21 multiply-adds, OpenBLAS ... below"
+// "oneDNN 2.6.3 brg:avx512_core for float32 products of >= 2^24 multiply-adds; OpenBLAS ... below"
 // or kernel_description(): for banners and the metrics header (the bits of a product depend on it).
 std::string gemm_description();
 // The short form for the metrics header: "onednn 2.6.3 brg:avx512_core + openblas Haswell" or
