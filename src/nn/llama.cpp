@@ -96,12 +96,9 @@ RopeTables rope_tables(const std::vector<double>& inv, std::int64_t start, std::
   return {Tensor::from_values(c, {count, d}, dtype), Tensor::from_values(s, {count, d}, dtype)};
 }
 
-// x [B, H, T, D] -> x * cos + rotate_half(x) * sin (the tables [T, D] broadcast over B and H).
-Tensor apply_rope(const Tensor& x, const RopeTables& rope) {
-  const std::int64_t half = x.size(3) / 2;
-  const Tensor rotated = cat({neg(narrow(x, 3, half, half)), narrow(x, 3, 0, half)}, 3);
-  return add(mul(x, rope.cos), mul(rotated, rope.sin));
-}
+// x [B, H, T, D] -> x * cos + rotate_half(x) * sin (the tables [T, D] broadcast over B and H), in
+// one fused pass each way (ops::rotary).
+Tensor apply_rope(const Tensor& x, const RopeTables& rope) { return rotary(x, rope.cos, rope.sin); }
 
 // [B, H_kv, T, D] -> [B, H_kv * groups, T, D]: each key/value head repeated for its query heads.
 Tensor repeat_kv(const Tensor& x, std::int64_t groups) {

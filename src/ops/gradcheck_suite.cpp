@@ -512,6 +512,15 @@ std::vector<Spec> attention_specs() {
        return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
                     [](const TensorList& in) { return causal_attention(in[0], in[1], in[2]); }};
      }},
+    // RoPE on strided heads ([B, T, H, D] permuted), random tables (the op is linear in x for any).
+    {"rotary", "rotary",
+     [](Draw& d) {
+       const std::int64_t b = d.dim(1, 2), t = d.dim(1, 4), h = d.dim(1, 3), half = d.dim(1, 3);
+       Tensor cos = d.normal({t, 2 * half}), sin = d.normal({t, 2 * half});
+       return Built{{d.normal({b, t, h, 2 * half})}, {"x"}, [cos, sin](const TensorList& in) {
+                      return rotary(permute(in[0], {0, 2, 1, 3}), cos, sin);
+                    }};
+     }},
     // A sliding window inside and across the two tiles (Mistral's attention).
     {"causal_attention.window", "causal_attention",
      [](Draw& d) {

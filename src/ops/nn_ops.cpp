@@ -333,6 +333,21 @@ class DropoutFn final : public Function {
   std::uint64_t seed_;
 };
 
+// ---- rotary position embedding ----------------------------------------------------------------------
+
+// inputs {x [B, H, T, D]}; cos, sin [T, D] are constants (no gradient). y = x cos + rotate_half(x) sin,
+// one pass; backward is the transposed rotation of dy (kernels::rotary with inverse), one pass.
+class RotaryFn final : public Function {
+ public:
+  RotaryFn(Tensor cos, Tensor sin) : cos_(std::move(cos)), sin_(std::move(sin)) {}
+  std::string_view name() const override { return "rotary"; }
+  TensorList forward(const TensorList& in) override { return {kernels::rotary(in[0], cos_, sin_)}; }
+  TensorList backward(const TensorList& g) override { return {kernels::rotary(g[0], cos_, sin_, /*inverse=*/true)}; }
+
+ private:
+  Tensor cos_, sin_;
+};
+
 // ---- causal attention -----------------------------------------------------------------------------
 
 // inputs {q, k, v} all [B, H, T, D] -> O [B, H, T, D]
@@ -409,6 +424,10 @@ Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training)
   MG_CHECK(p >= 0.0 && p < 1.0, "dropout: p must be in [0, 1), got {} (input {})", p, x.str());
   if (!training || p == 0.0) return x;
   return autograd::apply<DropoutFn>({x}, p, gen.next_seed())[0];
+}
+
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin) {
+  return autograd::apply<RotaryFn>({x}, cos.detach(), sin.detach())[0];
 }
 
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window) {

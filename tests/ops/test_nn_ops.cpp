@@ -642,6 +642,26 @@ TEST(NnOps, SlidingWindowAttentionWithACacheEqualsTheFullRows) {
   }
 }
 
+// RoPE's fused op equals its definition, x * cos + rotate_half(x) * sin, on strided heads, and its
+// errors name the shapes.
+TEST(NnOps, RotaryIsXCosPlusRotateHalfXSin) {
+  const Tensor x = randn64({2, 5, 3, 8}, 301).permute({0, 2, 1, 3});   // [B, H, T, D], strided
+  const Tensor cos = randn64({5, 8}, 302), sin = randn64({5, 8}, 303);
+  const Tensor y = rotary(x, cos, sin);
+  ASSERT_EQ(y.shape(), (Shape{2, 3, 5, 8}));
+  for (std::int64_t b = 0; b < 2; ++b)
+    for (std::int64_t h = 0; h < 3; ++h)
+      for (std::int64_t t = 0; t < 5; ++t)
+        for (std::int64_t i = 0; i < 8; ++i) {
+          const double rotated = i < 4 ? -x.at({b, h, t, i + 4}) : x.at({b, h, t, i - 4});
+          const double expected = x.at({b, h, t, i}) * cos.at({t, i}) + rotated * sin.at({t, i});
+          ASSERT_NEAR(y.at({b, h, t, i}), expected, 1e-15) << b << h << t << i;
+        }
+  expect_invalid([&] { rotary(x, randn64({4, 8}, 1), sin); }, {"rotary", "[5, 8]", "[4, 8]"});
+  expect_invalid([&] { rotary(randn64({1, 1, 5, 7}, 2), randn64({5, 7}, 3), randn64({5, 7}, 4)); },
+                 {"rotary", "D even"});
+}
+
 TEST(NnOps, CausalAttentionTakesStridedHeads) {
   // The usual layout: [B, T, H, D] permuted to [B, H, T, D] (a view, not a copy).
   const Tensor q = randn64({2, 5, 3, 4}, 47).permute({0, 2, 1, 3});

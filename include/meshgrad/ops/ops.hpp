@@ -91,6 +91,11 @@ Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t i
 Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training = true);
 
 // ---- attention ----------------------------------------------------------------------------------
+// Rotary position embedding (the Llama family's RoPE, rotate-half layout): x [B, H, T, D] (any
+// strides), cos and sin [T, D] constants -> x * cos + rotate_half(x) * sin, [B, H, T, D]
+// contiguous, rotate_half(x) = [-x[..., D/2:], x[..., :D/2]]. One pass forward and one backward.
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin);
+
 // Causal scaled-dot-product attention over heads: q, k, v: [B, H, T, D] -> [B, H, T, D];
 // softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t; with a
 // sliding window > 0 only to positions t - window + 1 .. t (Mistral's: Hugging Face's mask

@@ -101,6 +101,13 @@ LayerNormGrads layer_norm_backward(const Tensor& dy, const Tensor& x, const Tens
                                    const Tensor& rstd, bool want_dx, bool want_dweight, bool want_dbias,
                                    const std::vector<std::int64_t>& row_blocks = {}, bool center = true);
 
+// Rotary position embedding, rotate-half layout (Hugging Face's Llama family): x [B, H, T, D] (any
+// strides, D even), cos and sin [T, D] -> [B, H, T, D] contiguous,
+//   y = x * cos + rotate_half(x) * sin,   rotate_half(x) = [-x[D/2:], x[:D/2]].
+// inverse = true computes the transposed map, which is the gradient of that one: for dy,
+//   dx = dy * cos + rotate_half^T(dy * sin),   rotate_half^T(z) = [z[D/2:], -z[:D/2]].
+Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool inverse = false);
+
 // Causal self-attention, blocked and causal like FlashAttention (kernels_attention.cpp): no
 // [T, T] matrix is kept, tiles above the diagonal are skipped.
 // q, k, v: [B, H, T, D], one dtype, any strides.
