@@ -33,6 +33,7 @@
 #include "meshgrad/nn/parameter.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 #include "meshgrad/io/safetensors.hpp"
+#include "meshgrad/interop/hf_weights.hpp"
 
 namespace meshgrad::data {
 class TokenDataset;
@@ -42,6 +43,13 @@ namespace meshgrad::interop {
 
 inline constexpr const char* kHfConfigFile = "config.json";
 inline constexpr const char* kHfWeightsFile = "model.safetensors";
+// The __metadata__ key of a Llama-family `train --save` file holding its config.json
+// (hf_config_json), as "gpt2_config" holds GPT-2's.
+inline constexpr const char* kHfConfigMetadata = "hf_config";
+
+// A config.json of either family: read_hf_config by its model_type, or read_gpt2_config when it has
+// no model_type (files of older tools, which `grads --config` and export's --config always took).
+nn::ModelConfig read_model_config(const std::string& path);
 
 // ---- in: train --init-from DIR -------------------------------------------------------------------
 
@@ -62,6 +70,10 @@ struct HfWeights {
 // the tensors (every missing one, up to 8) and both shapes.
 HfWeights check_hf_weights(const io::SafetensorsFile& weights, const nn::ModelConfig& config,
                            const std::string& config_origin);
+HfWeights check_hf_weights(const WeightFiles& weights, const nn::ModelConfig& config, const std::string& config_origin);
+// Either family: GPT-2 by check_hf_weights, the Llama family by check_llama_weights (prefix "",
+// tied_head when tie_word_embeddings and the files hold an lm_head.weight, equal to the embedding).
+HfWeights check_model_weights(const WeightFiles& weights, const nn::ModelConfig& config, const std::string& config_origin);
 
 // The model `train --init-from DIR` builds: `requested` (TrainOptions::model) with its sizes taken
 // from DIR/config.json (read_gpt2_config): n_layer, n_embd, n_head, vocab_size, n_positions,
