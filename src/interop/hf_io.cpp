@@ -411,8 +411,8 @@ FullParameters read_full_parameters(const std::string& checkpoint, const std::st
   MG_CHECK(::stat(checkpoint.c_str(), &st) == 0, "--checkpoint '{}': {}", checkpoint, std::strerror(errno));
   FullParameters out;
   if (S_ISDIR(st.st_mode) && !checkpoint::is_checkpoint_path(checkpoint)) {
-    MG_CHECK(fs::is_regular_file(fs::path(checkpoint) / kHfConfigFile), "--checkpoint '{}' is a directory but neither "
-             "a training checkpoint (no manifest.json, no step_XXXXXXXX/ in it) nor a Hugging Face directory (no {}); "
+    MG_CHECK(fs::is_regular_file(fs::path(checkpoint) / kHfConfigFile), "--checkpoint '{}' is a directory but not a "
+             "training checkpoint (no manifest.json, no step_XXXXXXXX/ in it) nor a Hugging Face directory (no {}); "
              "export reads those or a safetensors file written by `meshgrad train --save`", checkpoint, kHfConfigFile);
     // A Hugging Face directory: its config.json (or --config) and its weights, whole or sharded.
     const std::string config_file = config_path.empty() ? (fs::path(checkpoint) / kHfConfigFile).string() : config_path;

@@ -118,6 +118,13 @@ WeightFiles WeightFiles::open_directory(const std::string& dir, const std::strin
     file_index.emplace(leaf, w.files_.size());
     w.files_.emplace_back((d / leaf).string());
   }
+  static const std::regex shard(R"(^model-\d+-of-\d+\.safetensors$)");
+  for (const fs::directory_entry& e : fs::directory_iterator(d)) {
+    const std::string leaf = e.path().filename().string();
+    MG_CHECK(!std::regex_match(leaf, shard) || file_index.count(leaf), "{}: '{}' is a shard file in '{}' that index "
+             "'{}' does not name: the directory mixes two models' shards, or the index is stale", option, leaf, dir,
+             index_path);
+  }
   // Every tensor of every shard is in exactly one shard and where the map says.
   std::map<std::string, std::string> held;   // tensor -> the shard holding it
   for (const auto& [leaf, i] : file_index) {
@@ -132,13 +139,6 @@ WeightFiles WeightFiles::open_directory(const std::string& dir, const std::strin
     MG_CHECK(it != held.end() && it->second == leaf, "{}: index '{}' puts tensor '{}' in '{}', but {}", option,
              index_path, name, leaf, it == held.end() ? "no shard holds it" : "it is in '" + it->second + "'");
     w.where_.emplace(name, file_index.at(leaf));
-  }
-  static const std::regex shard(R"(^model-\d+-of-\d+\.safetensors$)");
-  for (const fs::directory_entry& e : fs::directory_iterator(d)) {
-    const std::string leaf = e.path().filename().string();
-    MG_CHECK(!std::regex_match(leaf, shard) || file_index.count(leaf), "{}: '{}' is a shard file in '{}' that index "
-             "'{}' does not name: the directory mixes two models' shards, or the index is stale", option, leaf, dir,
-             index_path);
   }
   return w;
 }
