@@ -260,8 +260,8 @@ nn::ModelConfig checkpoint_config(const std::map<std::string, std::string>& meta
   if (!config_path.empty()) return read_model_config(config_path);
   const auto gpt = metadata.find("gpt2_config");
   const auto hf = metadata.find(kHfConfigMetadata);
-  MG_CHECK(gpt != metadata.end() || hf != metadata.end(), "checkpoint '{}' has neither \"gpt2_config\" nor \"{}\" "
-           "metadata (written by an older meshgrad, or not by `meshgrad train --save`): give the model's config.json "
+  MG_CHECK(gpt != metadata.end() || hf != metadata.end(), "checkpoint '{}' has no \"gpt2_config\" metadata (nor \"{}\": "
+           "written by an older meshgrad, or not by `meshgrad train --save`): give the model's config.json "
            "with --config", path, kHfConfigMetadata);
   const auto it = gpt != metadata.end() ? gpt : hf;
   const std::string origin = fmt::format("'{}' metadata \"{}\"", path, it->first);

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cctype>
 #include <cerrno>
 #include <optional>
@@ -157,6 +158,18 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
   return o;
 }
 
+// --init-from: the model's family is its directory's (a Llama-family directory makes the run a
+// Llama one, so the Llama-only options and refusals apply to it); its shape is read by the trainer
+// (interop::hf_init_config), which checks the sizes given against the file.
+train::TrainOptions with_init_from_family(const train::TrainOptions& given) {
+  if (given.init_from.empty() || given.given_options.count("model") > 0) return given;
+  const std::filesystem::path config = std::filesystem::path(given.init_from) / interop::kHfConfigFile;
+  if (!std::filesystem::is_regular_file(config)) return given;   // hf_init_config says what is missing
+  train::TrainOptions o = given;
+  o.model.kind = interop::read_model_config(config.string()).kind;
+  return o;
+}
+
 }  // namespace
 
 void check_train_options(const train::TrainOptions& o) {
@@ -264,7 +277,7 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
 }
 
 train::TrainResult run_train_job(const train::TrainOptions& given_options, const dist::RunOnMesh& run_on_mesh) {
-  const train::TrainOptions given = with_model_config(given_options);
+  const train::TrainOptions given = with_init_from_family(with_model_config(given_options));
   check_llama_edges(given);   // before a checkpoint is read for --resume
   train::TrainOptions options = resolve_resume(given);
   try {

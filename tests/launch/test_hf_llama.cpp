@@ -232,6 +232,19 @@ TEST(HfLlamaRoundTrip, ImportTrainExportImportIsBitwiseInFloat32) {
   o.progress = false;
   o.init_from = s("start");
   o.save_path = s("trained.safetensors");
+  // The directory makes the run a Llama one: a Llama size option is checked against it, not refused.
+  train::TrainOptions disagreeing = o;
+  disagreeing.model.kv_heads = 4;
+  disagreeing.given_options.insert("kv-heads");
+  std::string message;
+  try {
+    launch::run_train_job(disagreeing, launch::mesh_runner("threads", "tp=1"));
+  } catch (const InvalidArgument& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("--kv-heads 4 disagrees with num_key_value_heads = 2"), std::string::npos) << message;
+  EXPECT_FALSE(fs::exists(o.save_path));
+
   launch::run_train_job(o, launch::mesh_runner("threads", "tp=2"));
 
   interop::ExportOptions e;
