@@ -162,11 +162,15 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
 // Llama one, so the Llama-only options and refusals apply to it); its shape is read by the trainer
 // (interop::hf_init_config), which checks the sizes given against the file.
 train::TrainOptions with_init_from_family(const train::TrainOptions& given) {
-  if (given.init_from.empty() || given.given_options.count("model") > 0) return given;
+  if (given.init_from.empty()) return given;
   const std::filesystem::path config = std::filesystem::path(given.init_from) / interop::kHfConfigFile;
   if (!std::filesystem::is_regular_file(config)) return given;   // hf_init_config says what is missing
+  const nn::ModelConfig file = interop::read_model_config(config.string());
+  MG_CHECK(given.given_options.count("model") == 0 || given.model.kind == file.kind, "train: --model {} disagrees with "
+           "--init-from '{}', whose config.json is a {} model ({}): leave --model out", given.model.kind,
+           given.init_from, file.kind, file.kind == "gpt" ? "gpt2" : file.model_type);
   train::TrainOptions o = given;
-  o.model.kind = interop::read_model_config(config.string()).kind;
+  o.model.kind = file.kind;
   return o;
 }
 

@@ -34,6 +34,37 @@ first_loss() { sed -n 2p "$1" | sed 's/.*"loss":\([^,}]*\).*/\1/'; }
 # The JSON value of a key of a config.json (one line per key, as export writes them).
 key() { grep "\"$2\":" "$1" | head -1 | sed 's/.*": *//; s/,$//'; }
 
+# shard SRC DST: DST as a sharded copy of the Hugging Face directory SRC (two shards and the index).
+shard() {
+/usr/bin/python3 - "$1" "$2" <<'PY'
+import json, os, struct, sys
+src, dst = sys.argv[1], sys.argv[2]
+os.makedirs(dst)
+with open(os.path.join(src, "model.safetensors"), "rb") as f:
+    n = struct.unpack("<Q", f.read(8))[0]
+    header = json.loads(f.read(n))
+    data = f.read()
+header.pop("__metadata__", None)
+names = list(header)
+weight_map = {}
+for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
+    leaf = f"model-0000{k + 1}-of-00002.safetensors"
+    h, blobs, at = {}, [], 0
+    for name in part:
+        b, e = header[name]["data_offsets"]
+        h[name] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"], "data_offsets": [at, at + e - b]}
+        blobs.append(data[b:e]); at += e - b; weight_map[name] = leaf
+    text = json.dumps(h).encode()
+    text += b" " * ((8 - len(text) % 8) % 8)
+    with open(os.path.join(dst, leaf), "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+with open(os.path.join(dst, "model.safetensors.index.json"), "w") as f:
+    json.dump({"metadata": {}, "weight_map": weight_map}, f)
+with open(os.path.join(src, "config.json")) as a, open(os.path.join(dst, "config.json"), "w") as b:
+    b.write(a.read())
+PY
+}
+
 L=(--model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --batch 4)
 "$M" train --mesh tp=2 "${L[@]}" --steps 3 --no-metrics --save ck.safetensors 2>/dev/null
 "$M" export --checkpoint ck.safetensors --out hf >export.txt 2>/dev/null
@@ -61,33 +92,7 @@ expect_error "init-from: a size that disagrees is refused" "--kv-heads 4 disagre
   "$M" train --model llama --kv-heads 4 --init-from hf --seq 16 --batch 4 --steps 1 --no-metrics
 
 # A sharded copy (what save_pretrained writes for large models) starts at the same loss.
-/usr/bin/python3 - hf sharded <<'PY'
-import json, os, struct, sys
-src, dst = sys.argv[1], sys.argv[2]
-os.makedirs(dst)
-with open(os.path.join(src, "model.safetensors"), "rb") as f:
-    n = struct.unpack("<Q", f.read(8))[0]
-    header = json.loads(f.read(n))
-    data = f.read()
-header.pop("__metadata__", None)
-names = list(header)
-weight_map = {}
-for k, part in enumerate((names[: len(names) // 2], names[len(names) // 2 :])):
-    leaf = f"model-0000{k + 1}-of-00002.safetensors"
-    h, blobs, at = {}, [], 0
-    for name in part:
-        b, e = header[name]["data_offsets"]
-        h[name] = {"dtype": header[name]["dtype"], "shape": header[name]["shape"], "data_offsets": [at, at + e - b]}
-        blobs.append(data[b:e]); at += e - b; weight_map[name] = leaf
-    text = json.dumps(h).encode()
-    text += b" " * ((8 - len(text) % 8) % 8)
-    with open(os.path.join(dst, leaf), "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-with open(os.path.join(dst, "model.safetensors.index.json"), "w") as f:
-    json.dump({"metadata": {}, "weight_map": weight_map}, f)
-with open(os.path.join(src, "config.json")) as a, open(os.path.join(dst, "config.json"), "w") as b:
-    b.write(a.read())
-PY
+shard hf sharded
 "$M" train --mesh tp=2 --init-from sharded --seq 16 --batch 4 --steps 1 --metrics ms.jsonl 2>/dev/null
 [ "$(first_loss ms.jsonl)" = "$l2" ] && ok "init-from a sharded directory: the same first loss" \
   || fail "sharded loss $(first_loss ms.jsonl) vs $l2"
@@ -97,6 +102,15 @@ expect_error "a shard the index does not name is refused" "'model-00003-of-00003
 rm sharded/model-0000[23]-of-0000[23].safetensors
 expect_error "a missing shard is refused naming it" "'model-00002-of-00002.safetensors', which is not a file" -- \
   "$M" train --init-from sharded --seq 16 --batch 4 --steps 1 --no-metrics
+
+# GPT-2 directories read through the same reader, sharded too.
+"$M" train --mesh tp=1 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 2 --no-metrics --save gpt.safetensors 2>/dev/null
+"$M" export --checkpoint gpt.safetensors --out gpt >/dev/null 2>&1
+shard gpt gpt_sharded
+"$M" train --init-from gpt --seq 16 --batch 4 --steps 1 --metrics g1.jsonl 2>/dev/null
+"$M" train --init-from gpt_sharded --seq 16 --batch 4 --steps 1 --metrics g2.jsonl 2>/dev/null
+[ -n "$(first_loss g1.jsonl)" ] && [ "$(first_loss g1.jsonl)" = "$(first_loss g2.jsonl)" ] \
+  && ok "init-from a sharded GPT-2 directory: the same first loss" || fail "gpt2 sharded $(first_loss g1.jsonl) $(first_loss g2.jsonl)"
 
 # sample: the directory and the --save file give the same greedy text, at tp=1 and tp=2.
 "$M" sample --checkpoint hf --prompt "The " --tokens 12 --temperature 0 --mesh tp=2 >s_dir.txt 2>/dev/null

@@ -244,6 +244,16 @@ TEST(HfLlamaRoundTrip, ImportTrainExportImportIsBitwiseInFloat32) {
   }
   EXPECT_NE(message.find("--kv-heads 4 disagrees with num_key_value_heads = 2"), std::string::npos) << message;
   EXPECT_FALSE(fs::exists(o.save_path));
+  train::TrainOptions as_gpt = o;
+  as_gpt.model.kind = "gpt";
+  as_gpt.given_options.insert("model");
+  message.clear();
+  try {
+    launch::run_train_job(as_gpt, launch::mesh_runner("threads", "tp=1"));
+  } catch (const InvalidArgument& error) {
+    message = error.what();
+  }
+  EXPECT_NE(message.find("--model gpt disagrees with --init-from"), std::string::npos) << message;
 
   launch::run_train_job(o, launch::mesh_runner("threads", "tp=2"));
 
@@ -296,6 +306,23 @@ TEST(HfLlamaRoundTrip, ATiedModelExportsNoHeadAndItsSaveFileCarriesItsConfig) {
   EXPECT_FALSE(file.contains("lm_head.weight"));
   EXPECT_EQ(file.entry("model.layers.0.self_attn.q_proj.bias").stored, "BF16");
   EXPECT_EQ(interop::read_hf_config(s("out/config.json")).model_type, "qwen2");
+}
+
+// GPT-2's grads take --mesh-invariant too: the same bits at tp=1, tp=2, dp=2 and pp=2.
+TEST(HfLlamaRoundTrip, Gpt2GradsAreMeshInvariantToo) {
+  launch::GradsJob job;
+  job.model = nn::ModelConfig::gpt(2, 32, 4, 64, 8, 4, DType::Float32);
+  job.seed = 9;
+  job.mesh_invariant = true;
+  const launch::GradsResult one = grads_on(job, "tp=1");
+  for (const std::string mesh : {"tp=2", "dp=2", "pp=2"}) {
+    const launch::GradsResult r = grads_on(job, mesh);
+    EXPECT_EQ(r.loss, one.loss) << mesh;
+    ASSERT_EQ(r.gradients.size(), one.gradients.size()) << mesh;
+    for (std::size_t i = 0; i < r.gradients.size(); ++i) {
+      EXPECT_TRUE(bitwise_equal(r.gradients[i].second, one.gradients[i].second)) << mesh << ": " << r.gradients[i].first;
+    }
+  }
 }
 
 // GPT-2's --save file is the bytes checkpoint::save_parameters always wrote (its layout is meshgrad's).
