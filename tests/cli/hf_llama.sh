@@ -68,6 +68,13 @@ PY
 L=(--model llama --layers 2 --hidden 32 --heads 4 --kv-heads 2 --seq 16 --batch 4)
 "$M" train --mesh tp=2 "${L[@]}" --steps 3 --no-metrics --save ck.safetensors 2>/dev/null
 "$M" export --checkpoint ck.safetensors --out hf >export.txt 2>/dev/null
+# --save on a pipeline and on fsdp writes the same file layout (names, shapes, order: the header).
+header() { /usr/bin/python3 -c "import struct,sys;f=open(sys.argv[1],'rb');n=struct.unpack('<Q',f.read(8))[0];sys.stdout.write(f.read(n).decode())" "$1"; }
+for mesh in pp=2 fsdp=2; do
+  "$M" train --mesh $mesh "${L[@]}" --steps 1 --no-metrics --save "ck_$mesh.safetensors" 2>/dev/null
+  [ "$(header "ck_$mesh.safetensors")" = "$(header ck.safetensors)" ] && ok "--save at $mesh: the file layout of tp=2's" \
+    || fail "--save at $mesh: header $(header "ck_$mesh.safetensors" | head -c 300)"
+done
 grep -q "wrote hf (.* parameters, float32): config.json, model.safetensors" export.txt || fail "export: $(cat export.txt)"
 [ "$(key hf/config.json model_type)" = '"llama"' ] && grep -q '"LlamaForCausalLM"' hf/config.json \
   && [ "$(key hf/config.json num_key_value_heads)" = 2 ] && ok "export: config.json is a LlamaForCausalLM's" \
