@@ -449,6 +449,10 @@ py::dict grads_job(const py::kwargs& kwargs) {
   k.get("batch_file", job.batch);
   k.get("dtype", job.dtype);
   k.get("sequence_parallel", job.sequence_parallel);
+  k.get("tp_invariant", job.tp_invariant);
+  k.get("mesh_invariant", job.mesh_invariant);
+  k.get("invariant_blocks", job.invariant_blocks);
+  k.get("batch_blocks", job.batch_blocks);
   k.finish();
 
   keep_mpi_initialised(backend);
@@ -610,8 +614,10 @@ PYBIND11_MODULE(meshgrad, m) {
         "help, recorded (kept in a checkpoint's run record), alias_of (the option it is another name of, or None)");
   m.def("grads", &grads_job,
         "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "
-        "sequence_parallel=False, backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
-        "-> {parameter name: numpy array of its full gradient}. With a seed, the weights and batch depend only on "
+        "sequence_parallel=False, tp_invariant=False, mesh_invariant=False, invariant_blocks=4, batch_blocks=4, "
+        "backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
+        "-> {parameter name: numpy array of its full gradient}. config: a Hugging Face config.json (gpt2, llama, "
+        "qwen2, mistral), weights and gradients in its Hugging Face names and layout; mesh: tp, dp, fsdp, pp, tp=2x2. With a seed, the weights and batch depend only on "
         "the seed, not the mesh. Under backend='mpi' the process of rank 0 gets the dict, the others {}.");
   m.def("explain", &explain_job,
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "

@@ -1,7 +1,7 @@
-// `meshgrad export`: a checkpoint as a Hugging Face GPT-2 directory (interop/hf_io.hpp).
+// `meshgrad export`: a checkpoint as a Hugging Face directory, GPT-2 or the Llama family (interop/hf_io.hpp).
 //   meshgrad export --checkpoint w.safetensors --out gpt2-mine [--dtype bfloat16] [--tokenizer DIR]
 // writes gpt2-mine/config.json, model.safetensors and, when the run's data was BPE, the tokenizer
-// files; transformers loads it with GPT2LMHeadModel.from_pretrained("gpt2-mine").
+// files; transformers loads it with AutoModelForCausalLM.from_pretrained("gpt2-mine").
 #include <fmt/core.h>
 
 #include <memory>
@@ -26,18 +26,18 @@ int run_export(const interop::ExportOptions& o) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    export, {"", "export", "Write a checkpoint as a Hugging Face GPT-2 directory (config.json, model.safetensors, tokenizer)",
+    export, {"", "export", "Write a checkpoint as a Hugging Face directory (config.json, model.safetensors, tokenizer)",
              [](CLI::App& app) -> std::function<int()> {
                auto o = std::make_shared<interop::ExportOptions>();
-               app.add_option("--checkpoint", o->checkpoint, "Parameters written by `meshgrad train --save`")->required();
+               app.add_option("--checkpoint", o->checkpoint, "Parameters written by `meshgrad train --save`, a --checkpoint-dir checkpoint or a Hugging Face directory")->required();
                app.add_option("--out", o->out_dir, "The directory to write (must not exist, or be empty)")->required();
                app.add_option("--dtype", o->dtype, "Storage dtype of the weights")
                    ->check(CLI::IsMember({"float32", "float16", "bfloat16"}))
                    ->capture_default_str();
                app.add_option("--tokenizer", o->tokenizer, "Directory with vocab.json + merges.txt (default: the "
                               "prepared data the checkpoint was trained on)");
-               app.add_option("--config", o->config, "The model's config.json, for a checkpoint without gpt2_config "
-                              "metadata (default: the checkpoint's)");
+               app.add_option("--config", o->config, "The model's config.json, for a checkpoint without gpt2_config / "
+                              "hf_config metadata (default: the checkpoint's)");
                return [o] { return run_export(*o); };
              }});
 

@@ -1,9 +1,10 @@
-// `meshgrad grads`: a gradient dump of a GPT-2 for one batch, for comparison with other frameworks
-// and across meshes (the same file whatever --mesh, up to rounding).
+// `meshgrad grads`: a gradient dump of a GPT-2 or a Llama-family model (llama, qwen2, mistral) for one
+// batch, for comparison with other frameworks and across meshes (the same file whatever --mesh, up
+// to rounding; bitwise with --mesh-invariant).
 //   meshgrad grads --config config.json --weights w.safetensors --batch batch.safetensors
 //                  --mesh dp=2,tp=2 --sequence-parallel --out grads.safetensors
-// CONFIG: Hugging Face GPT-2 keys (n_layer, n_head, n_embd, vocab_size, n_positions,
-// layer_norm_epsilon). BATCH: int64 "inputs" and "targets" [B, T]. Loss: mean cross-entropy over
+// CONFIG: a Hugging Face config.json (model_type gpt2, llama, qwen2, mistral; GPT-2's keys without a
+// model_type). WEIGHTS: full tensors in Hugging Face names and layout (Llama's linears [out, in]). BATCH: int64 "inputs" and "targets" [B, T]. Loss: mean cross-entropy over
 // the positions whose target is not -100 (PyTorch's ignore_index), no dropout. OUT: every parameter's full gradient under its name, in the
 // weights' dtype, and "loss" as a scalar.
 #include <fmt/core.h>
@@ -29,7 +30,9 @@ struct GradsArgs {
   std::string dtype;   // "" = the weights' dtype
   bool sequence_parallel = false;
   bool tp_invariant = false;
+  bool mesh_invariant = false;
   int invariant_blocks = 4;
+  int batch_blocks = 4;
 };
 
 // Reading and checking the files and computing the gradients is the library's job
@@ -45,6 +48,8 @@ int run(const GradsArgs& a) {
   job.sequence_parallel = a.sequence_parallel;
   job.tp_invariant = a.tp_invariant;
   job.invariant_blocks = a.invariant_blocks;
+  job.mesh_invariant = a.mesh_invariant;
+  job.batch_blocks = a.batch_blocks;
   const launch::GradsResult r = launch::run_grads_job(job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
@@ -58,14 +63,14 @@ int run(const GradsArgs& a) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    grads, {"", "grads", "Write the full gradient of every GPT-2 parameter for one batch (safetensors)",
+    grads, {"", "grads", "Write the full gradient of every parameter (GPT-2, Llama, Qwen2, Mistral) for one batch (safetensors)",
             [](CLI::App& app) -> std::function<int()> {
               auto a = std::make_shared<GradsArgs>();
-              app.add_option("--config", a->config, "Hugging Face GPT-2 config.json")->required();
-              app.add_option("--weights", a->weights, "Full parameters (safetensors, GPT-2 names)")->required();
+              app.add_option("--config", a->config, "Hugging Face config.json (gpt2, llama, qwen2, mistral)")->required();
+              app.add_option("--weights", a->weights, "Full parameters (safetensors, Hugging Face names and layout)")->required();
               app.add_option("--batch", a->batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
               app.add_option("--out", a->out, "Where to write the gradients (safetensors)")->required();
-              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D)")
+              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp, pp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))
@@ -78,6 +83,12 @@ MESHGRAD_REGISTER_COMMAND(
                            "(docs/mesh-invariance.md)");
               app.add_option("--invariant-blocks", a->invariant_blocks,
                              "With --tp-invariant: fixed blocks per split dimension (a power of two)")
+                  ->capture_default_str();
+              app.add_flag("--mesh-invariant", a->mesh_invariant,
+                           "Bitwise the same gradients on every mesh that keeps both fixed trees (as train's; "
+                           "docs/mesh-invariance.md)");
+              app.add_option("--batch-blocks", a->batch_blocks,
+                             "With --mesh-invariant: the batch's fixed row blocks (a power of two dividing B)")
                   ->capture_default_str();
               return [a] { return run(*a); };
             }});

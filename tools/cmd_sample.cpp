@@ -48,14 +48,14 @@ int run(SampleArgs& a) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    sample, {"", "sample", "Generate text from a trained GPT (streamed; greedy or temperature / top-k sampling)",
+    sample, {"", "sample", "Generate text from a trained GPT-2 or Llama-family model (streamed; greedy or temperature / top-k sampling)",
              [](CLI::App& app) -> std::function<int()> {
                auto a = std::make_shared<SampleArgs>();
                auto& j = a->job;
                app.add_option("--checkpoint", j.checkpoint,
                               "A safetensors file (from `meshgrad train --save`, whose metadata gives the sizes; another tool's "
-                              "file with a config.json beside it) or "
-                              "a directory with config.json + model.safetensors")
+                              "file with a config.json beside it), a Hugging Face directory (GPT-2, llama, qwen2, "
+                              "mistral; config.json + model.safetensors or its shards) or a training checkpoint")
                    ->required();
                app.add_option("--prompt", j.prompt, "The text to continue (printed first)")->required();
                app.add_option("--tokens", j.tokens, "New tokens to generate (fewer when the context fills up)")

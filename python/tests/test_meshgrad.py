@@ -533,3 +533,31 @@ def test_every_table_keyword_is_taken_by_train():
         with pytest.raises(TypeError) as e:
             meshgrad.train(**{key: object()})
         assert "unexpected keyword" not in str(e.value) and f"{key} must be" in str(e.value), (key, str(e.value))
+
+
+def test_grads_of_a_llama_in_hugging_face_layout_on_any_mesh_and_mesh_invariant(tmp_path):
+    weights = tmp_path / "w.safetensors"
+    meshgrad.train(mesh="tp=1", steps=1, model="llama", layers=2, hidden=32, heads=4, kv_heads=2, seq=16, batch=4,
+                   save=str(weights))
+    config = tmp_path / "config.json"
+    config.write_text(json.dumps({"model_type": "llama", "num_hidden_layers": 2, "hidden_size": 32,
+                                  "intermediate_size": 128, "num_attention_heads": 4, "num_key_value_heads": 2,
+                                  "vocab_size": 256, "max_position_embeddings": 16, "rms_norm_eps": 1e-5}))
+    tokens = np.random.default_rng(0).integers(0, 256, size=(4, 9), dtype=np.int64)
+    batch = tmp_path / "batch.safetensors"
+    write_safetensors(batch, {"inputs": tokens[:, :-1], "targets": tokens[:, 1:]})
+    files = dict(config=str(config), weights=str(weights), batch_file=str(batch))
+    ref = meshgrad.grads(mesh="tp=1", **files)
+    # Hugging Face's layout: q_proj.weight is nn.Linear's [out, in].
+    assert ref["model.layers.0.self_attn.q_proj.weight"].shape == (32, 32)
+    assert ref["model.layers.0.mlp.gate_proj.weight"].shape == (128, 32)
+    for mesh in ("tp=2", "pp=2", "fsdp=2"):
+        got = meshgrad.grads(mesh=mesh, **files)
+        for name, g in ref.items():
+            assert np.abs(got[name] - g).max() <= 1e-5 * max(np.abs(g).max(), 1e-30), (mesh, name)
+    inv = dict(files, mesh_invariant=True, invariant_blocks=2)
+    one = meshgrad.grads(mesh="tp=1", **inv)
+    for mesh in ("tp=2", "dp=2"):
+        got = meshgrad.grads(mesh=mesh, **inv)
+        for name, g in one.items():
+            assert np.array_equal(got[name], g), (mesh, name)

@@ -21,6 +21,8 @@
 #include "meshgrad/text/utf8.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/interop/hf_config.hpp"
+#include "meshgrad/interop/hf_io.hpp"
 #include "meshgrad/io/file_io.hpp"
 #include "meshgrad/io/json_input.hpp"
 #include "meshgrad/io/safetensors.hpp"
@@ -87,6 +89,31 @@ text::Tokenizer prepared_tokenizer(const fs::path& dir) {
 
 // ---- weights ---------------------------------------------------------------------------------------
 
+namespace {
+
+// The model's dtype (its embedding's), the sizes sampling runs at, and the weights checked against
+// the configuration before a model of its size is built.
+SampleWeights finish_sample_weights(SampleWeights w, const interop::WeightFiles& files) {
+  const std::string embedding = w.model.kind == "gpt" ? "wte.weight" : "model.embed_tokens.weight";
+  MG_CHECK(files.contains(embedding), "sample: weights '{}' have no tensor '{}' (Hugging Face names expected, as "
+           "`meshgrad train --save` and `meshgrad export` write them; the model is {})", files.origin(), embedding,
+           w.config_source);
+  w.model.dtype = files.entry(embedding).dtype;
+  MG_CHECK(w.model.dtype != DType::Int64, "sample: weights '{}': {} is int64, expected float32 or float64",
+           files.origin(), embedding);
+  w.model.dropout = 0.0;
+  w.model.batch = 1;
+  w.model.seq = w.model.n_positions();
+  if (w.model.kind == "gpt" && files.origin() == files.file_of(embedding)) {
+    interop::check_gpt2_config_against_weights(w.model, w.config_source, io::SafetensorsFile(files.origin()));
+  } else {
+    (void)interop::check_model_weights(files, w.model, w.config_source);
+  }
+  return w;
+}
+
+}  // namespace
+
 SampleWeights resolve_sample_weights(const std::string& checkpoint) {
   MG_CHECK(!checkpoint.empty(), "sample: --checkpoint is empty");
   std::error_code ec;
@@ -114,16 +141,17 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
     return w;
   }
   if (fs::is_directory(status)) {
-    // (b) Hugging Face layout.
+    // (b) Hugging Face layout, either family, its weights whole or sharded.
     const fs::path dir(checkpoint);
-    MG_CHECK(fs::is_regular_file(dir / "config.json") && fs::is_regular_file(dir / "model.safetensors"),
-             "sample: checkpoint '{}' {}: a model directory holds config.json and model.safetensors", checkpoint,
-             kNotACheckpoint);
-    w.weights = (dir / "model.safetensors").string();
+    MG_CHECK(fs::is_regular_file(dir / "config.json") &&
+             (fs::is_regular_file(dir / "model.safetensors") || fs::is_regular_file(dir / interop::kHfIndexFile)),
+             "sample: checkpoint '{}' {}: a model directory holds config.json and model.safetensors (or {} and its "
+             "shards)", checkpoint, kNotACheckpoint, interop::kHfIndexFile);
+    w.weights = dir.string();
     w.config_source = (dir / "config.json").string();
-    file.emplace(open_weights(checkpoint, w.weights));
-    w.model = interop::read_gpt2_config(w.config_source);
+    w.model = interop::read_model_config(w.config_source);
     if (has_tokenizer_files(dir)) w.tokenizer_dir = dir.string();
+    return finish_sample_weights(w, interop::WeightFiles::open_directory(checkpoint, "sample: checkpoint"));
   } else {
     MG_CHECK(fs::is_regular_file(status), "sample: checkpoint '{}' {} (it is neither a regular file nor a directory)",
              checkpoint, kNotACheckpoint);
@@ -134,19 +162,21 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
     w.weights = checkpoint;
     file.emplace(open_weights(checkpoint, w.weights));
     const fs::path beside = fs::path(checkpoint).parent_path() / "config.json";
-    const auto meta = file->metadata().find("gpt2_config");
+    const auto gpt = file->metadata().find("gpt2_config");
+    const auto meta = gpt != file->metadata().end() ? gpt : file->metadata().find(interop::kHfConfigMetadata);
     if (meta != file->metadata().end()) {
-      w.config_source = fmt::format("'{}' metadata \"gpt2_config\"", checkpoint);
-      w.model = interop::parse_gpt2_config(meta->second, w.config_source);
+      w.config_source = fmt::format("'{}' metadata \"{}\"", checkpoint, meta->first);
+      w.model = meta == gpt ? interop::parse_gpt2_config(meta->second, w.config_source)
+                            : interop::parse_hf_config(meta->second, w.config_source);
       if (fs::is_regular_file(beside)) w.ignored_config = beside.string();
     } else if (fs::is_regular_file(beside)) {
       w.config_source = beside.string();
-      w.model = interop::read_gpt2_config(w.config_source);
+      w.model = interop::read_model_config(w.config_source);
     } else {
       throw InvalidArgument(fmt::format(
           "sample: no model configuration for '{}': there is no config.json beside it ('{}') and its metadata has no "
-          "\"gpt2_config\" (`meshgrad train --save` writes it; for other files put a Hugging Face GPT-2 config.json "
-          "beside them)",
+          "\"gpt2_config\" nor \"hf_config\" (`meshgrad train --save` writes one; for other files put a Hugging "
+          "Face config.json beside them)",
           checkpoint, beside.string()));
     }
     // The tokenizer: the training run's prepared data (metadata "data_meta": its meta.json, which
@@ -159,22 +189,16 @@ SampleWeights resolve_sample_weights(const std::string& checkpoint) {
       w.tokenizer_dir = folder.string();
     }
   }
-  MG_CHECK(file->contains("wte.weight"), "sample: weights '{}' have no tensor 'wte.weight' (GPT-2 names expected, "
-           "as `meshgrad train --save` writes them)", w.weights);
-  w.model.dtype = file->entry("wte.weight").dtype;
-  MG_CHECK(w.model.dtype != DType::Int64, "sample: weights '{}': wte.weight is int64, expected float32 or float64",
-           w.weights);
-  w.model.dropout = 0.0;
-  w.model.batch = 1;
-  w.model.seq = w.model.n_positions();
-  interop::check_gpt2_config_against_weights(w.model, w.config_source, *file);
-  return w;
+  return finish_sample_weights(w, interop::WeightFiles::open_file(w.weights));
 }
 
 void load_sample_weights(const SampleWeights& weights, const std::vector<nn::Parameter*>& params,
                          const dist::DeviceMesh& mesh) {
   if (weights.sharded_checkpoint.empty()) {
-    checkpoint::load_parameters(weights.weights, params, nn::tensor_parallel_group(mesh));
+    const interop::WeightFiles files = fs::is_directory(weights.weights)
+                                           ? interop::WeightFiles::open_directory(weights.weights, "sample: checkpoint")
+                                           : interop::WeightFiles::open_file(weights.weights);
+    interop::load_model_parameters(files, weights.model, params);
     return;
   }
   // Only this rank's pieces of the parameters (the optimizer state is not read), checked, then copied.

@@ -65,7 +65,10 @@ void read_sliding_window(const json& j, const std::string& path, const std::stri
   if (model_type == "mistral") c.sliding_window = int_or(j, path, "sliding_window", 0);
   if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
     c.sliding_window = int_or(j, path, "sliding_window", 0);
-    c.max_window_layers = int_or(j, path, "max_window_layers", 28);
+    // 0 is allowed here (every layer slides), unlike the sizes int_key reads.
+    const bool zero = j.contains("max_window_layers") && j.at("max_window_layers").is_number_integer() &&
+                      j.at("max_window_layers").get<std::int64_t>() == 0;
+    c.max_window_layers = zero ? 0 : int_or(j, path, "max_window_layers", 28);
   }
   if (!j.contains("layer_types") || j.at("layer_types").is_null()) return;
   const json& types = j.at("layer_types");
@@ -132,6 +135,81 @@ nn::ModelConfig parse_hf_config(const std::string& text, const std::string& path
   if (type == "llama" || type == "qwen2" || type == "mistral") return parse_llama_config(j, path, type);
   throw InvalidArgument(fmt::format("config '{}': \"model_type\": \"{}\" is not a model meshgrad builds (gpt2, llama, "
                                     "qwen2, mistral)", path, type));
+}
+
+namespace {
+
+json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
+  const std::string& type = c.model_type;
+  MG_CHECK(type == "llama" || type == "qwen2" || type == "mistral", "hf_config_json: model_type \"{}\" is not one "
+           "of the Llama family's (llama, qwen2, mistral)", type);
+  MG_CHECK(type != "qwen2" || c.attention_bias, "hf_config_json: a qwen2 model always has q/k/v biases, and this one "
+           "has attention_bias false: write it as model_type \"llama\"");
+  MG_CHECK(type != "mistral" || !c.attention_bias, "hf_config_json: a mistral model has no q/k/v biases, and this one "
+           "has attention_bias true: write it as model_type \"llama\"");
+  MG_CHECK(type != "llama" || c.sliding_window == 0, "hf_config_json: a llama model has no sliding window, and this one "
+           "has sliding_window {}: write it as model_type \"mistral\" or \"qwen2\"", c.sliding_window);
+  MG_CHECK(type != "mistral" || c.sliding_window == 0 || c.max_window_layers == 0, "hf_config_json: a mistral model "
+           "slides on every layer, and this one from layer {} on: write it as model_type \"qwen2\"", c.max_window_layers);
+  const auto token = [](const std::optional<std::int64_t>& id) { return id ? json(*id) : json(nullptr); };
+  json rope = nullptr;
+  if (!c.rope_scaling.empty()) {
+    rope = {{"rope_type", c.rope_scaling}, {"factor", c.rope_factor}};
+    if (c.rope_scaling == "llama3") {
+      rope["low_freq_factor"] = c.rope_low_freq_factor;
+      rope["high_freq_factor"] = c.rope_high_freq_factor;
+      rope["original_max_position_embeddings"] = c.rope_original_positions;
+    }
+  }
+  const char* architecture = type == "llama" ? "LlamaForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM"
+                                                                                     : "MistralForCausalLM";
+  json j = {{"architectures", {architecture}},
+            {"attention_dropout", 0.0},
+            {"bos_token_id", token(o.bos_token_id)},
+            {"eos_token_id", token(o.eos_token_id)},
+            {"head_dim", c.head_size()},
+            {"hidden_act", "silu"},
+            {"hidden_size", c.hidden},
+            {"initializer_range", 0.02},
+            {"intermediate_size", c.ffn_size()},
+            {"max_position_embeddings", c.n_positions()},
+            {"model_type", type},
+            {"num_attention_heads", c.heads},
+            {"num_hidden_layers", c.layers},
+            {"num_key_value_heads", c.kv_head_count()},
+            {"rms_norm_eps", c.layer_norm_epsilon},
+            {"rope_scaling", rope},
+            {"rope_theta", c.rope_theta},
+            {"tie_word_embeddings", c.tie_word_embeddings},
+            {"torch_dtype", o.torch_dtype.empty() ? std::string(dtype_name(c.dtype)) : o.torch_dtype},
+            {"use_cache", true},
+            {"vocab_size", c.vocab}};
+  const json window = c.sliding_window > 0 ? json(c.sliding_window) : json(nullptr);
+  if (type == "llama") {
+    j["attention_bias"] = c.attention_bias;
+    j["mlp_bias"] = false;
+    j["pretraining_tp"] = 1;
+  } else if (type == "qwen2") {
+    j["use_sliding_window"] = c.sliding_window > 0;
+    j["sliding_window"] = window;
+    j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.layers;
+  } else {
+    j["sliding_window"] = window;
+  }
+  return j;
+}
+
+}  // namespace
+
+std::string hf_config_json(const nn::ModelConfig& config, const HfConfigJsonOptions& options) {
+  if (config.kind == "gpt") {
+    MG_CHECK(options.bos_token_id == options.eos_token_id, "hf_config_json: GPT-2's bos and eos tokens are the same "
+             "<|endoftext|>, got {} and {}", options.bos_token_id.value_or(-1), options.eos_token_id.value_or(-1));
+    return gpt2_config_json(config, {options.torch_dtype, options.eos_token_id});
+  }
+  MG_CHECK(config.kind == "llama", "hf_config_json: model \"{}\" has no Hugging Face config (gpt and llama have one)",
+           config.kind);
+  return llama_family_json(config, options).dump(2) + "\n";
 }
 
 }  // namespace meshgrad::interop

@@ -23,6 +23,8 @@
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/interop/hf_config.hpp"
+#include "meshgrad/interop/model_tensors.hpp"
 #include "meshgrad/io/json_input.hpp"
 #include "meshgrad/io/atomic_commit.hpp"
 #include "meshgrad/io/file_io.hpp"
@@ -58,43 +60,71 @@ std::optional<std::int64_t> block_index(const std::string& name) {
 }
 
 // The prefix of a GPT-2 weights file: "" or "transformer.", from where its wte.weight is.
-std::string detect_prefix(const io::SafetensorsFile& f) {
+std::string detect_prefix(const WeightFiles& f) {
   const bool plain = f.contains("wte.weight");
   const bool prefixed = f.contains(std::string(kPrefix) + "wte.weight");
   MG_CHECK(!(plain && prefixed), "weights '{}' hold both 'wte.weight' and '{}wte.weight': which one is the model is "
-           "ambiguous", f.path(), kPrefix);
+           "ambiguous", f.origin(), kPrefix);
   if (plain || prefixed) return prefixed ? kPrefix : "";
   const std::vector<std::string> names = f.names();
   throw InvalidArgument(fmt::format("weights '{}' have no 'wte.weight' (nor '{}wte.weight'): not GPT-2 weights (the "
                                     "file has {} tensors{}{})",
-                                    f.path(), kPrefix, names.size(), names.empty() ? "" : ", e.g. ",
+                                    f.origin(), kPrefix, names.size(), names.empty() ? "" : ", e.g. ",
                                     names.empty() ? "" : "'" + names.front() + "'"));
 }
 
-// A directory holding config.json and model.safetensors; the message says what is missing.
+// A directory holding config.json and model.safetensors (or a sharded set's index); the message says
+// what is missing.
 void check_hf_dir(const std::string& dir, const char* option) {
   struct stat st {};
   MG_CHECK(!dir.empty(), "{}: the path is empty", option);
   MG_CHECK(::stat(dir.c_str(), &st) == 0, "{} '{}': {}", option, dir, std::strerror(errno));
-  MG_CHECK(S_ISDIR(st.st_mode), "{} '{}' is not a directory: give a Hugging Face GPT-2 directory ({} + {})", option,
-           dir, kHfConfigFile, kHfWeightsFile);
-  for (const char* leaf : {kHfConfigFile, kHfWeightsFile}) {
-    MG_CHECK(fs::is_regular_file(fs::path(dir) / leaf), "{} '{}' has no {}: a Hugging Face GPT-2 directory holds {} "
-             "and {} (what save_pretrained or `meshgrad export` writes; pytorch_model.bin is not read)",
-             option, dir, leaf, kHfConfigFile, kHfWeightsFile);
-  }
+  MG_CHECK(S_ISDIR(st.st_mode), "{} '{}' is not a directory: give a Hugging Face directory ({} + {})", option, dir,
+           kHfConfigFile, kHfWeightsFile);
+  const fs::path d(dir);
+  MG_CHECK(fs::is_regular_file(d / kHfConfigFile), "{} '{}' has no {}: a Hugging Face directory holds {} and {} (what "
+           "save_pretrained or `meshgrad export` writes)", option, dir, kHfConfigFile, kHfConfigFile, kHfWeightsFile);
+  MG_CHECK(fs::is_regular_file(d / kHfWeightsFile) || fs::is_regular_file(d / kHfIndexFile), "{} '{}' has no {} (nor "
+           "a sharded set's {}): a Hugging Face directory holds {} and its weights (pytorch_model.bin is not read)",
+           option, dir, kHfWeightsFile, kHfIndexFile, kHfConfigFile);
 }
 
 std::string describe(const nn::ModelConfig& c) {
+  if (c.kind == "llama")
+    return fmt::format("{}: num_hidden_layers {}, hidden_size {}, num_attention_heads {}, num_key_value_heads {}, "
+                       "vocab_size {}, max_position_embeddings {}", c.model_type, c.layers, c.hidden, c.heads,
+                       c.kv_head_count(), c.vocab, c.n_positions());
   return fmt::format("n_layer {}, n_embd {}, n_head {}, vocab_size {}, n_positions {}", c.layers, c.hidden, c.heads,
                      c.vocab, c.n_positions());
 }
 
 }  // namespace
 
+nn::ModelConfig read_model_config(const std::string& path) {
+  const nlohmann::json j = nlohmann::json::parse(io::read_small_file(path, kMaxConfigBytes, "config.json"), nullptr, false);
+  if (j.is_object() && !j.contains("model_type")) return read_gpt2_config(path);
+  return read_hf_config(path);
+}
+
+namespace {
+
+// The configuration of a Hugging Face directory's model with the run's own sizes (seq, batch,
+// dropout, dtype) from `run`.
+nn::ModelConfig with_run_sizes(const nn::ModelConfig& file, const nn::ModelConfig& run) {
+  if (file.kind == "gpt") return run.with_shape_of(file);
+  nn::ModelConfig c = file;
+  c.seq = run.seq;
+  c.batch = run.batch;
+  c.dtype = run.dtype;
+  c.dropout = run.dropout;
+  return c;
+}
+
+}  // namespace
+
 // ---- in -------------------------------------------------------------------------------------------
 
-HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& config, const std::string& config_origin) {
+HfWeights check_hf_weights(const WeightFiles& f, const nn::ModelConfig& config, const std::string& config_origin) {
   HfWeights out;
   out.prefix = detect_prefix(f);
   std::vector<std::string> missing;
@@ -107,19 +137,19 @@ HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& 
       continue;
     }
     const io::SafetensorsEntry& e = f.entry(stored);
-    MG_CHECK(e.shape == shape, "weights '{}': tensor '{}' has shape {} but config '{}' ({}) gives it {}", f.path(),
+    MG_CHECK(e.shape == shape, "weights '{}': tensor '{}' has shape {} but config '{}' ({}) gives it {}", f.file_of(stored),
              stored, shape_str(e.shape), config_origin, describe(config), shape_str(shape));
     MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
-             "F16 or BF16", f.path(), stored, e.stored);
+             "F16 or BF16", f.origin(), stored, e.stored);
     if (std::find(out.dtypes.begin(), out.dtypes.end(), e.stored) == out.dtypes.end()) out.dtypes.push_back(e.stored);
   }
-  MG_CHECK(missing.empty(), "weights '{}' miss {} tensor{} of the GPT-2 that config '{}' describes ({}): {}", f.path(),
+  MG_CHECK(missing.empty(), "weights '{}' miss {} tensor{} of the GPT-2 that config '{}' describes ({}): {}", f.origin(),
            missing.size(), missing.size() == 1 ? "" : "s", config_origin, describe(config), join(missing));
   for (const std::string& name : f.names()) {
     if (expected.count(name) || !name.starts_with(out.prefix)) continue;
     const std::optional<std::int64_t> block = block_index(name.substr(out.prefix.size()));
     MG_CHECK(!block || *block < config.layers, "weights '{}' hold '{}' but config '{}' has n_layer = {} (blocks h.0 "
-             "to h.{})", f.path(), name, config_origin, config.layers, config.layers - 1);
+             "to h.{})", f.origin(), name, config_origin, config.layers, config.layers - 1);
   }
   // GPT2LMHeadModel's head is tied to wte; a file may still carry it (older save_pretrained,
   // torch.save of the state dict). Loading wte alone is right only when the two are the same.
@@ -128,7 +158,7 @@ HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& 
     const std::string wte = out.prefix + "wte.weight";
     const io::SafetensorsEntry& e = f.entry(head);
     MG_CHECK(e.shape == f.entry(wte).shape, "weights '{}': '{}' has shape {} but '{}' has {}: meshgrad's output layer "
-             "is the token embedding, tied", f.path(), head, shape_str(e.shape), wte, shape_str(f.entry(wte).shape));
+             "is the token embedding, tied", f.origin(), head, shape_str(e.shape), wte, shape_str(f.entry(wte).shape));
     // Compared as read (float32 for F32 / F16 / BF16): equal values, whatever the two dtypes.
     Tensor h = f.get(head), w = f.get(wte);
     if (h.dtype() != w.dtype()) {
@@ -143,7 +173,7 @@ HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& 
         MG_CHECK(hp[i] == wp[i] || (std::isnan(hp[i]) && std::isnan(wp[i])),
                  "weights '{}': '{}' differs from '{}' (first at [{}, {}]: {} vs {}): an untied output layer, which "
                  "meshgrad's GPT-2 (output = wte transposed) cannot hold",
-                 f.path(), head, wte, i / cols, i % cols, hp[i], wp[i]);
+                 f.origin(), head, wte, i / cols, i % cols, hp[i], wp[i]);
       }
     });
     out.tied_head = true;
@@ -151,40 +181,59 @@ HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& 
   return out;
 }
 
+HfWeights check_hf_weights(const io::SafetensorsFile& f, const nn::ModelConfig& config, const std::string& config_origin) {
+  return check_hf_weights(WeightFiles::open_file(f.path()), config, config_origin);
+}
+
+HfWeights check_model_weights(const WeightFiles& f, const nn::ModelConfig& config, const std::string& config_origin) {
+  if (config.kind == "gpt") return check_hf_weights(f, config, config_origin);
+  HfWeights out;
+  out.dtypes = check_llama_weights(f, config, config_origin);
+  out.tied_head = config.tie_word_embeddings && f.contains("lm_head.weight");
+  return out;
+}
+
 nn::ModelConfig hf_init_config(const std::string& dir, const nn::ModelConfig& requested, bool report) {
   check_hf_dir(dir, "--init-from");
   const std::string config_path = (fs::path(dir) / kHfConfigFile).string();
-  const std::string weights_path = (fs::path(dir) / kHfWeightsFile).string();
-  const nn::ModelConfig file = read_gpt2_config(config_path);
+  const nn::ModelConfig file = read_model_config(config_path);
+  const bool gpt = file.kind == "gpt";
+  MG_CHECK(requested.kind == file.kind || requested.kind == "gpt", "--init-from '{}': --model {} disagrees with '{}', "
+           "a {} model", dir, requested.kind, config_path, file.model_type);
   const auto agree = [&](const char* option, int wanted, int found, const char* key) {
     MG_CHECK(wanted <= 0 || wanted == found, "--init-from '{}': {} {} disagrees with {} = {} in '{}' (leave {} out "
              "to take the file's)", dir, option, wanted, key, found, config_path, option);
   };
-  agree("--layers", requested.layers, file.layers, "n_layer");
-  agree("--hidden", requested.hidden, file.hidden, "n_embd");
-  agree("--heads", requested.heads, file.heads, "n_head");
+  agree("--layers", requested.layers, file.layers, gpt ? "n_layer" : "num_hidden_layers");
+  agree("--hidden", requested.hidden, file.hidden, gpt ? "n_embd" : "hidden_size");
+  agree("--heads", requested.heads, file.heads, gpt ? "n_head" : "num_attention_heads");
   agree("--vocab", requested.vocab, file.vocab, "vocab_size");
-  agree("--positions", requested.positions, file.positions, "n_positions");
-  agree("--ffn", requested.ffn, file.ffn_size(), "n_inner");
-  const nn::ModelConfig c = requested.with_shape_of(file);
-  MG_CHECK(c.seq <= c.positions, "--init-from '{}': --seq {} exceeds n_positions = {} in '{}'", dir, c.seq,
-           c.positions, config_path);
-  const io::SafetensorsFile weights(weights_path);
-  const HfWeights w = check_hf_weights(weights, c, config_path);
+  agree("--positions", requested.positions, file.positions, gpt ? "n_positions" : "max_position_embeddings");
+  agree("--ffn", requested.ffn, file.ffn_size(), gpt ? "n_inner" : "intermediate_size");
+  if (!gpt) {
+    agree("--kv-heads", requested.kv_heads, file.kv_head_count(), "num_key_value_heads");
+    agree("--head-dim", requested.head_dim, file.head_size(), "head_dim");
+  }
+  const nn::ModelConfig c = with_run_sizes(file, requested);
+  MG_CHECK(c.seq <= c.positions, "--init-from '{}': --seq {} exceeds {} = {} in '{}'", dir, c.seq,
+           gpt ? "n_positions" : "max_position_embeddings", c.positions, config_path);
+  const WeightFiles weights = WeightFiles::open_directory(dir, "--init-from");
+  const HfWeights w = check_model_weights(weights, c, config_path);
   if (report) {
     std::string dtypes;
     for (const auto& d : w.dtypes) dtypes += (dtypes.empty() ? "" : "/") + d;
-    fmt::print(stderr, "meshgrad train: starting from '{}': GPT-2 {}, {} weights{}{}, loaded as {}\n", dir,
-               describe(c), dtypes, w.prefix.empty() ? "" : " named 'transformer.*'",
-               w.tied_head ? " (lm_head.weight tied to wte.weight, not loaded)" : "", dtype_name(c.dtype));
+    const std::string head = gpt ? "lm_head.weight tied to wte.weight" : "lm_head.weight tied to model.embed_tokens.weight";
+    fmt::print(stderr, "meshgrad train: starting from '{}': {} {}, {} weights{}{}, loaded as {}\n", dir,
+               gpt ? "GPT-2" : "Hugging Face", describe(c), dtypes, w.prefix.empty() ? "" : " named 'transformer.*'",
+               w.tied_head ? fmt::format(" ({}, not loaded)", head) : "", dtype_name(c.dtype));
   }
   return c;
 }
 
-void hf_load_parameters(const std::string& dir, const std::vector<nn::Parameter*>& params, const dist::ProcessGroup& tp) {
-  const std::string weights_path = (fs::path(dir) / kHfWeightsFile).string();
-  const std::string prefix = detect_prefix(io::SafetensorsFile(weights_path));
-  checkpoint::load_parameters(weights_path, params, tp, prefix);
+void hf_load_parameters(const std::string& dir, const std::vector<nn::Parameter*>& params, const dist::ProcessGroup&) {
+  const nn::ModelConfig config = read_model_config((fs::path(dir) / kHfConfigFile).string());
+  const WeightFiles weights = WeightFiles::open_directory(dir, "--init-from");
+  load_model_parameters(weights, config, params, config.kind == "gpt" ? detect_prefix(weights) : "");
 }
 
 // ---- out ------------------------------------------------------------------------------------------
@@ -192,9 +241,10 @@ void hf_load_parameters(const std::string& dir, const std::vector<nn::Parameter*
 std::map<std::string, std::string> hf_checkpoint_metadata(const nn::ModelConfig& config, const data::TokenDataset& data) {
   std::map<std::string, std::string> m{{"format", "pt"},
                                        {"producer", "meshgrad train"},
-                                       {"gpt2_config", gpt2_config_json(config)},
                                        {"data", data.source()},
                                        {"data_tokens", data.description()}};
+  if (config.kind == "gpt") m["gpt2_config"] = gpt2_config_json(config);
+  else m[kHfConfigMetadata] = hf_config_json(config);
   for (const std::string& f : data.input_files()) {
     if (fs::path(f).filename() == "meta.json") m["data_meta"] = fs::absolute(f).lexically_normal().string();
   }
@@ -203,15 +253,19 @@ std::map<std::string, std::string> hf_checkpoint_metadata(const nn::ModelConfig&
 
 namespace {
 
-// The "gpt2_config" metadata of a checkpoint, or a config.json, as the model's configuration; the
-// dropout recorded in resid_pdrop is kept (parse_gpt2_config leaves it out).
-nn::ModelConfig checkpoint_config(const io::SafetensorsFile& f, const std::string& config_path) {
-  if (!config_path.empty()) return read_gpt2_config(config_path);
-  const auto it = f.metadata().find("gpt2_config");
-  MG_CHECK(it != f.metadata().end(), "checkpoint '{}' has no \"gpt2_config\" metadata (written by an older meshgrad, or "
-           "not by `meshgrad train --save`): give the model's config.json with --config", f.path());
-  const std::string origin = fmt::format("'{}' metadata \"gpt2_config\"", f.path());
-  nn::ModelConfig c = parse_gpt2_config(it->second, origin);
+// The "gpt2_config" or "hf_config" metadata of a checkpoint, or a config.json, as the model's
+// configuration; the dropout recorded in resid_pdrop is kept (parse_gpt2_config leaves it out).
+nn::ModelConfig checkpoint_config(const std::map<std::string, std::string>& metadata, const std::string& path,
+                                  const std::string& config_path) {
+  if (!config_path.empty()) return read_model_config(config_path);
+  const auto gpt = metadata.find("gpt2_config");
+  const auto hf = metadata.find(kHfConfigMetadata);
+  MG_CHECK(gpt != metadata.end() || hf != metadata.end(), "checkpoint '{}' has no \"gpt2_config\" metadata (nor \"{}\": "
+           "written by an older meshgrad, or not by `meshgrad train --save`): give the model's config.json "
+           "with --config", path, kHfConfigMetadata);
+  const auto it = gpt != metadata.end() ? gpt : hf;
+  const std::string origin = fmt::format("'{}' metadata \"{}\"", path, it->first);
+  nn::ModelConfig c = gpt != metadata.end() ? parse_gpt2_config(it->second, origin) : parse_hf_config(it->second, origin);
   const nlohmann::json j = io::parse_untrusted_json(it->second, kMaxConfigDepth);
   if (j.contains("resid_pdrop") && j.at("resid_pdrop").is_number()) c.dropout = j.at("resid_pdrop").get<double>();
   if (j.contains("torch_dtype") && j.at("torch_dtype") == "float64") c.dtype = DType::Float64;
@@ -355,26 +409,35 @@ std::string tokenizer_config_json(std::int64_t max_length, bool has_eot) {
 FullParameters read_full_parameters(const std::string& checkpoint, const std::string& config_path) {
   struct stat st {};
   MG_CHECK(::stat(checkpoint.c_str(), &st) == 0, "--checkpoint '{}': {}", checkpoint, std::strerror(errno));
+  FullParameters out;
+  if (S_ISDIR(st.st_mode) && !checkpoint::is_checkpoint_path(checkpoint)) {
+    MG_CHECK(fs::is_regular_file(fs::path(checkpoint) / kHfConfigFile), "--checkpoint '{}' is a directory but not a "
+             "training checkpoint (no manifest.json, no step_XXXXXXXX/ in it) nor a Hugging Face directory (no {}); "
+             "export reads those or a safetensors file written by `meshgrad train --save`", checkpoint, kHfConfigFile);
+    // A Hugging Face directory: its config.json (or --config) and its weights, whole or sharded.
+    const std::string config_file = config_path.empty() ? (fs::path(checkpoint) / kHfConfigFile).string() : config_path;
+    out.config = read_model_config(config_file);
+    const WeightFiles f = WeightFiles::open_directory(checkpoint, "--checkpoint");
+    const HfWeights w = check_model_weights(f, out.config, config_file);
+    out.tensors = read_model_tensors(f, out.config, w.prefix);
+    if (!out.tensors.empty()) out.config.dtype = out.tensors.front().second.dtype();
+    return out;
+  }
   if (S_ISDIR(st.st_mode)) {
-    MG_CHECK(checkpoint::is_checkpoint_path(checkpoint), "--checkpoint '{}' is a directory but not a training checkpoint (no "
-             "manifest.json, no step_XXXXXXXX/ in it); export reads those or a safetensors file written by `meshgrad "
-             "train --save`", checkpoint);
     // A sharded training checkpoint: every parameter's full tensor from its pieces.
     const std::string dir = checkpoint::resolve_checkpoint(checkpoint);
     const checkpoint::Manifest manifest = checkpoint::read_manifest(dir);
-    FullParameters out;
-    out.config = config_path.empty() ? checkpoint_model_config(manifest, dir) : read_gpt2_config(config_path);
+    out.config = config_path.empty() ? checkpoint_model_config(manifest, dir) : read_model_config(config_path);
     out.metadata = checkpoint_data_metadata(manifest);
-    out.tensors = checkpoint::read_full_tensors(dir, manifest, gpt2_parameter_shapes(out.config));
+    out.tensors = checkpoint::read_full_tensors(dir, manifest, model_parameter_shapes(out.config));
     return out;
   }
   MG_CHECK(S_ISREG(st.st_mode), "--checkpoint '{}' is not a regular file", checkpoint);
-  const io::SafetensorsFile f(checkpoint);
-  FullParameters out;
-  out.config = checkpoint_config(f, config_path);
+  const WeightFiles f = WeightFiles::open_file(checkpoint);
+  out.config = checkpoint_config(f.metadata(), checkpoint, config_path);
   out.metadata = f.metadata();
-  const HfWeights w = check_hf_weights(f, out.config, config_path.empty() ? checkpoint + " metadata" : config_path);
-  for (const auto& [name, shape] : gpt2_parameter_shapes(out.config)) out.tensors.emplace_back(name, f.get(w.prefix + name));
+  const HfWeights w = check_model_weights(f, out.config, config_path.empty() ? checkpoint + " metadata" : config_path);
+  out.tensors = read_model_tensors(f, out.config, w.prefix);
   return out;
 }
 
@@ -405,8 +468,8 @@ ExportResult export_hf(const ExportOptions& o) {
   ck.tensors.clear();
 
   ExportDirectory staged(o.out_dir);
-  staged.write(kHfConfigFile, gpt2_config_json(ck.config, {o.dtype, eot}));
-  io::write_safetensors(staged.path(kHfWeightsFile), tensors, {{"format", "pt"}}, storage);
+  staged.write(kHfConfigFile, hf_config_json(ck.config, {o.dtype, eot, eot}));
+  write_model_tensors(staged.path(kHfWeightsFile), ck.config, tensors, {{"format", "pt"}}, storage);
   if (!tok.vocab.empty()) {
     staged.write("vocab.json", io::read_small_file(tok.vocab, kMaxSmallFileBytes, "tokenizer file"));
     staged.write("merges.txt", io::read_small_file(tok.merges, kMaxSmallFileBytes, "tokenizer file"));

@@ -4,6 +4,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <filesystem>
 #include <cctype>
 #include <cerrno>
 #include <optional>
@@ -14,6 +15,9 @@
 #include "meshgrad/data/synthetic.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/interop/hf_config.hpp"
+#include "meshgrad/interop/hf_io.hpp"
+#include "meshgrad/interop/model_tensors.hpp"
+#include "meshgrad/train/step.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
@@ -106,8 +110,7 @@ void check_llama_edges(const train::TrainOptions& o) {
     }
     return;
   }
-  for (const auto& [option, on] : {std::pair{"init-from", !o.init_from.empty()}, {"save", !o.save_path.empty()},
-                                   {"checkpoint-dir", !o.checkpoint_dir.empty()}, {"resume", !o.resume.empty()},
+  for (const auto& [option, on] : {std::pair{"checkpoint-dir", !o.checkpoint_dir.empty()}, {"resume", !o.resume.empty()},
                                    {"sample-every", o.sample_every > 0}}) {
     MG_CHECK(!on, "train: --{} is not supported for the Llama family yet: its checkpoints, Hugging Face files and "
              "samples are written and read as GPT-2's today", option);
@@ -152,6 +155,22 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
   m.dropout = o.model.dropout;
   m.dtype = o.model.dtype;
   o.model = m;
+  return o;
+}
+
+// --init-from: the model's family is its directory's (a Llama-family directory makes the run a
+// Llama one, so the Llama-only options and refusals apply to it); its shape is read by the trainer
+// (interop::hf_init_config), which checks the sizes given against the file.
+train::TrainOptions with_init_from_family(const train::TrainOptions& given) {
+  if (given.init_from.empty()) return given;
+  const std::filesystem::path config = std::filesystem::path(given.init_from) / interop::kHfConfigFile;
+  if (!std::filesystem::is_regular_file(config)) return given;   // hf_init_config says what is missing
+  const nn::ModelConfig file = interop::read_model_config(config.string());
+  MG_CHECK(given.given_options.count("model") == 0 || given.model.kind == file.kind, "train: --model {} disagrees with "
+           "--init-from '{}', whose config.json is a {} model ({}): leave --model out", given.model.kind,
+           given.init_from, file.kind, file.kind == "gpt" ? "gpt2" : file.model_type);
+  train::TrainOptions o = given;
+  o.model.kind = file.kind;
   return o;
 }
 
@@ -262,7 +281,7 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
 }
 
 train::TrainResult run_train_job(const train::TrainOptions& given_options, const dist::RunOnMesh& run_on_mesh) {
-  const train::TrainOptions given = with_model_config(given_options);
+  const train::TrainOptions given = with_init_from_family(with_model_config(given_options));
   check_llama_edges(given);   // before a checkpoint is read for --resume
   train::TrainOptions options = resolve_resume(given);
   try {
@@ -298,66 +317,109 @@ train::TrainResult run_train_job(const train::TrainOptions& given_options, const
   }
 }
 
+namespace {
+
+// grads' model and batch from its files: the config (either family), the batch checked against it,
+// the weights checked whole before a model of the config's size is allocated.
+struct GradsInputs {
+  nn::ModelConfig config;
+  nn::Batch batch;
+  std::optional<interop::WeightFiles> weights;
+  DType weights_dtype = DType::Float32;   // the embedding's: the default compute dtype
+};
+
+GradsInputs read_grads_files(const GradsJob& job) {
+  GradsInputs in;
+  in.config = interop::read_model_config(job.config);
+  nn::ModelConfig& config = in.config;
+  const io::SafetensorsFile batch_file(job.batch);
+  in.batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
+  const nn::Batch& batch = in.batch;
+  MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
+           job.batch, batch.inputs.str(), batch.targets.str());
+  MG_CHECK(batch.inputs.numel() > 0, "batch '{}': inputs {} hold no token (a batch needs B >= 1 rows of T >= 1)",
+           job.batch, batch.inputs.str());
+  check_token_range(batch.inputs, "inputs", job.batch, config.vocab, /*ignore=*/false);
+  check_token_range(batch.targets, "targets", job.batch, config.vocab, /*ignore=*/true);
+  config.batch = static_cast<int>(batch.inputs.size(0));
+  config.seq = static_cast<int>(batch.inputs.size(1));
+  MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds the {} positions of config '{}'", job.batch,
+           config.seq, config.n_positions(), job.config);
+  in.weights.emplace(interop::WeightFiles::open_file(job.weights));
+  const std::string embedding = config.kind == "gpt" ? "wte.weight" : "model.embed_tokens.weight";
+  MG_CHECK(in.weights->contains(embedding), "weights '{}' hold no '{}': not the weights of the {} model config '{}' "
+           "describes", job.weights, embedding, config.kind == "gpt" ? "GPT-2" : config.model_type, job.config);
+  in.weights_dtype = in.weights->entry(embedding).dtype;
+  MG_CHECK(in.weights_dtype != DType::Int64, "weights '{}': {} is int64, expected float32 or float64", job.weights,
+           embedding);
+  // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
+  if (config.kind == "gpt") {
+    interop::check_gpt2_config_against_weights(config, job.config, io::SafetensorsFile(job.weights));
+  } else {
+    (void)interop::check_llama_weights(*in.weights, config, job.config);
+  }
+  return in;
+}
+
+// The seed mode's model and batch (make_model's initialisation, make_synthetic_batch).
+GradsInputs seeded_grads_inputs(const GradsJob& job) {
+  GradsInputs in;
+  in.config = job.model;
+  nn::ModelConfig& config = in.config;
+  MG_CHECK(config.kind == "gpt" || config.kind == "llama", "grads: the model must be \"gpt\" or \"llama\", got \"{}\"",
+           config.kind);
+  for (const auto& [option, value] : {std::pair{"layers", config.layers}, {"hidden", config.hidden},
+                                      {"heads", config.heads}, {"vocab", config.vocab}, {"seq", config.seq},
+                                      {"batch", config.batch}}) {
+    check_positive("grads", option, value);
+  }
+  config.dropout = 0.0;
+  in.batch = data::make_synthetic_batch(config, 1, 0, job.seed);
+  return in;
+}
+
+}  // namespace
+
 GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mesh) {
   const bool from_files = !job.config.empty() || !job.weights.empty() || !job.batch.empty();
   MG_CHECK(!from_files || (!job.config.empty() && !job.weights.empty() && !job.batch.empty()),
            "grads: --config, --weights and --batch go together (got config '{}', weights '{}', batch '{}')",
            job.config, job.weights, job.batch);
-  nn::ModelConfig config = job.model;
-  nn::Batch batch;
-  std::optional<io::SafetensorsFile> weights_file;
-  DType out_dtype = config.dtype;
-  if (from_files) {
-    config = interop::read_gpt2_config(job.config);
-    const io::SafetensorsFile batch_file(job.batch);
-    batch = {read_batch_tensor(batch_file, "inputs"), read_batch_tensor(batch_file, "targets")};
-    MG_CHECK(batch.inputs.shape() == batch.targets.shape(), "batch '{}': inputs {} and targets {} differ in shape",
-             job.batch, batch.inputs.str(), batch.targets.str());
-    MG_CHECK(batch.inputs.numel() > 0, "batch '{}': inputs {} hold no token (a batch needs B >= 1 rows of T >= 1)",
-             job.batch, batch.inputs.str());
-    check_token_range(batch.inputs, "inputs", job.batch, config.vocab, /*ignore=*/false);
-    check_token_range(batch.targets, "targets", job.batch, config.vocab, /*ignore=*/true);
-    config.batch = static_cast<int>(batch.inputs.size(0));
-    config.seq = static_cast<int>(batch.inputs.size(1));
-    MG_CHECK(config.seq <= config.n_positions(), "batch '{}': T = {} exceeds n_positions = {} of config '{}'",
-             job.batch, config.seq, config.n_positions(), job.config);
-    // Output dtype per parameter: the weights file's; the model computes in dtype (default: wte's).
-    weights_file.emplace(job.weights);
-    out_dtype = weights_file->entry("wte.weight").dtype;
-    MG_CHECK(out_dtype != DType::Int64, "weights '{}': wte.weight is int64, expected float32 or float64", job.weights);
-    // Before any model of the config's size is allocated: a wrong n_positions or n_layer fails here.
-    interop::check_gpt2_config_against_weights(config, job.config, *weights_file);
-  } else {
-    MG_CHECK(config.kind == "gpt", "grads: the model must be \"gpt\", got \"{}\"", config.kind);
-    check_positive("grads", "layers", config.layers);
-    check_positive("grads", "hidden", config.hidden);
-    check_positive("grads", "heads", config.heads);
-    check_positive("grads", "vocab", config.vocab);
-    check_positive("grads", "seq", config.seq);
-    check_positive("grads", "batch", config.batch);
-    config.dropout = 0.0;
-    batch = data::make_synthetic_batch(config, 1, 0, job.seed);
-  }
+  GradsInputs in = from_files ? read_grads_files(job) : seeded_grads_inputs(job);
+  nn::ModelConfig& config = in.config;
   if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
-  else if (from_files) config.dtype = out_dtype;
+  else if (from_files) config.dtype = in.weights_dtype;
   MG_CHECK(config.dtype != DType::Int64, "grads: --dtype must be float32 or float64");
-  if (!from_files) out_dtype = config.dtype;
+  const DType out_dtype = from_files ? in.weights_dtype : config.dtype;
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = job.sequence_parallel;
   if (job.tp_invariant) parallel.require(nn::Invariance::Tp);
+  if (job.mesh_invariant) parallel.require(nn::Invariance::Mesh);
   parallel.invariant_blocks = job.invariant_blocks;
+  parallel.batch_blocks = job.batch_blocks;
+  const std::vector<interop::ModelTensor> specs = interop::model_tensors(config);
 
   GradsResult result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    const int split = train::batch_split_size(*mesh);
+    if (parallel.mesh_invariant()) {
+      train::check_mesh_invariant_split(config.batch, split, 1, parallel.batch_blocks);
+    } else {
+      MG_CHECK(config.batch % split == 0, "grads: the batch's {} rows do not split over the {} data-parallel replicas "
+               "of mesh {}", config.batch, split, mesh->str());
+    }
     auto model = nn::make_model(config, parallel, mesh, from_files ? 0 : job.seed);
     model->set_training(false);
-    if (from_files) checkpoint::load_parameters(job.weights, model->parameters(), nn::tensor_parallel_group(*mesh));
-    train::GradientDump dump = train::compute_gradients(*model, batch, mesh);
+    if (from_files) interop::load_model_parameters(*in.weights, config, model->parameters());
+    train::GradientDump dump = train::compute_gradients(*model, in.batch, mesh,
+                                                        train::micro_batches_per_replica(parallel, *mesh, 1));
     if (mesh->rank() != 0) return;
     result.loss = dump.loss;
     for (auto& [name, grad] : dump.gradients) {
-      const DType out = weights_file && weights_file->contains(name) ? weights_file->entry(name).dtype : out_dtype;
-      result.gradients.emplace_back(name, grad.to(out));
+      const auto spec = std::find_if(specs.begin(), specs.end(), [&](const interop::ModelTensor& t) { return t.name == name; });
+      MG_CHECK(spec != specs.end(), "grads: the model's parameter '{}' has no file layout", name);
+      const DType out = in.weights && in.weights->contains(name) ? in.weights->entry(name).dtype : out_dtype;
+      result.gradients.emplace_back(name, interop::to_file_layout(*spec, grad).to(out));
     }
     result.dtype = out_dtype;
     result.mesh = mesh->str();

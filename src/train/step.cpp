@@ -172,7 +172,8 @@ double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches
   return total / static_cast<double>(n);
 }
 
-GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh) {
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh,
+                               int micro_batches) {
   MG_CHECK(mesh != nullptr, "compute_gradients: no mesh");
   MG_CHECK(global_batch.inputs.defined() && global_batch.inputs.dim() == 2,
            "compute_gradients: inputs must be int64 [B, T]");
@@ -183,7 +184,8 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   }
   optim::GradientSynchronizer sync(params, mesh, {.order = model.reduce_order()});
   GradientDump dump;
-  const Tensor stage_loss = forward_backward(model, global_batch, *mesh, sync, 1, pipeline::ScheduleKind::OneFOneB);
+  const Tensor stage_loss = forward_backward(model, global_batch, *mesh, sync, micro_batches,
+                                           pipeline::ScheduleKind::OneFOneB);
   dump.loss = sum_over_dp(pipeline::losses_over_stages(stage_loss, *mesh), dp, model.reduce_order());
   const dist::ProcessGroup& shard_group = nn::parameter_shard_group(*mesh, params);
   dump.gradients = checkpoint::gather_gradients(params, shard_group);

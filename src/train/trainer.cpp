@@ -546,9 +546,9 @@ void Run::finish() {
   if (!options_.save_path.empty() && nn::in_first_parameter_shard_group(*mesh_, params_)) {
     // One group of the axes that shard parameters (tp, fsdp; dp under --shard-optimizer) gathers and
     // writes the full tensors; the replicas are identical.
-    checkpoint::save_parameters(options_.save_path, params_, nn::parameter_shard_group(*mesh_, params_), 0,
-                                interop::hf_checkpoint_metadata(config_, dataset()),
-                                pipeline::parameter_stages(*model_, *mesh_));
+    interop::save_model_parameters(options_.save_path, config_, params_, nn::parameter_shard_group(*mesh_, params_),
+                                   interop::hf_checkpoint_metadata(config_, dataset()),
+                                   pipeline::parameter_stages(*model_, *mesh_));
   }
 }
 

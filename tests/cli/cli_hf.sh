@@ -83,7 +83,9 @@ expect_error export-out-not-empty "--out 'full' is a directory that is not empty
   "$M" export --checkpoint ck.safetensors --out full
 [ "$(cat full/keep.txt)" = mine ] || fail "export changed a file in --out"
 expect_error export-dtype "--dtype" -- "$M" export --checkpoint ck.safetensors --out x --dtype float8
-expect_error export-directory-checkpoint "is a directory but not a training checkpoint" -- "$M" export --checkpoint hf --out x
+# A Hugging Face directory is read (tests/cli/hf_llama.sh); a directory that is neither is refused.
+mkdir notmodel
+expect_error export-directory-checkpoint "is a directory but not a training checkpoint" -- "$M" export --checkpoint notmodel --out x
 mkdir empty
 # "new/" names the directory new (reliability-2 E3: it said "its parent 'new' is not a directory").
 "$M" export --checkpoint ck.safetensors --out slash/ >/dev/null 2>export_slash.err && [ -f slash/model.safetensors ] \

@@ -101,10 +101,8 @@ TEST(Jobs, TheLlamaFamilyTrainsAndWhatWouldWriteItAsGpt2IsRefused) {
   ASSERT_EQ(result.losses.size(), 3u);
   EXPECT_TRUE(std::isfinite(result.losses.back()));
   const std::vector<std::pair<void (*)(train::TrainOptions&), const char*>> refused = {
-      {[](train::TrainOptions& x) { x.save_path = "w.safetensors"; }, "--save"},
       {[](train::TrainOptions& x) { x.checkpoint_dir = "ck"; }, "--checkpoint-dir"},
       {[](train::TrainOptions& x) { x.resume = "ck"; }, "--resume"},
-      {[](train::TrainOptions& x) { x.init_from = "hf"; }, "--init-from"},
       {[](train::TrainOptions& x) { x.sample_every = 5; }, "--sample-every"},
   };
   for (const auto& [change, option] : refused) {

@@ -36,7 +36,8 @@ namespace meshgrad::generate {
 // A checkpoint path resolved to a model and its weights, read from headers only (no tensor data).
 struct SampleWeights {
   std::string checkpoint;      // as given
-  std::string weights;         // the safetensors file of full tensors with GPT-2 names
+  std::string weights;         // the safetensors file of full tensors in Hugging Face names and layout,
+                               // or (b) the Hugging Face directory (whole or sharded)
   std::string config_source;   // where the sizes came from: a config.json, or the file's metadata
   nn::ModelConfig model;       // the sizes; dtype = the weights' (wte.weight's), dropout 0
   std::string tokenizer_dir;   // the checkpoint directory when it holds tokenizer files, else ""
@@ -51,7 +52,8 @@ struct SampleWeights {
 //      metadata key "gpt2_config" (that JSON as a string, which `train --save` writes: the file's
 //      own description wins), else a config.json beside it (Hugging Face GPT-2 format, for files
 //      of other tools); else an error naming both;
-//  (b) a Hugging Face style directory with config.json and model.safetensors (and, optionally,
+//  (b) a Hugging Face style directory of either family (GPT-2, llama, qwen2, mistral) with config.json
+//      and model.safetensors or a sharded set's model.safetensors.index.json (and, optionally,
 //      the tokenizer: vocab.json + merges.txt or encoder.json + vocab.bpe);
 //  (c) a sharded training checkpoint (train --checkpoint-dir): a step_XXXXXXXX directory, or the
 //      checkpoint directory (its newest); sizes from the saved configuration, the tokenizer from the

@@ -35,9 +35,12 @@ train::TrainOptions resolve_resume(const train::TrainOptions& options);
 // the same on every rank). options.on_step runs on rank 0 only.
 train::TrainResult run_train_job(const train::TrainOptions& options, const dist::RunOnMesh& run_on_mesh);
 
-// `meshgrad grads`: the full gradient of every GPT-2 parameter for one batch.
+// `meshgrad grads`: the full gradient of every parameter of a GPT-2 or a Llama-family model for one
+// batch, on any mesh train takes (tp, SP, 2-D tp, dp, fsdp, pp), in the names and layout of the
+// model's Hugging Face files (interop/model_tensors.hpp: Llama's linear weights [out, in]).
 // Two sources of weights and batch:
-//  - files: config (Hugging Face config.json), weights (safetensors, full tensors) and batch
+//  - files: config (Hugging Face config.json of any model_type meshgrad builds; GPT-2's keys without
+//    one), weights (safetensors, full tensors in Hugging Face names and layout) and batch
 //    (safetensors with int64 "inputs" and "targets" [B, T]); model sizes come from the files;
 //  - a seed (config, weights and batch all empty): a GPT of `model`'s sizes initialised from seed
 //    (nn::make_model) and a batch of random tokens in [0, vocab) from seed
@@ -48,8 +51,10 @@ struct GradsJob {
   std::uint64_t seed = 1;               // seed mode
   std::string dtype;                    // compute dtype: "" = the weights' (files) / model.dtype (seed)
   bool sequence_parallel = false;
-  bool tp_invariant = false;            // nn::Invariance::Tp (grads has no mesh mode)
+  bool tp_invariant = false;            // nn::Invariance::Tp
+  bool mesh_invariant = false;          // nn::Invariance::Mesh: the same bits on every mesh (as train's)
   int invariant_blocks = 4;
+  int batch_blocks = 4;                 // with mesh_invariant: the batch's fixed row blocks
 };
 
 struct GradsResult {

@@ -91,8 +91,11 @@ struct GradientDump {
 // parameter's full gradient gathered over tp (collective: every rank calls it; every rank gets the
 // full result). On a pipeline (pp > 1) the step is one micro-batch through the stages and the first
 // rank of stage 0's parameter group gets every stage's gradients (the others their stage's); the
-// loss is on every rank. The model's parameters must not have gradients yet.
-GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh);
+// loss is on every rank. The model's parameters must not have gradients yet. micro_batches: this
+// replica's rows run as that many micro-batches (micro_batches_per_replica: the mesh-invariant mode's
+// row blocks), as train_step's grad_accum.
+GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMeshPtr& mesh,
+                               int micro_batches = 1);
 
 // The global loss: the sum over the dp replicas of each rank's share (replicated over tp), in the
 // model's order (the tree in TP-invariant mode, so the reported loss has the same bits at every
