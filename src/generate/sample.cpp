@@ -45,7 +45,8 @@ io::SafetensorsFile open_weights(const std::string& checkpoint, const std::strin
 // Whether dir holds a tokenizer's two files (either naming).
 bool has_tokenizer_files(const fs::path& dir) {
   return (fs::is_regular_file(dir / "vocab.json") && fs::is_regular_file(dir / "merges.txt")) ||
-         (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe"));
+         (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) ||
+         fs::is_regular_file(dir / "tokenizer.json");
 }
 
 // A `meshgrad prepare` directory's tokenizer: meta.json's "tokenizer" names {"copy": a file in
@@ -197,7 +198,7 @@ SampleTokenizer SampleTokenizer::bytes() {
 SampleTokenizer SampleTokenizer::bpe(text::Tokenizer tokenizer, std::string source) {
   SampleTokenizer t;
   t.bpe_.emplace(std::move(tokenizer));
-  t.description_ = "GPT-2 BPE from " + source;
+  t.description_ = t.bpe_->kind() + " from " + source;
   return t;
 }
 

@@ -438,9 +438,11 @@ const std::vector<std::string>& Tokenizer::source_files() const { return impl_->
 CutRules Tokenizer::cut_rules() const {
   if (!impl_->hf.enabled) return {};
   CutRules rules{true, true, false};
+  // An added token holding the cut's character could span it; one that strips white space could take
+  // it from the other side (lstrip the '\n' before, rstrip the ' ' after).
   for (const detail::AddedToken& t : impl_->hf.added) {
-    if (t.content.find('\n') != std::string::npos) rules.newline = false;
-    if (t.content.find(' ') != std::string::npos) rules.space = false;
+    if (t.content.find('\n') != std::string::npos || t.lstrip) rules.newline = false;
+    if (t.content.find(' ') != std::string::npos || t.rstrip) rules.space = false;
   }
   return rules;
 }

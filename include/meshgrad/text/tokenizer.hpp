@@ -116,8 +116,9 @@ class Tokenizer {
   // The files it was read from, in order (vocab, merges; or tokenizer.json [, tokenizer_config.json]).
   const std::vector<std::string>& source_files() const;
   // Where encoding may be cut (see CutRules): all three for GPT-2 files; for tokenizer.json the
-  // newline and space cuts when no added token holds '\n' or ' ' (class changes: no, since a Split
-  // such as Llama 3's takes a symbol together with the letters after it).
+  // newline cut when no added token holds '\n' or has lstrip, the space cut when none holds ' ' or has
+  // rstrip (class changes: never, since a Split such as Llama 3's takes a symbol together with the
+  // letters after it).
   CutRules cut_rules() const;
 
   // BPE cache statistics since construction or clear_cache() (pieces looked up / found).
