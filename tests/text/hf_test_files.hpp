@@ -19,8 +19,14 @@ namespace meshgrad::testing {
 inline std::string npm_dir() { return std::filesystem::path(MESHGRAD_GPT2_TEST_DIR).parent_path().string(); }
 inline std::string llama3_dir() { return npm_dir() + "/tokenizer-llama3/models"; }
 inline std::string qwen3_dir() { return npm_dir() + "/tokenizer-qwen3/models"; }
+// @lenml/tokenizers: transformers.js's tokenizers without dependencies (the JavaScript reference).
+inline std::string lenml_tokenizers_js() { return npm_dir() + "/lenml-tokenizers/dist/main.js"; }
 
 inline ::testing::AssertionResult hf_files_present() {
+  if (!std::filesystem::is_regular_file(lenml_tokenizers_js())) {
+    return ::testing::AssertionFailure() << "tokenizer.json test data missing: '" << lenml_tokenizers_js()
+           << "' not found. Fetch it with scripts/fetch-test-data.sh.";
+  }
   for (const std::string& d : {llama3_dir(), qwen3_dir()}) {
     for (const char* f : {"/tokenizer.json", "/tokenizer_config.json"}) {
       if (!std::filesystem::is_regular_file(d + f)) {

@@ -8,7 +8,9 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <cstdint>
 #include <cstdlib>
+#include <fstream>
 #include <functional>
 #include <filesystem>
 #include <nlohmann/json.hpp>
@@ -53,8 +55,46 @@ std::vector<std::string> unicode_corpus() {
       "Punctuation!!! ??? ... --- *** ((nested)) [brackets] {braces} @user #tag $100 50% a&b a|b",
       "URLs: https://example.com/path?q=1&r=2 emails: a.b@example.org numbers: 1,000,000.50 v1.2.3",
       "Repeated: aaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaaa bbbbbbbbbbbbbbbbb 00000000000000000000000000",
+      "Tiếng Việt: nhiều việc hợp điều. Čeština: jeho. فارسی: ایران",   // Llama 3 words only ignore_merges makes one token
       "\n", " ", "  ", "a", "1", "'s", "", "\t\n \t\n", "x \n", "trailing newline\n",
   };
+}
+
+// unicode_corpus, meshgrad's README and docs/data.md (prose, code, tables), and random strings over
+// a multi-script alphabet with the characters the patterns treat specially (each a fixed draw).
+std::vector<std::string> large_corpus() {
+  std::vector<std::string> texts = unicode_corpus();
+  for (const char* doc : {"README.md", "docs/data.md"}) {
+    texts.push_back(file_bytes(fs::path(MESHGRAD_SOURCE_DIR) / doc));
+    EXPECT_GT(texts.back().size(), 1000u) << doc;
+  }
+  const std::vector<std::string> alphabet = {
+      "a", "Z", "s", "t", "ll", "'", "'", "0", "7", "42", "1234", " ", " ", "  ", "\n", "\r\n", "\t", "-", "=", "(",
+      ".", "é", "e\xcc\x81", "ß", "Ж", "λ", "中", "日本", "한", "\xe1\x84\x92\xe1\x85\xa1", "ि", "ก", "ע", "ع",
+      "٣", "１", "😀", "👩‍💻", "🇫🇷", "\xc2\xa0", "\xe3\x80\x80", "<|endoftext|>", "<|eot_id|>", "<|im_end|>"};
+  std::uint64_t state = 20240520;
+  auto next = [&] { return (state = state * 6364136223846793005ULL + 1442695040888963407ULL) >> 33; };
+  for (int i = 0; i < 30; ++i) {
+    std::string text;
+    for (int k = 0; k < 400; ++k) text += alphabet[next() % alphabet.size()];
+    texts.push_back(std::move(text));
+  }
+  return texts;
+}
+
+// Runs a reference's command, which writes dir/out.json (an array of id arrays); its ids, or empty
+// plus a failure naming the command, its stderr (dir/err.txt) and `hint` when it cannot run.
+std::vector<std::vector<TokenId>> run_reference(const std::string& cmd, const fs::path& dir, const char* what,
+                                                const char* hint) {
+  const int rc = std::system(cmd.c_str());
+  if (rc != 0) {
+    ADD_FAILURE() << what << " did not run (exit status " << rc << "): `" << cmd << "`\n"
+                  << file_bytes(dir / "err.txt") << "\n" << hint;
+    return {};
+  }
+  auto ids = nlohmann::json::parse(file_bytes(dir / "out.json")).get<std::vector<std::vector<TokenId>>>();
+  fs::remove_all(dir);
+  return ids;
 }
 
 // Runs hf_reference.py on texts; the reference's ids (empty plus a failure when it cannot run).
@@ -65,15 +105,7 @@ std::vector<std::vector<TokenId>> python_ids(const std::string& tokenizer_json, 
                                       (fs::path(MESHGRAD_SOURCE_DIR) / "tests/text/hf_reference.py").string(),
                                       tokenizer_json, (dir / "in.json").string(), (dir / "out.json").string(),
                                       (dir / "err.txt").string());
-  const int rc = std::system(cmd.c_str());
-  if (rc != 0) {
-    ADD_FAILURE() << "the Python reference did not run (exit status " << rc << "): `" << cmd << "`\n"
-                  << file_bytes(dir / "err.txt") << "\nIt needs python3-regex (scripts/install-deps.sh installs it).";
-    return {};
-  }
-  auto ids = nlohmann::json::parse(file_bytes(dir / "out.json")).get<std::vector<std::vector<TokenId>>>();
-  fs::remove_all(dir);
-  return ids;
+  return run_reference(cmd, dir, "the Python reference", "It needs python3-regex (scripts/install-deps.sh installs it).");
 }
 
 // Compares meshgrad's ids with the reference's for every text; returns how many ids were compared.
@@ -97,16 +129,57 @@ TEST(HfTokenizer, MatchesThePythonReferenceForLlama3Qwen2AndGpt2Patterns) {
   ASSERT_TRUE(hf_files_present());
   const fs::path dir = fresh_temp_dir("hf_gpt2");
   write_json(dir / "tokenizer.json", gpt2_tokenizer_json());
-  const auto corpus = unicode_corpus();
+  const auto corpus = large_corpus();
   const std::size_t llama = expect_same_ids(llama3_dir() + "/tokenizer.json", corpus);
   const std::size_t qwen = expect_same_ids(qwen3_dir() + "/tokenizer.json", corpus);
   const std::size_t gpt2 = expect_same_ids((dir / "tokenizer.json").string(), corpus);
   // The figure docs/data.md cites: ids compared per pattern on this corpus.
   std::printf("[ ids ] compared with the Python reference: Llama 3 %zu, Qwen3 (Qwen2 pattern, NFC) %zu, GPT-2 %zu "
               "on %zu texts\n", llama, qwen, gpt2, corpus.size());
-  EXPECT_GT(llama, 500u);
-  EXPECT_GT(qwen, 500u);
-  EXPECT_GT(gpt2, 500u);
+  EXPECT_GT(llama, 10000u);
+  EXPECT_GT(qwen, 10000u);
+  EXPECT_GT(gpt2, 10000u);
+  fs::remove_all(dir);
+}
+
+// The ids of @lenml/tokenizers (transformers.js's tokenizer code, run with node) for each text.
+std::vector<std::vector<TokenId>> javascript_ids(const std::string& tokenizer_json, const std::vector<std::string>& texts) {
+  const fs::path dir = fresh_temp_dir("hfjs");
+  write_json(dir / "in.json", nlohmann::json(texts));
+  std::ofstream(dir / "ref.js")
+      << "const { TokenizerLoader } = require(process.argv[2]);\n"
+         "const fs = require('fs');\n"
+         "const tok = TokenizerLoader.fromPreTrained({tokenizerJSON: JSON.parse(fs.readFileSync(process.argv[3], "
+         "'utf8')), tokenizerConfig: {}});\n"
+         "const texts = JSON.parse(fs.readFileSync(process.argv[4], 'utf8'));\n"
+         "fs.writeFileSync(process.argv[5], JSON.stringify(texts.map(t => tok.encode(t, {add_special_tokens: false}))));\n";
+  const std::string cmd = fmt::format("node '{}' '{}' '{}' '{}' '{}' 2> '{}'", (dir / "ref.js").string(),
+                                      meshgrad::testing::lenml_tokenizers_js(), tokenizer_json,
+                                      (dir / "in.json").string(), (dir / "out.json").string(), (dir / "err.txt").string());
+  return run_reference(cmd, dir, "the JavaScript reference",
+                       "It needs node (scripts/install-deps.sh) and scripts/fetch-test-data.sh.");
+}
+
+// A second, independent reference: transformers.js's tokenizer (the @lenml/tokenizers fork) on the
+// same corpus and files.
+TEST(HfTokenizer, MatchesTheJavaScriptReference) {
+  ASSERT_TRUE(hf_files_present());
+  const fs::path dir = fresh_temp_dir("hf_js");
+  write_json(dir / "tokenizer.json", gpt2_tokenizer_json());
+  const auto corpus = large_corpus();
+  std::size_t compared = 0;
+  for (const std::string& file : {llama3_dir() + "/tokenizer.json", qwen3_dir() + "/tokenizer.json",
+                                  (dir / "tokenizer.json").string()}) {
+    Tokenizer t = Tokenizer::from_hf_json(file);
+    const auto expected = javascript_ids(file, corpus);
+    ASSERT_EQ(expected.size(), corpus.size()) << file;
+    for (std::size_t i = 0; i < corpus.size(); ++i) {
+      EXPECT_EQ(t.encode(corpus[i]), expected[i]) << file << ": text " << i << ": \"" << corpus[i] << "\"";
+      compared += expected[i].size();
+    }
+  }
+  std::printf("[ ids ] compared with the JavaScript reference: %zu\n", compared);
+  EXPECT_GT(compared, 30000u);
   fs::remove_all(dir);
 }
 
@@ -149,6 +222,8 @@ TEST(HfTokenizer, RealFilesDecodeWhatTheyEncodeAndKnowTheirBosEos) {
   EXPECT_EQ(llama.eos_id(), std::optional<TokenId>(128001));
   EXPECT_TRUE(llama.bos_ids().empty());
   EXPECT_EQ(llama.encode("<|begin_of_text|>Hi"), (std::vector<TokenId>{128000, 13347}));
+  // ignore_merges: " việc" is a Llama 3 token its merges never build (they give 3 pieces).
+  EXPECT_EQ(llama.encode(" việc"), (std::vector<TokenId>{100769}));
   // Qwen3: eos_token <|im_end|>, bos_token null.
   EXPECT_EQ(qwen.eos_id(), std::optional<TokenId>(151645));
   EXPECT_TRUE(qwen.bos_ids().empty());

@@ -98,7 +98,8 @@ bool chunk_goes_to_validation(std::int64_t chunk, double val_fraction);
 // Throws InvalidArgument before writing anything when: no inputs, shard_tokens < 0 or > 2^31 - 1 (the
 // llm.c header's count), chunk_bytes < 1, an input is missing, unreadable or
 // not a regular file (naming it and what it is), all inputs are empty, val_fraction is outside
-// [0, 1), neither or both of tokenizer and vocab + merges, the tokenizer files are bad or of a kind
+// [0, 1), neither or both of tokenizer and vocab + merges, vocab + merges of more than 65,536 ids
+// (their files stay uint16: a larger vocabulary is prepared from its tokenizer.json), the tokenizer files are bad or of a kind
 // not implemented (naming file and line/offset, or the key and value), out_dir exists and is not a
 // directory, or out_dir holds a file prepare writes (naming them) and not overwrite.
 // After encoding: fewer than 2 training tokens.
