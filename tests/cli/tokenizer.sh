@@ -51,6 +51,11 @@ PY
 [ "$(head -c 11 sample.txt)" = "Line 1: the" ] || fail "sample does not start with the prompt: $(head -c 100 sample.txt)"
 echo "ok   prepare, train and sample with Llama 3's tokenizer.json"
 
+# bench tokenizer times a tokenizer.json (MB/s, both cache rows).
+"$M" bench tokenizer --tokenizer "$LLAMA/tokenizer.json" --mb 0.3 >bench.txt 2>&1 || fail "bench tokenizer: $(tail -3 bench.txt)"
+grep -q "Hugging Face tokenizer.json (byte-level BPE), 0.3 MB" bench.txt && [ "$(grep -c "MB/s\|^encode, BPE cache" bench.txt)" -ge 3 ] \
+  || fail "bench tokenizer output: $(cat bench.txt)"
+
 # Refusals: another model type, a pre-tokenizer not implemented, both kinds of tokenizer at once.
 python3 -c "
 import json; t = json.load(open('$LLAMA/tokenizer.json'))

@@ -2,8 +2,9 @@
 // EOS, uint32 token files (version 2) for Llama 3's 128,256 ids and uint16 (version 1) for GPT-2's
 // tokenizer.json, chunked encoding equal to encoding each input whole (the cut rules of the Llama 3
 // and Qwen2 patterns), the tokenizer recorded (copies + SHA-256) and found again by
-// text::load_tokenizer, the dataset reading the result; a tokenizer of a kind not implemented is
-// refused before anything is written.
+// text::load_tokenizer and data::load_prepared_tokenizer (which checks the copies' SHA-256), the
+// dataset reading the result; a tokenizer of a kind not implemented is refused before anything is
+// written.
 #include <gtest/gtest.h>
 
 #include <algorithm>
@@ -129,6 +130,12 @@ TEST(PrepareHf, Llama3DocumentsAreFramedByBosAndEosInUint32Files) {
   EXPECT_TRUE(again.is_hf_json());
   EXPECT_EQ(again.bos_ids(), tok.bos_ids());
   EXPECT_EQ(again.decode(std::vector<text::TokenId>(expected.begin() + 1, expected.begin() + 1 + static_cast<std::ptrdiff_t>(tok.encode(a).size()))), a);
+  // load_prepared_tokenizer: the copies, checked against meta.json's SHA-256.
+  const PreparedTokenizer prepared = load_prepared_tokenizer((d / "out").string());
+  EXPECT_TRUE(prepared.tokenizer.is_hf_json());
+  EXPECT_EQ(prepared.files, (std::vector<std::string>{(d / "out/tokenizer.json").string(),
+                                                      (d / "out/tokenizer_config.json").string()}));
+  EXPECT_EQ(prepared.tokenizer.eos_id(), tok.eos_id());
   const TokenDataset data((d / "out").string(), 2, 16, 0);
   EXPECT_EQ(data.vocab(), 128256);
   EXPECT_EQ(data.size() + data.validation_size(), static_cast<std::int64_t>(expected.size()));
@@ -182,6 +189,14 @@ TEST(PrepareHf, ShardedChunksGiveTheTokensOfEachInputWhole) {
     prepare_dataset(o);
     EXPECT_EQ(read_any_tokens(d / "out/train.bin", version), expected) << tokenizer;
     EXPECT_FALSE(fs::exists(d / "out/vocab.json"));
+    // A copy replaced after prepare is refused, naming it.
+    std::ofstream(d / "out/tokenizer.json", std::ios::app) << " ";
+    try {
+      load_prepared_tokenizer((d / "out").string());
+      ADD_FAILURE() << "a replaced tokenizer.json was not refused";
+    } catch (const InvalidArgument& e) {
+      EXPECT_NE(std::string(e.what()).find("tokenizer.json' has SHA-256"), std::string::npos) << e.what();
+    }
   }
   fs::remove_all(d);
 }
@@ -242,6 +257,13 @@ TEST(PrepareHf, RefusedBeforeAnythingIsWritten) {
   } catch (const InvalidArgument& e) {
     EXPECT_NE(std::string(e.what()).find("not both"), std::string::npos) << e.what();
   }
+  // The GPT-2 files' prepared directory gives its tokenizer through the same function.
+  o.tokenizer.clear();
+  prepare_dataset(o);
+  PreparedTokenizer prepared = load_prepared_tokenizer(o.out_dir);
+  EXPECT_FALSE(prepared.tokenizer.is_hf_json());
+  EXPECT_EQ(prepared.files, (std::vector<std::string>{(d / "out/vocab.json").string(), (d / "out/merges.txt").string()}));
+  EXPECT_EQ(prepared.tokenizer.decode(prepared.tokenizer.encode("some text\n")), "some text\n");
   fs::remove_all(d);
 }
 

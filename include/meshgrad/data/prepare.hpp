@@ -48,6 +48,8 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/text/tokenizer.hpp"
+
 namespace meshgrad::data {
 
 struct PrepareOptions {
@@ -94,6 +96,18 @@ struct PrepareResult {
 // floor((chunk + 1) * f + 1/2) > floor(chunk * f + 1/2), so chunks i with i * f ~ k + 1/2 (k = 0, 1,
 // ...) do: a fraction f of the chunks, evenly spread, the first near chunk 1 / (2 f).
 bool chunk_goes_to_validation(std::int64_t chunk, double val_fraction);
+
+// The tokenizer of a directory `meshgrad prepare` wrote, for other code (sample, export): the copies
+// its meta.json's "tokenizer" records (vocab.json + merges.txt, or tokenizer.json [+
+// tokenizer_config.json]), each checked against its recorded SHA-256, loaded as one text::Tokenizer.
+// files: the copies, in that order (what an export copies beside its weights). Throws
+// InvalidArgument naming the file: no meta.json or no "tokenizer" in it, a copy missing, a copy whose
+// SHA-256 is not the recorded one (replaced after prepare), a bad tokenizer file.
+struct PreparedTokenizer {
+  text::Tokenizer tokenizer;
+  std::vector<std::string> files;
+};
+PreparedTokenizer load_prepared_tokenizer(const std::string& dir);
 
 // Throws InvalidArgument before writing anything when: no inputs, shard_tokens < 0 or > 2^31 - 1 (the
 // llm.c header's count), chunk_bytes < 1, an input is missing, unreadable or
