@@ -208,6 +208,9 @@ std::vector<std::int64_t> SampleTokenizer::encode(std::string_view text) {
     for (char c : text) out.push_back(static_cast<unsigned char>(c));
     return out;
   }
+  // A tokenizer that adds BOS (a tokenizer.json: Llama 3's <|begin_of_text|>) starts the prompt with it,
+  // as prepare started each training document.
+  for (text::TokenId id : bpe_->bos_ids()) out.push_back(id);
   for (text::TokenId id : bpe_->encode(text)) out.push_back(id);
   return out;
 }

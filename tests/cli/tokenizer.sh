@@ -49,6 +49,19 @@ PY
 "$M" sample --checkpoint w.safetensors --tokenizer data --prompt "Line 1: the" --tokens 4 --temperature 0 >sample.txt 2>sample_err.txt \
   || fail "sample with the prepared tokenizer: $(tail -3 sample_err.txt)"
 [ "$(head -c 11 sample.txt)" = "Line 1: the" ] || fail "sample does not start with the prompt: $(head -c 100 sample.txt)"
+# With add_bos_token, the prompt starts with <|begin_of_text|> as each training document did: a
+# prompt of 16 tokens fits the model's n_positions = --seq 16 without it and is one too long with it.
+mkdir -p tokbos
+cp "$LLAMA/tokenizer.json" tokbos/
+python3 -c "
+import json; c = json.load(open('$LLAMA/tokenizer_config.json')); c['add_bos_token'] = True
+json.dump(c, open('tokbos/tokenizer_config.json', 'w'))"
+prompt16="one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen"
+"$M" sample --checkpoint w.safetensors --tokenizer "$LLAMA" --prompt "$prompt16" --tokens 1 --temperature 0 >/dev/null 2>err.txt \
+  && ! grep -q "context" err.txt || fail "sample without BOS: a 16-token prompt did not fit 16 positions: $(cat err.txt)"
+"$M" sample --checkpoint w.safetensors --tokenizer tokbos --prompt "$prompt16" --tokens 1 >/dev/null 2>err.txt \
+  && fail "sample with add_bos_token: the 17-token prompt was not refused"
+grep -q "the prompt is 17 tokens" err.txt || fail "sample with add_bos_token: expected a 17-token prompt: $(cat err.txt)"
 echo "ok   prepare, train and sample with Llama 3's tokenizer.json"
 
 # bench tokenizer times a tokenizer.json (MB/s, both cache rows).

