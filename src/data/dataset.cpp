@@ -118,8 +118,8 @@ Meta read_meta(const std::string& path) {
            "data: '{}' has no integer \"vocab_size\" (is it a meta.json written by meshgrad prepare?)", path);
   Meta meta;
   meta.vocab = j["vocab_size"].get<std::int64_t>();
-  MG_CHECK(meta.vocab >= 1 && meta.vocab <= 65536, "data: '{}': vocab_size must be in [1, 65536] for uint16 tokens, "
-           "got {}", path, meta.vocab);
+  MG_CHECK(meta.vocab >= 1 && meta.vocab <= INT32_MAX, "data: '{}': vocab_size must be in [1, 2^31 - 1], got {}", path,
+           meta.vocab);
   if (const auto files = j.find("files"); files != j.end()) {
     MG_CHECK(files->is_object(), "data: '{}': \"files\" must be an object, got {}", path, io::json_excerpt(*files));
     for (const auto& [name, entry] : files->items()) {
@@ -173,9 +173,17 @@ namespace {
 
 constexpr std::int64_t kScanChunkBytes = 1 << 20;
 
-// Little-endian uint16 tokens (as llm.c writes them, x86 and arm64) to int64.
-void decode_u16(const unsigned char* bytes, std::int64_t count, std::int64_t* out) {
-  for (std::int64_t i = 0; i < count; ++i) out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+// Little-endian uint16 or uint32 tokens (as llm.c writes them, x86 and arm64) to int64.
+void decode_tokens(const unsigned char* bytes, std::int64_t width, std::int64_t count, std::int64_t* out) {
+  if (width == 2) {
+    for (std::int64_t i = 0; i < count; ++i) out[i] = bytes[2 * i] | (bytes[2 * i + 1] << 8);
+    return;
+  }
+  for (std::int64_t i = 0; i < count; ++i) {
+    const unsigned char* b = bytes + 4 * i;
+    out[i] = static_cast<std::int64_t>(std::uint32_t{b[0]} | (std::uint32_t{b[1]} << 8) | (std::uint32_t{b[2]} << 16) |
+                                       (std::uint32_t{b[3]} << 24));
+  }
 }
 
 }  // namespace
@@ -198,12 +206,14 @@ TokenFile::TokenFile(const std::string& path, Format format) : path_(path), form
     io::read_exact(fd.get(), header, sizeof header, 0, path);
     MG_CHECK(header[0] == kTokenFileMagic, "data '{}': byte offset 0: magic {} is not the llm.c token file magic {}",
              path, header[0], kTokenFileMagic);
-    MG_CHECK(header[1] == kTokenFileVersion, "data '{}': byte offset 4: version {} is not supported (version {}: "
-             "uint16 tokens)", path, header[1], kTokenFileVersion);
+    token_bytes_ = token_file_token_bytes(header[1]);
+    MG_CHECK(token_bytes_ != 0, "data '{}': byte offset 4: version {} is not supported (version {}: uint16 tokens, "
+             "version {}: uint32 tokens)", path, header[1], kTokenFileVersion, kTokenFileVersionU32);
     const std::int64_t count = header[2];
     const std::int64_t payload = file_bytes - kTokenFileHeaderBytes;
-    MG_CHECK(count >= 0 && payload == 2 * count, "data '{}': byte offset 8: the header says {} tokens ({} bytes) but "
-             "the file has {} bytes after the header", path, count, 2 * count, payload);
+    MG_CHECK(count >= 0 && payload == token_bytes_ * count, "data '{}': byte offset 8: the header says {} tokens ({} "
+             "bytes) but the file has {} bytes after the header (version {}: {}-byte tokens)", path, count,
+             token_bytes_ * count, payload, header[1], token_bytes_);
     size_ = count;
   }
   fd_ = std::move(fd);
@@ -218,11 +228,11 @@ TokenFile::TokenFile(const std::string& path, Format format) : path_(path), form
     read_file_bytes(offset, n, chunk.data());
     hash.update(chunk.data(), static_cast<std::size_t>(n));
     if (format == Format::Bytes) continue;
-    // Whole tokens of this chunk past the header (chunks are even-sized and the header is too).
+    // Whole tokens of this chunk past the header (chunks and the header are multiples of 4 bytes).
     const std::int64_t skip = std::max<std::int64_t>(0, kTokenFileHeaderBytes - offset);
     if (skip >= n) continue;
-    tokens.resize(static_cast<std::size_t>((n - skip) / 2));
-    decode_u16(chunk.data() + skip, static_cast<std::int64_t>(tokens.size()), tokens.data());
+    tokens.resize(static_cast<std::size_t>((n - skip) / token_bytes_));
+    decode_tokens(chunk.data() + skip, token_bytes_, static_cast<std::int64_t>(tokens.size()), tokens.data());
     for (std::int64_t t : tokens) max_token_ = std::max(max_token_, t);
   }
   content_hash_ = hash.hex();
@@ -235,7 +245,7 @@ void TokenFile::read_file_bytes(std::int64_t offset, std::int64_t n, void* out) 
     if (e.reason() != "truncated") throw InvalidArgument(fmt::format("data: {}", e.what()));
     throw InvalidArgument(fmt::format("data '{}' ends before byte offset {} (of {} when the run opened it): the file "
                                       "shrank while the run was reading it; a data file must not change under a run",
-                                      path_, offset + n, format_ == Format::Bytes ? size_ : kTokenFileHeaderBytes + 2 * size_));
+                                      path_, offset + n, format_ == Format::Bytes ? size_ : kTokenFileHeaderBytes + token_bytes_ * size_));
   }
 }
 
@@ -249,9 +259,9 @@ void TokenFile::read(std::int64_t start, std::int64_t count, std::int64_t* out) 
     for (std::int64_t i = 0; i < count; ++i) out[i] = bytes[static_cast<std::size_t>(i)];
     return;
   }
-  std::vector<unsigned char> bytes(static_cast<std::size_t>(2 * count));
-  read_file_bytes(byte_offset(start), 2 * count, bytes.data());
-  decode_u16(bytes.data(), count, out);
+  std::vector<unsigned char> bytes(static_cast<std::size_t>(token_bytes_ * count));
+  read_file_bytes(byte_offset(start), token_bytes_ * count, bytes.data());
+  decode_tokens(bytes.data(), token_bytes_, count, out);
 }
 
 std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format format) {
@@ -274,7 +284,7 @@ std::shared_ptr<const TokenFile> TokenFile::open(const std::string& path, Format
 
 std::optional<std::int64_t> TokenFile::first_token_at_least(std::int64_t limit) const {
   if (max_token_ < limit) return std::nullopt;
-  const std::int64_t per_chunk = kScanChunkBytes / 2;
+  const std::int64_t per_chunk = kScanChunkBytes / token_bytes_;
   std::vector<std::int64_t> tokens(static_cast<std::size_t>(std::min(per_chunk, size_)));
   for (std::int64_t start = 0; start < size_; start += per_chunk) {
     const std::int64_t n = std::min(per_chunk, size_ - start);
@@ -287,23 +297,36 @@ std::optional<std::int64_t> TokenFile::first_token_at_least(std::int64_t limit) 
 }
 
 std::int64_t TokenFile::byte_offset(std::int64_t i) const {
-  return format_ == Format::Bytes ? i : kTokenFileHeaderBytes + 2 * i;
+  return format_ == Format::Bytes ? i : kTokenFileHeaderBytes + token_bytes_ * i;
 }
 
-std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+namespace {
+
+template <class T>
+std::string write_tokens(const std::string& path, const std::vector<T>& tokens, std::int32_t version) {
   MG_CHECK(tokens.size() <= static_cast<std::size_t>(INT32_MAX), "write_token_file '{}': {} tokens do not fit the "
            "int32 count of the llm.c header", path, tokens.size());
-  std::int32_t header[256] = {kTokenFileMagic, kTokenFileVersion, static_cast<std::int32_t>(tokens.size())};
+  std::int32_t header[256] = {kTokenFileMagic, version, static_cast<std::int32_t>(tokens.size())};
   std::ofstream out(path, std::ios::binary | std::ios::trunc);
   MG_CHECK(out.good(), "'{}' cannot be opened for writing: {}", path, std::strerror(errno));
   out.write(reinterpret_cast<const char*>(header), sizeof header);
-  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(2 * tokens.size()));
+  out.write(reinterpret_cast<const char*>(tokens.data()), static_cast<std::streamsize>(sizeof(T) * tokens.size()));
   out.close();
   MG_CHECK(out.good(), "'{}': write failed (disk full?)", path);
   io::Xxh128 hash;
   hash.update(header, sizeof header);
-  hash.update(tokens.data(), 2 * tokens.size());   // little-endian in memory on the machines meshgrad runs on
+  hash.update(tokens.data(), sizeof(T) * tokens.size());   // little-endian in memory on the machines meshgrad runs on
   return hash.hex();
+}
+
+}  // namespace
+
+std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens) {
+  return write_tokens(path, tokens, kTokenFileVersion);
+}
+
+std::string write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens) {
+  return write_tokens(path, tokens, kTokenFileVersionU32);
 }
 
 namespace {

@@ -26,18 +26,20 @@ int ascii_class(char c) {
 // bytes next to it: after a '\n' between printable characters, before a single ' ' between
 // printable characters (needs text[c + 1]), or between printable characters of different classes
 // where the left one is not an apostrophe.
-bool is_safe_cut(std::string_view text, std::size_t c) {
+bool is_safe_cut(std::string_view text, std::size_t c, const text::CutRules& rules) {
   const char left = text[c - 1], right = text[c];
-  if (left == '\n') return c >= 2 && printable_non_space(text[c - 2]) && printable_non_space(right);
-  if (right == ' ') return c + 1 < text.size() && printable_non_space(left) && printable_non_space(text[c + 1]);
-  return printable_non_space(left) && printable_non_space(right) && left != '\'' &&
+  if (left == '\n') return rules.newline && c >= 2 && printable_non_space(text[c - 2]) && printable_non_space(right);
+  if (right == ' ') {
+    return rules.space && c + 1 < text.size() && printable_non_space(left) && printable_non_space(text[c + 1]);
+  }
+  return rules.class_change && printable_non_space(left) && printable_non_space(right) && left != '\'' &&
          ascii_class(left) != ascii_class(right);
 }
 
 // The last safe cut in (0, before); nullopt when there is none.
-std::optional<std::size_t> last_safe_cut(std::string_view text, std::size_t before) {
+std::optional<std::size_t> last_safe_cut(std::string_view text, std::size_t before, const text::CutRules& rules) {
   for (std::size_t c = std::min(before, text.size()); c-- > 1;) {
-    if (is_safe_cut(text, c)) return c;
+    if (is_safe_cut(text, c, rules)) return c;
   }
   return std::nullopt;
 }
@@ -51,24 +53,28 @@ std::size_t character_start(std::string_view text, std::size_t at) {
 
 }  // namespace
 
-std::optional<std::size_t> safe_text_cut(std::string_view text, std::size_t from) {
+std::optional<std::size_t> safe_text_cut(std::string_view text, std::size_t from, const text::CutRules& rules) {
   from = std::max<std::size_t>(from, 1);
   if (from >= text.size()) return std::nullopt;
   // split_points(text, from) gives the newline cuts at or after `from` (its first one is the one).
-  const std::vector<std::size_t> newline_cuts = text::split_points(text, from);
-  if (!newline_cuts.empty()) return newline_cuts.front();
-  for (std::size_t i = text.find(' ', from); i != std::string_view::npos && i + 1 < text.size(); i = text.find(' ', i + 1)) {
+  if (rules.newline) {
+    const std::vector<std::size_t> newline_cuts = text::split_points(text, from);
+    if (!newline_cuts.empty()) return newline_cuts.front();
+  }
+  for (std::size_t i = text.find(' ', from); rules.space && i != std::string_view::npos && i + 1 < text.size();
+       i = text.find(' ', i + 1)) {
     if (printable_non_space(text[i - 1]) && printable_non_space(text[i + 1])) return i;
   }
   // Text without either (long lines with no spaces: code, URLs, base64): a change of class.
-  for (std::size_t c = from; c < text.size(); ++c) {
-    if (text[c] != ' ' && text[c - 1] != '\n' && is_safe_cut(text, c)) return c;
+  for (std::size_t c = from; rules.class_change && c < text.size(); ++c) {
+    if (text[c] != ' ' && text[c - 1] != '\n' && is_safe_cut(text, c, rules)) return c;
   }
   return std::nullopt;
 }
 
-TextChunkReader::TextChunkReader(const std::string& path, std::size_t chunk_bytes, const std::string& what)
-    : path_(path), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 1)) {
+TextChunkReader::TextChunkReader(const std::string& path, std::size_t chunk_bytes, const std::string& what,
+                                 const text::CutRules& rules)
+    : path_(path), chunk_bytes_(std::max<std::size_t>(chunk_bytes, 1)), rules_(rules) {
   std::uint64_t size = 0;
   try {
     fd_ = io::open_regular_file(path, &size);
@@ -100,10 +106,10 @@ bool TextChunkReader::next(std::string& chunk) {
     // byte of the one before, whose right neighbour it lacked).
     const std::string_view text(pending_);
     for (std::size_t from = chunk_bytes_, end = 2 * chunk_bytes_; !cut; from = end - 1, end += chunk_bytes_) {
-      cut = safe_text_cut(text.substr(0, std::min(end, text.size())), from);
+      cut = safe_text_cut(text.substr(0, std::min(end, text.size())), from, rules_);
       if (end >= text.size()) break;
     }
-    if (!cut && !at_end) cut = last_safe_cut(pending_, chunk_bytes_);   // else the last before it
+    if (!cut && !at_end) cut = last_safe_cut(pending_, chunk_bytes_, rules_);   // else the last before it
     if (!cut && !at_end) {
       // A window without a safe cut (one run of letters, text with no ASCII): cut at a character
       // boundary anyway, where the tokens may differ from the whole text's (the header says so).

@@ -47,7 +47,8 @@ io::SafetensorsFile open_weights(const std::string& checkpoint, const std::strin
 // Whether dir holds a tokenizer's two files (either naming).
 bool has_tokenizer_files(const fs::path& dir) {
   return (fs::is_regular_file(dir / "vocab.json") && fs::is_regular_file(dir / "merges.txt")) ||
-         (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe"));
+         (fs::is_regular_file(dir / "encoder.json") && fs::is_regular_file(dir / "vocab.bpe")) ||
+         fs::is_regular_file(dir / "tokenizer.json");
 }
 
 // A `meshgrad prepare` directory's tokenizer: meta.json's "tokenizer" names {"copy": a file in
@@ -221,7 +222,7 @@ SampleTokenizer SampleTokenizer::bytes() {
 SampleTokenizer SampleTokenizer::bpe(text::Tokenizer tokenizer, std::string source) {
   SampleTokenizer t;
   t.bpe_.emplace(std::move(tokenizer));
-  t.description_ = "GPT-2 BPE from " + source;
+  t.description_ = t.bpe_->kind() + " from " + source;
   return t;
 }
 
@@ -231,6 +232,9 @@ std::vector<std::int64_t> SampleTokenizer::encode(std::string_view text) {
     for (char c : text) out.push_back(static_cast<unsigned char>(c));
     return out;
   }
+  // A tokenizer that adds BOS (a tokenizer.json: Llama 3's <|begin_of_text|>) starts the prompt with it,
+  // as prepare started each training document.
+  for (text::TokenId id : bpe_->bos_ids()) out.push_back(id);
   for (text::TokenId id : bpe_->encode(text)) out.push_back(id);
   return out;
 }

@@ -1,7 +1,6 @@
 #include "meshgrad/text/tokenizer.hpp"
 
-#define PCRE2_CODE_UNIT_WIDTH 8
-#include <pcre2.h>
+#include "tokenizer_impl.hpp"
 
 #include <algorithm>
 #include <array>
@@ -14,7 +13,7 @@
 
 namespace meshgrad::text {
 
-namespace {
+namespace detail {
 
 // ---- GPT-2's byte <-> unicode alphabet ------------------------------------------------------------
 // Bytes '!'..'~', 0xA1..0xAC and 0xAE..0xFF stand for the code point of the same value; the other 68
@@ -86,208 +85,178 @@ std::string excerpt(std::string_view s) {
 // White_Space, Cf and Cc code point (tests/text/gpt2_reference.py).
 #define MG_SPACE \
   "\\t\\n\\x{0B}\\f\\r\\x{20}\\x{85}\\x{A0}\\x{1680}\\x{2000}-\\x{200A}\\x{2028}\\x{2029}\\x{202F}\\x{205F}\\x{3000}"
+constexpr const char* kSpaceClassBody = MG_SPACE;
 constexpr const char* kPattern =
     "'s|'t|'re|'ve|'m|'ll|'d| ?\\p{L}+| ?\\p{N}+| ?[^" MG_SPACE "\\p{L}\\p{N}]+|[" MG_SPACE
     "]+(?![^" MG_SPACE "])|[" MG_SPACE "]+";
 #undef MG_SPACE
 
-std::uint64_t pair_key(TokenId a, TokenId b) { return (static_cast<std::uint64_t>(a) << 32) | b; }
+const std::string& gpt2_pattern() {
+  static const std::string pattern = kPattern;
+  return pattern;
+}
 
-struct Merge {
-  std::uint32_t rank;
-  TokenId result;
-};
-
-// (left id, right id) -> Merge, open addressing with linear probing in a power-of-two table at most
-// half full. The BPE inner loop is a lookup per adjacent pair; std::unordered_map's node chasing was
-// a third of the encoding time.
-class MergeTable {
- public:
-  void insert_or_assign(std::uint64_t key, Merge m) {
-    if ((count_ + 1) * 2 > slots_.size()) grow();
-    Slot& s = slots_[index(key)];
-    if (s.key == kEmpty) ++count_;
-    s = {key, m};
-  }
-  const Merge* find(std::uint64_t key) const {
-    if (slots_.empty()) return nullptr;
-    const Slot& s = slots_[index(key)];
-    return s.key == key ? &s.merge : nullptr;
-  }
-
- private:
-  static constexpr std::uint64_t kEmpty = ~std::uint64_t{0};   // ids are < 2^31: never a real pair
-  struct Slot {
-    std::uint64_t key = kEmpty;
-    Merge merge{};
-  };
-  // The slot holding key, or the empty slot where it would go.
-  std::size_t index(std::uint64_t key) const {
-    const std::size_t mask = slots_.size() - 1;
-    std::size_t i = static_cast<std::size_t>((key * 0x9E3779B97F4A7C15ull) >> 32) & mask;
-    while (slots_[i].key != kEmpty && slots_[i].key != key) i = (i + 1) & mask;
-    return i;
-  }
-  void grow() {
-    std::vector<Slot> old = std::move(slots_);
-    slots_.assign(std::max<std::size_t>(64, old.size() * 2), Slot{});
-    for (const Slot& s : old) {
-      if (s.key != kEmpty) slots_[index(s.key)] = s;
+std::string white_space_as_unicode(const std::string& pattern) {
+  // A scan that knows escapes and character classes: \s outside a class -> [WS], \S -> [^WS], \s
+  // inside a class -> WS (its body). \S inside a class has no such spelling and stays PCRE2's
+  // (which differs from White_Space only in U+180E).
+  std::string out;
+  bool in_class = false;
+  for (std::size_t i = 0; i < pattern.size(); ++i) {
+    const char c = pattern[i];
+    if (c == '\\' && i + 1 < pattern.size()) {
+      const char e = pattern[i + 1];
+      ++i;
+      if (e == 's') {
+        out += in_class ? std::string(kSpaceClassBody) : "[" + std::string(kSpaceClassBody) + "]";
+      } else if (e == 'S' && !in_class) {
+        out += "[^" + std::string(kSpaceClassBody) + "]";
+      } else {
+        out += c;
+        out += e;
+      }
+      continue;
     }
-  }
-  std::vector<Slot> slots_;
-  std::size_t count_ = 0;
-};
-
-// Heterogeneous lookup (std::string_view into a map keyed by std::string).
-struct StringHash {
-  using is_transparent = void;
-  std::size_t operator()(std::string_view s) const { return std::hash<std::string_view>{}(s); }
-};
-
-constexpr std::size_t kCacheMaxEntries = 1 << 20;   // cleared when full; bounded memory on any input
-constexpr std::size_t kCacheMaxPieceBytes = 256;    // longer pieces are rare and not worth keeping
-
-}  // namespace
-
-struct Tokenizer::Impl {
-  std::vector<std::string> id_to_bytes;      // "" with valid[id] = false for ids the vocabulary skips
-  std::vector<bool> valid;
-  std::unordered_map<std::string, TokenId, StringHash, std::equal_to<>> bytes_to_id;
-  std::array<TokenId, 256> byte_id{};
-  MergeTable merges;   // (left id, right id) -> rank and merged id
-  std::optional<TokenId> eot;
-
-  pcre2_code* code = nullptr;
-  pcre2_match_data* match = nullptr;
-
-  std::unordered_map<std::string, std::vector<TokenId>, StringHash, std::equal_to<>> cache;
-  bool cache_enabled = true;
-  std::int64_t lookups = 0, hits = 0;
-
-  // Scratch of bpe(), kept to avoid allocations per piece.
-  struct Node {
-    TokenId id;
-    std::int32_t prev, next;   // -1 at the ends
-    bool alive;
-  };
-  struct Candidate {
-    std::uint32_t rank;
-    std::int32_t left;         // index of the left node (its position in the piece: left to right order)
-    TokenId left_id, right_id; // the pair when the candidate was pushed; stale when either changed
-    bool operator>(const Candidate& o) const { return rank != o.rank ? rank > o.rank : left > o.left; }
-  };
-  std::vector<Node> nodes;
-  std::vector<Candidate> heap;
-  std::vector<Candidate> round;
-
-  ~Impl() {
-    if (match) pcre2_match_data_free(match);
-    if (code) pcre2_code_free(code);
-  }
-
-  void compile() {
-    int error = 0;
-    PCRE2_SIZE offset = 0;
-    code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(kPattern), PCRE2_ZERO_TERMINATED,
-                         PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
-    if (!code) {
-      std::array<PCRE2_UCHAR, 256> msg{};
-      pcre2_get_error_message(error, msg.data(), msg.size());
-      throw Error(fmt::format("tokenizer: PCRE2 cannot compile the GPT-2 pattern at offset {}: {}", offset,
-                              reinterpret_cast<const char*>(msg.data())));
+    if (!in_class && c == '[') {
+      in_class = true;
+      out += c;
+      // A ']' right after '[' or '[^' is a literal member, not the end.
+      if (i + 1 < pattern.size() && pattern[i + 1] == '^') out += pattern[++i];
+      if (i + 1 < pattern.size() && pattern[i + 1] == ']') out += pattern[++i];
+      continue;
     }
-    // JIT is an optimisation: PCRE2 built without it still matches (pcre2_match falls back itself).
-    pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
-    match = pcre2_match_data_create_from_pattern(code, nullptr);
-    MG_CHECK(match != nullptr, "tokenizer: out of memory creating PCRE2 match data");
-  }
-
-  // Byte-level BPE of one piece, as encoder.py and Encoder.js do it: repeatedly take the adjacent pair of
-  // lowest rank and merge every occurrence of it, left to right without overlap, until no adjacent pair
-  // is a merge. Done with a heap of candidate pairs so a long piece costs O(n log n), not O(n^2).
-  void bpe(std::string_view piece, std::vector<TokenId>& out) {
-    MG_CHECK(piece.size() < static_cast<std::size_t>(INT32_MAX), "tokenizer: a single pre-token of {} bytes (a run of "
-             "letters, digits or symbols with no space) is longer than the 2^31 - 1 bytes BPE handles", piece.size());
-    const auto n = static_cast<std::int32_t>(piece.size());
-    nodes.resize(static_cast<std::size_t>(n));
-    for (std::int32_t i = 0; i < n; ++i) {
-      nodes[static_cast<std::size_t>(i)] = {byte_id[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])],
-                                            i - 1, i + 1 < n ? i + 1 : -1, true};
+    if (in_class && c == '[' && i + 1 < pattern.size() && pattern[i + 1] == ':') {   // [:alpha:]
+      const std::size_t end = pattern.find(":]", i + 2);
+      if (end != std::string::npos) {
+        out.append(pattern, i, end + 2 - i);
+        i = end + 1;
+        continue;
+      }
     }
-    heap.clear();   // a min-heap on (rank, position) with std::push_heap / std::pop_heap
-    auto push = [&](std::int32_t left) {
-      if (left < 0) return;
-      const Node& l = nodes[static_cast<std::size_t>(left)];
-      if (l.next < 0) return;
-      const TokenId r = nodes[static_cast<std::size_t>(l.next)].id;
-      const Merge* m = merges.find(pair_key(l.id, r));
-      if (!m) return;
-      heap.push_back({m->rank, left, l.id, r});
-      std::push_heap(heap.begin(), heap.end(), std::greater<>{});
-    };
-    auto current = [&](const Candidate& c) {
+    if (in_class && c == ']') in_class = false;
+    out += c;
+  }
+  return out;
+}
+
+pcre2_code* compile_pattern(const std::string& pattern, const std::string& what) {
+  int error = 0;
+  PCRE2_SIZE offset = 0;
+  pcre2_code* code = pcre2_compile(reinterpret_cast<PCRE2_SPTR>(pattern.data()), pattern.size(),
+                                   PCRE2_UTF | PCRE2_UCP | PCRE2_MATCH_INVALID_UTF, &error, &offset, nullptr);
+  if (!code) {
+    std::array<PCRE2_UCHAR, 256> msg{};
+    pcre2_get_error_message(error, msg.data(), msg.size());
+    throw InvalidArgument(fmt::format("{}: PCRE2 cannot compile the pattern at offset {}: {} (pattern \"{}\")", what,
+                                      offset, reinterpret_cast<const char*>(msg.data()), pattern));
+  }
+  // JIT is an optimisation: PCRE2 built without it still matches (pcre2_match falls back itself).
+  pcre2_jit_compile(code, PCRE2_JIT_COMPLETE);
+  return code;
+}
+
+}  // namespace detail
+
+using detail::byte_to_codepoint;
+using detail::excerpt;
+using detail::kCacheMaxEntries;
+using detail::kCacheMaxPieceBytes;
+using detail::pair_key;
+using detail::read_file;
+using detail::symbol_to_bytes;
+
+Tokenizer::Impl::~Impl() {
+  if (match) pcre2_match_data_free(match);
+  if (code) pcre2_code_free(code);
+}
+
+void Tokenizer::Impl::compile() {
+  code = detail::compile_pattern(detail::gpt2_pattern(), "tokenizer (GPT-2 pattern)");
+  match = pcre2_match_data_create_from_pattern(code, nullptr);
+  MG_CHECK(match != nullptr, "tokenizer: out of memory creating PCRE2 match data");
+}
+
+void Tokenizer::Impl::bpe(std::string_view piece, std::vector<TokenId>& out) {
+  MG_CHECK(piece.size() < static_cast<std::size_t>(INT32_MAX), "tokenizer: a single pre-token of {} bytes (a run of "
+           "letters, digits or symbols with no space) is longer than the 2^31 - 1 bytes BPE handles", piece.size());
+  const auto n = static_cast<std::int32_t>(piece.size());
+  nodes.resize(static_cast<std::size_t>(n));
+  for (std::int32_t i = 0; i < n; ++i) {
+    nodes[static_cast<std::size_t>(i)] = {byte_id[static_cast<unsigned char>(piece[static_cast<std::size_t>(i)])],
+                                          i - 1, i + 1 < n ? i + 1 : -1, true};
+  }
+  heap.clear();   // a min-heap on (rank, position) with std::push_heap / std::pop_heap
+  auto push = [&](std::int32_t left) {
+    if (left < 0) return;
+    const Node& l = nodes[static_cast<std::size_t>(left)];
+    if (l.next < 0) return;
+    const TokenId r = nodes[static_cast<std::size_t>(l.next)].id;
+    const Merge* m = merges.find(pair_key(l.id, r));
+    if (!m) return;
+    heap.push_back({m->rank, left, l.id, r});
+    std::push_heap(heap.begin(), heap.end(), std::greater<>{});
+  };
+  auto current = [&](const Candidate& c) {
+    const Node& l = nodes[static_cast<std::size_t>(c.left)];
+    return l.alive && l.id == c.left_id && l.next >= 0 && nodes[static_cast<std::size_t>(l.next)].id == c.right_id;
+  };
+  for (std::int32_t i = 0; i + 1 < n; ++i) push(i);
+  while (!heap.empty()) {
+    // One round: every current occurrence of the lowest-ranked pair, left to right.
+    const std::uint32_t rank = heap.front().rank;
+    round.clear();
+    while (!heap.empty() && heap.front().rank == rank) {
+      std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
+      round.push_back(heap.back());
+      heap.pop_back();
+    }
+    bool merged = false;
+    for (const Candidate& c : round) {   // popped in increasing position
+      if (!current(c)) continue;         // stale, or its left symbol was consumed earlier this round
+      Node& l = nodes[static_cast<std::size_t>(c.left)];
+      Node& r = nodes[static_cast<std::size_t>(l.next)];
+      l.id = merges.find(pair_key(c.left_id, c.right_id))->result;
+      r.alive = false;
+      l.next = r.next;
+      if (r.next >= 0) nodes[static_cast<std::size_t>(r.next)].prev = c.left;
+      merged = true;
+    }
+    if (!merged) continue;
+    // New pairs around the merged symbols. Pushed after the round, so a pair of this same rank formed
+    // by the round (impossible for a trained merge list, where a merge's result is longer than its
+    // parts) would wait for the next round, as in the reference's single pass.
+    for (const Candidate& c : round) {
       const Node& l = nodes[static_cast<std::size_t>(c.left)];
-      return l.alive && l.id == c.left_id && l.next >= 0 && nodes[static_cast<std::size_t>(l.next)].id == c.right_id;
-    };
-    for (std::int32_t i = 0; i + 1 < n; ++i) push(i);
-    while (!heap.empty()) {
-      // One round: every current occurrence of the lowest-ranked pair, left to right.
-      const std::uint32_t rank = heap.front().rank;
-      round.clear();
-      while (!heap.empty() && heap.front().rank == rank) {
-        std::pop_heap(heap.begin(), heap.end(), std::greater<>{});
-        round.push_back(heap.back());
-        heap.pop_back();
-      }
-      bool merged = false;
-      for (const Candidate& c : round) {   // popped in increasing position
-        if (!current(c)) continue;         // stale, or its left symbol was consumed earlier this round
-        Node& l = nodes[static_cast<std::size_t>(c.left)];
-        Node& r = nodes[static_cast<std::size_t>(l.next)];
-        l.id = merges.find(pair_key(c.left_id, c.right_id))->result;
-        r.alive = false;
-        l.next = r.next;
-        if (r.next >= 0) nodes[static_cast<std::size_t>(r.next)].prev = c.left;
-        merged = true;
-      }
-      if (!merged) continue;
-      // New pairs around the merged symbols. Pushed after the round, so a pair of this same rank formed
-      // by the round (impossible for a trained merge list, where a merge's result is longer than its
-      // parts) would wait for the next round, as in the reference's single pass.
-      for (const Candidate& c : round) {
-        const Node& l = nodes[static_cast<std::size_t>(c.left)];
-        if (!l.alive) continue;
-        push(l.prev);
-        push(c.left);
-      }
-    }
-    for (std::int32_t i = 0; i >= 0 && i < n; i = nodes[static_cast<std::size_t>(i)].next) {
-      out.push_back(nodes[static_cast<std::size_t>(i)].id);
+      if (!l.alive) continue;
+      push(l.prev);
+      push(c.left);
     }
   }
+  for (std::int32_t i = 0; i >= 0 && i < n; i = nodes[static_cast<std::size_t>(i)].next) {
+    out.push_back(nodes[static_cast<std::size_t>(i)].id);
+  }
+}
 
-  void encode_piece(std::string_view piece, std::vector<TokenId>& out) {
-    if (piece.size() == 1) {
-      out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
-      return;
-    }
-    if (!cache_enabled || piece.size() > kCacheMaxPieceBytes) {
-      bpe(piece, out);
-      return;
-    }
-    ++lookups;
-    if (const auto it = cache.find(piece); it != cache.end()) {
-      ++hits;
-      out.insert(out.end(), it->second.begin(), it->second.end());
-      return;
-    }
-    const std::size_t first = out.size();
-    bpe(piece, out);
-    if (cache.size() >= kCacheMaxEntries) cache.clear();
-    cache.emplace(std::string(piece), std::vector<TokenId>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+void Tokenizer::Impl::encode_piece(std::string_view piece, std::vector<TokenId>& out) {
+  if (piece.size() == 1) {
+    out.push_back(byte_id[static_cast<unsigned char>(piece[0])]);
+    return;
   }
-};
+  if (!cache_enabled || piece.size() > kCacheMaxPieceBytes) {
+    bpe(piece, out);
+    return;
+  }
+  ++lookups;
+  if (const auto it = cache.find(piece); it != cache.end()) {
+    ++hits;
+    out.insert(out.end(), it->second.begin(), it->second.end());
+    return;
+  }
+  const std::size_t first = out.size();
+  bpe(piece, out);
+  if (cache.size() >= kCacheMaxEntries) cache.clear();
+  cache.emplace(std::string(piece), std::vector<TokenId>(out.begin() + static_cast<std::ptrdiff_t>(first), out.end()));
+}
 
 Tokenizer::Tokenizer(std::unique_ptr<Impl> impl) : impl_(std::move(impl)) {}
 Tokenizer::Tokenizer(Tokenizer&&) noexcept = default;
@@ -382,6 +351,8 @@ Tokenizer Tokenizer::from_files(const std::string& vocab_path, const std::string
   MG_CHECK(rank > 0, "tokenizer merge list '{}' holds no merges ({} bytes): a BPE merge list has one \"left right\" "
            "pair per line, best first (GPT-2's has 50,000)", merges_path, merges_text.size());
   impl->compile();
+  impl->eos = impl->eot;
+  impl->sources = {vocab_path, merges_path};
   return Tokenizer(std::move(impl));
 }
 
@@ -393,12 +364,24 @@ Tokenizer Tokenizer::from_directory(const std::string& dir) {
     const fs::path v = fs::path(dir) / vocab, m = fs::path(dir) / merges;
     if (fs::exists(v, ec) && fs::exists(m, ec)) return from_files(v.string(), m.string());
   }
+  if (const fs::path j = fs::path(dir) / "tokenizer.json"; fs::is_regular_file(j, ec)) return load_tokenizer(j.string());
   throw InvalidArgument(fmt::format("tokenizer: directory '{}' has neither vocab.json + merges.txt (Hugging Face) nor "
-                                    "encoder.json + vocab.bpe (OpenAI)", dir));
+                                    "encoder.json + vocab.bpe (OpenAI) nor tokenizer.json", dir));
 }
 
-void Tokenizer::encode(std::string_view text, std::vector<TokenId>& out) {
+void Tokenizer::encode(std::string_view text, std::vector<TokenId>& out) { encode(text, out, true); }
+
+void Tokenizer::encode(std::string_view text, std::vector<TokenId>& out, bool text_start) {
   Impl& m = *impl_;
+  if (m.hf.enabled) {
+    m.hf_encode(text, out, text_start);
+    return;
+  }
+  m.gpt2_encode(text, out);
+}
+
+void Tokenizer::Impl::gpt2_encode(std::string_view text, std::vector<TokenId>& out) {
+  Impl& m = *this;
   const auto* subject = reinterpret_cast<PCRE2_SPTR>(text.data());
   PCRE2_SIZE pos = 0;
   while (pos < text.size()) {
@@ -447,6 +430,22 @@ std::string Tokenizer::decode(const std::vector<TokenId>& ids) const {
 
 std::int64_t Tokenizer::vocab_size() const { return static_cast<std::int64_t>(impl_->id_to_bytes.size()); }
 std::optional<TokenId> Tokenizer::eot_id() const { return impl_->eot; }
+const std::vector<TokenId>& Tokenizer::bos_ids() const { return impl_->bos; }
+std::optional<TokenId> Tokenizer::eos_id() const { return impl_->eos; }
+const std::string& Tokenizer::kind() const { return impl_->kind; }
+bool Tokenizer::is_hf_json() const { return impl_->hf.enabled; }
+const std::vector<std::string>& Tokenizer::source_files() const { return impl_->sources; }
+CutRules Tokenizer::cut_rules() const {
+  if (!impl_->hf.enabled) return {};
+  CutRules rules{true, true, false};
+  // An added token holding the cut's character could span it; one that strips white space could take
+  // it from the other side (lstrip the '\n' before, rstrip the ' ' after).
+  for (const detail::AddedToken& t : impl_->hf.added) {
+    if (t.content.find('\n') != std::string::npos || t.lstrip) rules.newline = false;
+    if (t.content.find(' ') != std::string::npos || t.rstrip) rules.space = false;
+  }
+  return rules;
+}
 std::int64_t Tokenizer::cache_lookups() const { return impl_->lookups; }
 std::int64_t Tokenizer::cache_hits() const { return impl_->hits; }
 void Tokenizer::clear_cache() {

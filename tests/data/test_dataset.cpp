@@ -166,9 +166,14 @@ TEST(Data, BadTokenFileHeadersNameTheFileAndOffset) {
   write_llmc(d / "magic.bin", tokens, 12345);
   std::string m = error_of(open("magic.bin"));
   EXPECT_NE(m.find("magic.bin': byte offset 0: magic 12345"), std::string::npos) << m;
-  write_llmc(d / "version.bin", tokens, 20240520, 2);
+  write_llmc(d / "version.bin", tokens, 20240520, 3);
   m = error_of(open("version.bin"));
-  EXPECT_NE(m.find("byte offset 4: version 2"), std::string::npos) << m;
+  EXPECT_NE(m.find("byte offset 4: version 3"), std::string::npos) << m;
+  // Version 2 is uint32 tokens: 100 uint16 tokens are 50 of them, not the 100 the header says.
+  write_llmc(d / "v2.bin", tokens, 20240520, 2);
+  m = error_of(open("v2.bin"));
+  EXPECT_NE(m.find("the header says 100 tokens (400 bytes) but the file has 200 bytes after the header (version 2: "
+                   "4-byte tokens)"), std::string::npos) << m;
   write_llmc(d / "count.bin", tokens, 20240520, 1, 101);
   m = error_of(open("count.bin"));
   EXPECT_NE(m.find("byte offset 8: the header says 101 tokens (202 bytes) but the file has 200 bytes"),
@@ -259,6 +264,40 @@ TEST(Data, TokensAtOrAboveTheVocabularyAreRefusedNamingThePosition) {
   const std::string m2 = error_of([&] { TokenDataset(missing_val.string(), 2, 8, 0); });
   EXPECT_NE(m2.find("without val.bin"), std::string::npos) << m2;
   fs::remove_all(missing_val);
+}
+
+// Version 2 token files (uint32, what prepare writes for Llama 3's 128,256 ids): read back exactly,
+// ids past 65,535 included; the byte offsets in errors count 4 bytes a token; the model's vocabulary
+// check sees the wide ids.
+TEST(Data, Uint32TokenFilesCarryVocabulariesOver65536) {
+  const fs::path d = fresh_dir("u32");
+  std::vector<std::uint32_t> train(400), val(60);
+  for (std::size_t i = 0; i < train.size(); ++i) train[i] = static_cast<std::uint32_t>(65530 + i * 157 % 62000);
+  for (std::size_t i = 0; i < val.size(); ++i) val[i] = static_cast<std::uint32_t>(128255 - i);
+  const std::string train_hash = write_token_file((d / "train.bin").string(), train);
+  write_token_file((d / "val.bin").string(), val);
+  std::ofstream(d / "meta.json") << nlohmann::json{{"vocab_size", 128256}}.dump();
+  const TokenDataset data(d.string(), 2, 8, 0);
+  EXPECT_EQ(data.vocab(), 128256);
+  EXPECT_EQ(data.size(), 400);
+  EXPECT_EQ(data.train_file()->token_bytes(), 4);
+  EXPECT_EQ(data.train_file()->content_hash(), train_hash);
+  std::vector<std::int64_t> back(400);
+  data.train_file()->read(0, 400, back.data());
+  EXPECT_TRUE(std::equal(back.begin(), back.end(), train.begin()));
+  EXPECT_EQ(data.train_file()->max_token(), *std::max_element(train.begin(), train.end()));
+  const nn::Batch v = data.validation_batch(0);
+  EXPECT_EQ(v.inputs.at({0, 0}), 128255);
+  // A model with a smaller vocabulary (GPT-2's) is refused naming the first id past it.
+  const std::string m = error_of([&] { data.require_tokens_below(50257, "the model's vocabulary 50257"); });
+  EXPECT_NE(m.find("train.bin': token 65530 at position 0 (byte offset 1024)"), std::string::npos) << m;
+  train[3] = 128256;   // == vocab_size: refused, at byte offset 1024 + 4 * 3
+  write_token_file((d / "train.bin").string(), train);
+  std::ofstream(d / "meta.json") << nlohmann::json{{"vocab_size", 128256}}.dump();
+  const std::string m2 = error_of([&] { TokenDataset(d.string(), 2, 8, 0); });
+  EXPECT_NE(m2.find("token 128256 at position 3 (byte offset 1036) is not below the vocabulary size 128256"),
+            std::string::npos) << m2;
+  fs::remove_all(d);
 }
 
 // Open descriptors of this process on `path`.

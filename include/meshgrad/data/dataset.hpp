@@ -15,7 +15,8 @@
 //                     No validation split of its own (see val_path). A meta.json beside the matches
 //                     (all in one directory) gives the vocabulary and the hashes to check.
 //   a token file      llm.c format (name ending in .bin, or any file starting with the magic): a header
-//                     of 256 int32 (magic 20240520, version 1, token count), then count uint16 tokens;
+//                     of 256 int32 (magic 20240520, version, token count), then count tokens, uint16
+//                     (version 1) or uint32 (version 2);
 //                     vocabulary: meta.json's vocab_size when a meta.json sits beside it, else the
 //                     largest token + 1
 //   any other file    its bytes are the tokens (vocabulary 256)
@@ -73,9 +74,15 @@ namespace meshgrad::data {
 // The built-in corpus: a few KB of plain English prose (written for meshgrad; public domain).
 std::string_view builtin_corpus();
 
-// llm.c token file format (version 1: GPT-2 uint16 tokens).
+// llm.c token file format: version 1 holds uint16 tokens (GPT-2), version 2 uint32 tokens (llm.c's
+// Llama 3 files; what prepare writes for a vocabulary over 65,536 ids). Both little-endian.
 inline constexpr std::int32_t kTokenFileMagic = 20240520;
 inline constexpr std::int32_t kTokenFileVersion = 1;
+inline constexpr std::int32_t kTokenFileVersionU32 = 2;
+// The bytes of one token in a file of that version (2 or 4); 0 for another version.
+inline constexpr std::int64_t token_file_token_bytes(std::int32_t version) {
+  return version == kTokenFileVersion ? 2 : version == kTokenFileVersionU32 ? 4 : 0;
+}
 inline constexpr std::int64_t kTokenFileHeaderBytes = 256 * 4;
 
 // Throws InvalidArgument unless path names a regular file (symlinks followed): "data '/dev/zero' is
@@ -118,6 +125,8 @@ class TokenFile {
   // InvalidArgument naming the file when it has shrunk since it was opened: a data file must not
   // change while a run reads it.
   void read(std::int64_t start, std::int64_t count, std::int64_t* out) const;
+  // LlmC: bytes per token, 2 (version 1) or 4 (version 2); Bytes: 1.
+  std::int64_t token_bytes() const { return token_bytes_; }
   // LlmC: the largest token (one scan at open); Bytes: 255. -1 when empty.
   std::int64_t max_token() const { return max_token_; }
   // XXH3-128 of the whole file as opened (header included: what `xxhsum -H2 FILE` prints).
@@ -138,6 +147,7 @@ class TokenFile {
   std::string path_;
   io::UniqueFd fd_;
   Format format_;
+  std::int64_t token_bytes_ = 1;
   std::int64_t size_ = 0;
   std::int64_t max_token_ = -1;
   std::string content_hash_;
@@ -146,6 +156,8 @@ class TokenFile {
 // Writes tokens (each < 65536) in the llm.c format to path (no temp file; callers rename). Returns
 // the XXH3-128 of the file written (TokenFile::content_hash of it).
 std::string write_token_file(const std::string& path, const std::vector<std::uint16_t>& tokens);
+// The same with uint32 tokens (version 2).
+std::string write_token_file(const std::string& path, const std::vector<std::uint32_t>& tokens);
 
 // What data a run trains on, by content: the XXH3-128 of the training and validation files (of the
 // built-in corpus's bytes; of the shards' digests for sharded data; "" for no validation split) and

