@@ -299,7 +299,6 @@ void Run::read_resume_manifest() {
 // The saved configuration (which the resume's model is built from) must describe the saved tensors
 // before anything is built (interop::check_config_describes_tensors, reliability-2 C10).
 void Run::check_config_describes_tensors() const {
-  if (config_.kind != "gpt") return;
   interop::check_config_describes_tensors(config_, *resume_, options_.resume_dir);
 }
 
@@ -369,9 +368,9 @@ void Run::print_start() const {
   if (!leader_ || !options_.progress) return;
   const nn::ParallelConfig& p = options_.parallel;
   fmt::print(stderr,
-             "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
+             "meshgrad train: {} layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
              "[{}{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
-             config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
+             config_.kind, config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
              p.mesh_invariant() ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
