@@ -352,8 +352,7 @@ void Run::build() {
   comm::run_agreed(*mesh_->world(), [&] {
     if (leader_) check_output_space();
   });
-  const std::int64_t wpe = config_.kind == "gpt" ? std::int64_t{config_.n_positions()} * config_.hidden : 0;
-  flops_per_token_ = model_flops_per_token(config_, result_.parameters - wpe);
+  flops_per_token_ = model_flops_per_token(config_, result_.parameters - lookup_only_parameters(config_));
   tokens_per_step_ = static_cast<std::int64_t>(config_.batch) * config_.seq;
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
   const bool shows_figures = options_.progress || !options_.metrics_path.empty() || options_.on_step;
@@ -649,8 +648,15 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {
 }
 
 double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_without_wpe) {
+  const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
   return 6.0 * static_cast<double>(n_params_without_wpe) +
-         12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+         12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * attention_width;
+}
+
+std::int64_t lookup_only_parameters(const nn::ModelConfig& c) {
+  if (c.kind == "gpt") return std::int64_t{c.n_positions()} * c.hidden;
+  if (c.kind == "llama" && !c.tie_word_embeddings) return std::int64_t{c.vocab} * c.hidden;
+  return 0;
 }
 
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) {
