@@ -95,6 +95,8 @@ namespace {
 // What reads or writes a model outside the run is GPT-2's so far: a Llama run trains and reports.
 void check_llama_edges(const train::TrainOptions& o) {
   if (o.model.kind != "llama") {
+    // A resume's family is its checkpoint's: checked again once the checkpoint gave it.
+    if (!o.resume.empty() && o.given_options.count("model") == 0) return;
     // The Llama family's sizes mean nothing to GPT-2: given, they are refused rather than ignored.
     const nn::ModelConfig plain;
     for (const auto& [option, set] :
