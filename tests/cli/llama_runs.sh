@@ -131,7 +131,14 @@ JSON
     fail "explain --format json has no o_proj row"
   if "$M" explain --model gpt --kv-heads 2 >x.txt 2>&1; then fail "explain --model gpt --kv-heads accepted"; fi
   grep -qF -- "--kv-heads is an option of --model llama" x.txt || fail "no refusal naming --kv-heads: $(cat x.txt)"
-  echo "ok   check and explain take --model llama and --model-config"
+  # check --checkpoint of a Llama run: its family and fields from the checkpoint; another one refused.
+  "$M" train "${llama[@]}" --mesh tp=2 --steps 1 --checkpoint-dir ck --no-metrics 2>t.err || fail "train: $(tail -3 t.err)"
+  "$M" check --checkpoint ck --mesh tp=2 --sequence-parallel >c4.txt 2>&1 || fail "check --checkpoint: $(tail -5 c4.txt)"
+  grep -q "^meshgrad check: llama (2 layers, hidden 32, heads 4, kv heads 2, head dim 12" c4.txt ||
+    fail "check --checkpoint: $(head -2 c4.txt)"
+  if "$M" check --checkpoint ck --mesh tp=2 --rope-theta 10000 >c5.txt 2>&1; then fail "another --rope-theta accepted"; fi
+  grep -qF -- "--rope-theta 10000.0 (it has 1000.0)" c5.txt || fail "no refusal naming --rope-theta: $(tail -2 c5.txt)"
+  echo "ok   check and explain take --model llama and --model-config; check --checkpoint a Llama checkpoint"
   ;;
 trace)
   "$M" train "${llama[@]}" --mesh tp=2 --sequence-parallel --steps 2 --no-metrics --trace t.json 2>t.err ||
