@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/interop/hf_config.hpp"
 #include "meshgrad/nn/layers.hpp"
@@ -98,13 +99,12 @@ void check_llama_edges(const train::TrainOptions& o) {
     // A resume's family is its checkpoint's: checked again once the checkpoint gave it.
     if (!o.resume.empty() && o.given_options.count("model") == 0) return;
     // The Llama family's sizes mean nothing to GPT-2: given, they are refused rather than ignored.
-    const nn::ModelConfig plain;
-    for (const auto& [option, set] :
-         {std::pair{"kv-heads", o.model.kv_heads != plain.kv_heads}, {"head-dim", o.model.head_dim != plain.head_dim},
-          {"rope-theta", o.model.rope_theta != plain.rope_theta},
-          {"tie-word-embeddings", o.model.tie_word_embeddings != plain.tie_word_embeddings},
-          {"attention-bias", o.model.attention_bias != plain.attention_bias}}) {
-      MG_CHECK(!set, "train: --{} is an option of --model llama; the model is \"{}\"", option, o.model.kind);
+    // (Every field newer than GPT-2's, the checkpoint record's list: --kv-heads, ..., --rope-scaling,
+    // --sliding-window, --model-type.)
+    for (const interop::ModelConfigField& f : interop::model_config_fields()) {
+      if (!f.absent_means_default || std::string_view(f.name) == "model") continue;
+      MG_CHECK(f.get(o.model) == interop::absent_field_value(f), "train: --{} is an option of --model llama; the model "
+               "is \"{}\"", f.name, o.model.kind);
     }
     return;
   }
