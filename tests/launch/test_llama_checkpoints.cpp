@@ -1,6 +1,7 @@
 // Checkpoints of the Llama family (train --checkpoint-dir / --resume through run_train_job, as the
 // CLI and Python run them): a resumed run continues the uninterrupted one bit for bit on the same
-// mesh; a checkpoint written at tp=2 with SP resumes at tp=1 and fsdp=2 (float64, within rounding);
+// mesh; a checkpoint written at tp=2 with SP resumes at tp=1, fsdp=2 and dp=2 (float64: losses,
+// gradient norms and the final weights within rounding);
 // under --mesh-invariant it resumes on another mesh bit for bit; the saved configuration gives back
 // the model in every field; a record without the Llama fields (an older meshgrad's) reads as GPT-2.
 //
@@ -12,18 +13,23 @@
 //
 // Tolerance across meshes (float64): the meshes differ only in the order of split sums (about 1e-16
 // relative per operation) carried through 3 AdamW steps; 1e-9 on losses near 5.5 is far above that
-// and far below a wrong shard, moment or RoPE table (the 3rd digit).
+// and far below a wrong shard, moment or RoPE table (the 3rd digit); the same bound on the weights
+// after the last step, relative to each tensor's largest value.
 #include <gtest/gtest.h>
 
 #include <fmt/format.h>
 
+#include <algorithm>
+#include <cmath>
 #include <filesystem>
 #include <string>
 #include <vector>
 
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/checkpoint/manifest.hpp"
+#include "meshgrad/checkpoint/reader.hpp"
 #include "meshgrad/interop/checkpoint_model.hpp"
+#include "meshgrad/interop/model_tensors.hpp"
 #include "meshgrad/launch/jobs.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/train/run_config.hpp"
@@ -126,8 +132,28 @@ TEST_F(LlamaCheckpoints, AResumeOnTheSameMeshContinuesTheRunBitForBit) {
   }
 }
 
+// The largest difference of the two checkpoints' parameters relative to each tensor's largest value.
+double max_parameter_difference(const std::string& a, const std::string& b) {
+  const checkpoint::Manifest ma = checkpoint::read_manifest(a), mb = checkpoint::read_manifest(b);
+  const auto shapes = interop::model_parameter_shapes(interop::checkpoint_model_config(ma, a));
+  const auto ta = checkpoint::read_full_tensors(a, ma, shapes), tb = checkpoint::read_full_tensors(b, mb, shapes);
+  double worst = 0;
+  for (std::size_t i = 0; i < ta.size(); ++i) {
+    const std::vector<double> x = ta[i].second.to_vector(), y = tb[i].second.to_vector();
+    double scale = 0, diff = 0;
+    for (std::size_t k = 0; k < x.size(); ++k) {
+      scale = std::max(scale, std::abs(x[k]));
+      diff = std::max(diff, std::abs(x[k] - y[k]));
+    }
+    worst = std::max(worst, diff / scale);
+  }
+  return worst;
+}
+
 TEST_F(LlamaCheckpoints, ACheckpointOfTpTwoWithSequenceParallelismResumesAtTpOneAndFsdpTwo) {
-  const Run full = run(options(DType::Float64, 5), "tp=2");
+  train::TrainOptions uninterrupted = options(DType::Float64, 5);
+  uninterrupted.checkpoint_dir = path("full");
+  const Run full = run(uninterrupted, "tp=2");
   train::TrainOptions first = options(DType::Float64, 5);
   first.checkpoint_dir = path("ck");
   first.save_every = 2;
@@ -140,6 +166,8 @@ TEST_F(LlamaCheckpoints, ACheckpointOfTpTwoWithSequenceParallelismResumesAtTpOne
       EXPECT_NEAR(resumed.losses[i], full.losses[2 + i], 1e-9) << "step " << 3 + i;
       EXPECT_NEAR(resumed.grad_norms[i], full.grad_norms[2 + i], 1e-9 * full.grad_norms[2 + i]) << "step " << 3 + i;
     }
+    // The weights after step 5, every parameter (the optimizer's moments moved them).
+    EXPECT_LT(max_parameter_difference(path("resumed/step_00000005"), path("full/step_00000005")), 1e-9);
     fs::remove_all(path("resumed"));
   }
 }
