@@ -11,6 +11,7 @@
 #include <memory>
 
 #include "command.hpp"
+#include "model_options.hpp"
 #include "options.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/diag/equivalence.hpp"
@@ -27,13 +28,17 @@ struct CheckArgs {
   // The model options by their saved-configuration names, to tell which the user set (a checkpoint
   // refuses differing sizes).
   std::map<std::string, CLI::Option*> model_options;
+  FamilyOptions family;   // the Llama family's options and --model-config
 };
 
 // The model from --checkpoint: its saved sizes, refusing given ones that differ.
 void use_checkpoint(CheckArgs& a) {
+  MG_CHECK(a.family.model_config.empty(), "check: --checkpoint and --model-config both give the model: give one");
   std::vector<std::string> given;
-  for (const auto& [name, option] : a.model_options) {
-    if (option->count() > 0) given.push_back(name);
+  for (const auto& options : {&a.model_options, &a.family.options}) {
+    for (const auto& [name, option] : *options) {
+      if (option->count() > 0) given.push_back(name);
+    }
   }
   const diag::CheckpointModel c = diag::checkpoint_check_config(a.checkpoint, a.options.model, given);
   a.options.model = c.model;
@@ -59,7 +64,15 @@ void print_parameters(const diag::EquivalenceReport& report) {
 int run_check(CheckArgs& a) {
   diag::EquivalenceOptions& o = a.options;
   o.model.dtype = parse_dtype(a.dtype);
-  if (!a.checkpoint.empty()) use_checkpoint(a);
+  if (!a.checkpoint.empty()) {
+    // The Llama options given are compared with the checkpoint's like the sizes.
+    for (const interop::ModelConfigField& field : interop::model_config_fields()) {
+      if (is_family_field(field)) field.set(o.model, field.get(a.family.bound.model));
+    }
+    use_checkpoint(a);
+  } else {
+    o.model = family_model("check", o.model, a.family, a.model_options);
+  }
   o.parallel.recompute_allgather = a.recompute;
   MG_CHECK(!a.recompute || o.parallel.sequence_parallel,
            "check: --regather re-gathers the sequence-parallel input in backward; it needs --sequence-parallel");
@@ -72,9 +85,12 @@ int run_check(CheckArgs& a) {
     });
   });
   if (!report.compared) return 0;   // an mpi rank other than 0: rank 0 prints the verdict and sets the exit status
-  fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
+  fmt::print("meshgrad check: {} ({} layers, hidden {}, heads {}{}, vocab {}, seq {}, batch {}) {} on mesh {}{}{}{}, "
              "{} steps of {} micro-batches, {}\n",
-             o.model.kind, o.model.layers, o.model.hidden, o.model.heads, o.model.vocab, o.model.seq, o.model.batch,
+             o.model.kind, o.model.layers, o.model.hidden, o.model.heads,
+             o.model.kind == "llama" ? fmt::format(", kv heads {}, head dim {}", o.model.kv_head_count(), o.model.head_size())
+                                     : std::string(),
+             o.model.vocab, o.model.seq, o.model.batch,
              a.dtype, dist::mesh_spec(dist::parse_mesh(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
              o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.micro_batches, o.backend);
   if (!o.checkpoint.empty()) fmt::print("both models start from checkpoint {}\n", o.checkpoint);
@@ -142,7 +158,7 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.seq = 16;
   o.model.batch = 4;
   auto& given = a->model_options;
-  given["model"] = app.add_option("--model", o.model.kind, "gpt or mlp")->check(CLI::IsMember({"gpt", "mlp"}))->capture_default_str();
+  given["model"] = app.add_option("--model", o.model.kind, "gpt, llama or mlp")->check(CLI::IsMember({"gpt", "llama", "mlp"}))->capture_default_str();
   app.add_option("--mesh", o.mesh, "mesh axes pp, dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, pp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
   given["layers"] = app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
@@ -152,6 +168,7 @@ CommandSetup setup = [](CLI::App& app) {
   given["vocab"] = app.add_option("--vocab", o.model.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
   given["seq"] = app.add_option("--seq", o.model.seq, "sequence length")->check(at_least(1))->capture_default_str();
   given["batch"] = app.add_option("--batch", o.model.batch, "global batch rows")->check(at_least(1))->capture_default_str();
+  add_family_options(app, a->family);
   app.add_option("--steps", o.steps, "optimizer steps")->check(at_least(1))->capture_default_str();
   app.add_option("--lr", o.lr, "AdamW learning rate")->capture_default_str();
   app.add_option("--seed", o.seed, "initialisation and data seed")->check(at_least(0, UINT64_MAX))->capture_default_str();

@@ -7,10 +7,12 @@
 //   meshgrad explain --model mlp --mesh tp=2 --alpha-us 5 --beta-gbs 25
 #include <fmt/core.h>
 
+#include <map>
 #include <memory>
 #include <string>
 
 #include "command.hpp"
+#include "model_options.hpp"
 #include "options.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/launch/launch.hpp"
@@ -32,9 +34,11 @@ struct ExplainArgs {
   std::string format = "table";
   diag::ExplainPipeline pipeline;
   std::string schedule = "1f1b";
+  FamilyOptions family;                        // the Llama family's options and --model-config
+  std::map<std::string, CLI::Option*> given;   // the model options by name, to tell which were given
 };
 
-int run_explain(const ExplainArgs& a) {
+int run_explain(ExplainArgs& a) {
   // --alpha-us/--beta-gbs need each other and exclude --link (CLI11 checks that); either gives the link.
   const dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs) : dist::link_preset(a.link);
   if (a.rules) {
@@ -43,6 +47,7 @@ int run_explain(const ExplainArgs& a) {
                dist::format_rule_table());
     return 0;
   }
+  a.config = family_model("explain", a.config, a.family, a.given);
   const std::vector<dist::MeshAxis> axes = dist::parse_mesh(a.mesh);
   diag::ExplainPipeline pipe = a.pipeline;
   pipe.schedule = pipeline::parse_schedule(a.schedule);
@@ -60,13 +65,16 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
     [](CLI::App& app) -> std::function<int()> {
       auto a = std::make_shared<ExplainArgs>();
       nn::ModelConfig& c = a->config;
-      app.add_option("--model", c.kind, "mlp or gpt")->check(CLI::IsMember({"mlp", "gpt"}))->capture_default_str();
-      app.add_option("--layers", c.layers, "blocks (n_layer)")->check(at_least(1))->capture_default_str();
-      app.add_option("--hidden", c.hidden, "hidden size (n_embd)")->check(at_least(1))->capture_default_str();
-      app.add_option("--ffn", c.ffn, "feed-forward size (0 = 4 x hidden)")->check(at_least(0))
+      auto& given = a->given;
+      given["model"] = app.add_option("--model", c.kind, "mlp, gpt or llama")->check(CLI::IsMember({"mlp", "gpt", "llama"}))
           ->capture_default_str();
-      app.add_option("--heads", c.heads, "attention heads (gpt)")->check(at_least(1))->capture_default_str();
-      app.add_option("--vocab", c.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
+      given["layers"] = app.add_option("--layers", c.layers, "blocks (n_layer)")->check(at_least(1))->capture_default_str();
+      given["hidden"] = app.add_option("--hidden", c.hidden, "hidden size (n_embd)")->check(at_least(1))->capture_default_str();
+      given["ffn"] = app.add_option("--ffn", c.ffn, "feed-forward size (0 = 4 x hidden)")->check(at_least(0))
+          ->capture_default_str();
+      given["heads"] = app.add_option("--heads", c.heads, "attention heads (gpt, llama)")->check(at_least(1))->capture_default_str();
+      given["vocab"] = app.add_option("--vocab", c.vocab, "vocabulary size")->check(at_least(1))->capture_default_str();
+      add_family_options(app, a->family);
       app.add_option("--seq", c.seq, "sequence length T")->check(at_least(1))->capture_default_str();
       app.add_option("--batch", c.batch, "global batch B (split over dp)")->check(at_least(1))
           ->capture_default_str();

@@ -20,8 +20,6 @@ bool was_given(const std::vector<std::string>& given, const std::string& name) {
 void refuse_differing_sizes(const CheckpointModel& c, const nn::ModelConfig& requested,
                             const std::vector<std::string>& given) {
   std::string differing;
-  if (was_given(given, "model") && requested.kind != "gpt") differing += fmt::format(" --model {} (it holds a gpt);",
-                                                                                   requested.kind);
   for (const interop::ModelConfigField& f : interop::model_config_fields()) {
     if (!f.fixed_by_checkpoint || !was_given(given, f.name)) continue;
     const nlohmann::json mine = f.get(requested), theirs = f.get(c.model);
@@ -49,7 +47,6 @@ CheckpointModel checkpoint_check_config(const std::string& path, const nn::Model
   CheckpointModel c;
   c.dir = checkpoint::resolve_checkpoint(path);
   c.model = interop::checkpoint_model_config(checkpoint::read_manifest(c.dir), c.dir);
-  c.model.kind = "gpt";
   c.model.dropout = 0.0;   // the check runs without dropout anyway
   refuse_differing_sizes(c, requested, given);
   // seq and batch are the check's to choose; the positions (a shape) stay the checkpoint's.

@@ -14,7 +14,9 @@
 #include "meshgrad/optim/grad_sync.hpp"
 #include "meshgrad/optim/micro_batches.hpp"
 #include "meshgrad/pipeline/executor.hpp"
+#include "meshgrad/interop/model_tensors.hpp"
 #include "meshgrad/train/step.hpp"
+#include "meshgrad/train/trainer.hpp"
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
@@ -80,6 +82,20 @@ int phase_rank(const std::string& phase) {
 constexpr std::string_view kGradSyncPrefix = "grad-sync:";
 
 std::string on_off(bool b) { return b ? "on" : "off"; }
+
+// The model's FLOPs of one step (train::model_flops_per_token, the figure train's MFU divides by),
+// for the decoder families (the MLP stack has no parameter list of its own: "").
+std::string model_flops_line(const ModelConfig& c) {
+  if (c.kind != "gpt" && c.kind != "llama") return "";
+  std::int64_t parameters = 0;
+  for (const auto& [name, shape] : interop::model_parameter_shapes(c)) parameters += shape_numel(shape);
+  const std::int64_t matmul = parameters - train::lookup_only_parameters(c);
+  const double per_token = train::model_flops_per_token(c, matmul);
+  const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
+  return fmt::format("model FLOPs forward + backward: {:.4g} per token = 6 x {} matmul parameters + 12 x {} layers x "
+                     "seq {} x {:g} attention width; {:.4g} per step of {} tokens\n",
+                     per_token, matmul, c.layers, c.seq, attention_width, per_token * c.batch * c.seq, c.batch * c.seq);
+}
 
 }  // namespace
 
@@ -274,8 +290,12 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
     for (ExplainRow& r : rows) r.layer = fmt::format("s{} {}", r.stage, r.layer.empty() ? "(unlabelled)" : r.layer);
   }
   std::string out;
-  out += fmt::format("meshgrad explain: model {}, layers {}, hidden {}, ffn {}, heads {}, vocab {}, seq {}, batch {}, {}\n",
-                     c.kind, c.layers, c.hidden, c.ffn_size(), c.heads, c.vocab, c.seq, c.batch, dtype_name(c.dtype));
+  out += fmt::format("meshgrad explain: model {}, layers {}, hidden {}, ffn {}, heads {}{}, vocab {}, seq {}, batch {}, {}\n",
+                     c.kind, c.layers, c.hidden, c.ffn_size(), c.heads,
+                     c.kind == "llama" ? fmt::format(" (kv heads {}, head dim {})", c.kv_head_count(), c.head_size())
+                                       : std::string(),
+                     c.vocab, c.seq, c.batch, dtype_name(c.dtype));
+  out += model_flops_line(c);
   out += stages > 1
              ? fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on the first rank of each stage over one "
                            "pipeline step of {} micro-batches\n", dist::mesh_spec(h.axes), world,
@@ -286,6 +306,9 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
                      h.link.beta_gbs, h.link.source);
   out += "bytes: nccl-tests size (the whole gathered / unreduced buffer); n: ranks in the axis' group\n";
 
+  // The layer column fits the longest name (Llama's "model.layers.0.self_attn.q_proj.weight").
+  std::size_t width = 28;
+  for (const auto& row : rows) width = std::max(width, row.layer.size() + 1);
   const auto print_rows = [&](ExplainSource source) {
     std::string text;
     // Layers in order of first appearance; within a layer, by phase, then in issue order.
@@ -295,7 +318,7 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
         layers.push_back(row.layer);
       }
     }
-    text += fmt::format("{:<28} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13}\n", "layer", "phase", "op",
+    text += fmt::format("{:<{}} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13}\n", "layer", width, "phase", "op",
                         "axis", "n", "bytes", "exact bytes", "algorithm", "predicted us");
     for (const auto& layer : layers) {
       std::vector<const ExplainRow*> mine;
@@ -307,8 +330,8 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
       });
       bool first = true;
       for (const ExplainRow* row : mine) {
-        text += fmt::format("{:<28} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13.2f}\n",
-                            first ? (layer.empty() ? "(unlabelled)" : layer) : "", row->phase, row->op, row->axis,
+        text += fmt::format("{:<{}} {:<10} {:<15} {:<4} {:>3} {:>10} {:>12} {:<15} {:>13.2f}\n",
+                            first ? (layer.empty() ? "(unlabelled)" : layer) : "", width, row->phase, row->op, row->axis,
                             row->ranks, human_bytes(row->bytes), row->bytes, row->algorithm, row->predicted_us);
         first = false;
       }
@@ -326,11 +349,11 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
     out += print_rows(ExplainSource::GradSync);
   }
 
-  out += fmt::format("\n{:<28} {:>3} {:>10} {:>12} {:>9} {:>10} {:>12}\n", "per layer (graph)", "fwd", "fwd bytes",
+  out += fmt::format("\n{:<{}} {:>3} {:>10} {:>12} {:>9} {:>10} {:>12}\n", "per layer (graph)", width, "fwd", "fwd bytes",
                      "fwd us", "bwd", "bwd bytes", "bwd us");
   for (const LayerSummary& s : summarize_layers(rows)) {
     if (s.source != ExplainSource::Graph) continue;
-    out += fmt::format("  {:<26} {:>3} {:>10} {:>12.2f} {:>9} {:>10} {:>12.2f}{}\n", s.layer.empty() ? "(unlabelled)" : s.layer,
+    out += fmt::format("  {:<{}} {:>3} {:>10} {:>12.2f} {:>9} {:>10} {:>12.2f}{}\n", s.layer.empty() ? "(unlabelled)" : s.layer, width - 2,
                        s.forward.count, human_bytes(s.forward.bytes), s.forward.predicted_us, s.backward.count,
                        human_bytes(s.backward.bytes), s.backward.predicted_us,
                        s.other.count > 0 ? fmt::format("  (+{} recompute/optimizer, {:.2f} us)", s.other.count,

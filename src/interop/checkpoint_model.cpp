@@ -2,7 +2,7 @@
 
 #include <fmt/format.h>
 
-#include "meshgrad/interop/gpt2_config.hpp"
+#include "meshgrad/interop/model_tensors.hpp"
 #include "meshgrad/tensor/shape.hpp"
 
 namespace meshgrad::interop {
@@ -11,6 +11,12 @@ namespace meshgrad::interop {
   ModelConfigField {                                                                          \
     NAME, [](const nn::ModelConfig& m) -> nlohmann::json { return m.MEMBER; },                \
         [](nn::ModelConfig& m, const nlohmann::json& v) { v.get_to(m.MEMBER); }, FIXED        \
+  }
+// A field newer than the first checkpoints (the Llama family's): fixed, and absent means GPT-2's default.
+#define MG_FAMILY_FIELD(NAME, MEMBER)                                                         \
+  ModelConfigField {                                                                          \
+    NAME, [](const nn::ModelConfig& m) -> nlohmann::json { return m.MEMBER; },                \
+        [](nn::ModelConfig& m, const nlohmann::json& v) { v.get_to(m.MEMBER); }, true, true   \
   }
 
 const std::vector<ModelConfigField>& model_config_fields() {
@@ -28,10 +34,32 @@ const std::vector<ModelConfigField>& model_config_fields() {
       MG_MODEL_FIELD("seq", seq, false),
       MG_MODEL_FIELD("batch", batch, false),
       MG_MODEL_FIELD("dropout", dropout, false),
+      // The family and what fixes a Llama's parameters (kv-heads, head-dim, attention-bias,
+      // tie-word-embeddings) and its function (RoPE, the sliding window); model-type is what export
+      // writes as config.json's model_type.
+      MG_FAMILY_FIELD("model", kind),
+      MG_FAMILY_FIELD("kv-heads", kv_heads),
+      MG_FAMILY_FIELD("head-dim", head_dim),
+      MG_FAMILY_FIELD("rope-theta", rope_theta),
+      MG_FAMILY_FIELD("tie-word-embeddings", tie_word_embeddings),
+      MG_FAMILY_FIELD("attention-bias", attention_bias),
+      MG_FAMILY_FIELD("rope-scaling", rope_scaling),
+      MG_FAMILY_FIELD("rope-factor", rope_factor),
+      MG_FAMILY_FIELD("rope-low-freq-factor", rope_low_freq_factor),
+      MG_FAMILY_FIELD("rope-high-freq-factor", rope_high_freq_factor),
+      MG_FAMILY_FIELD("rope-original-positions", rope_original_positions),
+      MG_FAMILY_FIELD("sliding-window", sliding_window),
+      MG_FAMILY_FIELD("max-window-layers", max_window_layers),
+      MG_FAMILY_FIELD("model-type", model_type),
   };
   return fields;
 }
 #undef MG_MODEL_FIELD
+#undef MG_FAMILY_FIELD
+
+nlohmann::json absent_field_value(const ModelConfigField& field) {
+  return field.absent_means_default ? field.get(nn::ModelConfig{}) : nlohmann::json(nullptr);
+}
 
 nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, const std::string& dir) {
   const auto config = manifest.state.find("config");
@@ -42,7 +70,8 @@ nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, co
   for (const ModelConfigField& f : model_config_fields()) {
     const auto it = config->find(f.name);
     if (it == config->end()) {
-      if (f.fixed_by_checkpoint)
+      // An older checkpoint (no Llama fields): the default ModelConfig's value, GPT-2's, stays in m.
+      if (f.fixed_by_checkpoint && !f.absent_means_default)
         throw checkpoint::CheckpointError(fmt::format("checkpoint '{}': the saved configuration has no \"{}\"", dir, f.name));
       continue;
     }
@@ -53,9 +82,17 @@ nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, co
           fmt::format("checkpoint '{}': the saved \"{}\" is {}: {}", dir, f.name, it->dump(), e.what()));
     }
   }
-  const checkpoint::ManifestTensor* wte = manifest.find("wte.weight");
-  if (wte == nullptr) throw checkpoint::CheckpointError(fmt::format("checkpoint '{}' has no tensor 'wte.weight'", dir));
-  m.dtype = wte->dtype;
+  if (m.kind != "gpt" && m.kind != "llama")
+    throw checkpoint::CheckpointError(fmt::format(
+        "checkpoint '{}': the saved \"model\" is \"{}\", which is no model family meshgrad reads (gpt, llama)", dir, m.kind));
+  // The token embedding is every family's first parameter; its dtype is the tensors'. (Named from a
+  // copy without layers: the layer count is not checked against the tensors yet.)
+  nn::ModelConfig no_layers = m;
+  no_layers.layers = 0;
+  const std::string embedding = model_parameter_shapes(no_layers).front().first;
+  const checkpoint::ManifestTensor* first = manifest.find(embedding);
+  if (first == nullptr) throw checkpoint::CheckpointError(fmt::format("checkpoint '{}' has no tensor '{}'", dir, embedding));
+  m.dtype = first->dtype;
   check_config_describes_tensors(m, manifest, dir);
   return m;
 }
@@ -67,16 +104,16 @@ void check_config_describes_tensors(const nn::ModelConfig& config, const checkpo
     throw checkpoint::CheckpointError(fmt::format(
         "checkpoint '{}': its configuration says {} layers but it holds {} tensors in all: the configuration does "
         "not describe its tensors (was the manifest edited?)", dir, config.layers, tensors));
-  for (const auto& [name, shape] : gpt2_parameter_shapes(config)) {
+  for (const auto& [name, shape] : model_parameter_shapes(config)) {
     const checkpoint::ManifestTensor* t = manifest.find(name);
     if (t == nullptr)
       throw checkpoint::CheckpointError(fmt::format(
-          "checkpoint '{}': its configuration ({} layers, hidden {}, vocabulary {}) needs a tensor '{}', which the "
-          "checkpoint does not hold (was the manifest edited?)", dir, config.layers, config.hidden, config.vocab, name));
+          "checkpoint '{}': its configuration ({} {} layers, hidden {}, vocabulary {}) needs a tensor '{}', which the "
+          "checkpoint does not hold (was the manifest edited?)", dir, config.kind, config.layers, config.hidden, config.vocab, name));
     if (t->shape != shape)
       throw checkpoint::CheckpointError(fmt::format(
-          "checkpoint '{}': tensor '{}' has shape {} but its configuration ({} layers, hidden {}, vocabulary {}) "
-          "needs {} (was the manifest edited?)", dir, name, shape_str(t->shape), config.layers, config.hidden,
+          "checkpoint '{}': tensor '{}' has shape {} but its configuration ({} {} layers, hidden {}, vocabulary {}) "
+          "needs {} (was the manifest edited?)", dir, name, shape_str(t->shape), config.kind, config.layers, config.hidden,
           config.vocab, shape_str(shape)));
   }
 }

@@ -13,6 +13,7 @@
 #include <vector>
 
 #include "meshgrad/data/synthetic.hpp"
+#include "meshgrad/interop/checkpoint_model.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/interop/hf_config.hpp"
 #include "meshgrad/interop/hf_io.hpp"
@@ -96,24 +97,20 @@ std::vector<std::string> ignored_option_notes(const train::TrainOptions& o, cons
 
 namespace {
 
-// What reads or writes a model outside the run is GPT-2's so far: a Llama run trains and reports.
+// The Llama family's options given for a GPT-2 run are refused rather than ignored. (Every path that
+// reads or writes a model, checkpoints, Hugging Face files and samples, takes both families.)
 void check_llama_edges(const train::TrainOptions& o) {
   if (o.model.kind != "llama") {
+    // A resume's family is its checkpoint's: checked again once the checkpoint gave it.
+    if (!o.resume.empty() && o.given_options.count("model") == 0) return;
     // The Llama family's sizes mean nothing to GPT-2: given, they are refused rather than ignored.
-    const nn::ModelConfig plain;
-    for (const auto& [option, set] :
-         {std::pair{"kv-heads", o.model.kv_heads != plain.kv_heads}, {"head-dim", o.model.head_dim != plain.head_dim},
-          {"rope-theta", o.model.rope_theta != plain.rope_theta},
-          {"tie-word-embeddings", o.model.tie_word_embeddings != plain.tie_word_embeddings},
-          {"attention-bias", o.model.attention_bias != plain.attention_bias}}) {
-      MG_CHECK(!set, "train: --{} is an option of --model llama; the model is \"{}\"", option, o.model.kind);
+    // (Every field newer than GPT-2's, the checkpoint record's list: --kv-heads, ..., --rope-scaling,
+    // --sliding-window, --model-type.)
+    for (const interop::ModelConfigField& f : interop::model_config_fields()) {
+      if (!f.absent_means_default || std::string_view(f.name) == "model") continue;
+      MG_CHECK(f.get(o.model) == interop::absent_field_value(f), "train: --{} is an option of --model llama; the model "
+               "is \"{}\"", f.name, o.model.kind);
     }
-    return;
-  }
-  for (const auto& [option, on] : {std::pair{"checkpoint-dir", !o.checkpoint_dir.empty()}, {"resume", !o.resume.empty()},
-                                   {"sample-every", o.sample_every > 0}}) {
-    MG_CHECK(!on, "train: --{} is not supported for the Llama family yet: its checkpoints, Hugging Face files and "
-             "samples are written and read as GPT-2's today", option);
   }
 }
 

@@ -75,21 +75,41 @@ std::vector<TrainOption> where_and_what() {
        .recorded = R::Kept, .min = 1},
       {.name = "dropout", .kind = K::Double, .help = "Dropout probability", .field = MG_MEMBER(model.dropout),
        .recorded = R::Kept},
-      // The model family and the Llama family's own sizes. Not recorded yet: a Llama run writes no
-      // checkpoint (launch/jobs.cpp refuses --save, --checkpoint-dir and --resume for it).
+      // The model family and the Llama family's own sizes and function (interop::model_config_fields:
+      // a checkpoint records them all; one written before them reads as GPT-2's defaults).
       {.name = "model", .kind = K::Text, .help = "Model family: gpt (GPT-2) or llama (RMSNorm, RoPE, grouped-query "
-       "attention, SwiGLU: Llama 2/3, Qwen2, Mistral-style; no checkpoints or samples yet)",
-       .field = MG_MEMBER(model.kind), .choices = {"gpt", "llama"}},
+       "attention, SwiGLU: Llama 2/3, Qwen2, Mistral-style)",
+       .field = MG_MEMBER(model.kind), .recorded = R::Fixed, .choices = {"gpt", "llama"}},
       {.name = "kv-heads", .kind = K::Int, .help = "With --model llama: key/value heads, num_key_value_heads (0: "
-       "--heads)", .field = MG_MEMBER(model.kv_heads), .min = 0},
+       "--heads)", .field = MG_MEMBER(model.kv_heads), .recorded = R::Fixed, .min = 0},
       {.name = "head-dim", .kind = K::Int, .help = "With --model llama: features per head (0: hidden / heads)",
-       .field = MG_MEMBER(model.head_dim), .min = 0},
+       .field = MG_MEMBER(model.head_dim), .recorded = R::Fixed, .min = 0},
       {.name = "rope-theta", .kind = K::Double, .help = "With --model llama: RoPE's base, rope_theta",
-       .field = MG_MEMBER(model.rope_theta)},
+       .field = MG_MEMBER(model.rope_theta), .recorded = R::Fixed},
       {.name = "tie-word-embeddings", .kind = K::Flag, .help = "With --model llama: the output layer is the token "
-       "embedding transposed", .field = MG_MEMBER(model.tie_word_embeddings)},
+       "embedding transposed", .field = MG_MEMBER(model.tie_word_embeddings), .recorded = R::Fixed},
       {.name = "attention-bias", .kind = K::Flag, .help = "With --model llama: q, k and v projections with biases "
-       "(Qwen2)", .field = MG_MEMBER(model.attention_bias)},
+       "(Qwen2)", .field = MG_MEMBER(model.attention_bias), .recorded = R::Fixed},
+      {.name = "rope-scaling", .kind = K::Text, .help = "With --model llama: rope_scaling's type, linear or llama3 "
+       "(empty: none)", .field = MG_MEMBER(model.rope_scaling), .recorded = R::Fixed},
+      {.name = "rope-factor", .kind = K::Double, .help = "With --rope-scaling: rope_scaling.factor",
+       .field = MG_MEMBER(model.rope_factor), .recorded = R::Fixed},
+      {.name = "rope-low-freq-factor", .kind = K::Double, .help = "With --rope-scaling llama3: low_freq_factor",
+       .field = MG_MEMBER(model.rope_low_freq_factor), .recorded = R::Fixed},
+      {.name = "rope-high-freq-factor", .kind = K::Double, .help = "With --rope-scaling llama3: high_freq_factor",
+       .field = MG_MEMBER(model.rope_high_freq_factor), .recorded = R::Fixed},
+      {.name = "rope-original-positions", .kind = K::Int, .help = "With --rope-scaling llama3: "
+       "original_max_position_embeddings", .field = MG_MEMBER(model.rope_original_positions), .recorded = R::Fixed,
+       .min = 1},
+      {.name = "sliding-window", .kind = K::Int, .help = "With --model llama: sliding-window attention over this many "
+       "positions (Mistral's sliding_window; 0: none)", .field = MG_MEMBER(model.sliding_window),
+       .recorded = R::Fixed, .min = 0},
+      {.name = "max-window-layers", .kind = K::Int, .help = "With --sliding-window: the first layer that slides (Qwen2's "
+       "max_window_layers; 0: every layer, as Mistral)", .field = MG_MEMBER(model.max_window_layers),
+       .recorded = R::Fixed, .min = 0},
+      {.name = "model-type", .kind = K::Text, .help = "With --model llama: the Hugging Face model_type it is "
+       "(what export writes)", .field = MG_MEMBER(model.model_type), .recorded = R::Fixed,
+       .choices = {"llama", "qwen2", "mistral"}},
   };
 }
 

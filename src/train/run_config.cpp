@@ -38,6 +38,9 @@ struct OptionField {
   // Other command-line names that set the same option (--micro-batches is --grad-accum, --no-metrics
   // sets --metrics to none): given under any of them, the option is given.
   std::vector<std::string> aliases = {};
+  // The value a record without the option stands for (a model field newer than the record:
+  // interop::absent_field_value); null: a fixed option the record must hold.
+  nlohmann::json absent = nullptr;
 };
 
 // The model's sizes go through interop::model_config_fields (the list export and sample read back
@@ -54,7 +57,8 @@ OptionField model_field(const TrainOption& t) {
             c.vocab = resolved_vocab;   // 0 means "the data's": record the one the run used
             return get(c);
           },
-          [set = m->set](TrainOptions& o, const nlohmann::json& v) { set(o.model, v); }, m->fixed_by_checkpoint};
+          [set = m->set](TrainOptions& o, const nlohmann::json& v) { set(o.model, v); }, m->fixed_by_checkpoint,
+          false, false, {}, interop::absent_field_value(*m)};
 }
 
 OptionField record_field(const TrainOption& t) {
@@ -250,8 +254,11 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
   TrainOptions out = options;
   std::string refused, notes;
   for (const OptionField& f : option_fields()) {
-    const auto it = saved.find(f.name);
-    if (it == saved.end()) {
+    const auto found = saved.find(f.name);
+    // A model field newer than the checkpoint (the Llama family's): the model it holds is GPT-2's,
+    // whose value the field stands for, which a resume takes and a given option must agree with.
+    const nlohmann::json* it = found != saved.end() ? &*found : f.absent.is_null() ? nullptr : &f.absent;
+    if (it == nullptr) {
       // An option newer than the checkpoint: its default (or the caller's value) holds, as it did
       // for the run that wrote it. The model's shape is always recorded.
       if (f.fixed_by_checkpoint)
@@ -276,9 +283,12 @@ TrainOptions resume_options(const TrainOptions& options, const nlohmann::json& s
     // The model's vocabulary 0 means "the data's": compare the resolved one the checkpoint holds.
     const nlohmann::json mine = f.get(options, options.model.vocab);
     if (mine == *it) continue;
-    // A model without its own "positions" has one position row per --seq (wpe is [seq, hidden]):
-    // then --seq is part of its shape too.
-    const bool shapes_positions = f.name == "seq" && saved.value("positions", nlohmann::json(0)) == nlohmann::json(0);
+    // A GPT-2 without its own "positions" has one position row per --seq (wpe is [seq, hidden]):
+    // then --seq is part of its shape too. (The Llama family has no position table: RoPE.)
+    const auto kind = saved.find("model");
+    const bool gpt = kind == saved.end() || *kind == nlohmann::json("gpt");
+    const bool shapes_positions =
+        gpt && f.name == "seq" && saved.value("positions", nlohmann::json(0)) == nlohmann::json(0);
     if (f.fixed_by_checkpoint || shapes_positions) {
       refused += fmt::format("{}--{} {} (the checkpoint has {})", refused.empty() ? "" : ", ", f.name, mine.dump(), it->dump());
     } else {

@@ -299,7 +299,6 @@ void Run::read_resume_manifest() {
 // The saved configuration (which the resume's model is built from) must describe the saved tensors
 // before anything is built (interop::check_config_describes_tensors, reliability-2 C10).
 void Run::check_config_describes_tensors() const {
-  if (config_.kind != "gpt") return;
   interop::check_config_describes_tensors(config_, *resume_, options_.resume_dir);
 }
 
@@ -353,8 +352,7 @@ void Run::build() {
   comm::run_agreed(*mesh_->world(), [&] {
     if (leader_) check_output_space();
   });
-  const std::int64_t wpe = config_.kind == "gpt" ? std::int64_t{config_.n_positions()} * config_.hidden : 0;
-  flops_per_token_ = model_flops_per_token(config_, result_.parameters - wpe);
+  flops_per_token_ = model_flops_per_token(config_, result_.parameters - lookup_only_parameters(config_));
   tokens_per_step_ = static_cast<std::int64_t>(config_.batch) * config_.seq;
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
   const bool shows_figures = options_.progress || !options_.metrics_path.empty() || options_.on_step;
@@ -369,9 +367,9 @@ void Run::print_start() const {
   if (!leader_ || !options_.progress) return;
   const nn::ParallelConfig& p = options_.parallel;
   fmt::print(stderr,
-             "meshgrad train: gpt layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
+             "meshgrad train: {} layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
              "[{}{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
-             config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
+             config_.kind, config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
              p.mesh_invariant() ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
@@ -650,8 +648,15 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {
 }
 
 double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_without_wpe) {
+  const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
   return 6.0 * static_cast<double>(n_params_without_wpe) +
-         12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * static_cast<double>(c.hidden);
+         12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * attention_width;
+}
+
+std::int64_t lookup_only_parameters(const nn::ModelConfig& c) {
+  if (c.kind == "gpt") return std::int64_t{c.n_positions()} * c.hidden;
+  if (c.kind == "llama" && !c.tie_word_embeddings) return std::int64_t{c.vocab} * c.hidden;
+  return 0;
 }
 
 TrainResult train(const TrainOptions& options, const dist::DeviceMeshPtr& mesh) {

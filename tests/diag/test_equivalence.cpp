@@ -4,6 +4,8 @@
 // backward reductions (dropped, duplicated, scaled by 1.001).
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/diag/equivalence.hpp"
 
@@ -72,6 +74,42 @@ TEST(Equivalence, MeshModelMatchesTheSingleRankModel) {
     EXPECT_GT(report.collectives.at("forward").size(), 0u);
     EXPECT_GT(report.collectives.at("backward").count("all_reduce[dp]"), 0u);
   }
+}
+
+// `meshgrad check --model llama`: the Llama family on the mesh against one rank, with GPT-2's
+// tolerances (diag/equivalence.hpp: float64 gradients 1e-9 of max |g|, updates 1e-6 of lr x steps,
+// losses 1e-12), with key/value heads split (2 over tp=2) and replicated (1 over tp=2), SP and dp;
+// and a wrong communication (a tp reduction scaled by 1.001) caught, so the pass says something.
+diag::EquivalenceOptions small_llama_check(const std::string& mesh, int kv_heads) {
+  auto o = small_check(mesh);
+  o.model.kind = "llama";
+  o.model.heads = 4;
+  o.model.kv_heads = kv_heads;
+  o.model.hidden = 16;
+  o.model.ffn = 24;
+  o.model.rope_theta = 500000;
+  o.model.attention_bias = true;
+  return o;
+}
+
+TEST(Equivalence, TheLlamaFamilyMatchesTheSingleRankModel) {
+  for (int kv_heads : {2, 1}) {
+    for (bool sp : {false, true}) {
+      SCOPED_TRACE(fmt::format("kv heads {}{}", kv_heads, sp ? ", sp" : ""));
+      auto o = small_llama_check("dp=2,tp=2", kv_heads);
+      o.parallel.sequence_parallel = sp;
+      const auto report = diag::check_equivalence(o, threads_mesh(2, 2));
+      EXPECT_TRUE(report.passed) << "first divergence " << report.first_divergence << ", margin " << report.margin;
+      EXPECT_LT(report.margin, 1.0);
+      EXPECT_LT(report.max_loss_difference, 1e-12);
+      ASSERT_FALSE(report.parameters.empty());
+      EXPECT_EQ(report.parameters.front().name, "model.embed_tokens.weight");
+    }
+  }
+  auto wrong = small_llama_check("tp=2", 1);
+  const auto report = diag::check_equivalence(wrong, threads_mesh(1, 2, diag::parse_comm_fault("scale:tp:1.001")));
+  EXPECT_FALSE(report.passed);
+  EXPECT_FALSE(report.first_divergence.empty());
 }
 
 // The issue-26 case: float32 on the CLI's defaults. Gradients agree to rounding, but Adam moves

@@ -7,6 +7,8 @@
 // 3. The gradient-synchronizer rows, the cost of each row, and the json shape.
 #include <gtest/gtest.h>
 
+#include <fmt/format.h>
+
 #include <algorithm>
 #include <map>
 #include <mutex>
@@ -45,6 +47,7 @@ ModelConfig small_config(const std::string& kind) {
   c.vocab = 32;
   c.seq = 8;
   c.batch = 4;
+  if (kind == "llama") c.kv_heads = 2;   // grouped-query: 4 query heads over 2 key/value heads
   return c;
 }
 
@@ -135,6 +138,41 @@ std::vector<Entry> expected_gpt(const ModelConfig& c, std::int64_t b, bool sp) {
   return f;
 }
 
+// The DESIGN table applied to a Llama (src/nn/llama.cpp's plan): as GPT-2 with its own linears:
+//   model.embed_tokens: vocabulary-parallel as wte; per layer self_attn.q_proj, k_proj, v_proj
+//   column-parallel (each its own column layer: under SP each gathers its input), o_proj row;
+//   mlp.gate_proj and up_proj column (SwiGLU's two), down_proj row; lm_head column (untied or
+//   tied); the same three loss all-reduces. Key/value heads fewer than tp are replicated, and their
+//   projections communicate as column layers still: each rank's dX is partial (its query heads'
+//   share), so it is all-reduced (reduce-scattered under SP) in backward; their weight gradients
+//   are the synchroniser's (ExplainGradSync.ReplicatedKeyValueHeads...). No position table.
+std::vector<Entry> expected_llama(const ModelConfig& c, std::int64_t b, bool sp) {
+  const std::int64_t act = c.seq * b * c.hidden * 4;
+  const std::int64_t rows = c.seq * b * 4;
+  std::vector<Entry> f, bw;
+  auto column = [&](const std::string& name) {
+    if (sp) f.emplace_back(name, "forward", "all_gather", "tp", act);
+    bw.emplace_back(name, "backward", sp ? "reduce_scatter" : "all_reduce", "tp", act);
+  };
+  auto row = [&](const std::string& name) {
+    f.emplace_back(name, "forward", sp ? "reduce_scatter" : "all_reduce", "tp", act);
+    if (sp) bw.emplace_back(name, "backward", "all_gather", "tp", act);
+  };
+  row("model.embed_tokens");   // the embedding's partial sums: reduced as a row layer's output
+  for (int i = 0; i < c.layers; ++i) {
+    const std::string l = "model.layers." + std::to_string(i);
+    for (const char* proj : {".self_attn.q_proj", ".self_attn.k_proj", ".self_attn.v_proj"}) column(l + proj);
+    row(l + ".self_attn.o_proj");
+    column(l + ".mlp.gate_proj");
+    column(l + ".mlp.up_proj");
+    row(l + ".mlp.down_proj");
+  }
+  column("lm_head");
+  for (int k = 0; k < 3; ++k) f.emplace_back("loss", "forward", "all_reduce", "tp", rows);
+  f.insert(f.end(), bw.begin(), bw.end());
+  return f;
+}
+
 // The DESIGN table applied to the MLP model: `layers` (column c_fc, row c_proj) pairs on a random
 // input that requires grad (as the PyTorch peer benchmark does), so every c_fc, h.0's included,
 // communicates its dX in backward. Under SP the loss, a sum over this rank's tokens, is all-reduced.
@@ -176,6 +214,7 @@ struct Case {
   bool sp;
   std::string mesh;
   int dp;
+  int kv_heads = 0;   // llama: its key/value heads (0: small_config's 2)
 };
 
 void PrintTo(const Case& c, std::ostream* os) {
@@ -186,7 +225,8 @@ class ExplainMatchesCode : public ::testing::TestWithParam<Case> {};
 
 TEST_P(ExplainMatchesCode, CounterAndDesignTable) {
   const Case& k = GetParam();
-  const ModelConfig config = small_config(k.kind);
+  ModelConfig config = small_config(k.kind);
+  if (k.kv_heads > 0) config.kv_heads = k.kv_heads;
   ParallelConfig parallel;
   parallel.sequence_parallel = k.sp;
   const std::vector<ExplainRow> rows = explain_model(config, parallel, explain_mesh_axes(k.mesh), kLink);
@@ -199,7 +239,9 @@ TEST_P(ExplainMatchesCode, CounterAndDesignTable) {
   // 2. The DESIGN table's collectives, layer by layer (issue order is the engine's business).
   const std::int64_t local_batch = config.batch / k.dp;
   const std::vector<Entry> expected =
-      k.kind == "gpt" ? expected_gpt(config, local_batch, k.sp) : expected_mlp(config, local_batch, k.sp);
+      k.kind == "gpt"     ? expected_gpt(config, local_batch, k.sp)
+      : k.kind == "llama" ? expected_llama(config, local_batch, k.sp)
+                          : expected_mlp(config, local_batch, k.sp);
   EXPECT_EQ(sorted(got), sorted(expected)) << "explain:\n" << describe(got) << "DESIGN table:\n" << describe(expected);
 
   // Per phase / op counts, the figures a reader of the table checks first.
@@ -227,10 +269,14 @@ TEST_P(ExplainMatchesCode, CounterAndDesignTable) {
 INSTANTIATE_TEST_SUITE_P(Models, ExplainMatchesCode,
                          ::testing::Values(Case{"gpt", false, "tp=2", 1}, Case{"gpt", true, "tp=2", 1},
                                            Case{"mlp", false, "tp=2", 1}, Case{"mlp", true, "tp=2", 1},
-                                           Case{"gpt", false, "dp=2,tp=2", 2}, Case{"gpt", true, "tp=2,dp=2", 2}),
+                                           Case{"gpt", false, "dp=2,tp=2", 2}, Case{"gpt", true, "tp=2,dp=2", 2},
+                                           Case{"llama", false, "tp=2", 1}, Case{"llama", true, "tp=2", 1},
+                                           Case{"llama", false, "tp=2", 1, 1}, Case{"llama", true, "tp=2", 1, 1},
+                                           Case{"llama", true, "dp=2,tp=2", 2}),
                          [](const ::testing::TestParamInfo<Case>& info) {
                            std::string name = info.param.kind + (info.param.sp ? "_sp" : "") + "_tp2";
                            if (info.param.dp > 1) name += "_dp" + std::to_string(info.param.dp);
+                           if (info.param.kv_heads > 0) name += "_kv" + std::to_string(info.param.kv_heads);
                            return name;
                          });
 
@@ -276,6 +322,43 @@ TEST(ExplainGradSync, SequenceParallelReducesReplicatedParametersOverTp) {
     EXPECT_EQ(r->bytes, want) << r->layer;
   }
   EXPECT_TRUE(sync_rows(rows, "dp").empty());
+}
+
+// Key/value heads fewer than tp ranks are replicated (as Megatron does): every rank holds the whole
+// k_proj and v_proj, and each one's gradient is its query heads' share, so the synchroniser
+// all-reduces them over tp ([hidden, kv_heads x head_dim] float32); with as many kv heads as ranks
+// they are split and nothing is synchronised.
+TEST(ExplainGradSync, ReplicatedKeyValueHeadsAreAllReducedOverTp) {
+  ModelConfig c = small_config("llama");
+  EXPECT_TRUE(sync_rows(explain_model(c, {}, explain_mesh_axes("tp=2"), kLink), "tp").empty());
+  c.kv_heads = 1;
+  const auto rows = explain_model(c, {}, explain_mesh_axes("tp=2"), kLink);
+  std::set<std::string> got, expected;
+  for (const ExplainRow* r : sync_rows(rows, "tp")) {
+    got.insert(r->layer);
+    EXPECT_EQ(r->op, "all_reduce");
+    EXPECT_EQ(r->bytes, c.hidden * c.kv_heads * c.head_size() * 4) << r->layer;
+  }
+  for (int i = 0; i < c.layers; ++i) {
+    for (const char* p : {".self_attn.k_proj.weight", ".self_attn.v_proj.weight"}) {
+      expected.insert("model.layers." + std::to_string(i) + p);
+    }
+  }
+  EXPECT_EQ(got, expected);
+}
+
+// explain's FLOPs are train's (the MFU's): 6 N_matmul + 12 L T (heads x head_dim), counted here from
+// the closed form of the small Llama (untied: embed_tokens is a lookup and not counted).
+TEST(ExplainFormat, TheTableStatesTheModelsFlops) {
+  ModelConfig c = small_config("llama");
+  c.head_dim = 6;   // heads x head_dim = 24, not hidden
+  const std::int64_t C = c.hidden, F = c.ffn_size(), V = c.vocab, q = 4 * 6, kv = 2 * 6;
+  const std::int64_t matmul = c.layers * (2 * C + C * q + 2 * C * kv + q * C + 3 * C * F) + C + C * V;
+  const double per_token = 6.0 * static_cast<double>(matmul) + 12.0 * c.layers * c.seq * q;
+  const auto axes = explain_mesh_axes("tp=2");
+  const std::string table = format_explain_table(explain_model(c, {}, axes, kLink), {c, {}, axes, kLink, {}});
+  EXPECT_NE(table.find(fmt::format("{:.4g} per token = 6 x {} matmul parameters", per_token, matmul)), std::string::npos)
+      << table.substr(0, 400);
 }
 
 // With dp = 2 the synchroniser's buckets carry every parameter's local gradient once: one in-place

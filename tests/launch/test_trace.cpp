@@ -35,11 +35,12 @@ namespace fs = std::filesystem;
 struct Case {
   int dp, tp;
   bool sequence_parallel, overlap, checkpoint;
+  bool llama = false;   // the Llama family (its module names) instead of GPT-2
 };
 
 std::string case_name(const Case& c) {
-  return fmt::format("dp={} tp={}{}{}{}", c.dp, c.tp, c.sequence_parallel ? " sp" : "", c.overlap ? " overlap" : "",
-                     c.checkpoint ? " checkpoint-blocks" : "");
+  return fmt::format("{}dp={} tp={}{}{}{}", c.llama ? "llama " : "", c.dp, c.tp, c.sequence_parallel ? " sp" : "",
+                     c.overlap ? " overlap" : "", c.checkpoint ? " checkpoint-blocks" : "");
 }
 
 // Test names and failures show the case, not its bytes.
@@ -49,6 +50,14 @@ constexpr int kLayers = 2;
 
 nn::ModelConfig tiny_gpt() {
   return {.kind = "gpt", .layers = kLayers, .hidden = 16, .heads = 4, .vocab = 37, .seq = 8, .batch = 4};
+}
+
+// 4 query heads over 2 key/value heads, untied.
+nn::ModelConfig tiny_llama() {
+  nn::ModelConfig c = tiny_gpt();
+  c.kind = "llama";
+  c.kv_heads = 2;
+  return c;
 }
 
 // What a counter saw, comparable with a collective span: (op, label, bytes).
@@ -72,7 +81,7 @@ TracedStep traced_step(const Case& c) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(world, std::vector<dist::MeshAxis>{{"dp", c.dp}, {"tp", c.tp}});
     nn::ParallelConfig parallel{.sequence_parallel = c.sequence_parallel, .overlap = c.overlap,
                                 .checkpoint_blocks = c.checkpoint};
-    auto model = nn::make_model(tiny_gpt(), parallel, mesh, 5);
+    auto model = nn::make_model(c.llama ? tiny_llama() : tiny_gpt(), parallel, mesh, 5);
     const std::vector<nn::Parameter*> params = model->parameters();
     optim::GradientSynchronizer sync(params, mesh);
     optim::AdamW opt(params, mesh, optim::AdamWOptions{1e-3, 0.9, 0.95, 1e-8, 0.1});
@@ -129,6 +138,19 @@ std::vector<std::string> gpt_layers() {
   return names;
 }
 
+// Every module's trace scope in the Llama (llama.cpp): Hugging Face's names.
+std::vector<std::string> llama_layers() {
+  std::vector<std::string> names{"llama", "model.embed_tokens", "model.norm", "lm_head", "loss"};
+  for (int i = 0; i < kLayers; ++i) {
+    for (const char* part : {"", ".input_layernorm", ".self_attn", ".self_attn.q_proj", ".self_attn.k_proj",
+                             ".self_attn.v_proj", ".self_attn.o_proj", ".post_attention_layernorm", ".mlp",
+                             ".mlp.gate_proj", ".mlp.up_proj", ".mlp.down_proj"}) {
+      names.push_back(fmt::format("model.layers.{}{}", i, part));
+    }
+  }
+  return names;
+}
+
 class TraceOfAStep : public ::testing::TestWithParam<Case> {};
 
 TEST_P(TraceOfAStep, HasEveryLaneLayerAndCollective) {
@@ -173,7 +195,7 @@ TEST_P(TraceOfAStep, HasEveryLaneLayerAndCollective) {
       EXPECT_NE(lane_named(trace, fmt::format("rank {} progress ({})", r, g)), nullptr) << "no progress lane of " << g;
     }
     // A forward and a backward span for every layer, and the training phases.
-    for (const std::string& layer : gpt_layers()) {
+    for (const std::string& layer : c.llama ? llama_layers() : gpt_layers()) {
       EXPECT_TRUE(has_span(*rank, layer, "forward")) << layer;
       EXPECT_TRUE(has_span(*rank, layer, "backward")) << layer;
     }
@@ -209,7 +231,8 @@ TEST_P(TraceOfAStep, HasEveryLaneLayerAndCollective) {
 
 INSTANTIATE_TEST_SUITE_P(Meshes, TraceOfAStep,
                          ::testing::Values(Case{1, 2, false, false, false}, Case{1, 2, true, true, false},
-                                           Case{1, 2, false, true, true}, Case{2, 2, true, true, false}),
+                                           Case{1, 2, false, true, true}, Case{2, 2, true, true, false},
+                                           Case{1, 2, true, true, false, true}, Case{2, 2, false, false, true, true}),
                          [](const auto& info) {
                            std::string n = case_name(info.param);
                            std::replace_if(n.begin(), n.end(), [](char ch) { return !std::isalnum(ch); }, '_');

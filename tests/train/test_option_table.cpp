@@ -53,6 +53,14 @@ TEST(OptionTable, TheModelKeysAreTheCheckpointModelFields) {
     ASSERT_NO_THROW(train_option(m.name));
     EXPECT_EQ(train_option(m.name).recorded, m.fixed_by_checkpoint ? Recorded::Fixed : Recorded::Kept);
   }
+  // And back: every option a checkpoint fixes (the Llama family's included) is a field sample,
+  // export and check read back from it (interop::checkpoint_model_config).
+  const auto& fields = interop::model_config_fields();
+  for (const TrainOption& t : train_option_table()) {
+    if (t.recorded != Recorded::Fixed) continue;
+    EXPECT_TRUE(std::any_of(fields.begin(), fields.end(), [&](const interop::ModelConfigField& m) { return m.name == t.name; }))
+        << "--" << t.name << " is fixed by a checkpoint but not in interop::model_config_fields";
+  }
 }
 
 TEST(OptionTable, EveryRecordedEntryIsInTheRecordAndComesBackOnResume) {

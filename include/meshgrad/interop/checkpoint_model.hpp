@@ -25,17 +25,27 @@ struct ModelConfigField {
   nlohmann::json (*get)(const nn::ModelConfig&);
   void (*set)(nn::ModelConfig&, const nlohmann::json&);
   bool fixed_by_checkpoint;
+  // Checkpoints written before the Llama family lack the field: absent, it means the value of a
+  // default nn::ModelConfig (GPT-2's), so such a checkpoint still reads as the GPT-2 it holds.
+  bool absent_means_default = false;
 };
-// layers, hidden, ffn, heads, vocab, positions, layer-norm-epsilon, dtype, seq, batch, dropout.
+// layers, hidden, ffn, heads, vocab, positions, layer-norm-epsilon, dtype, seq, batch, dropout, then
+// what fixes the family and a Llama's shape and function (absent_means_default): model (the kind),
+// kv-heads, head-dim, rope-theta, tie-word-embeddings, attention-bias, rope-scaling, rope-factor,
+// rope-low-freq-factor, rope-high-freq-factor, rope-original-positions, sliding-window, model-type.
 const std::vector<ModelConfigField>& model_config_fields();
+// A field's value when the record lacks it: the default nn::ModelConfig's for absent_means_default
+// fields; null for the others (the record must hold those).
+nlohmann::json absent_field_value(const ModelConfigField& field);
 
-// The model a checkpoint holds: the sizes and dropout of its saved configuration (state "config"),
-// the dtype of its tensors. Throws CheckpointError naming dir when the state lacks the
+// The model a checkpoint holds: the family, sizes and dropout of its saved configuration (state
+// "config"; a configuration without "model" is GPT-2's), the dtype of its tensors. Throws CheckpointError naming dir when the state lacks the
 // configuration or a shape field, or holds a value of the wrong type.
 nn::ModelConfig checkpoint_model_config(const checkpoint::Manifest& manifest, const std::string& dir);
-// Throws CheckpointError naming dir when config (a GPT) does not describe the manifest's tensors: a
-// layer count above the tensor count (checked first, so an edited "layers": 1e9 lists nothing), a
-// parameter it needs missing, or one of another shape. Before any model is built from config.
+// Throws CheckpointError naming dir when config (any family of model_parameter_shapes) does not
+// describe the manifest's tensors: a layer count above the tensor count (checked first, so an edited
+// "layers": 1e9 lists nothing), a parameter it needs missing, or one of another shape. Before any
+// model is built from config.
 void check_config_describes_tensors(const nn::ModelConfig& config, const checkpoint::Manifest& manifest,
                                     const std::string& dir);
 

@@ -53,7 +53,12 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params);
 // 2 * T * C each per token per layer forward, times 3 for backward; counted over the full T as is
 // customary (the causal mask skips half). Recomputation under activation checkpointing is not
 // model work and is not counted.
+// The Llama family: N_matmul leaves out embed_tokens when it is untied (a lookup; lm_head is the
+// output projection), and the attention term is 12 L T (heads x head_dim), its q/k/v width.
 double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_params_without_wpe);
+// The parameters of config that are only looked up, never multiplied: GPT-2's wpe, an untied
+// Llama's embed_tokens; 0 for other models.
+std::int64_t lookup_only_parameters(const nn::ModelConfig& config);
 
 // Trains a GPT on the mesh (collective: every rank calls it with the same options). Rank 0 shows
 // progress on stderr (one line redrawn with \r on a terminal, else a line every ~5% of the steps)
