@@ -276,18 +276,51 @@ nn::ModelConfig checkpoint_config(const std::map<std::string, std::string>& meta
 constexpr std::uint64_t kMaxSmallFileBytes = std::uint64_t{64} << 20;
 
 struct TokenizerFiles {
-  std::string vocab, merges;   // paths; empty when there is no tokenizer
+  std::string vocab, merges;   // paths; empty when there is no tokenizer (or it is a tokenizer.json)
   std::string from;            // for the report
   std::string note;            // why there is none
+  std::string hf_json;         // a Hugging Face tokenizer.json, copied as it is
+  std::string hf_config;       // its tokenizer_config.json, when there is one
+  bool any() const { return !vocab.empty() || !hf_json.empty(); }
 };
 
-// vocab.json + merges.txt, or OpenAI's encoder.json + vocab.bpe (the same formats), in dir.
+// A Hugging Face tokenizer.json (+ tokenizer_config.json), else vocab.json + merges.txt, or OpenAI's
+// encoder.json + vocab.bpe (the same formats), in dir (text::load_tokenizer's order).
 TokenizerFiles tokenizer_in(const std::string& dir, const std::string& from) {
   const fs::path d(dir);
+  if (fs::is_regular_file(d / "tokenizer.json")) {
+    TokenizerFiles files;
+    files.hf_json = (d / "tokenizer.json").string();
+    if (fs::is_regular_file(d / "tokenizer_config.json")) files.hf_config = (d / "tokenizer_config.json").string();
+    files.from = from;
+    return files;
+  }
   for (const auto& [v, m] : {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
     if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m)) return {(d / v).string(), (d / m).string(), from, ""};
   }
-  throw InvalidArgument(fmt::format("{} '{}' has neither vocab.json + merges.txt nor encoder.json + vocab.bpe", from, dir));
+  throw InvalidArgument(fmt::format("{} '{}' has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe",
+                                    from, dir));
+}
+
+// The id of tokenizer_config.json's `key` ("bos_token": a string or {"content": ...}) in tokenizer
+// t: the token the text encodes to when it is one token (an added token is), else none. What
+// config.json's bos_token_id names, whether or not the tokenizer adds it to each document.
+std::optional<std::int64_t> config_token_id(text::Tokenizer& t, const std::string& config_path, const char* key) {
+  if (config_path.empty()) return std::nullopt;
+  nlohmann::json c;
+  try {
+    c = io::parse_untrusted_json(io::read_small_file(config_path, kMaxSmallFileBytes, "tokenizer_config.json"), 16);
+  } catch (const io::JsonInputError& e) {
+    throw InvalidArgument(fmt::format("tokenizer_config.json '{}' is not valid: {}", config_path, e.what()));
+  }
+  if (!c.is_object() || !c.contains(key)) return std::nullopt;
+  const nlohmann::json& v = c[key];
+  const nlohmann::json* text = v.is_string() ? &v : v.is_object() && v.contains("content") ? &v["content"] : nullptr;
+  if (text == nullptr || !text->is_string()) return std::nullopt;
+  std::vector<text::TokenId> ids;
+  t.encode(text->get<std::string>(), ids, /*text_start=*/true);
+  if (ids.size() != 1) return std::nullopt;
+  return ids[0];
 }
 
 // Where the tokenizer of a checkpoint is: --tokenizer, else the prepared data recorded in its
@@ -318,6 +351,14 @@ TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<s
   const fs::path dir = fs::path(meta_path).parent_path();
   TokenizerFiles files;
   files.from = fmt::format("the prepared data '{}'", dir.string());
+  if (meta.is_object() && meta.contains("tokenizer") && meta["tokenizer"].is_object() &&
+      meta["tokenizer"].value("kind", std::string()) == "tokenizer.json") {
+    // The copies, each checked against its recorded SHA-256 (throws naming the file otherwise).
+    const data::PreparedTokenizer prepared = data::load_prepared_tokenizer(dir.string());
+    files.hf_json = prepared.files.at(0);
+    if (prepared.files.size() > 1) files.hf_config = prepared.files[1];
+    return files;
+  }
   for (const char* key : {"vocab", "merges"}) {
     const bool described = meta.is_object() && meta.contains("tokenizer") && meta["tokenizer"].is_object() &&
                            meta["tokenizer"].contains(key) && meta["tokenizer"][key].is_object() &&
@@ -448,12 +489,22 @@ ExportResult export_hf(const ExportOptions& o) {
 
   ExportResult result;
   const TokenizerFiles tok = find_tokenizer(o.tokenizer, ck.metadata);
-  std::optional<std::int64_t> eot;
-  if (!tok.vocab.empty()) {
-    const text::Tokenizer t = text::Tokenizer::from_files(tok.vocab, tok.merges);
+  std::optional<std::int64_t> eot, bos;   // config.json's eos / bos token ids
+  if (tok.any()) {
+    text::Tokenizer t = tok.hf_json.empty() ? text::Tokenizer::from_files(tok.vocab, tok.merges)
+                                            : text::Tokenizer::from_hf_json(tok.hf_json, tok.hf_config);
     MG_CHECK(t.vocab_size() <= ck.config.vocab, "the tokenizer of {} has {} ids but the model's vocabulary is {}: not "
              "this model's tokenizer", tok.from, t.vocab_size(), ck.config.vocab);
-    if (t.eot_id()) eot = *t.eot_id();
+    if (tok.hf_json.empty()) {
+      if (t.eot_id()) eot = bos = *t.eot_id();   // GPT-2's <|endoftext|> is both
+    } else {
+      if (t.eos_id()) eot = *t.eos_id();
+      bos = !t.bos_ids().empty() ? std::optional<std::int64_t>(t.bos_ids().front())
+                                 : config_token_id(t, tok.hf_config, "bos_token");
+      if (!bos) bos = eot;   // GPT-2's tokenizer.json: <|endoftext|> is both
+      MG_CHECK(ck.config.kind != "gpt" || bos == eot, "export: a GPT-2 config.json has one <|endoftext|> for bos and "
+               "eos, and the tokenizer of {} has bos {} and eos {}", tok.from, bos.value_or(-1), eot.value_or(-1));
+    }
     result.tokenizer = tok.from;
   } else {
     result.note = tok.note;
@@ -468,8 +519,14 @@ ExportResult export_hf(const ExportOptions& o) {
   ck.tensors.clear();
 
   ExportDirectory staged(o.out_dir);
-  staged.write(kHfConfigFile, hf_config_json(ck.config, {o.dtype, eot, eot}));
+  staged.write(kHfConfigFile, hf_config_json(ck.config, {o.dtype, bos, eot}));
   write_model_tensors(staged.path(kHfWeightsFile), ck.config, tensors, {{"format", "pt"}}, storage);
+  if (!tok.hf_json.empty()) {   // copied byte for byte: Hugging Face reads them as they are
+    staged.write("tokenizer.json", io::read_small_file(tok.hf_json, kMaxSmallFileBytes, "tokenizer file"));
+    if (!tok.hf_config.empty()) {
+      staged.write("tokenizer_config.json", io::read_small_file(tok.hf_config, kMaxSmallFileBytes, "tokenizer file"));
+    }
+  }
   if (!tok.vocab.empty()) {
     staged.write("vocab.json", io::read_small_file(tok.vocab, kMaxSmallFileBytes, "tokenizer file"));
     staged.write("merges.txt", io::read_small_file(tok.merges, kMaxSmallFileBytes, "tokenizer file"));

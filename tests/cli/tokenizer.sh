@@ -64,6 +64,26 @@ prompt16="one two three four five six seven eight nine ten eleven twelve thirtee
 grep -q "the prompt is 17 tokens" err.txt || fail "sample with add_bos_token: expected a 17-token prompt: $(cat err.txt)"
 echo "ok   prepare, train and sample with Llama 3's tokenizer.json"
 
+# A Llama on the Llama 3 tokens, exported: the Hugging Face directory gets the prepared copies of
+# tokenizer.json and tokenizer_config.json byte for byte, config.json their bos/eos ids, and sample
+# reads the exported directory with its own tokenizer.
+"$M" train --data data --model llama --kv-heads 1 --steps 2 --layers 1 --hidden 16 --heads 2 --seq 16 --batch 2 \
+  --no-metrics --save llama.safetensors >train_llama.txt 2>&1 || fail "train a Llama on uint32 tokens: $(tail -5 train_llama.txt)"
+"$M" export --checkpoint llama.safetensors --out hf_llama >export.txt 2>&1 || fail "export: $(tail -3 export.txt)"
+cmp -s hf_llama/tokenizer.json data/tokenizer.json || fail "export: tokenizer.json is not the prepared copy"
+cmp -s hf_llama/tokenizer_config.json data/tokenizer_config.json || fail "export: tokenizer_config.json is not the prepared copy"
+[ ! -e hf_llama/vocab.json ] || fail "export wrote vocab.json beside a tokenizer.json"
+python3 - <<'PY' || fail "export: config.json's bos/eos are not Llama 3's"
+import json
+c = json.load(open("hf_llama/config.json"))
+assert c["model_type"] == "llama" and c["vocab_size"] == 128256, c
+assert c["bos_token_id"] == 128000 and c["eos_token_id"] == 128001, (c["bos_token_id"], c["eos_token_id"])
+PY
+"$M" sample --checkpoint hf_llama --tokenizer hf_llama --prompt "Line 1: the" --tokens 3 --temperature 0 >sample_hf.txt 2>err.txt \
+  || fail "sample of the exported directory: $(tail -3 err.txt)"
+[ "$(head -c 11 sample_hf.txt)" = "Line 1: the" ] || fail "sample of the export: $(head -c 100 sample_hf.txt)"
+echo "ok   export of a Llama trained on tokenizer.json data carries the tokenizer"
+
 # bench tokenizer times a tokenizer.json (MB/s, both cache rows).
 "$M" bench tokenizer --tokenizer "$LLAMA/tokenizer.json" --mb 0.3 >bench.txt 2>&1 || fail "bench tokenizer: $(tail -3 bench.txt)"
 grep -q "Hugging Face tokenizer.json (byte-level BPE), 0.3 MB" bench.txt && [ "$(grep -c "MB/s\|^encode, BPE cache" bench.txt)" -ge 3 ] \
