@@ -124,24 +124,14 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
            "leave --model-config out");
   const nn::ModelConfig file = interop::read_hf_config(given.model_config);
   train::TrainOptions o = given;
-  struct Size {
-    const char* option;
-    double given, file;
-  };
-  const std::vector<Size> sizes = {
-      {"layers", double(o.model.layers), double(file.layers)},   {"hidden", double(o.model.hidden), double(file.hidden)},
-      {"ffn", double(o.model.ffn), double(file.ffn)},            {"heads", double(o.model.heads), double(file.heads)},
-      {"vocab", double(o.model.vocab), double(file.vocab)},      {"positions", double(o.model.positions), double(file.positions)},
-      {"layer-norm-epsilon", o.model.layer_norm_epsilon, file.layer_norm_epsilon},
-      {"kv-heads", double(o.model.kv_heads), double(file.kv_heads)},
-      {"head-dim", double(o.model.head_dim), double(file.head_dim)},
-      {"rope-theta", o.model.rope_theta, file.rope_theta},
-      {"tie-word-embeddings", double(o.model.tie_word_embeddings), double(file.tie_word_embeddings)},
-      {"attention-bias", double(o.model.attention_bias), double(file.attention_bias)}};
-  for (const Size& s : sizes) {
-    MG_CHECK(given.given_options.count(s.option) == 0 || s.given == s.file, "train: --{} {:g} disagrees with --model-config "
-             "'{}', which gives {:g}: leave the option out or change the file", s.option, s.given, given.model_config,
-             s.file);
+  // Every option of the model's shape and function (the fields a checkpoint fixes: sizes, kv heads,
+  // RoPE, the window, ...), given as well, must say what the file says. The dtype stays the run's.
+  for (const interop::ModelConfigField& f : interop::model_config_fields()) {
+    const std::string_view name = f.name;
+    if (!f.fixed_by_checkpoint || name == "dtype" || name == "model" || given.given_options.count(f.name) == 0) continue;
+    const nlohmann::json mine = f.get(o.model), theirs = f.get(file);
+    MG_CHECK(mine == theirs, "train: --{} {} disagrees with --model-config '{}', which gives {}: leave the option out or "
+             "change the file", f.name, mine.dump(), given.model_config, theirs.dump());
   }
   MG_CHECK(given.given_options.count("model") == 0 || given.model.kind == file.kind, "train: --model {} disagrees with "
            "--model-config '{}', a {} model", given.model.kind, given.model_config, file.kind);

@@ -270,14 +270,12 @@ target_link_libraries(test_train_options PRIVATE meshgrad nlohmann_json::nlohman
 gtest_discover_tests(test_train_options DISCOVERY_MODE PRE_TEST DISCOVERY_TIMEOUT 60
                      PROPERTIES LABELS cli TIMEOUT 120)
 
-# The Llama family from the command line: trains on tp=2 with SP (3 steps, the loss printed), refuses
-# its options for GPT-2 and what would write its model as GPT-2's files.
+# The Llama family from the command line: trains on tp=2 with SP (3 steps, the loss printed); its
+# options for GPT-2 are refused. (Its files: tests/cli/hf_llama.sh, llama_runs.sh.)
 meshgrad_cli_test(train_llama_tp2_sp 0 "loss [0-9.]+ -> [0-9.]+" ${mg} train --model llama --kv-heads 2 --layers 2
                   --hidden 32 --heads 4 --seq 16 --batch 8 --steps 3 --mesh tp=2 --sequence-parallel --no-metrics)
 meshgrad_cli_test(train_llama_option_for_gpt 1 "--kv-heads is an option of --model llama; the model is \"gpt\""
                   ${mg} train --kv-heads 2 ${tiny})
-meshgrad_cli_test(train_llama_save_refused 1 "--save is not supported for the Llama family yet"
-                  ${mg} train --model llama --save llama.safetensors ${tiny})
 meshgrad_cli_test(train_llama_unknown_model 105 "--model: gemma not in .gpt,llama."
                   ${mg} train --model gemma ${tiny})
 # --model-config: a Llama config.json (GQA, llama3 RoPE scaling) gives the shape; a size option that
@@ -287,5 +285,8 @@ meshgrad_cli_test(train_model_config_llama 0 "loss [0-9.]+ -> [0-9.]+" ${mg} tra
                   --seq 16 --batch 8 --steps 2 --mesh tp=2 --no-metrics)
 meshgrad_cli_test(train_model_config_disagrees 1 "--layers 3 disagrees with --model-config '.*llama_config.json', which gives 2"
                   ${mg} train --model-config ${llama_config} --layers 3 --steps 1 --no-metrics)
+meshgrad_cli_test(train_model_config_window_disagrees 1
+                  "--sliding-window 8 disagrees with --model-config '.*llama_config.json', which gives 0"
+                  ${mg} train --model-config ${llama_config} --sliding-window 8 --steps 1 --no-metrics)
 meshgrad_cli_test(train_model_config_missing 1 "config '.*no_such_config.json' cannot be opened"
                   ${mg} train --model-config ${CMAKE_CURRENT_SOURCE_DIR}/cli/data/no_such_config.json --steps 1 --no-metrics)
