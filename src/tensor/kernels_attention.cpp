@@ -133,7 +133,8 @@ std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, 
       scores += rows * cols;
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = s.data() + r * kBlock;
-        const auto [lo, hi] = visible(first + i0 + r, j0, cols, window);
+        const Visible seen_keys = visible(first + i0 + r, j0, cols, window);
+        const std::int64_t lo = seen_keys.lo, hi = seen_keys.hi;   // (a lambda below reads lo: no structured binding)
         if (hi <= lo) {   // every key of the tile after this query (first > 0) or before its window
           std::fill(row, row + cols, T(0));
           continue;
@@ -193,7 +194,8 @@ void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t di
       tile_scores(p.data(), h.q, h.k, i0, j0, rows, cols, dim, scale);
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = p.data() + r * kBlock;
-        const auto [lo, hi] = visible(i0 + r, j0, cols, window);
+        const Visible seen_keys = visible(i0 + r, j0, cols, window);
+        const std::int64_t lo = seen_keys.lo, hi = seen_keys.hi;
         const T shift = h.lse[i0 + r];
         for (std::int64_t c = lo; c < hi; ++c) row[c] = detail::exp_fast(row[c] - shift);
         std::fill(row, row + std::min(lo, cols), T(0));
