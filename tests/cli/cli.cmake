@@ -288,5 +288,10 @@ meshgrad_cli_test(train_model_config_disagrees 1 "--layers 3 disagrees with --mo
 meshgrad_cli_test(train_model_config_window_disagrees 1
                   "--sliding-window 8 disagrees with --model-config '.*llama_config.json', which gives 0"
                   ${mg} train --model-config ${llama_config} --sliding-window 8 --steps 1 --no-metrics)
+# export of a Llama run's checkpoint directory: a Hugging Face Llama directory (config.json's model_type from the
+# checkpoint's record), then --init-from of that directory starts from the same first loss as --resume would see.
+set(llama_ck ${CMAKE_CURRENT_BINARY_DIR}/llama-export-ck)
+meshgrad_cli_test(export_llama_checkpoint_dir 0 "\"model_type\": \"llama\".*\"num_key_value_heads\": 2"
+                  bash -c "rm -rf ${llama_ck} ${llama_ck}-hf && ${mg} train --model llama --kv-heads 2 --layers 2 --hidden 32 --heads 4 --seq 16 --batch 4 --steps 2 --no-metrics --checkpoint-dir ${llama_ck} --mesh tp=2 >/dev/null 2>&1 && ${mg} export --checkpoint ${llama_ck} --out ${llama_ck}-hf >/dev/null && exec cat ${llama_ck}-hf/config.json")
 meshgrad_cli_test(train_model_config_missing 1 "config '.*no_such_config.json' cannot be opened"
                   ${mg} train --model-config ${CMAKE_CURRENT_SOURCE_DIR}/cli/data/no_such_config.json --steps 1 --no-metrics)
