@@ -80,7 +80,10 @@ grep -q "wrote hf (.* parameters, float32): config.json, model.safetensors" expo
   && [ "$(key hf/config.json num_key_value_heads)" = 2 ] && ok "export: config.json is a LlamaForCausalLM's" \
   || fail "export config: $(cat hf/config.json)"
 # The header names linears [out, in]: gate_proj of hidden 32 -> ffn 128 is [128, 32].
-head -c 20000 hf/model.safetensors | grep -q '"model.layers.0.mlp.gate_proj.weight":{"dtype":"F32","shape":\[128,32\]' \
+# (The header through a file, not a pipe: grep -q stops reading at its match, and head's SIGPIPE would
+# fail the pipeline under pipefail.)
+head -c 20000 hf/model.safetensors > header.txt
+grep -q '"model.layers.0.mlp.gate_proj.weight":{"dtype":"F32","shape":\[128,32\]' header.txt \
   && ok "export: linears in Hugging Face's [out, in]" || fail "export layout: $(head -c 600 hf/model.safetensors | tail -c 560)"
 "$M" export --checkpoint ck.safetensors --out hf16 --dtype bfloat16 >/dev/null 2>&1
 grep -q '"torch_dtype": "bfloat16"' hf16/config.json && ok "export --dtype bfloat16" || fail "bf16 config"
@@ -148,7 +151,8 @@ for mesh in tp=2 dp=2 pp=2; do
   [ "$a" = "$b" ] || { same=0; fail "grads --mesh-invariant: $mesh differs from tp=1"; }
 done
 [ $same = 1 ] && ok "grads --mesh-invariant: tp=1, tp=2, dp=2 and pp=2 write the same bits"
-head -c 20000 g_tp=1.safetensors | grep -q '"model.layers.0.mlp.gate_proj.weight":{"dtype":"F32","shape":\[128,32\]' \
+head -c 20000 g_tp=1.safetensors > header.txt
+grep -q '"model.layers.0.mlp.gate_proj.weight":{"dtype":"F32","shape":\[128,32\]' header.txt \
   && ok "grads: gradients in the weights' Hugging Face layout" || fail "grads layout"
 
 if [ $failures -gt 0 ]; then
