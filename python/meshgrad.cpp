@@ -160,6 +160,8 @@ std::string numpy_format(DType dtype) {
     case DType::Float32: return py::format_descriptor<float>::format();
     case DType::Float64: return py::format_descriptor<double>::format();
     case DType::Int64: return py::format_descriptor<std::int64_t>::format();
+    case DType::BFloat16:
+      throw InvalidArgument("meshgrad.Tensor: numpy has no bfloat16; convert the tensor to float32 first");
   }
   throw InvalidArgument("meshgrad.Tensor: unknown dtype");
 }

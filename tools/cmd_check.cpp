@@ -91,7 +91,7 @@ int run_check(CheckArgs& a) {
              o.model.kind == "llama" ? fmt::format(", kv heads {}, head dim {}", o.model.kv_head_count(), o.model.head_size())
                                      : std::string(),
              o.model.vocab, o.model.seq, o.model.batch,
-             a.dtype, dist::mesh_spec(dist::parse_mesh(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
+             o.precision == "bf16" ? a.dtype + " with bf16 products" : a.dtype, dist::mesh_spec(dist::parse_mesh(o.mesh)), o.parallel.sequence_parallel ? ", sequence-parallel" : "",
              o.parallel.overlap ? ", overlap" : "", a.recompute ? ", regather" : "", o.steps, o.micro_batches, o.backend);
   if (!o.checkpoint.empty()) fmt::print("both models start from checkpoint {}\n", o.checkpoint);
   if (o.mesh_seed != 0) fmt::print("injected: the mesh model starts from seed {}\n", o.mesh_seed);
@@ -189,6 +189,10 @@ CommandSetup setup = [](CLI::App& app) {
                  "dimension (a power of two)")->capture_default_str();
   add_mesh_invariant_options(app, o.parallel);
   given["dtype"] = app.add_option("--dtype", a->dtype, "float32 or float64")->check(CLI::IsMember({"float32", "float64"}))->capture_default_str();
+  app.add_option("--precision", o.precision, "float32, or bf16 (train's --precision: bf16 inputs to the products, "
+                 "float32 accumulation) on both sides, held to the bf16 tolerances (diag/equivalence.hpp)")
+      ->check(CLI::IsMember({"float32", "bf16"}))
+      ->capture_default_str();
   app.add_option("--checkpoint", a->checkpoint,
                  "a training checkpoint (DIR/step_XXXXXXXX, or DIR from `train --checkpoint-dir DIR` for its newest): "
                  "check that model, from its parameters and with its sizes");

@@ -90,6 +90,11 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
                    "backward) and exit");
       app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,
                    "activation checkpointing per block (adds a recompute phase)");
+      app.add_option_function<std::string>(
+             "--reduce-dtype",
+             [a](const std::string& v) { a->parallel.reduce_dtype = v == "bf16" ? DType::BFloat16 : DType::Float32; },
+             "float32 or bf16: the gradients' element type over the data-parallel axes (train's --reduce-dtype)")
+          ->check(CLI::IsMember({"float32", "bf16"}));
       app.add_option("--micro-batches", a->pipeline.micro_batches,
                      "with pp=P in --mesh: micro-batches of the pipeline step")
           ->check(at_least(1))

@@ -51,6 +51,28 @@ def test_train_tp_invariant_gives_the_same_bytes_on_any_mesh(tmp_path):
     assert saved("normal.safetensors", mesh="tp=2")[1] != one[1]
 
 
+def test_train_precision_bf16_reaches_the_run_and_keeps_mesh_invariance(tmp_path):
+    # precision="bf16" (docs/training.md, "Mixed precision"): recorded in the header with the kernels
+    # of its products, other losses than float32's but close, the same bytes on every mesh under
+    # mesh_invariant; a float64 model is refused naming both.
+    metrics = tmp_path / "m.jsonl"
+    kw = dict(steps=3, layers=2, hidden=32, heads=4, seq=16, batch=8)
+    f32 = [s["loss"] for s in meshgrad.train(**kw)]
+    b16 = [s["loss"] for s in meshgrad.train(precision="bf16", metrics=str(metrics), **kw)]
+    header = json.loads(metrics.read_text().splitlines()[0])
+    assert header["config"]["precision"] == "bf16" and header["bf16_products"]
+    assert b16 != f32 and b16 == pytest.approx(f32, rel=1e-2)
+    def saved(name, **more):
+        path = tmp_path / name
+        steps = meshgrad.train(precision="bf16", mesh_invariant=True, save=str(path), **kw, **more)
+        return [s["loss"] for s in steps], path.read_bytes()
+    one = saved("one.safetensors", mesh="tp=1")
+    for mesh in ("dp=2", "tp=2", "fsdp=2,tp=2"):
+        assert saved(mesh + ".safetensors", mesh=mesh) == one, mesh
+    with pytest.raises(ValueError, match="--precision bf16 needs --dtype float32"):
+        meshgrad.train(precision="bf16", dtype="float64", steps=1)
+
+
 def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
     # mesh_invariant=True (docs/mesh-invariance.md): dp, fsdp, a pipeline and tp save one rank's bytes
     # and report its losses and gradient norms; the header records the mode; 8 rows cannot cut into 3

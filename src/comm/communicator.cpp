@@ -140,8 +140,8 @@ void check_same_calls(const std::vector<CallDesc>& descs, std::string_view backe
 std::string counts_text(Counts counts) { return fmt::format("[{}]", fmt::join(counts, ", ")); }
 
 void check_reduction_dtype(std::string_view op, DType dtype) {
-  MG_CHECK(dtype == DType::Float32 || dtype == DType::Float64,
-           "{}: reductions take float32 or float64 buffers, got {}", op, dtype_name(dtype));
+  MG_CHECK(dtype == DType::Float32 || dtype == DType::Float64 || dtype == DType::BFloat16,
+           "{}: reductions take float32, float64 or bfloat16 buffers, got {}", op, dtype_name(dtype));
 }
 
 void check_same_dtype(std::string_view op, DType in, DType out) {
@@ -393,6 +393,44 @@ void reduce_dispatch(ReduceOp op, int divisor, const void* const* in, int n_in, 
   }
 }
 
+// bfloat16 buffers (--reduce-dtype bf16: gradients on the wire at half the bytes): every element's
+// inputs widened exactly to float32 and combined there in rank order, then rounded once to bf16 (to
+// nearest even). One rounding per reduction, as NCCL's and gloo's bf16 sums keep a float32
+// accumulator. Blocks of kBlock elements through an L1-resident float32 row, so an output may be an
+// input (all reads of a block come first).
+void reduce_bf16(ReduceOp op, int divisor, const void* const* in_v, int n_in, void* const* outs_v, int n_out,
+                 std::size_t count) {
+  const auto* const* in = reinterpret_cast<const std::uint16_t* const*>(in_v);
+  auto* const* outs = reinterpret_cast<std::uint16_t* const*>(outs_v);
+  constexpr std::size_t kBlock = 1024;
+  alignas(64) float acc[kBlock];
+  alignas(64) std::uint16_t rounded[kBlock];
+  const float div = static_cast<float>(divisor);
+  for (std::size_t i = 0; i < count; i += kBlock) {
+    const std::size_t len = std::min(kBlock, count - i);
+    for (std::size_t j = 0; j < len; ++j) acc[j] = float_from_bf16_bits(in[0][i + j]);
+    for (int k = 1; k < n_in; ++k) {
+      const std::uint16_t* src = in[k] + i;
+      switch (op) {
+        case ReduceOp::Sum:
+        case ReduceOp::Avg:
+          for (std::size_t j = 0; j < len; ++j) acc[j] = apply<ReduceOp::Sum>(acc[j], float_from_bf16_bits(src[j]));
+          break;
+        case ReduceOp::Max:
+          for (std::size_t j = 0; j < len; ++j) acc[j] = apply<ReduceOp::Max>(acc[j], float_from_bf16_bits(src[j]));
+          break;
+        case ReduceOp::Min:
+          for (std::size_t j = 0; j < len; ++j) acc[j] = apply<ReduceOp::Min>(acc[j], float_from_bf16_bits(src[j]));
+          break;
+      }
+    }
+    for (std::size_t j = 0; j < len; ++j) {
+      rounded[j] = bf16_bits_from_float(op == ReduceOp::Avg ? acc[j] / div : acc[j]);
+    }
+    for (int k = 0; k < n_out; ++k) std::memcpy(outs[k] + i, rounded, len * sizeof(std::uint16_t));
+  }
+}
+
 }  // namespace
 
 void stream_fence() {
@@ -447,6 +485,10 @@ void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const*
   if (count == 0) return;
   const bool stream = stores == Stores::Streaming ||
                       (stores == Stores::Auto && count * dtype_size(dtype) * std::size_t(n_out) >= kStreamingBytes);
+  if (dtype == DType::BFloat16) {
+    reduce_bf16(op, divisor, in, n_in, outs, n_out, count);
+    return;
+  }
   dispatch_floating(dtype, "reduce", [&]<class T>() {
     reduce_dispatch<T>(op, divisor, in, n_in, outs, n_out, count, stream);
   });

@@ -114,7 +114,8 @@ void stream_fence();
 // element before writing any output of it, so an output may be an input (in-place all_reduce).
 // Element by element the bits never depend on the count, the chunking or the stores: a range of a
 // buffer reduced alone gives the same bits as inside the whole. This one function is used by every
-// backend: the bits cannot differ between them.
+// backend: the bits cannot differ between them. bfloat16 buffers are combined in float32 (their
+// values widened exactly) and rounded once to bf16 at the end.
 void reduce_rank_order(DType dtype, ReduceOp op, int divisor, const void* const* in, int n_in, void* const* outs,
                        int n_out, std::size_t count, Stores stores = Stores::Auto);
 // memcpy with the stores chosen as above (Auto: streaming from kStreamingBytes, fenced).

@@ -109,6 +109,7 @@ MPI_Datatype mpi_type(DType t) {
     case DType::Float32: return MPI_FLOAT;
     case DType::Float64: return MPI_DOUBLE;
     case DType::Int64: return MPI_INT64_T;
+    case DType::BFloat16: return MPI_UINT16_T;   // moved as bits (reductions are meshgrad's own, never MPI_Op)
   }
   return MPI_BYTE;
 }

@@ -1,6 +1,8 @@
 // The mesh model against the one-rank model (contracts and the criterion in diag/equivalence.hpp).
 #include "meshgrad/diag/equivalence.hpp"
 
+#include "meshgrad/tensor/kernels.hpp"
+
 #include <fmt/format.h>
 
 #include <algorithm>
@@ -79,6 +81,8 @@ void load_checkpoint_parameters(const std::string& dir, const std::vector<nn::Pa
 // same tree).
 void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& mesh, std::uint64_t model_seed,
                        RunResult& result, std::mutex& mu, int grad_accum = 1) {
+  const kernels::ProductPrecisionScope precision(o.precision == "bf16" ? kernels::ProductPrecision::BFloat16
+                                                                        : kernels::ProductPrecision::Float32);
   auto model = nn::make_model(o.model, o.parallel, mesh, model_seed != 0 ? model_seed : 1);
   model->set_training(false);   // the comparison runs without dropout noise
   auto params = model->parameters();
@@ -214,7 +218,7 @@ double margin_of(const ParameterDifference& d, const Tolerances& t) {
 
 EquivalenceReport compare_runs(const RunResult& mesh, const RunResult& ref, const EquivalenceOptions& o) {
   EquivalenceReport report;
-  report.tolerance = tolerances_for(o.model.dtype);
+  report.tolerance = tolerances_for(o.model.dtype, o.precision);
   const Tolerances& t = report.tolerance;
   report.reference_losses = ref.losses;
   report.mesh_losses = mesh.losses;
@@ -245,8 +249,11 @@ EquivalenceReport compare_runs(const RunResult& mesh, const RunResult& ref, cons
 
 }  // namespace
 
-Tolerances tolerances_for(DType dtype) {
+Tolerances tolerances_for(DType dtype, const std::string& precision) {
   // Stated and justified in diag/equivalence.hpp.
+  if (precision == "bf16") {
+    return {.init = 1e-6, .grad = 1e-2, .floor = 1e-1, .update = 1e-1, .floor_update = 2.5, .loss = 1e-4};
+  }
   if (dtype == DType::Float64) {
     return {.init = 1e-12, .grad = 1e-9, .floor = 1e-7, .update = 1e-6, .floor_update = 2.5, .loss = 1e-12};
   }
@@ -255,6 +262,10 @@ Tolerances tolerances_for(DType dtype) {
 
 EquivalenceReport check_equivalence(const EquivalenceOptions& o, const dist::RunOnMesh& run_on_mesh) {
   MG_CHECK(o.steps >= 1, "check: --steps must be at least 1, got {}", o.steps);
+  MG_CHECK(o.precision == "float32" || o.precision == "bf16", "check: --precision must be float32 or bf16, got '{}'",
+           o.precision);
+  MG_CHECK(o.precision == "float32" || o.model.dtype == DType::Float32, "check: --precision bf16 needs --dtype float32 "
+           "(its master weights and accumulation are float32), got --dtype {}", o.model.dtype);
   MG_CHECK(o.lr > 0, "check: --lr must be positive (the weights are compared by their update relative to lr), got {}",
            o.lr);
   std::mutex mu;

@@ -149,7 +149,8 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
     std::unique_ptr<Model> model = nn::make_model(config, parallel, mesh, kModelSeed);
     model->set_training(true);
     const std::vector<Parameter*> params = model->parameters();
-    optim::GradientSynchronizer sync(params, mesh, {.order = model->reduce_order()});
+    optim::GradientSynchronizer sync(params, mesh,
+                                     {.order = model->reduce_order(), .reduce_dtype = parallel.reduce_dtype});
     const Batch global_batch = data::make_synthetic_batch(config, 1, 0, kBatchSeed);
     // The first rank of each stage counts (rank 0 without pp); every rank runs the same step.
     bool counts = true;

@@ -102,9 +102,17 @@ comm::CollectiveOptions options_for(bool blocking) {
   return opt;
 }
 
+// The element types a reduction takes: float32, float64, and bfloat16 (the --reduce-dtype bf16
+// gradients, summed in float32 by the communicator and rounded once).
+void check_reducible(const Tensor& x, const char* op) {
+  MG_CHECK(x.defined(), "{}: undefined tensor", op);
+  MG_CHECK(x.is_floating() || x.dtype() == DType::BFloat16, "{}: expected a float32, float64 or bfloat16 tensor, got {}",
+           op, x.str());
+}
+
 PendingTensor launch_all_reduce(const Tensor& x, const ProcessGroup& group, comm::ReduceOp op, bool blocking,
                                 bool in_place = false) {
-  check_floating(x, "all_reduce");
+  check_reducible(x, "all_reduce");
   if (group.size() == 1) return PendingTensor::ready(x);   // nothing moves: not recorded
   MG_CHECK(!in_place || x.is_contiguous(), "all_reduce in place over {}: tensor {} is not contiguous", group.axis,
            x.str());
@@ -149,7 +157,7 @@ PendingTensor launch_reduce_scatter(const Tensor& full, const ProcessGroup& grou
   const std::int64_t total = std::accumulate(sizes.begin(), sizes.end(), std::int64_t{0});
   MG_CHECK(full.size(d) == total, "reduce_scatter over {}: extent {} along dim {} (shape {}) but shard sizes sum to {}",
            group.axis, full.size(d), d, shape_str(full.shape()), total);
-  check_floating(full, "reduce_scatter");
+  check_reducible(full, "reduce_scatter");
   if (group.size() == 1) return PendingTensor::ready(full);
   record_collective("reduce_scatter", group.axis, nbytes(full));
   const auto perm = front_perm(full.dim(), d);

@@ -79,6 +79,7 @@ const StoredType& native_type(DType dtype) {
     case DType::Float32: return stored_type("F32");
     case DType::Float64: return stored_type("F64");
     case DType::Int64: return stored_type("I64");
+    case DType::BFloat16: return stored_type("BF16");   // its bits as they are (read back as float32)
   }
   throw InvalidArgument(fmt::format("safetensors: dtype {} has no safetensors name", dtype_name(dtype)));
 }

@@ -12,9 +12,9 @@
 #include "meshgrad/autograd/node.hpp"
 #include "meshgrad/distributed/collectives.hpp"
 #include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/tree_reduce.hpp"
-#include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::nn {
@@ -39,7 +39,8 @@ struct FsdpReductions {
     // Waits (bounded by the communicator's deadline) and cuts the result into the shards'
     // gradients: views of the one reduced buffer, in the pieces' order.
     std::vector<Tensor> wait() {
-      const Tensor flat = shards.wait();
+      Tensor flat = shards.wait();
+      if (flat.dtype() == DType::BFloat16) flat = flat.to(pieces.empty() ? DType::Float32 : pieces.front().leaf.dtype());
       std::vector<Tensor> out;
       for (const Piece& p : pieces) {
         Tensor g = flat.narrow(0, p.offset, p.leaf.numel()).view(p.leaf.shape());
@@ -306,7 +307,9 @@ class GatherUnitFn final : public autograd::Function {
       const dist::BackwardStep step = dist::backward_step(
           dist::Placement::shard(0), dist::Placement::replicate(),
           arriving_partial ? dist::Placement::partial() : dist::Placement::replicate());
-      f.shards = dist::run_primitive_async(step.op, packed, *s.fsdp, args);
+      // --reduce-dtype bf16: the reduce-scatter carries a bf16 copy (InFlight::wait widens it back).
+      const bool bf16_wire = arriving_partial && s.ctx->config.reduce_dtype == DType::BFloat16;
+      f.shards = dist::run_primitive_async(step.op, bf16_wire ? kernels::to_bfloat16(packed) : packed, *s.fsdp, args);
       launched.push_back(std::move(f));
     }
     return launched;

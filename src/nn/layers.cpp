@@ -93,7 +93,8 @@ class ColumnLinearFn final : public Function {
              shape_str(x.shape()), shape_str(w.shape()), c_.plan.local_extent());
     const Tensor x_full = keep_gathered(gather_input(x).wait());
     const std::int64_t in_f = w.size(0), n = w.size(1);
-    const Tensor x_rows = x_full.contiguous().view({-1, in_f});
+    // Under bf16 products: rounded once for every segment's product, and kept so for backward.
+    const Tensor x_rows = kernels::product_operand(x_full.contiguous().view({-1, in_f}));
     Tensor y = Tensor::empty({x_rows.size(0), n}, x.dtype());
     // With a bias, y starts as the bias rows and each GEMM adds into it (as ops' linear does).
     if (b.defined()) y.copy_from(b);
@@ -102,7 +103,7 @@ class ColumnLinearFn final : public Function {
       kernels::matmul_into(ys, x_rows, columns(w, s), b.defined());
     }
     const bool keep_local = c_.sequence_parallel && c_.regather;
-    save_for_backward({keep_local ? x : x_full, w});
+    save_for_backward({keep_local ? x : x_rows, w});
     Shape out_shape = x_full.shape();
     out_shape.back() = n;
     return {y.view(out_shape)};
@@ -114,7 +115,7 @@ class ColumnLinearFn final : public Function {
     const Tensor& w = s[1];
     const Tensor dy = grads[0].contiguous();
     const std::int64_t out = dy.size(-1), in = w.size(0);
-    const Tensor dy_rows = dy.view({-1, out});
+    const Tensor dy_rows = kernels::product_operand(dy.view({-1, out}));   // rounded once under bf16 products
     const bool regather = c_.sequence_parallel && c_.regather;
     const dist::AxisMask incoming = dist::partial_axes(grads[0]);
 
@@ -134,10 +135,11 @@ class ColumnLinearFn final : public Function {
     }
     Tensor dw, db;
     if (needs_input_grad(1)) {
-      const Tensor x_full = regather ? keep_gathered(x_full_pending.wait()) : s[0];
-      dw = weight_gradient(dy_rows, x_full.reshape({-1, in}), w);
+      const Tensor x_rows = regather ? kernels::product_operand(keep_gathered(x_full_pending.wait()).reshape({-1, in}))
+                                     : s[0];
+      dw = weight_gradient(dy_rows, x_rows, w);
     }
-    if (needs_input_grad(2)) db = bias_gradient(dy_rows);
+    if (needs_input_grad(2)) db = bias_gradient(dy.view({-1, out}));
     Tensor dx;
     if (dx_pending.valid()) {
       dx = dx_pending.wait();
@@ -156,7 +158,7 @@ class ColumnLinearFn final : public Function {
   Tensor input_gradient(const Tensor& dy_rows, const Tensor& w) const {
     tree::PairwiseSum<Tensor, AddTensors> blocks;
     for (int i = 0; i < c_.plan.local_blocks; ++i) {
-      Tensor leaf = Tensor::empty({dy_rows.size(0), w.size(0)}, dy_rows.dtype());
+      Tensor leaf = Tensor::empty({dy_rows.size(0), w.size(0)}, w.dtype());
       bool first = true;
       for (const tree::Segment& s : c_.plan.block_segments(i)) {
         kernels::matmul_into(leaf, columns(dy_rows, s), columns(w, s).transpose(0, 1), !first);
@@ -173,14 +175,14 @@ class ColumnLinearFn final : public Function {
   Tensor weight_gradient(const Tensor& dy_rows, const Tensor& x_rows, const Tensor& w) const {
     const std::int64_t in = w.size(0), n = w.size(1);
     if (is_transposed_matrix(w)) {
-      Tensor dwt = Tensor::empty({n, in}, dy_rows.dtype());
+      Tensor dwt = Tensor::empty({n, in}, w.dtype());
       for (const tree::Segment& s : c_.plan.segments) {
         Tensor ws = dwt.narrow(0, s.local_offset, s.size);
         kernels::matmul_into(ws, columns(dy_rows, s).transpose(0, 1), x_rows, false);
       }
       return dwt.transpose(0, 1);
     }
-    Tensor dw = Tensor::empty({in, n}, dy_rows.dtype());
+    Tensor dw = Tensor::empty({in, n}, w.dtype());
     for (const tree::Segment& s : c_.plan.segments) {
       Tensor ws = columns(dw, s);
       kernels::matmul_into(ws, x_rows.transpose(0, 1), columns(dy_rows, s), false);

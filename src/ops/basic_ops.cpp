@@ -119,13 +119,16 @@ class MatmulFn final : public Function {
  public:
   std::string_view name() const override { return "matmul"; }
   TensorList forward(const TensorList& x) override {
-    save_for_backward({needs_input_grad(1) ? x[0] : Tensor(), needs_input_grad(0) ? x[1] : Tensor()});
+    // Under bf16 products the operands are rounded once and kept so for backward (half the bytes).
+    const Tensor a = kernels::product_operand(x[0]), b = kernels::product_operand(x[1]);
+    save_for_backward({needs_input_grad(1) ? a : Tensor(), needs_input_grad(0) ? b : Tensor()});
     a_shape_ = x[0].shape();
     b_shape_ = x[1].shape();
-    return {kernels::matmul(x[0], x[1])};
+    return {kernels::matmul(a, b)};
   }
-  TensorList backward(const TensorList& g) override {
+  TensorList backward(const TensorList& g_in) override {
     const TensorList& s = saved();
+    const TensorList g = {kernels::product_operand(g_in[0])};   // rounded once for both products
     Tensor ga, gb;
     if (needs_input_grad(0)) ga = kernels::sum_to(kernels::matmul(g[0], s[1].transpose(-2, -1)), a_shape_);
     if (needs_input_grad(1)) {
@@ -160,15 +163,17 @@ class LinearFn final : public Function {
              "linear: bias {} does not match weight {} (bias is [out])", shape_str(bias.shape()),
              shape_str(weight.shape()));
     input_shape_ = input.shape();
-    save_for_backward({needs_input_grad(1) ? input : Tensor(), needs_input_grad(0) ? weight : Tensor()});
     const std::int64_t in = weight.size(0), out = weight.size(1);
-    const Tensor rows = input.reshape({-1, in});
+    // Under bf16 products the operands are rounded once and kept so for backward (half the bytes).
+    const Tensor rows = kernels::product_operand(input.reshape({-1, in}));
+    const Tensor w = kernels::product_operand(weight);
+    save_for_backward({needs_input_grad(1) ? rows : Tensor(), needs_input_grad(0) ? w : Tensor()});
     Tensor y = Tensor::empty({rows.size(0), out}, input.dtype());
     if (bias.defined()) {
       y.copy_from(bias);  // broadcast over rows, then y += x W
-      kernels::matmul_into(y, rows, weight, /*accumulate=*/true);
+      kernels::matmul_into(y, rows, w, /*accumulate=*/true);
     } else {
-      kernels::matmul_into(y, rows, weight, /*accumulate=*/false);
+      kernels::matmul_into(y, rows, w, /*accumulate=*/false);
     }
     Shape out_shape = input_shape_;
     out_shape.back() = out;
@@ -178,11 +183,12 @@ class LinearFn final : public Function {
     const TensorList& s = saved();
     const std::int64_t out = g[0].size(-1);
     const Tensor g_rows = g[0].reshape({-1, out});
+    const Tensor g_operand = kernels::product_operand(g_rows);   // rounded once for both products
     Tensor gx, gw, gb;
-    if (needs_input_grad(0)) gx = kernels::matmul(g_rows, s[1].transpose(0, 1)).view(input_shape_);
+    if (needs_input_grad(0)) gx = kernels::matmul(g_operand, s[1].transpose(0, 1)).view(input_shape_);
     if (needs_input_grad(1)) {
       const std::int64_t in = input_shape_.back();
-      gw = kernels::matmul(s[0].reshape({-1, in}).transpose(0, 1), g_rows);
+      gw = kernels::matmul(s[0].reshape({-1, in}).transpose(0, 1), g_operand);
     }
     if (needs_input_grad(2)) gb = kernels::sum(g_rows, {0}, false);
     return {gx, gw, gb};

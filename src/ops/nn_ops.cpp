@@ -368,9 +368,16 @@ class CausalAttentionFn final : public Function {
     MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
              "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", q.str(), k.str(), v.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
-    kernels::AttentionForward fwd = kernels::causal_attention_forward(q, k, v, scale_, window_);
+    // Under bf16 products the kernel's products see bf16 inputs, as autocast's attention does: q, k
+    // and v rounded to bf16 values (kept float32: its tiles run the float32 kernels; the softmax and
+    // its sums stay float32). The rounding's gradient is the identity, as a cast's is.
+    const bool bf16 = kernels::product_precision() == kernels::ProductPrecision::BFloat16 && q.dtype() == DType::Float32;
+    const Tensor qr = bf16 ? kernels::round_to_bfloat16(q) : q;
+    const Tensor kr = bf16 ? kernels::round_to_bfloat16(k) : k;
+    const Tensor vr = bf16 ? kernels::round_to_bfloat16(v) : v;
+    kernels::AttentionForward fwd = kernels::causal_attention_forward(qr, kr, vr, scale_, window_);
     const bool any_grad = needs_input_grad(0) || needs_input_grad(1) || needs_input_grad(2);
-    if (any_grad) save_for_backward({q, k, v, fwd.out, fwd.lse});
+    if (any_grad) save_for_backward({qr, kr, vr, fwd.out, fwd.lse});
     return {fwd.out};
   }
 

@@ -201,7 +201,8 @@ class LinearOverInputBlocksFn final : public autograd::Function {
     MG_CHECK(x.dim() >= 1 && w.dim() == 2 && x.size(-1) == w.size(0) && plan_.local_extent() == w.size(0),
              "linear_over_input_blocks: input {} and weight {} do not match the plan of {} input features",
              shape_str(x.shape()), shape_str(w.shape()), plan_.local_extent());
-    const Tensor x2 = x.contiguous().view({-1, w.size(0)});
+    // Under bf16 products: rounded once for every segment's product, and kept so for backward.
+    const Tensor x2 = kernels::product_operand(x.contiguous().view({-1, w.size(0)}));
     PairwiseSum<Tensor, AddTensors> products;
     for (const Segment& s : plan_.segments) {
       Tensor leaf = Tensor::empty({x2.size(0), w.size(1)}, x.dtype());
@@ -218,10 +219,10 @@ class LinearOverInputBlocksFn final : public autograd::Function {
   TensorList backward(const TensorList& g) override {
     const Tensor& x2 = saved()[0];
     const Tensor& w = saved()[1];
-    const Tensor dy = g[0].contiguous().view({-1, w.size(1)});
+    const Tensor dy = kernels::product_operand(g[0].contiguous().view({-1, w.size(1)}));   // rounded once
     Tensor dx, dw;
     if (needs_input_grad(0)) {
-      dx = Tensor::empty({dy.size(0), w.size(0)}, dy.dtype());
+      dx = Tensor::empty({dy.size(0), w.size(0)}, w.dtype());
       for (const Segment& s : plan_.segments) {
         Tensor d = cols(dx, s);
         kernels::matmul_into(d, dy, w.narrow(0, s.local_offset, s.size).transpose(0, 1), false);
@@ -229,7 +230,7 @@ class LinearOverInputBlocksFn final : public autograd::Function {
       dx = dx.view(x_shape_);
     }
     if (needs_input_grad(1)) {
-      dw = Tensor::empty(w.shape(), dy.dtype());
+      dw = Tensor::empty(w.shape(), w.dtype());
       for (const Segment& s : plan_.segments) {
         Tensor d = dw.narrow(0, s.local_offset, s.size);
         kernels::matmul_into(d, cols(x2, s).transpose(0, 1), dy, false);

@@ -13,6 +13,7 @@
 #include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
 
 namespace meshgrad::optim {
@@ -51,6 +52,7 @@ struct GradientSynchronizer::State {
   int launched = 0;
   bool accumulating = false;   // set_accumulating: hooks do nothing
   dist::ReduceOrder order = dist::ReduceOrder::RankOrder;   // GradSyncOptions::order
+  DType reduce_dtype = DType::Float32;                       // GradSyncOptions::reduce_dtype
 
   bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
 
@@ -90,7 +92,9 @@ struct GradientSynchronizer::State {
     if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
     if (++b.ready == static_cast<int>(b.members.size())) {
       dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
-      b.reduce = dist::run_primitive_async(dist::Primitive::AllReduce, b.flat, mesh->group(dp_axis), args(),
+      // --reduce-dtype bf16: a bf16 copy travels (finish() widens the sum back into the bucket).
+      const Tensor wire = reduce_dtype == DType::BFloat16 ? kernels::to_bfloat16(b.flat) : b.flat;
+      b.reduce = dist::run_primitive_async(dist::Primitive::AllReduce, wire, mesh->group(dp_axis), args(),
                                            /*in_place=*/true);
       ++launched;
     }
@@ -202,6 +206,12 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   state_->mesh = std::move(mesh);
   state_->dp_axis = state_->mesh->has_axis("dp") ? state_->mesh->axis_index("dp") : -1;
   state_->order = options.order;
+  state_->reduce_dtype = options.reduce_dtype;
+  MG_CHECK(options.reduce_dtype == DType::Float32 || options.reduce_dtype == DType::BFloat16,
+           "GradientSynchronizer: gradients travel as float32 or bfloat16, not {}", options.reduce_dtype);
+  MG_CHECK(options.reduce_dtype == DType::Float32 || options.order == dist::ReduceOrder::RankOrder,
+           "GradientSynchronizer: --reduce-dtype bf16 cannot keep an invariant mode's fixed tree (its nodes would round "
+           "to bf16 at other places on other meshes)");
   MG_CHECK(options.order != dist::ReduceOrder::FixedTree || !state_->dp_active() ||
                tree::is_power_of_two(state_->mesh->axis_size(state_->dp_axis)),
            "GradientSynchronizer: TP-invariant mode sums the dp replicas' gradients in a fixed binary tree, so dp must "
@@ -272,7 +282,14 @@ void GradientSynchronizer::finish() {
   for (Bucket& b : s.buckets) {
     // Bounded by the communicator's deadline. In place (rank order) the result is the bucket itself;
     // the tree's is a new tensor, and the slots are views of it from now on.
-    if (b.reduce.valid()) b.flat = b.reduce.wait();
+    if (b.reduce.valid()) {
+      const Tensor sum = b.reduce.wait();
+      if (sum.dtype() == DType::BFloat16) {
+        b.flat.copy_from(sum.to(b.flat.dtype()));   // widened exactly; the slots stay views of the bucket
+      } else {
+        b.flat = sum;
+      }
+    }
     b.reduce = {};
   }
   for (Entry& e : s.entries) {

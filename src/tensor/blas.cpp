@@ -1,6 +1,7 @@
 #include "meshgrad/tensor/blas.hpp"
 
 #include <cblas.h>
+#include <cpuid.h>
 #include <sched.h>
 #include <sys/mman.h>
 #include <sys/resource.h>
@@ -303,6 +304,82 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   cblas_dgemm(CblasRowMajor, flag(trans_a), flag(trans_b), static_cast<blasint>(m), static_cast<blasint>(n),
               static_cast<blasint>(k), alpha, a, static_cast<blasint>(lda), b, static_cast<blasint>(ldb), beta, c,
               static_cast<blasint>(ldc));
+}
+
+// ---- bf16 products -------------------------------------------------------------------------------
+
+Bf16Instructions cpu_bf16_instructions() {
+  Bf16Instructions found;
+  unsigned eax = 0, ebx = 0, ecx = 0, edx = 0;
+  if (__get_cpuid_count(7, 0, &eax, &ebx, &ecx, &edx) != 0) {
+    const unsigned max_subleaf = eax;
+    found.amx_bf16 = ((edx >> 22) & 1u) != 0;
+    if (max_subleaf >= 1 && __get_cpuid_count(7, 1, &eax, &ebx, &ecx, &edx) != 0)
+      found.avx512_bf16 = ((eax >> 5) & 1u) != 0;
+  }
+  return found;
+}
+
+std::string bf16_fallback_reason(const Bf16Instructions& cpu, bool onednn_built, GemmLibrary float32_library) {
+  if (!onednn_built) return "this build has no oneDNN (configure with -DMESHGRAD_ONEDNN=ON and install libdnnl-dev)";
+  if (float32_library == GemmLibrary::OpenBlas)
+    return "float32 products run on OpenBLAS here (MESHGRAD_GEMM=openblas, or an invariant mode, whose products "
+           "must not depend on oneDNN's stride-dependent kernel choice)";
+  if (!cpu.avx512_bf16 && !cpu.amx_bf16) return "this CPU has neither AVX512_BF16 nor AMX-BF16";
+  return "";
+}
+
+std::string bf16_fallback_reason() {
+  static const Bf16Instructions cpu = cpu_bf16_instructions();
+  return bf16_fallback_reason(cpu, onednn::built(), float32_gemm_library());
+}
+
+Bf16Route bf16_route() { return bf16_fallback_reason().empty() ? Bf16Route::OneDnn : Bf16Route::Float32Kernels; }
+
+std::string bf16_description() {
+  const std::string reason = bf16_fallback_reason();
+  if (!reason.empty()) return "float32 kernels on bf16 operands (" + reason + ")";
+  const Bf16Instructions cpu = cpu_bf16_instructions();
+  int log2_min = 0;
+  while ((std::int64_t{1} << log2_min) < kOneDnnMinProduct) ++log2_min;
+  return fmt::format("oneDNN {} {} ({}) for bf16 products of >= 2^{} multiply-adds; float32 kernels on bf16 operands "
+                     "below that",
+                     onednn::version(), onednn::bf16_kernel(), cpu.amx_bf16 ? "AMX-BF16" : "AVX512_BF16", log2_min);
+}
+
+namespace {
+
+// A stored rows x cols matrix with row stride ld, widened into a thread's scratch buffer (row
+// stride cols). Each thread keeps two buffers (A and B), grown as needed.
+const float* widen(const bfloat16* p, std::int64_t rows, std::int64_t cols, std::int64_t ld, int which) {
+  thread_local std::vector<float> scratch[2];
+  std::vector<float>& out = scratch[which];
+  const auto need = static_cast<std::size_t>(rows * cols);
+  if (out.size() < need) out.resize(need);
+  for (std::int64_t r = 0; r < rows; ++r) {
+    const bfloat16* row = p + r * ld;
+    float* o = out.data() + r * cols;
+    for (std::int64_t c = 0; c < cols; ++c) o[c] = float_from_bf16_bits(row[c].bits);
+  }
+  return out.data();
+}
+
+}  // namespace
+
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bfloat16* a,
+          std::int64_t lda, const bfloat16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc) {
+  if (m == 0 || n == 0) return;
+  if (bf16_route() == Bf16Route::OneDnn && m * n * k >= kOneDnnMinProduct && !in_split_work()) {
+    onednn::bf16gemm(trans_a, trans_b, m, n, k, alpha, &a->bits, lda, &b->bits, ldb, beta, c, ldc, num_threads());
+    return;
+  }
+  // Stored shapes: A is m x k (k x m when transposed), B is k x n (n x k when transposed).
+  const std::int64_t a_rows = trans_a ? k : m, a_cols = trans_a ? m : k;
+  const std::int64_t b_rows = trans_b ? n : k, b_cols = trans_b ? k : n;
+  const float* wa = widen(a, a_rows, a_cols, lda, 0);
+  const float* wb = widen(b, b_rows, b_cols, ldb, 1);
+  gemm(trans_a, trans_b, m, n, k, alpha, wa, std::max<std::int64_t>(a_cols, 1), wb, std::max<std::int64_t>(b_cols, 1),
+       beta, c, ldc);
 }
 
 }  // namespace meshgrad::blas

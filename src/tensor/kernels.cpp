@@ -280,10 +280,82 @@ BlasOperand blas_layout(std::int64_t rows, std::int64_t cols, std::int64_t s0, s
 
 }  // namespace
 
-void matmul_into(Tensor& c, const Tensor& a_in, const Tensor& b_in, bool accumulate) {
-  check_floating(a_in, "matmul");
-  check_same_dtype(a_in, b_in, "matmul");
-  check_same_dtype(a_in, c, "matmul");
+namespace {
+
+// matmul's operand dtypes: both float32 or both float64 (the result's dtype), or both bfloat16 (a
+// float32 result). Returns the result's dtype.
+DType product_dtype(const Tensor& a, const Tensor& b) {
+  MG_CHECK(a.defined() && b.defined(), "matmul: undefined operand");
+  if (a.dtype() == DType::BFloat16 || b.dtype() == DType::BFloat16) {
+    MG_CHECK(a.dtype() == b.dtype(), "matmul: a bfloat16 operand needs a bfloat16 partner, got {} @ {}", a.str(),
+             b.str());
+    return DType::Float32;
+  }
+  check_floating(a, "matmul");
+  check_same_dtype(a, b, "matmul");
+  return a.dtype();
+}
+
+// Calls f.template operator()<In, Out>() with the operand and result types of a product.
+template <class F>
+void dispatch_product(DType operands, F&& f) {
+  if (operands == DType::BFloat16) {
+    f.template operator()<bfloat16, float>();
+    return;
+  }
+  dispatch_floating(operands, "matmul", [&]<class T>() { f.template operator()<T, T>(); });
+}
+
+}  // namespace
+
+namespace {
+thread_local ProductPrecision thread_product_precision = ProductPrecision::Float32;
+}  // namespace
+
+ProductPrecision product_precision() { return thread_product_precision; }
+ProductPrecisionScope::ProductPrecisionScope(ProductPrecision precision) : previous_(thread_product_precision) {
+  thread_product_precision = precision;
+}
+ProductPrecisionScope::~ProductPrecisionScope() { thread_product_precision = previous_; }
+
+namespace {
+
+// Whether a product of these operands is a bf16 one: under bf16 products with float32 operands, or
+// when an operand is bfloat16 already (a layer's saved bf16 copy meets a float32 gradient).
+bool bf16_product(const Tensor& a, const Tensor& b) {
+  if (!a.defined() || !b.defined()) return false;
+  const bool bf16_a = a.dtype() == DType::BFloat16, bf16_b = b.dtype() == DType::BFloat16;
+  const bool f32_a = a.dtype() == DType::Float32, f32_b = b.dtype() == DType::Float32;
+  if (bf16_a || bf16_b) return (bf16_a || f32_a) && (bf16_b || f32_b);
+  return f32_a && f32_b && thread_product_precision == ProductPrecision::BFloat16;
+}
+
+// A bf16 copy with the float32 operand's BLAS layout: a matrix stored transposed (its last two dims
+// column-major) stays transposed. The float32 product and the bf16 one then make the same transpose
+// choice, and OpenBLAS sums in another order for another choice: the invariant modes, whose plain
+// and block products must agree bit for bit, depend on it.
+Tensor as_bf16(const Tensor& a) {
+  if (a.dtype() == DType::BFloat16) return a;
+  if (a.dim() >= 2 && a.strides()[a.dim() - 2] == 1 && a.size(-1) > 1 && a.size(-2) > 1)
+    return to_bfloat16(a.transpose(-2, -1)).transpose(-2, -1);
+  return to_bfloat16(a);
+}
+
+}  // namespace
+
+Tensor product_operand(const Tensor& a) {
+  if (a.defined() && a.dtype() == DType::Float32 && thread_product_precision == ProductPrecision::BFloat16)
+    return as_bf16(a);
+  return a;
+}
+
+void matmul_into(Tensor& c, const Tensor& a_given, const Tensor& b_given, bool accumulate) {
+  const bool bf16 = bf16_product(a_given, b_given);
+  const Tensor a_in = bf16 ? as_bf16(a_given) : a_given;
+  const Tensor b_in = bf16 ? as_bf16(b_given) : b_given;
+  const DType out_dtype = product_dtype(a_in, b_in);
+  MG_CHECK(c.dtype() == out_dtype, "matmul: output {} should be {} for {} @ {}", c.str(), out_dtype, a_in.str(),
+           b_in.str());
   MG_CHECK(a_in.dim() == 2 && b_in.dim() == 2 && c.dim() == 2, "matmul_into: expects 2-D operands, got {} @ {} -> {}",
            a_in.str(), b_in.str(), c.str());
   const std::int64_t m = a_in.size(0), k = a_in.size(1), n = b_in.size(1);
@@ -311,22 +383,24 @@ void matmul_into(Tensor& c, const Tensor& a_in, const Tensor& b_in, bool accumul
     b = b.contiguous();
     lb = blas_layout(k, n, b.strides()[0], b.strides()[1]);
   }
-  dispatch_floating(a.dtype(), "matmul", [&]<class T>() {
-    blas::gemm(la.trans, lb.trans, m, n, k, T(1), base_ptr<T>(a), la.ld, base_ptr<T>(b), lb.ld,
-               accumulate ? T(1) : T(0), base_ptr<T>(c), ldc);
+  dispatch_product(a.dtype(), [&]<class In, class Out>() {
+    blas::gemm(la.trans, lb.trans, m, n, k, Out(1), base_ptr<In>(a), la.ld, base_ptr<In>(b), lb.ld,
+               accumulate ? Out(1) : Out(0), base_ptr<Out>(c), ldc);
   });
 }
 
-Tensor matmul(const Tensor& a, const Tensor& b) {
-  check_floating(a, "matmul");
-  check_same_dtype(a, b, "matmul");
+Tensor matmul(const Tensor& a_given, const Tensor& b_given) {
+  const bool bf16 = bf16_product(a_given, b_given);
+  const Tensor a = bf16 ? as_bf16(a_given) : a_given;
+  const Tensor b = bf16 ? as_bf16(b_given) : b_given;
+  const DType out_dtype = product_dtype(a, b);
   MG_CHECK(a.dim() >= 2 && b.dim() >= 2, "matmul: operands must have at least 2 dims, got {} @ {}",
            shape_str(a.shape()), shape_str(b.shape()));
   const std::int64_t m = a.size(-2), k = a.size(-1), n = b.size(-1);
   MG_CHECK(b.size(-2) == k, "matmul: inner dims differ: {} @ {} ({} vs {})", shape_str(a.shape()),
            shape_str(b.shape()), k, b.size(-2));
   if (a.dim() == 2 && b.dim() == 2) {
-    Tensor out = Tensor::empty({m, n}, a.dtype());
+    Tensor out = Tensor::empty({m, n}, out_dtype);
     matmul_into(out, a, b, false);
     return out;
   }
@@ -335,7 +409,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   // [..., m, k] @ [k, n] with rows of a packed: one GEMM over all batch rows.
   if (b.dim() == 2) {
     Tensor a_rows = a.reshape({-1, k});
-    Tensor out = Tensor::empty({a_rows.size(0), n}, a.dtype());
+    Tensor out = Tensor::empty({a_rows.size(0), n}, out_dtype);
     matmul_into(out, a_rows, b, false);
     Shape out_shape = a_batch;
     out_shape.push_back(m);
@@ -348,7 +422,7 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   b_full.insert(b_full.end(), {k, n});
   out_shape.insert(out_shape.end(), {m, n});
   Tensor ae = a.expand(a_full), be = b.expand(b_full);
-  Tensor out = Tensor::empty(out_shape, a.dtype());
+  Tensor out = Tensor::empty(out_shape, out_dtype);
   const std::int64_t batches = shape_numel(batch);
   if (batches == 0 || m == 0 || n == 0) return out;
   if (k == 0) {
@@ -370,9 +444,9 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
   }
   // Walk the batch index, moving each operand's element offset by its batch strides (0 along
   // broadcast dims): one GEMM per batch on pointers, no per-batch tensor views.
-  dispatch_floating(a.dtype(), "matmul", [&]<class T>() {
-    const T* pa = base_ptr<T>(ae);
-    const T* pb = base_ptr<T>(be);
+  dispatch_product(a.dtype(), [&]<class In, class T>() {
+    const In* pa = base_ptr<In>(ae);
+    const In* pb = base_ptr<In>(be);
     T* pc = out.data<T>();
     std::vector<std::int64_t> index(nb, 0);
     std::int64_t off_a = 0, off_b = 0;
@@ -388,6 +462,30 @@ Tensor matmul(const Tensor& a, const Tensor& b) {
       }
     }
   });
+  return out;
+}
+
+Tensor to_bfloat16(const Tensor& a) {
+  MG_CHECK(a.defined() && a.dtype() == DType::Float32, "to_bfloat16: expected a float32 tensor, got {}",
+           a.defined() ? a.str() : std::string("an undefined one"));
+  const Tensor packed = a.contiguous();
+  Tensor out = Tensor::empty(a.shape(), DType::BFloat16);
+  const float* in = packed.data<float>();
+  bfloat16* o = out.data<bfloat16>();
+  const std::int64_t n = a.numel();
+  for (std::int64_t i = 0; i < n; ++i) o[i].bits = bf16_bits_from_float(in[i]);
+  return out;
+}
+
+Tensor round_to_bfloat16(const Tensor& a) {
+  MG_CHECK(a.defined() && a.dtype() == DType::Float32, "round_to_bfloat16: expected a float32 tensor, got {}",
+           a.defined() ? a.str() : std::string("an undefined one"));
+  const Tensor packed = a.contiguous();
+  Tensor out = Tensor::empty(a.shape(), DType::Float32);
+  const float* in = packed.data<float>();
+  float* o = out.data<float>();
+  const std::int64_t n = a.numel();
+  for (std::int64_t i = 0; i < n; ++i) o[i] = float_from_bf16_bits(bf16_bits_from_float(in[i]));
   return out;
 }
 

@@ -11,6 +11,8 @@ namespace meshgrad::blas::onednn {
 
 // True when this build has oneDNN.
 bool built();
+// "2.6.3"; "" when not built.
+std::string version();
 // oneDNN's version and the kernel it picks for a 1024-cube float32 product, e.g.
 // "oneDNN 2.6.3 brg:avx512_core"; "" when not built.
 std::string description();
@@ -22,5 +24,14 @@ std::string description();
 // InvalidArgument naming the shape when oneDNN has no implementation for it.
 void sgemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const float* a,
            std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc, int threads);
+// The same with bfloat16 operands (bf16 bits, as meshgrad::bfloat16 stores them); float32
+// accumulation and output, as oneDNN's bf16 matmul computes.
+void bf16gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha,
+              const std::uint16_t* a, std::int64_t lda, const std::uint16_t* b, std::int64_t ldb, float beta, float* c,
+              std::int64_t ldc, int threads);
+
+// The kernel oneDNN picks for a 1024-cube bf16 product, e.g. "brg:avx512_core_amx" or
+// "brg:avx512_core_bf16"; "" when not built or when it has none.
+std::string bf16_kernel();
 
 }  // namespace meshgrad::blas::onednn

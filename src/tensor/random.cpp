@@ -87,6 +87,7 @@ Tensor generate(const Shape& global_shape, const Box& box_in, DType dtype, const
     case DType::Float32: fill(out.data<float>()); break;
     case DType::Float64: fill(out.data<double>()); break;
     case DType::Int64: fill(out.data<std::int64_t>()); break;
+    case DType::BFloat16: fill(out.data<bfloat16>()); break;
   }
   return out;
 }

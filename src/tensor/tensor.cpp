@@ -82,6 +82,7 @@ decltype(auto) dispatch_all(DType t, F&& f) {
     case DType::Float32: return f.template operator()<float>();
     case DType::Float64: return f.template operator()<double>();
     case DType::Int64: return f.template operator()<std::int64_t>();
+    case DType::BFloat16: return f.template operator()<bfloat16>();
   }
   throw InvalidArgument("unknown dtype");
 }

@@ -37,6 +37,14 @@ const FlagAdapter kNoMetrics{[](const TrainOptions& o) { return o.metrics_path.e
                                if (on) o.metrics_path.clear();
                              }};
 
+const TextAdapter kReduceDtype{
+    [](const TrainOptions& o) {
+      return std::string(o.parallel.reduce_dtype == DType::BFloat16 ? "bf16" : "float32");
+    },
+    [](TrainOptions& o, const std::string& v) {
+      MG_CHECK(v == "float32" || v == "bf16", "--reduce-dtype must be float32 or bf16, got '{}'", v);
+      o.parallel.reduce_dtype = v == "bf16" ? DType::BFloat16 : DType::Float32;
+    }};
 const TextAdapter kDtype{[](const TrainOptions& o) { return std::string(dtype_name(o.model.dtype)); },
                          [](TrainOptions& o, const std::string& v) { o.model.dtype = parse_dtype(v); }};
 
@@ -69,6 +77,12 @@ std::vector<TrainOption> where_and_what() {
        .field = MG_MEMBER(model.layer_norm_epsilon), .recorded = R::Fixed},
       {.name = "dtype", .kind = K::Text, .help = "float32 or float64", .field = kDtype, .recorded = R::Fixed,
        .choices = {"float32", "float64"}},
+      {.name = "precision", .kind = K::Text, .help = "float32, or bf16: matrix products and attention take bf16 "
+       "inputs (float32 accumulation); weights, gradients, AdamW moments, softmax, norms and loss stay float32 "
+       "(needs --dtype float32)", .field = MG_MEMBER(precision), .recorded = R::Kept, .choices = {"float32", "bf16"}},
+      {.name = "reduce-dtype", .kind = K::Text, .help = "float32, or bf16: gradients cross the data-parallel axes (dp "
+       "buckets, fsdp's reduce-scatter) as bf16, half the bytes, summed in float32 and rounded once (float32 models, "
+       "not with the invariant modes)", .field = kReduceDtype, .recorded = R::Kept, .choices = {"float32", "bf16"}},
       {.name = "seq", .kind = K::Int, .help = "Sequence length T", .field = MG_MEMBER(model.seq),
        .recorded = R::Kept, .min = 1},
       {.name = "batch", .kind = K::Int, .help = "Global batch B (rows split over dp)", .field = MG_MEMBER(model.batch),

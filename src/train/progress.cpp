@@ -26,6 +26,7 @@ nlohmann::json metrics_header(const TrainOptions& o, const nn::ModelConfig& m, c
   for (const auto& [key, value] : o.provenance) h[key] = value;
   h["blas_kernels"] = blas::kernel_core();   // the bits of a run depend on the GEMM kernels
   h["gemm"] = blas::gemm_core();               // and on the product library
+  if (o.precision == "bf16") h["bf16_products"] = blas::bf16_description();
   h["blas_threads"] = blas::num_threads();   // and, for some kernels, on their threads per rank
   // The run's options by their command-line names (the list a checkpoint records: run_config.hpp),
   // with the model's vocabulary as resolved from the data.

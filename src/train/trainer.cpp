@@ -32,6 +32,7 @@
 #include "meshgrad/pipeline/executor.hpp"
 #include "meshgrad/pipeline/schedule.hpp"
 #include "meshgrad/tensor/blas.hpp"
+#include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/run_config.hpp"
 #include "meshgrad/train/stop_signal.hpp"
@@ -147,6 +148,16 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
            "train: --peak-gflops must be 0 (measured at start) or the mesh's peak GFLOP/s, from 0.001 to 1e12, got {}",
            o.peak_gflops);
   check_blas_threads(o);
+  MG_CHECK(o.precision == "float32" || o.precision == "bf16", "train: --precision must be float32 or bf16, got '{}'",
+           o.precision);
+  MG_CHECK(o.precision == "float32" || o.model.dtype == DType::Float32, "train: --precision bf16 needs --dtype float32 "
+           "(its master weights and accumulation are float32), got --dtype {}", o.model.dtype);
+  if (o.parallel.reduce_dtype != DType::Float32) {
+    MG_CHECK(o.model.dtype == DType::Float32, "train: --reduce-dtype bf16 needs --dtype float32 (it halves float32 "
+             "gradients on the wire), got --dtype {}", o.model.dtype);
+    MG_CHECK(!o.parallel.tp_invariant(), "train: --reduce-dtype bf16 cannot be combined with --{}: the fixed tree's "
+             "nodes would round to bf16 at other places on other meshes", nn::invariance_option(o.parallel.invariance));
+  }
   // The ranks that split the batch: dp x fsdp.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -329,7 +340,9 @@ void Run::build() {
   comm::run_agreed(*mesh_->world(), [&] {
     if (!options_.init_from.empty()) interop::hf_load_parameters(options_.init_from, params_, nn::tensor_parallel_group(*mesh_));
   });
-  sync_ = std::make_unique<optim::GradientSynchronizer>(params_, mesh_, optim::GradSyncOptions{.order = model_->reduce_order()});
+  sync_ = std::make_unique<optim::GradientSynchronizer>(
+      params_, mesh_,
+      optim::GradSyncOptions{.order = model_->reduce_order(), .reduce_dtype = options_.parallel.reduce_dtype});
   optimizer_ = std::make_unique<optim::AdamW>(params_, mesh_,
                                               optim::AdamWOptions{options_.lr, options_.beta1, options_.beta2, options_.eps,
                                                                                   options_.weight_decay});
@@ -380,6 +393,11 @@ void Run::print_start() const {
              dataset().description(), dataset().size(), dataset().vocab());
   fmt::print(stderr, "compute: {}, {}; {}\n", blas::thread_policy(), blas::idle_wait_policy(),
              blas::gemm_description());   // policy set by whoever launched the ranks
+  if (options_.precision == "bf16") {
+    // Which kernels run the bf16 products, and why not the bf16 instructions when they do not.
+    fmt::print(stderr, "precision: bf16 (bf16 inputs to the products and attention, float32 accumulation, float32 "
+               "weights, gradients and optimizer state); bf16 products: {}\n", blas::bf16_description());
+  }
   if (resume_) fmt::print(stderr, "resumed from {} (after step {})\n", options_.resume_dir, result_.first_step);
   // Where checkpoints go and what --keep may remove, before anything is written (a resume's folder
   // comes from --resume unless --checkpoint-dir is given: run_config.hpp).
@@ -511,6 +529,9 @@ bool Run::agree_on_stop(int done, double lr) {
 }
 
 TrainResult Run::execute() {
+  // The run's product precision on this rank's thread, for its steps, evaluations and samples.
+  const kernels::ProductPrecisionScope precision(options_.precision == "bf16" ? kernels::ProductPrecision::BFloat16
+                                                                              : kernels::ProductPrecision::Float32);
   print_start();
   start_ = Clock::now();
   for (int step = result_.first_step; step < options_.steps; ++step) {

@@ -8,3 +8,8 @@ add_test(NAME train_cli_gemm_library
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/gemm_library.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_gemm_library ${gemm_onednn})
 set_tests_properties(train_cli_gemm_library PROPERTIES LABELS train TIMEOUT 240)
+# --precision bf16 in whole runs: tests/cli/precision_bf16.sh.
+add_test(NAME train_cli_precision_bf16
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/precision_bf16.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_precision_bf16 ${gemm_onednn})
+set_tests_properties(train_cli_precision_bf16 PROPERTIES LABELS train TIMEOUT 240)

@@ -129,6 +129,46 @@ TEST(Equivalence, Float32CliDefaultsPass) {
   EXPECT_TRUE(tp2.passed) << "tp=2: first divergence " << tp2.first_divergence << ", margin " << tp2.margin;
 }
 
+// --precision bf16 on both sides, held to the bf16 tolerances (diag/equivalence.hpp): the split
+// products pass on tp, SP and dp, the Llama family too, and a wrong reduction still fails, by more
+// than the tolerance, not by rounding.
+TEST(Equivalence, Bf16PrecisionPassesAndStillCatchesAWrongReduction) {
+  auto bf16 = [](const std::string& mesh) {
+    auto o = cli_defaults(mesh, DType::Float32);
+    o.precision = "bf16";
+    o.steps = 3;
+    return o;
+  };
+  EXPECT_EQ(diag::tolerances_for(DType::Float32, "bf16").grad, 1e-2);
+  for (bool sp : {false, true}) {
+    auto o = bf16("dp=2,tp=2");
+    o.parallel.sequence_parallel = sp;
+    const auto report = diag::check_equivalence(o, threads_mesh(2, 2));
+    EXPECT_TRUE(report.passed) << (sp ? "sp" : "allreduce") << ": first divergence " << report.first_divergence
+                               << ", margin " << report.margin;
+    // bf16: the gradients differ by more than float32's rounding (the products round their operands).
+    double worst_grad = 0;
+    for (const auto& p : report.parameters) worst_grad = std::max(worst_grad, p.grad_max_rel);
+    EXPECT_GT(worst_grad, diag::tolerances_for(DType::Float32).grad) << "not bf16 products?";
+  }
+  auto llama = bf16("tp=2");
+  llama.model.kind = "llama";
+  llama.model.kv_heads = 2;
+  llama.model.ffn = 64;
+  const auto llama_report = diag::check_equivalence(llama, threads_mesh(1, 2));
+  EXPECT_TRUE(llama_report.passed) << "llama: first divergence " << llama_report.first_divergence;
+  for (const char* fault : {"drop:tp", "scale:tp:1.05"}) {
+    const auto report = diag::check_equivalence(bf16("tp=2"), threads_mesh(1, 2, diag::parse_comm_fault(fault)));
+    EXPECT_FALSE(report.passed) << fault;
+    double worst_grad = 0;
+    for (const auto& p : report.parameters) worst_grad = std::max(worst_grad, p.grad_max_rel);
+    EXPECT_GT(worst_grad, 2 * report.tolerance.grad) << fault;
+  }
+  auto f64 = bf16("tp=2");
+  f64.model.dtype = DType::Float64;
+  EXPECT_THROW(diag::check_equivalence(f64, threads_mesh(1, 2)), InvalidArgument);
+}
+
 TEST(Equivalence, ADifferentMeshModelIsCaughtAndNamed) {
   for (DType dtype : {DType::Float64, DType::Float32}) {
     auto o = small_check("tp=2", dtype);

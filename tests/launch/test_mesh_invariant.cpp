@@ -33,6 +33,7 @@ struct MeshCase {
   bool mesh_mode = true, tp_only = false;
   int blocks = 4;   // --batch-blocks
   bool llama = false;   // the Llama family (GQA, RoPE, RMSNorm, SwiGLU, untied head) instead of GPT-2
+  bool bf16 = false;    // --precision bf16
   std::string str() const {
     return fmt::format("{}{}{}{} grad-accum={}", mesh, sp ? " sp" : "", overlap ? " overlap" : "",
                        shard_optimizer ? " shard-optimizer" : "", grad_accum);
@@ -83,6 +84,7 @@ RunBits train_on(const MeshCase& m, DType dtype, const std::string& tag) {
   o.lr = 3e-3;
   o.grad_clip = 0.5;
   o.grad_accum = m.grad_accum;
+  o.precision = m.bf16 ? "bf16" : "float32";
   o.progress = false;
   const std::string path = (std::filesystem::temp_directory_path() /
                             fmt::format("meshgrad_meshinv_{}_{}.safetensors", ::getpid(), tag)).string();
@@ -167,6 +169,26 @@ TEST(MeshInvariant, TheLlamaFamilyIsTheSameBytesOnEveryKindOfMeshFloat32) {
   };
   expect_same_training(DType::Float32, {llama("tp=1"), llama("tp=2", true), llama("dp=2,tp=2"), llama("fsdp=2"),
                                         llama("pp=2"), llama("tp=2x1"), llama("dp=2,tp=1x2")});
+}
+
+// --precision bf16 keeps the promise: its products round their operands elementwise (the same on
+// every mesh) and run the float32 kernels in the invariant modes (blas::bf16_route).
+TEST(MeshInvariant, Bf16PrecisionIsTheSameBytesOnEveryKindOfMesh) {
+  auto bf16 = [](std::string mesh, bool sp = false, bool overlap = false, bool llama = false) {
+    MeshCase c{std::move(mesh), sp, overlap};
+    c.bf16 = true;
+    c.llama = llama;
+    return c;
+  };
+  expect_same_training(DType::Float32, {bf16("tp=1"), bf16("dp=2"), bf16("tp=2", true, true), bf16("fsdp=2,tp=2", true),
+                                        bf16("pp=2"), bf16("tp=2x2")});
+  expect_same_training(DType::Float32, {bf16("tp=1", false, false, true), bf16("tp=2", true, false, true),
+                                        bf16("dp=2,tp=2", false, false, true), bf16("fsdp=2", false, false, true),
+                                        bf16("pp=2", false, false, true)});
+  // And it is bf16: other bits than the float32 run's.
+  const RunBits f32 = train_on({"tp=1"}, DType::Float32, "f32");
+  const RunBits b16 = train_on(bf16("tp=1"), DType::Float32, "b16");
+  EXPECT_FALSE(same_doubles(f32.losses, b16.losses));
 }
 
 // Every gradient of every step, the losses and the weights after 20 steps, against one rank running

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <chrono>
+#include <cmath>
 #include <memory>
 #include <string>
 #include <vector>
@@ -278,6 +279,62 @@ TEST(GradSyncTree, TreeDpAddsTheReplicasInTheFixedTree) {
     });
     for (int r = 0; r < 4; ++r) EXPECT_EQ(got[static_cast<std::size_t>(r)], tree ? 0.0 : 1.0) << "rank " << r;
   }
+}
+
+// --reduce-dtype bf16: the dp bucket crosses as bf16 (half the bytes of float32), each element the
+// float32 sum of the replicas' bf16-rounded gradients, in rank order, rounded once to bf16; the
+// gradient the optimizer sees is float32 again. Values chosen so that rounding each replica's
+// gradient, the sum, or neither give three different results.
+TEST(GradSync, Bf16ReductionHalvesTheBytesAndRoundsOnce) {
+  const int dp = 3;
+  // Replica r's gradient of element i: 1 + (r + 1) * 2^-9 + i * 2^-12 (not a bf16 value).
+  auto local = [](int r, int i) { return 1.0f + (r + 1) * std::ldexp(1.0f, -9) + i * std::ldexp(1.0f, -12); };
+  std::vector<std::int64_t> bytes(2, 0);
+  std::vector<std::vector<float>> got(2);
+  for (const DType wire : {DType::Float32, DType::BFloat16}) {
+    const std::size_t w = wire == DType::Float32 ? 0 : 1;
+    run_mesh(dp, 1, [&](const dist::DeviceMeshPtr& mesh) {
+      nn::Parameter p;
+      p.name = "w";
+      p.value = Tensor::zeros({4}, DType::Float32);
+      p.value.set_requires_grad(true);
+      p.full_shape = {4};
+      p.mesh = mesh;
+      p.placements = {dist::Replicate(), dist::Replicate()};
+      GradientSynchronizer sync({&p}, mesh, {.reduce_dtype = wire});
+      std::vector<double> x;
+      for (int i = 0; i < 4; ++i) x.push_back(local(mesh->rank(), i));
+      dist::CommCounter counter;
+      {
+        dist::CountingScope counting(counter);
+        backward(replica_loss(sum(mul(p.value, Tensor::from_values(x, {4}, DType::Float32))), mesh));
+      }
+      sync.finish();
+      ASSERT_EQ(p.value.grad().dtype(), DType::Float32);
+      if (mesh->rank() == 0) {
+        for (const auto& r : counter.records()) bytes[w] += r.op == "all_reduce" && r.axis == "dp" ? r.bytes : 0;
+        const auto g = p.value.grad().to_vector();
+        got[w].assign(g.begin(), g.end());
+      }
+    });
+  }
+  EXPECT_EQ(bytes[1] * 2, bytes[0]);
+  for (int i = 0; i < 4; ++i) {
+    float sum32 = 0, sum_of_rounded = 0;
+    for (int r = 0; r < dp; ++r) {
+      sum32 += local(r, i);
+      sum_of_rounded += float(bfloat16(local(r, i)));
+    }
+    EXPECT_EQ(got[0][static_cast<std::size_t>(i)], sum32) << i;
+    EXPECT_EQ(got[1][static_cast<std::size_t>(i)], float(bfloat16(sum_of_rounded))) << i;
+    EXPECT_NE(got[1][static_cast<std::size_t>(i)], sum32) << i;
+  }
+  // Not with a fixed tree: its nodes would round at other places on other meshes.
+  run_mesh(2, 1, [&](const dist::DeviceMeshPtr& mesh) {
+    nn::Parameter w = make_param("w", {1}, mesh);
+    EXPECT_THROW(GradientSynchronizer({&w}, mesh, {.order = dist::ReduceOrder::FixedTree, .reduce_dtype = DType::BFloat16}),
+                 InvalidArgument);
+  });
 }
 
 TEST(GradSyncTree, RefusesADpThatIsNotAPowerOfTwo) {

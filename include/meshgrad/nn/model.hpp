@@ -118,6 +118,12 @@ struct ParallelConfig {
   // the first layers % p stages taking one more. The embedding lives on the first stage, ln_f and
   // the tied output layer on the last.
   std::vector<int> pp_layers = {};
+  // The element type gradients travel in over the data-parallel axes (--reduce-dtype): Float32, or
+  // BFloat16 (half the bytes: the dp buckets' all-reduce and fsdp's reduce-scatter send bf16 copies,
+  // summed in float32 and rounded once, and the result is widened back into the float32 gradient).
+  // The tp axes' few reductions stay float32. Not with the invariant modes (their fixed tree would
+  // round at other nodes on other meshes) and only for float32 models.
+  DType reduce_dtype = DType::Float32;
 };
 
 // Where this rank's stage lies in a pipeline: stage `index` of `count` holds transformer blocks

@@ -51,6 +51,9 @@ struct GradSyncOptions {
   // partial gradients over their tp axes, in the fixed binary tree ((r0 + r1) + (r2 + r3)) instead
   // of the backend's rank order. dp must then be a power of two.
   dist::ReduceOrder order = dist::ReduceOrder::RankOrder;
+  // The dp buckets' element type on the wire (nn::ParallelConfig::reduce_dtype): BFloat16 sends a
+  // bf16 copy of each float32 bucket and widens the reduced sum back into it.
+  DType reduce_dtype = DType::Float32;
 };
 
 class GradientSynchronizer {

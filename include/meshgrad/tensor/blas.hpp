@@ -5,6 +5,8 @@
 #include <cstdint>
 #include <string>
 
+#include "meshgrad/tensor/bfloat16.hpp"
+
 namespace meshgrad::blas {
 
 // The OpenBLAS kernel table GEMMs run on (openblas_get_corename(), e.g. "Cooperlake"), and a line for
@@ -144,5 +146,41 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
           std::int64_t lda, const float* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, double alpha, const double* a,
           std::int64_t lda, const double* b, std::int64_t ldb, double beta, double* c, std::int64_t ldc);
+
+// ---- bf16 products (--precision bf16) -----------------------------------------------------------
+// The bf16 product instructions of this CPU (cpuid): AVX512_BF16 (vdpbf16ps, leaf 7.1 EAX bit 5)
+// and AMX-BF16 (tile products, leaf 7.0 EDX bit 22).
+struct Bf16Instructions {
+  bool avx512_bf16 = false;
+  bool amx_bf16 = false;
+};
+Bf16Instructions cpu_bf16_instructions();
+
+// How this process multiplies bf16 operands:
+//   OneDnn          oneDNN's bf16 matmul in the CPU's bf16 instructions (float32 accumulation),
+//                   for products of at least kOneDnnMinProduct multiply-adds off split work, as
+//                   float32 routes; the float32 route below that.
+//   Float32Kernels  every operand widened to float32 (exact) and multiplied by the float32 route:
+//                   the same numbers a bf16 product means (bf16 inputs, float32 accumulation), at
+//                   float32's speed.
+// OneDnn needs all of: a build with oneDNN, float32_gemm_library() == OneDnn (MESHGRAD_GEMM=openblas
+// and the invariant modes choose OpenBlas: their products must not depend on oneDNN's
+// stride-dependent kernel choice), and a CPU with AVX512_BF16 or AMX-BF16 (without them oneDNN would
+// run bf16 slower than float32).
+enum class Bf16Route { OneDnn, Float32Kernels };
+Bf16Route bf16_route();
+// Why bf16_route() is Float32Kernels, for the run's banner ("this CPU has neither AVX512_BF16 nor
+// AMX-BF16", ...); "" when it is OneDnn. The pure function of its inputs is exposed for tests.
+std::string bf16_fallback_reason();
+std::string bf16_fallback_reason(const Bf16Instructions& cpu, bool onednn_built, GemmLibrary float32_library);
+// "oneDNN 2.6.3 brg:avx512_core_amx (AMX-BF16) for bf16 products of >= 2^24 multiply-adds; float32
+// kernels below that" or "float32 kernels on bf16 operands (<reason>)": for banners and metrics.
+std::string bf16_description();
+
+// C = alpha op(A) op(B) + beta C with bfloat16 A and B and float32 C (accumulated in float32);
+// blas::gemm's layout contract. Routed by bf16_route(); the same inputs, shape and thread count give
+// the same bits on every call.
+void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bfloat16* a,
+          std::int64_t lda, const bfloat16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
 
 }  // namespace meshgrad::blas

@@ -40,12 +40,43 @@ Tensor max_last(const Tensor& a);
 
 // Matrix product with BLAS. a: [..., m, k], b: [..., k, n] -> [..., m, n]; batch dims broadcast;
 // a 2-D operand whose layout is a transpose of a contiguous matrix is passed to BLAS with the
-// transpose flag, not copied.
+// transpose flag, not copied. Operands float32 or float64 (the result has their dtype), or both
+// bfloat16: a float32 result, accumulated in float32 (blas::gemm's bf16 overload).
 Tensor matmul(const Tensor& a, const Tensor& b);
 // c (+)= a @ b for 2-D operands: accumulate=true adds into c (beta = 1). c [m, n] needs unit column
 // stride with rows at least n apart: it may be a column slice of a wider matrix (the per-block
-// GEMMs of a layer write their segment of its output features in place).
+// GEMMs of a layer write their segment of its output features in place). c is float32 when a and b
+// are bfloat16, else their dtype.
 void matmul_into(Tensor& c, const Tensor& a, const Tensor& b, bool accumulate);
+
+// The precision of float32 matrix products on the calling thread. BFloat16 (--precision bf16): matmul
+// and matmul_into round float32 operands to bfloat16 and multiply those, accumulating in float32 into
+// a float32 result, as torch.autocast("cpu", torch.bfloat16) runs its products; float64 products are
+// never rounded. Per thread, as a rank runs on its own thread: the trainer sets it on each rank for
+// its steps (autograd runs a step's backward on the thread of its forward).
+enum class ProductPrecision { Float32, BFloat16 };
+ProductPrecision product_precision();
+class ProductPrecisionScope {
+ public:
+  explicit ProductPrecisionScope(ProductPrecision precision);
+  ~ProductPrecisionScope();
+  ProductPrecisionScope(const ProductPrecisionScope&) = delete;
+  ProductPrecisionScope& operator=(const ProductPrecisionScope&) = delete;
+
+ private:
+  ProductPrecision previous_;
+};
+// a as a product operand under product_precision(): a bf16 copy of a float32 a under BFloat16 (in
+// a's layout: a transposed matrix stays transposed, so its products choose the transpose the float32
+// ones do), else a. Layers that use one operand in several products (or keep it for backward)
+// convert it once.
+Tensor product_operand(const Tensor& a);
+
+// A float32 tensor rounded to bfloat16 (round to nearest even), contiguous, same shape.
+Tensor to_bfloat16(const Tensor& a);
+// A float32 tensor whose values are a's rounded to bfloat16 (still float32): the operand of a
+// float32 kernel meant to see bf16 inputs (attention under --precision bf16).
+Tensor round_to_bfloat16(const Tensor& a);
 
 // Concatenation along dim; every other dim must match.
 Tensor cat(const std::vector<Tensor>& parts, std::int64_t dim);

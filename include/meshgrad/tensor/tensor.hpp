@@ -133,7 +133,8 @@ class Tensor {
   std::int64_t size(std::int64_t d) const;  // d may be negative
   std::int64_t numel() const { return shape_numel(impl().shape); }
   bool is_contiguous() const;
-  bool is_floating() const { return dtype() != DType::Int64; }
+  // float32 or float64: the dtypes arithmetic and autograd take (bfloat16 is storage and products only)
+  bool is_floating() const { return dtype() == DType::Float32 || dtype() == DType::Float64; }
   const std::shared_ptr<Storage>& storage() const { return impl().storage; }
   // "float32[2, 3]"
   std::string str() const;

@@ -44,6 +44,12 @@ struct TrainOptions {
   nn::ModelConfig model;
   nn::ParallelConfig parallel;
   int steps = 200;
+  // "float32", or "bf16": mixed precision as torch.autocast("cpu", torch.bfloat16) and every anchor's
+  // bf16 training run it. The matrix products (and attention's) take bf16 operands with float32
+  // accumulation (kernels::ProductPrecision); the weights (the float32 masters), gradients, AdamW
+  // moments, softmax, normalisation and loss stay float32, and layers keep their products' saved
+  // inputs in bf16. Needs model.dtype float32. blas::bf16_route() says which kernels run it.
+  std::string precision = "float32";
   // The learning-rate schedule (learning_rate() in trainer.hpp): warmup_steps of linear warmup
   // from lr / warmup_steps to lr, then `lr_schedule` over decay_steps down to min_lr, then min_lr:
   //   "cosine"    min_lr + (lr - min_lr) (1 + cos(pi p)) / 2, p = steps since warmup / decay_steps
