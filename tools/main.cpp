@@ -2,6 +2,7 @@
 #include <fmt/core.h>
 
 #include <cstdlib>
+#include <unistd.h>
 #include <exception>
 #include <map>
 #include <memory>
@@ -71,8 +72,27 @@ std::vector<launch::OptionValue> parsed_options(const CLI::App& sub, const std::
 
 }  // namespace meshgrad::tools
 
+namespace {
+
+// oneDNN runs its products on GNU OpenMP's threads, which by default spin for a while after each
+// parallel region. Between a rank's products (its elementwise work, attention, the optimizer) that
+// spinning takes the core the rank's own worker threads need: measured 13-16% of the tokens/s of a
+// one-rank nanoGPT-sized step on 2 cores, in float32 and in bf16. libgomp reads its wait policy once,
+// when it is loaded (before main), so the process sets OMP_WAIT_POLICY=passive and starts itself
+// again, unless the user chose a policy (OMP_WAIT_POLICY or GOMP_SPINCOUNT in the environment).
+// The banner's compute line names the policy (blas::idle_wait_policy). If the exec fails the run
+// goes on with the default policy.
+void start_again_with_passive_openmp_threads(char** argv) {
+  if (std::getenv("OMP_WAIT_POLICY") != nullptr || std::getenv("GOMP_SPINCOUNT") != nullptr) return;
+  if (::setenv("OMP_WAIT_POLICY", "passive", 1) != 0) return;
+  ::execv("/proc/self/exe", argv);
+}
+
+}  // namespace
+
 int main(int argc, char** argv) {
   using namespace meshgrad::tools;
+  start_again_with_passive_openmp_threads(argv);
   CLI::App app{"meshgrad: tensor-parallel training with exact gradients"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");

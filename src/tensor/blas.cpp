@@ -114,7 +114,14 @@ void shorten_idle_spin() {
 
 std::string idle_wait_policy() {
   std::call_once(idle_wait_once, shorten_idle_spin);
-  return idle_wait_text;
+  if (!onednn::built()) return idle_wait_text;
+  // oneDNN's OpenMP threads: libgomp read its policy at load (the CLI sets passive, tools/main.cpp).
+  const char* policy = std::getenv("OMP_WAIT_POLICY");
+  const char* spin = std::getenv("GOMP_SPINCOUNT");
+  const std::string omp = policy != nullptr ? fmt::format("OpenMP threads OMP_WAIT_POLICY={}", policy)
+                          : spin != nullptr ? fmt::format("OpenMP threads GOMP_SPINCOUNT={}", spin)
+                                            : std::string("OpenMP threads spin libgomp's default");
+  return idle_wait_text + ", " + omp;
 }
 
 ThreadsPerRank::ThreadsPerRank(int ranks_on_node, int ranks_in_process) {

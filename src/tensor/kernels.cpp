@@ -468,10 +468,22 @@ Tensor matmul(const Tensor& a_given, const Tensor& b_given) {
 Tensor to_bfloat16(const Tensor& a) {
   MG_CHECK(a.defined() && a.dtype() == DType::Float32, "to_bfloat16: expected a float32 tensor, got {}",
            a.defined() ? a.str() : std::string("an undefined one"));
-  const Tensor packed = a.contiguous();
   Tensor out = Tensor::empty(a.shape(), DType::BFloat16);
-  const float* in = packed.data<float>();
   bfloat16* o = out.data<bfloat16>();
+  // A matrix of rows with unit stride (a weight's column segment, a row block) is read in place,
+  // row by row: no float32 copy first.
+  if (a.dim() == 2 && (a.strides()[1] == 1 || a.size(1) <= 1)) {
+    const float* in = a.data<float>();
+    const std::int64_t rows = a.size(0), cols = a.size(1), ld = a.strides()[0];
+    for (std::int64_t r = 0; r < rows; ++r) {
+      const float* row = in + r * ld;
+      bfloat16* dst = o + r * cols;
+      for (std::int64_t c = 0; c < cols; ++c) dst[c].bits = bf16_bits_from_float(row[c]);
+    }
+    return out;
+  }
+  const Tensor packed = a.contiguous();
+  const float* in = packed.data<float>();
   const std::int64_t n = a.numel();
   for (std::int64_t i = 0; i < n; ++i) o[i].bits = bf16_bits_from_float(in[i]);
   return out;

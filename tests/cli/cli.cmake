@@ -87,8 +87,16 @@ set_tests_properties(cli_blas_kernels_from_environment PROPERTIES ENVIRONMENT "O
 meshgrad_cli_test(blas_kernels_openblas_choice 0 "compute: .*; OpenBLAS [A-Za-z]+ kernels \\(OpenBLAS's choice for this CPU\\)"
                   ${CMAKE_COMMAND} -E env --unset=OPENBLAS_CORETYPE ${mg} train ${tiny})
 # OpenBLAS's idle workers: meshgrad shortens their spin unless the user set OPENBLAS_THREAD_TIMEOUT.
-meshgrad_cli_test(blas_idle_wait_shortened 0 "compute: .*, idle BLAS threads sleep after 2\\^18 cycles; (oneDNN|OpenBLAS)"
+meshgrad_cli_test(blas_idle_wait_shortened 0 "compute: .*, idle BLAS threads sleep after 2\\^18 cycles(, OpenMP threads [^;]*)?; (oneDNN|OpenBLAS)"
                   ${CMAKE_COMMAND} -E env --unset=OPENBLAS_THREAD_TIMEOUT ${mg} train ${tiny})
+# oneDNN's OpenMP threads: the CLI starts itself again with OMP_WAIT_POLICY=passive (tools/main.cpp)
+# unless the user chose a policy, which it keeps.
+if(MESHGRAD_ONEDNN)
+  meshgrad_cli_test(omp_wait_passive_by_default 0 "compute: .*, OpenMP threads OMP_WAIT_POLICY=passive; "
+                    ${CMAKE_COMMAND} -E env --unset=OMP_WAIT_POLICY --unset=GOMP_SPINCOUNT ${mg} train ${tiny})
+  meshgrad_cli_test(omp_wait_from_environment 0 "compute: .*, OpenMP threads GOMP_SPINCOUNT=5000; "
+                    ${CMAKE_COMMAND} -E env --unset=OMP_WAIT_POLICY GOMP_SPINCOUNT=5000 ${mg} train ${tiny})
+endif()
 meshgrad_cli_test(blas_idle_wait_from_environment 0
                   "compute: .*, idle BLAS threads spin 2\\^25 cycles \\(OPENBLAS_THREAD_TIMEOUT from the environment\\)"
                   ${CMAKE_COMMAND} -E env OPENBLAS_THREAD_TIMEOUT=25 ${mg} train ${tiny})

@@ -90,7 +90,9 @@ void reserve_work_buffers(int callers);
 // How OpenBLAS's idle worker threads wait between calls, applied once per process (the first
 // ThreadsPerRank does it, before ranks start): unless OPENBLAS_THREAD_TIMEOUT is set, they spin
 // about 2^18 cycles instead of OpenBLAS's 2^28 and then sleep, so their spinning does not take
-// the cores from a rank's other work. Returns the line for banners.
+// the cores from a rank's other work. Returns the line for banners, with the wait policy of oneDNN's
+// OpenMP threads when the build has oneDNN (OMP_WAIT_POLICY or GOMP_SPINCOUNT as libgomp read them at
+// load; the CLI starts itself with OMP_WAIT_POLICY=passive unless one is set: tools/main.cpp).
 std::string idle_wait_policy();
 
 // The BLAS thread policy in effect, for banners: e.g. "1 BLAS thread per rank (2 usable cores / 2 ranks on
