@@ -1,13 +1,12 @@
 #!/bin/sh
 # float32 against bf16 training (issue 39), in one run: the machine's product peaks in each precision
-# (bench/peers/dnnl_peak.cpp: oneDNN's float32 and bf16 matmul, the best libraries here;
-# bench/gemm_peaks.sh has OpenBLAS's too), then `meshgrad train` with --precision float32 and bf16 at
+# (`meshgrad bench peak`, the probe behind train's MFU: the best float32 library, OpenBLAS or oneDNN,
+# and bf16), then `meshgrad train` with --precision float32 and bf16 at
 # tp = 1 and 2, and the PyTorch peer in float32 and under torch.autocast("cpu", torch.bfloat16), on
 # one shape (default nanoGPT's, 6 layers, width 384, 6 heads, seq 256, batch 8). One table: tokens/s,
 # bf16 against float32 of the same mesh, GFLOP/s (6 N + 12 L C T per token) as % of the peak of the
 # run's precision, and the peak resident memory of the process (all ranks: threads of one process).
-# Only ratios within one run mean anything on these shared machines. Needs g++, libdnnl-dev,
-# python3-torch.
+# Only ratios within one run mean anything on these shared machines. Needs python3-torch.
 # Usage: [DATA=dir] [TPS="1 2"] [WARMUP=5] bench/precision_train.sh [BUILD_DIR [STEPS [LAYERS HIDDEN HEADS SEQ BATCH]]]
 set -eu
 build=${1:-build}
@@ -19,11 +18,9 @@ warmup=${WARMUP:-5}
 peers=$(dirname "$0")/peers
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
-g++ -O2 "$peers/dnnl_peak.cpp" -ldnnl -lgomp -o "$work/dnnl"
-gflops() { sed -n 's/.*: \([0-9.]*\) GFLOP\/s.*/\1/p'; }
-best() { sort -g | tail -1; }
-peak_f32=$( { OMP_NUM_THREADS=2 "$work/dnnl" 1024 10 f32; OMP_NUM_THREADS=2 "$work/dnnl" 2048 5 f32; } | gflops | best)
-peak_bf16=$( { OMP_NUM_THREADS=2 "$work/dnnl" 1024 10 bf16; OMP_NUM_THREADS=2 "$work/dnnl" 2048 5 bf16; } | gflops | best)
+"$build/meshgrad" bench peak --sizes 1024,2048 --reps 10 > "$work/peak.txt"
+peak_f32=$(sed -n 's/^best float32: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
+peak_bf16=$(sed -n 's/^best bf16: \([0-9.]*\) GFLOP\/s$/\1/p' "$work/peak.txt")
 for tp in $tps; do
   for p in float32 bf16; do
     /usr/bin/time -f "%M" -o "$work/$p.tp$tp.rss" "$build/meshgrad" train --mesh tp=$tp ${DATA:+--data "$DATA"} \
@@ -46,7 +43,7 @@ tps = [int(t) for t in sys.argv[11].split()]
 params = V * C + T * C + L * (12 * C * C + 13 * C) + 2 * C
 flops = 6 * params + 12 * L * C * T
 print(f"shape: layers {L}, hidden {C}, seq {T}, batch {B}, vocab {V}, {params} parameters, {flops / 1e6:.1f} MFLOP/token")
-print(f"peaks (oneDNN, 2 threads, best of n = 1024 and 2048): float32 {peak['float32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s")
+print(f"peaks (meshgrad bench peak, 2 threads, best of n = 1024 and 2048 and of the libraries): float32 {peak['float32']:.0f} GFLOP/s, bf16 {peak['bf16']:.0f} GFLOP/s")
 print(f"meshgrad's bf16 products: {sys.argv[14]}")
 print("| run | tokens/s | bf16 / float32 | GFLOP/s | % of the precision's peak | peak RSS (MiB) |")
 print("|---|---:|---:|---:|---:|---:|")

@@ -10,10 +10,12 @@
 
 #include <algorithm>
 #include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <mutex>
 #include <string_view>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #include "meshgrad/tensor/error.hpp"
@@ -271,6 +273,8 @@ std::atomic<int>& chosen_library() {
 
 }  // namespace
 
+bool onednn_built() { return onednn::built(); }
+
 GemmLibrary float32_gemm_library() { return static_cast<GemmLibrary>(chosen_library().load(std::memory_order_relaxed)); }
 
 void set_float32_gemm_library(GemmLibrary library) {
@@ -387,6 +391,45 @@ void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64
   const float* wb = widen(b, b_rows, b_cols, ldb, 1);
   gemm(trans_a, trans_b, m, n, k, alpha, wa, std::max<std::int64_t>(a_cols, 1), wb, std::max<std::int64_t>(b_cols, 1),
        beta, c, ldc);
+}
+
+// ---- the machine's product peak -----------------------------------------------------------------
+
+double product_peak_gflops(DType operands, std::int64_t n, int reps, GemmLibrary float32_library) {
+  MG_CHECK(n >= 1 && reps >= 1, "product peak: n and reps must be >= 1, got n {} and reps {}", n, reps);
+  MG_CHECK(float32_library == GemmLibrary::OpenBlas || onednn::built(), "product peak: this build has no oneDNN");
+  const auto size = static_cast<std::size_t>(n * n);
+  const auto time_products = [&](auto a_value, auto out_value) {
+    using In = decltype(a_value);
+    using Out = decltype(out_value);
+    std::vector<In> a(size, a_value), b(size, a_value);
+    std::vector<Out> c(size, Out(0));
+    double best = 1e300;
+    for (int r = 0; r <= reps; ++r) {   // the first warms the threads, caches and primitives
+      const auto t0 = std::chrono::steady_clock::now();
+      if constexpr (std::is_same_v<In, float>) {
+        if (float32_library == GemmLibrary::OneDnn) {
+          onednn::sgemm(false, false, n, n, n, 1.0f, a.data(), n, b.data(), n, 0.0f, c.data(), n, num_threads());
+        } else {
+          cblas_sgemm(CblasRowMajor, CblasNoTrans, CblasNoTrans, static_cast<blasint>(n), static_cast<blasint>(n),
+                      static_cast<blasint>(n), 1.0f, a.data(), static_cast<blasint>(n), b.data(),
+                      static_cast<blasint>(n), 0.0f, c.data(), static_cast<blasint>(n));
+        }
+      } else {
+        gemm(false, false, n, n, n, Out(1), a.data(), n, b.data(), n, Out(0), c.data(), n);
+      }
+      const double t = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+      if (r > 0) best = std::min(best, t);
+    }
+    return 2.0 * static_cast<double>(n) * static_cast<double>(n) * static_cast<double>(n) / best * 1e-9;
+  };
+  switch (operands) {
+    case DType::Float32: return time_products(0.5f, 0.0f);
+    case DType::Float64: return time_products(0.5, 0.0);
+    case DType::BFloat16: return time_products(bfloat16(0.5f), 0.0f);
+    default: break;
+  }
+  throw InvalidArgument(fmt::format("product peak: operands must be float32, float64 or bfloat16, got {}", operands));
 }
 
 }  // namespace meshgrad::blas

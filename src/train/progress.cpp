@@ -44,22 +44,14 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
   return line;
 }
 
-double measure_peak_gflops(DType dtype, int ranks) {
-  constexpr std::int64_t n = 1024;
-  constexpr int reps = 4;
-  const auto time_gemms = [&](auto zero) {
-    using T = decltype(zero);
-    std::vector<T> a(n * n, T(0.5)), b(n * n, T(0.25)), c(n * n, zero);
-    double best = 1e30;
-    for (int r = 0; r < reps; ++r) {   // the first warms the BLAS threads and caches
-      const auto t0 = std::chrono::steady_clock::now();
-      blas::gemm(false, false, n, n, n, T(1), a.data(), n, b.data(), n, zero, c.data(), n);
-      best = std::min(best, std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-    }
-    return 2.0 * n * n * n / best * 1e-9;
-  };
-  const double per_rank = dtype == DType::Float64 ? time_gemms(0.0) : time_gemms(0.0f);
-  return per_rank * ranks;
+double measure_peak_gflops(DType dtype, const std::string& precision, int ranks) {
+  // The run's own products: bf16 operands under --precision bf16, else the model's dtype.
+  const DType operands = precision == "bf16" ? DType::BFloat16 : dtype;
+  double peak = blas::product_peak_gflops(operands, 1024, 4, blas::GemmLibrary::OpenBlas);
+  // float32: the better of the two libraries (the run itself may be pinned to one of them).
+  if (operands == DType::Float32 && blas::onednn_built())
+    peak = std::max(peak, blas::product_peak_gflops(operands, 1024, 4, blas::GemmLibrary::OneDnn));
+  return peak * ranks;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {

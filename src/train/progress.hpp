@@ -39,10 +39,12 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
-// The mesh's peak GFLOP/s for MFU, measured once: the best of a few square GEMMs (1024, in the run's
-// dtype) on the calling rank with its BLAS threads, times `ranks` (every rank is taken to have the
-// caller's peak: MFU is per device, as Megatron and nanoGPT count it). About 0.1 s.
-double measure_peak_gflops(DType dtype, int ranks);
+// The mesh's peak GFLOP/s for MFU, measured once by blas::product_peak_gflops (the probe `meshgrad
+// bench peak` prints): the best of 4 square products of 1024 in the run's precision (bf16 operands
+// under --precision bf16, else the model's dtype; float32 on the better of OpenBLAS and oneDNN), on
+// the calling rank with its BLAS threads, times `ranks` (every rank is taken to have the caller's
+// peak: MFU is per device, as Megatron and nanoGPT count it). About 0.1 s.
+double measure_peak_gflops(DType dtype, const std::string& precision, int ranks);
 
 // Rank 0's progress display on stderr: a bar redrawn in place on a terminal; on a pipe or file one
 // line every ~5% of the steps (plus the first and the last), so logs stay readable. The rate, ms/step

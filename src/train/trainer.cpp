@@ -370,7 +370,7 @@ void Run::build() {
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
   const bool shows_figures = options_.progress || !options_.metrics_path.empty() || options_.on_step;
   if (leader_ && options_.peak_gflops == 0 && shows_figures) {
-    peak_gflops_ = measure_peak_gflops(config_.dtype, mesh_->size());
+    peak_gflops_ = measure_peak_gflops(config_.dtype, options_.precision, mesh_->size());
   } else if (options_.peak_gflops > 0) {
     peak_gflops_ = options_.peak_gflops;
   }

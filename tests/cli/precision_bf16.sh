@@ -15,6 +15,11 @@ fail() { echo "$1"; [ -n "${2:-}" ] && cat "$2"; exit 1; }
 "$mg" train "${small[@]}" --steps 3 --precision bf16 --metrics "$work/b.jsonl" > "$work/b.log" 2>&1 || fail "bf16 run failed" "$work/b.log"
 grep -q "^precision: bf16 (bf16 inputs to the products and attention" "$work/b.log" || fail "no precision line" "$work/b.log"
 header=$(head -1 "$work/b.jsonl")
+# MFU's peak is the bf16 one in a bf16 run: `bench peak` prints the same probe's figures.
+"$mg" bench peak --sizes 256 --reps 2 > "$work/peak.txt" 2>&1 || fail "bench peak failed" "$work/peak.txt"
+grep -q "^float32 OpenBLAS: n=256: [0-9.]* GFLOP/s$" "$work/peak.txt" || fail "bench peak: float32 line" "$work/peak.txt"
+grep -q "^bf16 [a-zA-Z0-9 ]*: n=256: [0-9.]* GFLOP/s$" "$work/peak.txt" || fail "bench peak: bf16 line" "$work/peak.txt"
+grep -q "^best bf16: [0-9.]* GFLOP/s$" "$work/peak.txt" || fail "bench peak: best bf16" "$work/peak.txt"
 echo "$header" | grep -q '"precision":"bf16"' || fail "header lacks the precision: $header"
 echo "$header" | grep -q '"bf16_products":"' || fail "header lacks bf16_products: $header"
 if [ "$onednn" = 1 ] && grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo; then

@@ -221,3 +221,23 @@ TEST(BFloat16, AProductOperandKeepsItsTranspose) {
 }
 
 }  // namespace
+
+namespace {
+
+// The probe behind MFU and `meshgrad bench peak`: a rate for every precision and library it takes,
+// and a clear refusal otherwise (its speed is a benchmark's business, not a test's).
+TEST(ProductPeak, MeasuresEachPrecisionAndRefusesWhatItCannot) {
+  EXPECT_GT(blas::product_peak_gflops(DType::Float32, 128, 2, blas::GemmLibrary::OpenBlas), 0.0);
+  EXPECT_GT(blas::product_peak_gflops(DType::Float64, 128, 2, blas::GemmLibrary::OpenBlas), 0.0);
+  EXPECT_GT(blas::product_peak_gflops(DType::BFloat16, 128, 2, blas::float32_gemm_library()), 0.0);
+  if (blas::onednn_built()) {
+    EXPECT_GT(blas::product_peak_gflops(DType::Float32, 256, 2, blas::GemmLibrary::OneDnn), 0.0);
+  } else {
+    EXPECT_THROW(blas::product_peak_gflops(DType::Float32, 256, 2, blas::GemmLibrary::OneDnn), InvalidArgument);
+  }
+  EXPECT_THROW(blas::product_peak_gflops(DType::Int64, 128, 2, blas::GemmLibrary::OpenBlas), InvalidArgument);
+  EXPECT_THROW(blas::product_peak_gflops(DType::Float32, 0, 2, blas::GemmLibrary::OpenBlas), InvalidArgument);
+  EXPECT_THROW(blas::product_peak_gflops(DType::Float32, 128, 0, blas::GemmLibrary::OpenBlas), InvalidArgument);
+}
+
+}  // namespace

@@ -6,6 +6,7 @@
 #include <string>
 
 #include "meshgrad/tensor/bfloat16.hpp"
+#include "meshgrad/tensor/dtype.hpp"
 
 namespace meshgrad::blas {
 
@@ -116,6 +117,8 @@ inline constexpr std::int64_t kOneDnnMinProduct = std::int64_t{1} << 24;
 // value throws InvalidArgument naming it, and onednn in a build without oneDNN throws rather than
 // running OpenBLAS under its name), else OneDnn when the build has it (CMake MESHGRAD_ONEDNN).
 GemmLibrary float32_gemm_library();
+// True when this build has oneDNN (CMake MESHGRAD_ONEDNN).
+bool onednn_built();
 // Sets it for the process (benchmarks and tests comparing the two); OneDnn in a build without
 // oneDNN throws InvalidArgument. Call between products, not during them.
 void set_float32_gemm_library(GemmLibrary library);
@@ -184,5 +187,15 @@ std::string bf16_description();
 // the same bits on every call.
 void gemm(bool trans_a, bool trans_b, std::int64_t m, std::int64_t n, std::int64_t k, float alpha, const bfloat16* a,
           std::int64_t lda, const bfloat16* b, std::int64_t ldb, float beta, float* c, std::int64_t ldc);
+
+// ---- the machine's product peak -----------------------------------------------------------------
+// GFLOP/s (2 n^3 per product) of the best of `reps` n x n x n products after one untimed call, on
+// this thread with the current thread count: float32 operands on `float32_library` (called directly,
+// so the process's choice never changes under other threads), bfloat16 operands by bf16_route(),
+// float64 on OpenBLAS. The one probe behind MFU (train's peak: the best float32 library, or bf16, in
+// the run's precision) and `meshgrad bench peak` (which bench/precision_train.sh prints beside its
+// runs). operands: Float32, Float64 or BFloat16; n >= 1, reps >= 1; OneDnn only in a build with it;
+// else InvalidArgument.
+double product_peak_gflops(DType operands, std::int64_t n, int reps, GemmLibrary float32_library);
 
 }  // namespace meshgrad::blas
