@@ -96,8 +96,8 @@ class ColumnLinearFn final : public Function {
     // Under bf16 products: rounded once for every segment's product, and kept so for backward.
     const Tensor x_rows = kernels::product_operand(x_full.contiguous().view({-1, in_f}));
     Tensor y = Tensor::empty({x_rows.size(0), n}, x.dtype());
-    // The weight too, once for the segments and backward's products (a transposed weight, the tied
-    // output layer's, stays transposed: weight_gradient follows its layout).
+    // The weight too, once for the segments (backward rounds it again rather than keep a bf16 copy
+    // of every weight alive from forward to backward).
     const Tensor w_operand = kernels::product_operand(w);
     // With a bias, y starts as the bias rows and each GEMM adds into it (as ops' linear does).
     if (b.defined()) y.copy_from(b);
@@ -106,7 +106,7 @@ class ColumnLinearFn final : public Function {
       kernels::matmul_into(ys, x_rows, columns(w_operand, s), b.defined());
     }
     const bool keep_local = c_.sequence_parallel && c_.regather;
-    save_for_backward({keep_local ? x : x_rows, w_operand});
+    save_for_backward({keep_local ? x : x_rows, w});
     Shape out_shape = x_full.shape();
     out_shape.back() = n;
     return {y.view(out_shape)};
@@ -159,12 +159,13 @@ class ColumnLinearFn final : public Function {
   // dY W^T, this rank's root of the tree over its local blocks (each block: the sum over its
   // segments, one per fused part). One block in the normal mode: one GEMM.
   Tensor input_gradient(const Tensor& dy_rows, const Tensor& w) const {
+    const Tensor w_operand = kernels::product_operand(w);   // rounded once for every segment
     tree::PairwiseSum<Tensor, AddTensors> blocks;
     for (int i = 0; i < c_.plan.local_blocks; ++i) {
-      Tensor leaf = Tensor::empty({dy_rows.size(0), w.size(0)}, gradient_dtype());
+      Tensor leaf = Tensor::empty({dy_rows.size(0), w.size(0)}, w.dtype());
       bool first = true;
       for (const tree::Segment& s : c_.plan.block_segments(i)) {
-        kernels::matmul_into(leaf, columns(dy_rows, s), columns(w, s).transpose(0, 1), !first);
+        kernels::matmul_into(leaf, columns(dy_rows, s), columns(w_operand, s).transpose(0, 1), !first);
         first = false;
       }
       blocks.push(leaf);
@@ -178,25 +179,19 @@ class ColumnLinearFn final : public Function {
   Tensor weight_gradient(const Tensor& dy_rows, const Tensor& x_rows, const Tensor& w) const {
     const std::int64_t in = w.size(0), n = w.size(1);
     if (is_transposed_matrix(w)) {
-      Tensor dwt = Tensor::empty({n, in}, gradient_dtype());
+      Tensor dwt = Tensor::empty({n, in}, w.dtype());
       for (const tree::Segment& s : c_.plan.segments) {
         Tensor ws = dwt.narrow(0, s.local_offset, s.size);
         kernels::matmul_into(ws, columns(dy_rows, s).transpose(0, 1), x_rows, false);
       }
       return dwt.transpose(0, 1);
     }
-    Tensor dw = Tensor::empty({in, n}, gradient_dtype());
+    Tensor dw = Tensor::empty({in, n}, w.dtype());
     for (const tree::Segment& s : c_.plan.segments) {
       Tensor ws = columns(dw, s);
       kernels::matmul_into(ws, x_rows.transpose(0, 1), columns(dy_rows, s), false);
     }
     return dw;
-  }
-
-  // The gradients' dtype: the weight's, float32 when the saved weight is its bf16 product operand.
-  DType gradient_dtype() const {
-    const DType saved_w = saved()[1].dtype();
-    return saved_w == DType::BFloat16 ? DType::Float32 : saved_w;
   }
 
   // Column sums of dY per segment.

@@ -164,10 +164,11 @@ class LinearFn final : public Function {
              shape_str(weight.shape()));
     input_shape_ = input.shape();
     const std::int64_t in = weight.size(0), out = weight.size(1);
-    // Under bf16 products the operands are rounded once and kept so for backward (half the bytes).
+    // Under bf16 products the input is rounded once and kept so for backward (half its bytes); the
+    // weight is rounded here and again in backward, not kept as a second copy of every weight.
     const Tensor rows = kernels::product_operand(input.reshape({-1, in}));
     const Tensor w = kernels::product_operand(weight);
-    save_for_backward({needs_input_grad(1) ? rows : Tensor(), needs_input_grad(0) ? w : Tensor()});
+    save_for_backward({needs_input_grad(1) ? rows : Tensor(), needs_input_grad(0) ? weight : Tensor()});
     Tensor y = Tensor::empty({rows.size(0), out}, input.dtype());
     if (bias.defined()) {
       y.copy_from(bias);  // broadcast over rows, then y += x W
@@ -185,7 +186,9 @@ class LinearFn final : public Function {
     const Tensor g_rows = g[0].reshape({-1, out});
     const Tensor g_operand = kernels::product_operand(g_rows);   // rounded once for both products
     Tensor gx, gw, gb;
-    if (needs_input_grad(0)) gx = kernels::matmul(g_operand, s[1].transpose(0, 1)).view(input_shape_);
+    if (needs_input_grad(0)) {
+      gx = kernels::matmul(g_operand, kernels::product_operand(s[1]).transpose(0, 1)).view(input_shape_);
+    }
     if (needs_input_grad(1)) {
       const std::int64_t in = input_shape_.back();
       gw = kernels::matmul(s[0].reshape({-1, in}).transpose(0, 1), g_operand);

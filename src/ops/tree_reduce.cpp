@@ -203,15 +203,14 @@ class LinearOverInputBlocksFn final : public autograd::Function {
              shape_str(x.shape()), shape_str(w.shape()), plan_.local_extent());
     // Under bf16 products: rounded once for every segment's product, and kept so for backward.
     const Tensor x2 = kernels::product_operand(x.contiguous().view({-1, w.size(0)}));
-    const Tensor w_operand = kernels::product_operand(w);   // once, for every segment and backward
+    const Tensor w_operand = kernels::product_operand(w);   // once, for every segment
     PairwiseSum<Tensor, AddTensors> products;
     for (const Segment& s : plan_.segments) {
       Tensor leaf = Tensor::empty({x2.size(0), w.size(1)}, x.dtype());
       kernels::matmul_into(leaf, cols(x2, s), w_operand.narrow(0, s.local_offset, s.size), false);
       products.push(leaf);
     }
-    save_for_backward({x2, w_operand});
-    dtype_ = x.dtype();
+    save_for_backward({x2, w});   // w itself: backward rounds it again rather than keep a bf16 copy alive
     x_shape_ = x.shape();
     Shape out_shape = x.shape();
     out_shape.back() = w.size(1);
@@ -224,7 +223,7 @@ class LinearOverInputBlocksFn final : public autograd::Function {
     const Tensor dy = kernels::product_operand(g[0].contiguous().view({-1, w.size(1)}));   // rounded once
     Tensor dx, dw;
     if (needs_input_grad(0)) {
-      dx = Tensor::empty({dy.size(0), w.size(0)}, dtype_);
+      dx = Tensor::empty({dy.size(0), w.size(0)}, w.dtype());
       for (const Segment& s : plan_.segments) {
         Tensor d = cols(dx, s);
         kernels::matmul_into(d, dy, w.narrow(0, s.local_offset, s.size).transpose(0, 1), false);
@@ -232,7 +231,7 @@ class LinearOverInputBlocksFn final : public autograd::Function {
       dx = dx.view(x_shape_);
     }
     if (needs_input_grad(1)) {
-      dw = Tensor::empty(w.shape(), dtype_);
+      dw = Tensor::empty(w.shape(), w.dtype());
       for (const Segment& s : plan_.segments) {
         Tensor d = dw.narrow(0, s.local_offset, s.size);
         kernels::matmul_into(d, cols(x2, s).transpose(0, 1), dy, false);
@@ -244,7 +243,6 @@ class LinearOverInputBlocksFn final : public autograd::Function {
  private:
   SplitPlan plan_;
   Shape x_shape_;
-  DType dtype_ = DType::Float32;   // the input's (and the gradients'): the saved operands may be bf16
 };
 
 std::vector<std::int64_t> checked_blocks(const std::vector<std::int64_t>& blocks, std::int64_t rows, const char* op) {
