@@ -75,7 +75,8 @@ std::vector<TrainOption> where_and_what() {
        .field = MG_MEMBER(model.positions), .recorded = R::Fixed, .min = 0},
       {.name = "layer-norm-epsilon", .kind = K::Double, .help = "LayerNorm's epsilon",
        .field = MG_MEMBER(model.layer_norm_epsilon), .recorded = R::Fixed},
-      {.name = "dtype", .kind = K::Text, .help = "float32 or float64", .field = kDtype, .recorded = R::Fixed,
+      {.name = "dtype", .kind = K::Text, .help = "The weights' type, float32 or float64 (bf16 training: --precision "
+       "bf16)", .field = kDtype, .recorded = R::Fixed,
        .choices = {"float32", "float64"}},
       {.name = "precision", .kind = K::Text, .help = "float32, or bf16: matrix products and attention take bf16 "
        "inputs (float32 accumulation); weights, gradients, AdamW moments, softmax, norms and loss stay float32 "
