@@ -25,6 +25,11 @@ echo "$header" | grep -q '"bf16_products":"' || fail "header lacks bf16_products
 if [ "$onednn" = 1 ] && grep -q -E 'avx512_bf16|amx_bf16' /proc/cpuinfo; then
   grep -q "bf16 products: oneDNN [0-9.]* brg:" "$work/b.log" || fail "a bf16 CPU with oneDNN must run oneDNN's bf16 kernels" "$work/b.log"
 fi
+# --config takes it as the command line does.
+echo '{"precision": "bf16", "reduce-dtype": "bf16"}' > "$work/config.json"
+"$mg" train "${small[@]}" --steps 1 --mesh dp=2 --config "$work/config.json" --metrics "$work/cfg.jsonl" > "$work/cfg.log" 2>&1 ||
+  fail "--config run failed" "$work/cfg.log"
+head -1 "$work/cfg.jsonl" | grep -q '"precision":"bf16","reduce-dtype":"bf16"' || fail "--config: $(head -1 "$work/cfg.jsonl")"
 MESHGRAD_GEMM=openblas "$mg" train "${small[@]}" --steps 1 --precision bf16 --no-metrics > "$work/o.log" 2>&1 ||
   fail "openblas bf16 run failed" "$work/o.log"
 grep -q "bf16 products: float32 kernels on bf16 operands (float32 products run on OpenBLAS here (MESHGRAD_GEMM=openblas" \
