@@ -123,7 +123,16 @@ void expect_bf16_product_right(std::int64_t m, std::int64_t n, std::int64_t k, c
   }
 }
 
+// One OpenBLAS thread: ThreadSanitizer (make test-tsan) cannot see the synchronisation inside
+// OpenBLAS's uninstrumented thread pool and would report its workers' writes as races.
+struct OneBlasThread {
+  int before = blas::num_threads();
+  OneBlasThread() { blas::set_num_threads(1); }
+  ~OneBlasThread() { blas::set_num_threads(before); }
+};
+
 TEST(BFloat16, ProductsAreRightOnTheFloat32KernelRoute) {
+  const OneBlasThread one;
   const blas::GemmLibrary before = blas::float32_gemm_library();
   blas::set_float32_gemm_library(blas::GemmLibrary::OpenBlas);   // bf16_route: Float32Kernels
   EXPECT_EQ(blas::bf16_route(), blas::Bf16Route::Float32Kernels);
@@ -227,6 +236,7 @@ namespace {
 // The probe behind MFU and `meshgrad bench peak`: a rate for every precision and library it takes,
 // and a clear refusal otherwise (its speed is a benchmark's business, not a test's).
 TEST(ProductPeak, MeasuresEachPrecisionAndRefusesWhatItCannot) {
+  const OneBlasThread one;
   EXPECT_GT(blas::product_peak_gflops(DType::Float32, 128, 2, blas::GemmLibrary::OpenBlas), 0.0);
   EXPECT_GT(blas::product_peak_gflops(DType::Float64, 128, 2, blas::GemmLibrary::OpenBlas), 0.0);
   EXPECT_GT(blas::product_peak_gflops(DType::BFloat16, 128, 2, blas::float32_gemm_library()), 0.0);
