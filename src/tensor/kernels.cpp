@@ -306,19 +306,7 @@ void dispatch_product(DType operands, F&& f) {
   dispatch_floating(operands, "matmul", [&]<class T>() { f.template operator()<T, T>(); });
 }
 
-}  // namespace
-
-namespace {
 thread_local ProductPrecision thread_product_precision = ProductPrecision::Float32;
-}  // namespace
-
-ProductPrecision product_precision() { return thread_product_precision; }
-ProductPrecisionScope::ProductPrecisionScope(ProductPrecision precision) : previous_(thread_product_precision) {
-  thread_product_precision = precision;
-}
-ProductPrecisionScope::~ProductPrecisionScope() { thread_product_precision = previous_; }
-
-namespace {
 
 // Whether a product of these operands is a bf16 one: under bf16 products with float32 operands, or
 // when an operand is bfloat16 already (a layer's saved bf16 copy meets a float32 gradient).
@@ -342,6 +330,12 @@ Tensor as_bf16(const Tensor& a) {
 }
 
 }  // namespace
+
+ProductPrecision product_precision() { return thread_product_precision; }
+ProductPrecisionScope::ProductPrecisionScope(ProductPrecision precision) : previous_(thread_product_precision) {
+  thread_product_precision = precision;
+}
+ProductPrecisionScope::~ProductPrecisionScope() { thread_product_precision = previous_; }
 
 Tensor product_operand(const Tensor& a) {
   if (a.defined() && a.dtype() == DType::Float32 && thread_product_precision == ProductPrecision::BFloat16)

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The float32 product library in whole runs (include/meshgrad/tensor/blas.hpp):
 #  1. --mesh-invariant stays bitwise the same at tp=1, 2 and 4 at a width where the products are
-#     long enough (K = 1024) for oneDNN's two kernels to round differently (the mode runs OpenBLAS);
+#     long enough (K = 1024) for oneDNN's two kernels to round differently (the mode runs OpenBLAS),
+#     in float32 and with --precision bf16;
 #  2. a plain run names oneDNN in its banner and metrics header when the build has it, and
 #     MESHGRAD_GEMM=openblas switches it; an unknown MESHGRAD_GEMM is refused naming it.
 # usage: gemm_library.sh MESHGRAD WORKDIR ONEDNN(0|1)
@@ -18,6 +19,18 @@ one=$(losses "$work/tp=1.jsonl")
 for mesh in tp=2 tp=4; do
   got=$(losses "$work/$mesh.jsonl")
   [ "$got" = "$one" ] || { echo "--mesh-invariant $mesh: $got != tp=1: $one"; exit 1; }
+done
+# The same in bf16 (--precision bf16): its products round their operands elementwise and run the
+# float32 kernels in the invariant modes, so tp=1, 2 and 4 still agree bit for bit.
+for mesh in tp=1 tp=2 tp=4; do
+  "$mg" train --mesh $mesh --mesh-invariant --precision bf16 "${shape[@]}" --metrics "$work/bf16_$mesh.jsonl" \
+    > "$work/bf16_$mesh.log" 2>&1
+done
+one_bf16=$(losses "$work/bf16_tp=1.jsonl")
+[ -n "$one_bf16" ] && [ "$one_bf16" != "$one" ] || { echo "bf16 losses missing or float32's: $one_bf16"; exit 1; }
+for mesh in tp=2 tp=4; do
+  got=$(losses "$work/bf16_$mesh.jsonl")
+  [ "$got" = "$one_bf16" ] || { echo "--mesh-invariant --precision bf16 $mesh: $got != tp=1: $one_bf16"; exit 1; }
 done
 grep -q "compute: 1 BLAS thread per rank (--mesh-invariant" "$work/tp=4.log" || { echo "banner:"; cat "$work/tp=4.log"; exit 1; }
 grep -q '"gemm":"openblas' "$work/tp=4.jsonl" || { echo "an invariant run's header must name OpenBLAS"; head -1 "$work/tp=4.jsonl"; exit 1; }

@@ -1,7 +1,8 @@
 // bfloat16: the upper 16 bits of an IEEE float32 (1 sign, 8 exponent, 7 mantissa bits). meshgrad
 // stores it (DType::BFloat16) and multiplies it (blas::gemm's bf16 overload: bf16 operands, float32
 // accumulation and output) but does no other arithmetic in it: --precision bf16 keeps weights,
-// gradients, optimizer moments, softmax, normalisation and loss in float32 (ops/autocast.hpp).
+// gradients, optimizer moments, softmax, normalisation and loss in float32 (kernels::ProductPrecision,
+// tensor/kernels.hpp).
 #pragma once
 
 #include <bit>
@@ -44,11 +45,6 @@ struct bfloat16 {
   explicit bfloat16(double value) : bits(bf16_bits_from_double(value)) {}
   explicit constexpr bfloat16(float value) : bits(bf16_bits_from_float(value)) {}
   explicit bfloat16(std::int64_t value) : bfloat16(static_cast<double>(value)) {}
-  static constexpr bfloat16 from_bits(std::uint16_t b) {
-    bfloat16 x;
-    x.bits = b;
-    return x;
-  }
   constexpr operator float() const { return float_from_bf16_bits(bits); }   // exact
 };
 static_assert(sizeof(bfloat16) == 2);
