@@ -33,6 +33,7 @@ struct GradsArgs {
   bool mesh_invariant = false;
   int invariant_blocks = 4;
   int batch_blocks = 4;
+  double capacity_factor = 0;
 };
 
 // Reading and checking the files and computing the gradients is the library's job
@@ -50,10 +51,12 @@ int run(const GradsArgs& a) {
   job.invariant_blocks = a.invariant_blocks;
   job.mesh_invariant = a.mesh_invariant;
   job.batch_blocks = a.batch_blocks;
+  job.capacity_factor = a.capacity_factor;
   const launch::GradsResult r = launch::run_grads_job(job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
   tensors.emplace_back("loss", Tensor::scalar(r.loss, r.dtype));
+  if (r.aux_loss) tensors.emplace_back("aux_loss", Tensor::scalar(*r.aux_loss, r.dtype));
   io::write_safetensors(a.out, tensors, {{"format", "pt"}, {"producer", "meshgrad grads"}, {"mesh", a.mesh}});
   fmt::print("loss {:.10g}; wrote {} gradients and the loss ({}) to {} (mesh {}, {}{})\n", r.loss, r.gradients.size(),
              dtype_name(r.dtype), a.out, r.mesh, r.backend, a.sequence_parallel ? ", sequence-parallel" : "");
@@ -89,6 +92,10 @@ MESHGRAD_REGISTER_COMMAND(
                            "docs/mesh-invariance.md)");
               app.add_option("--batch-blocks", a->batch_blocks,
                              "With --mesh-invariant: the batch's fixed row blocks (a power of two dividing B)")
+                  ->capture_default_str();
+              app.add_option("--capacity-factor", a->capacity_factor,
+                             "A mixture of experts: each expert takes at most ceil(f x tokens x k / experts) of a "
+                             "rank's tokens and drops the rest (0: dropless)")
                   ->capture_default_str();
               return [a] { return run(*a); };
             }});

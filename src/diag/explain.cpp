@@ -125,16 +125,16 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
                                       const ExplainPipeline& pipe) {
   int world = 1;
   for (const auto& axis : axes) world *= axis.size;
-  // The ranks that split the batch, as training splits it: dp and fsdp together.
+  // The ranks that split the batch, as training splits it: dp, fsdp and ep together.
   int dp_size = 1;
   for (const auto& axis : axes) {
-    if (axis.name == "dp" || axis.name == "fsdp") dp_size *= axis.size;
+    if (axis.name == "dp" || axis.name == "fsdp" || axis.name == "ep") dp_size *= axis.size;
   }
   const auto pp = std::find_if(axes.begin(), axes.end(), [](const dist::MeshAxis& a) { return a.name == "pp"; });
   const int stages = pp == axes.end() ? 1 : pp->size;
   // Fail before starting ranks when the batch does not split (the same check every rank would make).
   MG_CHECK(config.batch % dp_size == 0,
-           "explain: the global batch {} does not split over dp x fsdp = {} ranks (make --batch a multiple of it)",
+           "explain: the global batch {} does not split over dp x fsdp x ep = {} ranks (make --batch a multiple of it)",
            config.batch, dp_size);
   MG_CHECK(pipe.micro_batches >= 1 && (config.batch / dp_size) % pipe.micro_batches == 0,
            "explain: each dp replica's {} rows of --batch {} do not divide into {} micro-batches",

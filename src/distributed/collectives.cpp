@@ -274,6 +274,44 @@ Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split
   return out;
 }
 
+Tensor exchange_rows(const Tensor& x, const ProcessGroup& group, const std::vector<std::int64_t>& send_rows,
+                       const std::vector<std::int64_t>& recv_rows) {
+  const auto p = static_cast<std::size_t>(group.size());
+  MG_CHECK(x.dim() >= 1 && send_rows.size() == p && recv_rows.size() == p, "exchange_rows over {}: {} send and {} "
+           "receive counts for a group of {} (x {})", group.axis, send_rows.size(), recv_rows.size(), p,
+           shape_str(x.shape()));
+  const std::int64_t sent = std::accumulate(send_rows.begin(), send_rows.end(), std::int64_t{0});
+  const std::int64_t received = std::accumulate(recv_rows.begin(), recv_rows.end(), std::int64_t{0});
+  MG_CHECK(sent == x.size(0), "exchange_rows over {}: the send counts add up to {} rows, x has {}", group.axis, sent,
+           x.size(0));
+  if (p == 1) return x;
+  const Tensor send = x.contiguous();
+  std::int64_t row_elems = 1;   // elements per row
+  for (int d = 1; d < x.dim(); ++d) row_elems *= x.size(d);
+  Shape out_shape = x.shape();
+  out_shape[0] = received;
+  Tensor recv = Tensor::empty(out_shape, x.dtype());
+  std::vector<std::size_t> send_counts, recv_counts;
+  for (std::size_t r = 0; r < p; ++r) {
+    send_counts.push_back(static_cast<std::size_t>(send_rows[r] * row_elems));
+    recv_counts.push_back(static_cast<std::size_t>(recv_rows[r] * row_elems));
+  }
+  record_collective("all_to_all", group.axis, nbytes(send));
+  const auto start = std::chrono::steady_clock::now();
+  group.comm->all_to_all(buffer_of(send), send_counts, buffer_of(recv), recv_counts, options_for(true));
+  add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());
+  return recv;
+}
+
+std::vector<std::int64_t> all_gather_counts(const std::vector<std::int64_t>& local, const ProcessGroup& group) {
+  if (group.size() == 1) return local;
+  std::vector<std::int64_t> all(local.size() * static_cast<std::size_t>(group.size()));
+  record_collective("all_gather(sizes)", group.axis, static_cast<std::int64_t>(all.size() * sizeof(std::int64_t)));
+  group.comm->all_gather(comm::ConstBuffer{local.data(), local.size(), DType::Int64},
+                         comm::MutableBuffer{all.data(), all.size(), DType::Int64}, {}, options_for(true));
+  return all;
+}
+
 Tensor local_shard(const Tensor& full, const ProcessGroup& group, std::int64_t dim) {
   const int d = normalize_dim(dim, full.shape(), "local_shard");
   const ShardRange r = shard_range(full.size(d), group.size(), group.rank());

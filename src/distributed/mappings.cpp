@@ -101,6 +101,36 @@ class ChangePlacementFn final : public autograd::Function {
   std::vector<std::int64_t> scattered_;   // ... along the dim that forward sharded
 };
 
+// all_to_all_rows: forward sends send_rows to each rank; backward asks the rule for the gradient of
+// S(source) -> S(destination) and runs it with the counts exchanged.
+class AllToAllRowsFn final : public autograd::Function {
+ public:
+  AllToAllRowsFn(ProcessGroup group, std::vector<std::int64_t> send_rows, std::vector<std::int64_t> recv_rows)
+      : group_(std::move(group)), send_(std::move(send_rows)), recv_(std::move(recv_rows)),
+        label_(current_comm_label()) {}
+  std::string_view name() const override { return "all-to-all of rows (S(source) -> S(destination))"; }
+  bool decides_gradient_placement() const override { return true; }
+  TensorList forward(const TensorList& x) override { return {exchange_rows(x[0], group_, send_, recv_)}; }
+  TensorList backward(const TensorList& g) override {
+    CommLabelScope label(label_);
+    const Placement by_source = Placement::shard(0), by_destination = Placement::shard(1);
+    const Placement incoming = arriving_placement(g[0], by_destination, group_.axes, name());
+    const BackwardStep step = backward_step(by_source, by_destination, incoming);
+    MG_CHECK(step.op == Primitive::AllToAll, "all_to_all_rows over {}: the rule answers {} for its gradient",
+             group_.axis, primitive_name(step.op));
+    Tensor out = exchange_rows(g[0], group_, recv_, send_);
+    // The exchange adds nothing: the gradient keeps its marks. On a batch axis (ep is one) the mark
+    // is the loss's share of the replicas, which the rows' gradient still is after travelling.
+    set_partial_axes(out, partial_axes(g[0]));
+    return {out};
+  }
+
+ private:
+  ProcessGroup group_;
+  std::vector<std::int64_t> send_, recv_;
+  std::string label_;
+};
+
 Placement normalized(Placement p, const Tensor& x, const char* op) {
   if (p.is_shard()) p.dim = normalize_dim(p.dim, x.shape(), op);
   return p;
@@ -168,6 +198,18 @@ Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split
   return change_placement(x, group, Placement::shard(static_cast<int>(cat_dim)),
                           Placement::shard(static_cast<int>(split_dim)), cat_full_size);
 }
+Tensor all_to_all_rows(const Tensor& x, const ProcessGroup& group, std::vector<std::int64_t> send_rows,
+                       std::vector<std::int64_t> recv_rows) {
+  check_floating(x, "all_to_all_rows");
+  if (group.size() == 1) {
+    MG_CHECK(send_rows.size() == 1 && recv_rows == send_rows && send_rows[0] == x.size(0), "all_to_all_rows over a group "
+             "of one: {} rows, the counts say {} sent and {} received", x.size(0), send_rows.size() == 1 ? send_rows[0] : -1,
+             recv_rows.size() == 1 ? recv_rows[0] : -1);
+    return x;
+  }
+  return autograd::apply<AllToAllRowsFn>({x}, group, std::move(send_rows), std::move(recv_rows))[0];
+}
+
 Tensor all_gather_with_grad(const Tensor& x, const ProcessGroup& group, std::int64_t dim, std::int64_t full_size) {
   return mark_partial_grad(gather_from_sequence(x, group, dim, full_size), group.size() > 1 ? group.axes : 0);
 }

@@ -29,7 +29,7 @@ std::int64_t parse_mesh_size(std::string_view text, const std::string& item, con
 
 std::vector<MeshAxis> parse_mesh(const std::string& spec) {
   MG_CHECK(!spec.empty(), "--mesh is empty ({})", kMeshExamples);
-  std::int64_t pp = 0, dp = 0, fsdp = 0, tp_row = 0, tp_col = 0;   // 0 = not given
+  std::int64_t pp = 0, dp = 0, fsdp = 0, ep = 0, tp_row = 0, tp_col = 0;   // 0 = not given
   bool two_d = false;
   std::size_t pos = 0;
   while (pos <= spec.size()) {
@@ -38,18 +38,18 @@ std::vector<MeshAxis> parse_mesh(const std::string& spec) {
     pos = comma + 1;
     const std::size_t eq = item.find('=');
     MG_CHECK(eq != std::string::npos && eq > 0,
-             "--mesh '{}': '{}' is not axis=size; the axes are pp, dp, fsdp and tp ({})", spec, item, kMeshExamples);
+             "--mesh '{}': '{}' is not axis=size; the axes are pp, dp, fsdp, ep and tp ({})", spec, item, kMeshExamples);
     const std::string name = item.substr(0, eq);
     const std::string_view value = std::string_view(item).substr(eq + 1);
-    if (name != "pp" && name != "dp" && name != "fsdp" && name != "tp") {
+    if (name != "pp" && name != "dp" && name != "fsdp" && name != "ep" && name != "tp") {
       std::string lower = name;
       for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      const bool miscased = lower == "pp" || lower == "dp" || lower == "fsdp" || lower == "tp";
-      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are pp, dp, fsdp and tp (names are "
+      const bool miscased = lower == "pp" || lower == "dp" || lower == "fsdp" || lower == "ep" || lower == "tp";
+      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are pp, dp, fsdp, ep and tp (names are "
                                         "case-sensitive; {})", spec, name,
                                         miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshExamples));
     }
-    std::int64_t& first = name == "pp" ? pp : name == "dp" ? dp : name == "fsdp" ? fsdp : tp_row;
+    std::int64_t& first = name == "pp" ? pp : name == "dp" ? dp : name == "fsdp" ? fsdp : name == "ep" ? ep : tp_row;
     MG_CHECK(first == 0, "--mesh '{}': axis '{}' appears twice", spec, name);
     const std::size_t x = value.find('x');
     if (name == "tp" && x != std::string_view::npos) {   // tp=RxC: a 2-D tensor-parallel grid
@@ -63,13 +63,15 @@ std::vector<MeshAxis> parse_mesh(const std::string& spec) {
   if (dp == 0) dp = 1;
   if (tp_row == 0) tp_row = 1;
   if (tp_col == 0) tp_col = 1;
-  // Each size is <= kMaxMeshRanks (checked above), so this product of five fits in int64.
-  const std::int64_t ranks = std::max<std::int64_t>(pp, 1) * dp * std::max<std::int64_t>(fsdp, 1) * tp_row * tp_col;
+  // Each size is <= kMaxMeshRanks (checked above), so this product of six fits in int64.
+  const std::int64_t ranks = std::max<std::int64_t>(pp, 1) * dp * std::max<std::int64_t>(fsdp, 1) *
+                             std::max<std::int64_t>(ep, 1) * tp_row * tp_col;
   MG_CHECK(ranks <= kMaxMeshRanks, "--mesh '{}' needs {} ranks; meshgrad runs at most {}", spec, ranks, kMaxMeshRanks);
   std::vector<MeshAxis> axes;
   if (pp != 0) axes.push_back({"pp", static_cast<int>(pp)});   // outermost, only when given (as fsdp)
   axes.push_back({"dp", static_cast<int>(dp)});
   if (fsdp != 0) axes.push_back({"fsdp", static_cast<int>(fsdp)});   // only when given: meshes without it keep their axes
+  if (ep != 0) axes.push_back({"ep", static_cast<int>(ep)});         // the same
   if (two_d) {
     axes.push_back({"tp_row", static_cast<int>(tp_row)});
     axes.push_back({"tp_col", static_cast<int>(tp_col)});
@@ -86,7 +88,7 @@ int mesh_world_size(const std::string& spec) {
 }
 
 std::string mesh_spec(const std::vector<MeshAxis>& axes) {
-  // The grammar's layouts: [pp,] [dp,] [fsdp,] tp or [pp,] [dp,] [fsdp,] tp_row, tp_col, in that order.
+  // The grammar's layouts: [pp,] [dp,] [fsdp,] [ep,] tp or [pp,] [dp,] [fsdp,] [ep,] tp_row, tp_col, in that order.
   std::vector<std::string> names;
   for (const MeshAxis& a : axes) names.push_back(a.name);
   const bool has_pp = !names.empty() && names.front() == "pp";
@@ -95,6 +97,8 @@ std::string mesh_spec(const std::vector<MeshAxis>& axes) {
   if (has_dp) ++t;
   const bool has_fsdp = names.size() > t && names[t] == "fsdp";
   if (has_fsdp) ++t;
+  const bool has_ep = names.size() > t && names[t] == "ep";
+  if (has_ep) ++t;
   const std::vector<std::string> rest(names.begin() + static_cast<std::ptrdiff_t>(t), names.end());
   const bool one_d = rest == std::vector<std::string>{"tp"};
   const bool two_d = rest == std::vector<std::string>{"tp_row", "tp_col"};
@@ -105,7 +109,8 @@ std::string mesh_spec(const std::vector<MeshAxis>& axes) {
   }
   if (has_pp) s = fmt::format("pp={},", axes.front().size);
   if (has_dp && axes[has_pp ? 1 : 0].size != 1) s += fmt::format("dp={},", axes[has_pp ? 1 : 0].size);
-  if (has_fsdp) s += fmt::format("fsdp={},", axes[t - 1].size);
+  if (has_fsdp) s += fmt::format("fsdp={},", axes[t - (has_ep ? 2 : 1)].size);
+  if (has_ep) s += fmt::format("ep={},", axes[t - 1].size);
   if (two_d) return s + fmt::format("tp={}x{}", axes[t].size, axes[t + 1].size);
   return s + fmt::format("tp={}", axes[t].size);
 }

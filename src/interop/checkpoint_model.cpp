@@ -51,6 +51,11 @@ const std::vector<ModelConfigField>& model_config_fields() {
       MG_FAMILY_FIELD("sliding-window", sliding_window),
       MG_FAMILY_FIELD("max-window-layers", max_window_layers),
       MG_FAMILY_FIELD("model-type", model_type),
+      MG_FAMILY_FIELD("experts", experts),
+      MG_FAMILY_FIELD("experts-per-token", experts_per_token),
+      MG_FAMILY_FIELD("router-aux-loss-coef", router_aux_loss_coef),
+      MG_FAMILY_FIELD("output-router-logits", output_router_logits),
+      MG_MODEL_FIELD("capacity-factor", capacity_factor, false),
   };
   return fields;
 }

@@ -62,7 +62,7 @@ void read_rope_scaling(const json& j, const std::string& path, nn::ModelConfig& 
 // "layer_types" list given in the file must be the one these keys imply (meshgrad has no other
 // layout of windowed layers).
 void read_sliding_window(const json& j, const std::string& path, const std::string& model_type, nn::ModelConfig& c) {
-  if (model_type == "mistral") c.sliding_window = int_or(j, path, "sliding_window", 0);
+  if (model_type == "mistral" || model_type == "mixtral") c.sliding_window = int_or(j, path, "sliding_window", 0);
   if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
     c.sliding_window = int_or(j, path, "sliding_window", 0);
     // 0 is allowed here (every layer slides), unlike the sizes int_key reads.
@@ -77,6 +77,22 @@ void read_sliding_window(const json& j, const std::string& path, const std::stri
   MG_CHECK(types == implied, "config '{}': \"layer_types\": {} differs from the layers that sliding_window, "
            "use_sliding_window and max_window_layers give ({}); meshgrad builds only that layout", path,
            io::json_excerpt(types), io::json_excerpt(implied));
+}
+
+// Mixtral's mixture of experts (MixtralConfig): num_local_experts SwiGLU experts of intermediate_size,
+// num_experts_per_tok per token, the load-balancing loss's coefficient and switch.
+void read_mixtral(const json& j, const std::string& path, nn::ModelConfig& c) {
+  c.experts = int_key(j, path, "num_local_experts");
+  c.experts_per_token = int_or(j, path, "num_experts_per_tok", 2);
+  MG_CHECK(c.experts_per_token <= c.experts, "config '{}': \"num_experts_per_tok\": {} is more than the {} experts "
+           "(num_local_experts)", path, c.experts_per_token, c.experts);
+  c.router_aux_loss_coef = number_or(j, path, "router_aux_loss_coef", 0.001);
+  MG_CHECK(c.router_aux_loss_coef >= 0, "config '{}': \"router_aux_loss_coef\" must be >= 0, got {}", path,
+           c.router_aux_loss_coef);
+  c.output_router_logits = bool_or(j, path, "output_router_logits", false);
+  MG_CHECK(number_or(j, path, "router_jitter_noise", 0.0) == 0.0, "config '{}': \"router_jitter_noise\": {} is not "
+           "supported (meshgrad routes without noise; 0 is the released models' value)", path,
+           j.at("router_jitter_noise").dump());
 }
 
 nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const std::string& model_type) {
@@ -119,6 +135,7 @@ nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const
   MG_CHECK(number_or(j, path, "attention_dropout", 0.0) == 0.0, "config '{}': \"attention_dropout\": {} is not "
            "supported (meshgrad's Llama family has no dropout)", path, j.at("attention_dropout").dump());
   c.dropout = 0.0;
+  if (model_type == "mixtral") read_mixtral(j, path, c);
   return c;
 }
 
@@ -132,24 +149,30 @@ nn::ModelConfig parse_hf_config(const std::string& text, const std::string& path
            "\"model_type\"", path);
   const std::string type = j.at("model_type").get<std::string>();
   if (type == "gpt2") return parse_gpt2_config(text, path);
-  if (type == "llama" || type == "qwen2" || type == "mistral") return parse_llama_config(j, path, type);
+  if (type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral") {
+    return parse_llama_config(j, path, type);
+  }
   throw InvalidArgument(fmt::format("config '{}': \"model_type\": \"{}\" is not a model meshgrad builds (gpt2, llama, "
-                                    "qwen2, mistral)", path, type));
+                                    "qwen2, mistral, mixtral)", path, type));
 }
 
 namespace {
 
 json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
   const std::string& type = c.model_type;
-  MG_CHECK(type == "llama" || type == "qwen2" || type == "mistral", "hf_config_json: model_type \"{}\" is not one "
-           "of the Llama family's (llama, qwen2, mistral)", type);
+  MG_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral", "hf_config_json: model_type "
+           "\"{}\" is not one of the Llama family's (llama, qwen2, mistral, mixtral)", type);
+  MG_CHECK((type == "mixtral") == c.moe(), "hf_config_json: {} experts and model_type \"{}\": a mixture of experts is "
+           "written as \"mixtral\", and only one is", c.experts, type);
+  MG_CHECK(type != "mixtral" || !c.attention_bias, "hf_config_json: a mixtral model has no q/k/v biases");
   MG_CHECK(type != "qwen2" || c.attention_bias, "hf_config_json: a qwen2 model always has q/k/v biases, and this one "
            "has attention_bias false: write it as model_type \"llama\"");
   MG_CHECK(type != "mistral" || !c.attention_bias, "hf_config_json: a mistral model has no q/k/v biases, and this one "
            "has attention_bias true: write it as model_type \"llama\"");
   MG_CHECK(type != "llama" || c.sliding_window == 0, "hf_config_json: a llama model has no sliding window, and this one "
            "has sliding_window {}: write it as model_type \"mistral\" or \"qwen2\"", c.sliding_window);
-  MG_CHECK(type != "mistral" || c.sliding_window == 0 || c.max_window_layers == 0, "hf_config_json: a mistral model "
+  MG_CHECK((type != "mistral" && type != "mixtral") || c.sliding_window == 0 || c.max_window_layers == 0,
+           "hf_config_json: a mistral or mixtral model "
            "slides on every layer, and this one from layer {} on: write it as model_type \"qwen2\"", c.max_window_layers);
   const auto token = [](const std::optional<std::int64_t>& id) { return id ? json(*id) : json(nullptr); };
   json rope = nullptr;
@@ -161,8 +184,10 @@ json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
       rope["original_max_position_embeddings"] = c.rope_original_positions;
     }
   }
-  const char* architecture = type == "llama" ? "LlamaForCausalLM" : type == "qwen2" ? "Qwen2ForCausalLM"
-                                                                                     : "MistralForCausalLM";
+  const char* architecture = type == "llama"     ? "LlamaForCausalLM"
+                             : type == "qwen2"   ? "Qwen2ForCausalLM"
+                             : type == "mixtral" ? "MixtralForCausalLM"
+                                                 : "MistralForCausalLM";
   json j = {{"architectures", {architecture}},
             {"attention_dropout", 0.0},
             {"bos_token_id", token(o.bos_token_id)},
@@ -195,6 +220,13 @@ json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
     j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.layers;
   } else {
     j["sliding_window"] = window;
+  }
+  if (type == "mixtral") {
+    j["num_local_experts"] = c.experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
+    j["router_jitter_noise"] = 0.0;
   }
   return j;
 }

@@ -176,17 +176,19 @@ std::vector<std::string> check_llama_weights(const WeightFiles& f, const nn::Mod
                                         config.hidden, config.heads, config.kv_head_count(), config.vocab);
   std::vector<std::string> missing, dtypes;
   for (const ModelTensor& t : model_tensors(config)) {
-    if (!f.contains(t.name)) {
-      missing.push_back(t.name);
-      continue;
+    for (const std::string& name : t.file_names()) {
+      if (!f.contains(name)) {
+        missing.push_back(name);
+        continue;
+      }
+      const io::SafetensorsEntry& e = f.entry(name);
+      MG_CHECK(e.shape == t.file_shape(), "weights '{}': tensor '{}' has shape {} but {} gives it {}{}", f.file_of(name),
+               name, shape_str(e.shape), model, shape_str(t.file_shape()),
+               t.transposed ? " (a torch.nn.Linear weight, [out, in])" : "");
+      MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
+               "F16 or BF16", f.file_of(name), name, e.stored);
+      if (std::find(dtypes.begin(), dtypes.end(), e.stored) == dtypes.end()) dtypes.push_back(e.stored);
     }
-    const io::SafetensorsEntry& e = f.entry(t.name);
-    MG_CHECK(e.shape == t.file_shape(), "weights '{}': tensor '{}' has shape {} but {} gives it {}{}", f.file_of(t.name),
-             t.name, shape_str(e.shape), model, shape_str(t.file_shape()),
-             t.transposed ? " (a torch.nn.Linear weight, [out, in])" : "");
-    MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
-             "F16 or BF16", f.file_of(t.name), t.name, e.stored);
-    if (std::find(dtypes.begin(), dtypes.end(), e.stored) == dtypes.end()) dtypes.push_back(e.stored);
   }
   MG_CHECK(missing.empty(), "weights '{}' miss {} tensor{} of {}: {}", f.origin(), missing.size(),
            missing.size() == 1 ? "" : "s", model, join(missing));
@@ -207,7 +209,9 @@ std::vector<std::string> check_llama_weights(const WeightFiles& f, const nn::Mod
 std::vector<std::pair<std::string, Tensor>> read_model_tensors(const WeightFiles& files, const nn::ModelConfig& config,
                                                                const std::string& prefix) {
   std::vector<std::pair<std::string, Tensor>> out;
-  for (const ModelTensor& t : model_tensors(config)) out.emplace_back(t.name, from_file_layout(t, files.get(prefix + t.name)));
+  for (const ModelTensor& t : model_tensors(config)) {
+    out.emplace_back(t.name, from_file_tensors(t, [&](const std::string& name) { return files.get(prefix + name); }));
+  }
   return out;
 }
 
@@ -222,20 +226,23 @@ void load_model_parameters(const WeightFiles& files, const nn::ModelConfig& conf
              config.kind);
     MG_CHECK(spec->shape == p->full_shape, "load_model_parameters: parameter '{}' has full shape {} but the model's is "
              "{}", p->name, shape_str(p->full_shape), shape_str(spec->shape));
-    const std::string stored = prefix + p->name;
-    MG_CHECK(files.contains(stored), "weights '{}' hold no tensor '{}' for parameter '{}'", files.origin(), stored,
-             p->name);
-    const io::SafetensorsEntry& e = files.entry(stored);
-    MG_CHECK(e.shape == spec->file_shape(), "weights '{}': tensor '{}' has shape {}, expected {}", files.file_of(stored),
-             stored, shape_str(e.shape), shape_str(spec->file_shape()));
-    MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
-             "F16 or BF16", files.file_of(stored), stored, e.stored);
+    for (const std::string& name : spec->file_names()) {
+      const std::string stored = prefix + name;
+      MG_CHECK(files.contains(stored), "weights '{}' hold no tensor '{}' for parameter '{}'", files.origin(), stored,
+               p->name);
+      const io::SafetensorsEntry& e = files.entry(stored);
+      MG_CHECK(e.shape == spec->file_shape(), "weights '{}': tensor '{}' has shape {}, expected {}",
+               files.file_of(stored), stored, shape_str(e.shape), shape_str(spec->file_shape()));
+      MG_CHECK(e.readable && e.dtype != DType::Int64, "weights '{}': tensor '{}' is {}; a parameter must be F32, F64, "
+               "F16 or BF16", files.file_of(stored), stored, e.stored);
+    }
   }
   // Pass 2: read, lay out as meshgrad does, convert, keep this rank's piece (see load_parameters).
   autograd::NoGradGuard no_grad;
   for (nn::Parameter* p : params) {
     const ModelTensor& spec = *find_spec(specs, p->name);
-    const Tensor full = from_file_layout(spec, files.get(prefix + p->name)).to(p->value.dtype());
+    const Tensor full =
+        from_file_tensors(spec, [&](const std::string& name) { return files.get(prefix + name); }).to(p->value.dtype());
     p->value.detach().copy_from(nn::take_shard(full, *p));
   }
 }
@@ -251,7 +258,7 @@ void write_model_tensors(const std::string& path, const nn::ModelConfig& config,
   for (std::size_t i = 0; i < specs.size(); ++i) {
     MG_CHECK(tensors[i].first == specs[i].name, "write_model_tensors '{}': tensor #{} is '{}', the model's is '{}'", path,
              i, tensors[i].first, specs[i].name);
-    file.emplace_back(specs[i].name, to_file_layout(specs[i], tensors[i].second));
+    for (auto& piece : to_file_tensors(specs[i], tensors[i].second)) file.push_back(std::move(piece));
   }
   io::write_safetensors(path, file, metadata, storage);
 }

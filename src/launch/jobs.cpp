@@ -20,6 +20,7 @@
 #include "meshgrad/interop/model_tensors.hpp"
 #include "meshgrad/train/step.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/nn/moe.hpp"
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
 #include "meshgrad/checkpoint/directory.hpp"
@@ -271,6 +272,10 @@ train::TrainResult run_train_job(const train::TrainOptions& given_options, const
   const train::TrainOptions given = with_init_from_family(with_model_config(given_options));
   check_llama_edges(given);   // before a checkpoint is read for --resume
   train::TrainOptions options = resolve_resume(given);
+  // --experts on the Llama family is Mixtral's model_type unless one was given (what export writes).
+  if (options.model.kind == "llama" && options.model.moe() && options.given_options.count("model-type") == 0) {
+    options.model.model_type = "mixtral";
+  }
   try {
     check_train_options(options);
     if (options.sample_every > 0 && !options.sampler) set_train_sampler(options);
@@ -377,6 +382,7 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
   if (!job.dtype.empty()) config.dtype = parse_dtype(job.dtype);
   else if (from_files) config.dtype = in.weights_dtype;
   MG_CHECK(config.dtype != DType::Int64, "grads: --dtype must be float32 or float64");
+  config.capacity_factor = job.capacity_factor;
   const DType out_dtype = from_files ? in.weights_dtype : config.dtype;
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = job.sequence_parallel;
@@ -388,6 +394,7 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
 
   GradsResult result;
   run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    nn::check_moe(config, mesh->has_axis("ep") ? mesh->axis_size("ep") : 1, mesh->str());
     const int split = train::batch_split_size(*mesh);
     if (parallel.mesh_invariant()) {
       train::check_mesh_invariant_split(config.batch, split, 1, parallel.batch_blocks);
@@ -402,11 +409,12 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
                                                         train::micro_batches_per_replica(parallel, *mesh, 1));
     if (mesh->rank() != 0) return;
     result.loss = dump.loss;
+    result.aux_loss = dump.aux_loss;
     for (auto& [name, grad] : dump.gradients) {
       const auto spec = std::find_if(specs.begin(), specs.end(), [&](const interop::ModelTensor& t) { return t.name == name; });
       MG_CHECK(spec != specs.end(), "grads: the model's parameter '{}' has no file layout", name);
       const DType out = in.weights && in.weights->contains(name) ? in.weights->entry(name).dtype : out_dtype;
-      result.gradients.emplace_back(name, interop::to_file_layout(*spec, grad).to(out));
+      for (auto& [file_name, g] : interop::to_file_tensors(*spec, grad)) result.gradients.emplace_back(file_name, g.to(out));
     }
     result.dtype = out_dtype;
     result.mesh = mesh->str();

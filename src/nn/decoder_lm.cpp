@@ -104,6 +104,7 @@ class DecoderLM final : public Model {
     const std::uint64_t stream_start = state->gen.counter();
     if (draws) state->gen.set_counter(stream_start + (stage_.is_first() ? 0 : dropout_draws(stage_.first_block)));
 
+    family_->begin_forward();
     Tensor h = stage_.is_first() ? embed(batch, dropout) : input;
     h = run_blocks(h, seq, dropout, recording);
     if (draws) state->gen.set_counter(stream_start + dropout_draws(cfg_.layers));
@@ -120,7 +121,8 @@ class DecoderLM final : public Model {
                                                      family_->vocab_offset(), cfg_.vocab, ctx.tp,
                                                      static_cast<double>(global_tokens), -100, &family_->output_plan(),
                                                      ctx.reduce_order());
-    return ctx.loss_partial_over_dp(loss);
+    const Tensor aux = family_->auxiliary_loss(forwards_per_step(batch));
+    return ctx.loss_partial_over_dp(aux.defined() ? add(loss, aux) : loss);
   }
 
   std::vector<Parameter*> parameters() override {
@@ -139,6 +141,7 @@ class DecoderLM final : public Model {
   std::uint64_t random_state() const override { return dropout_->gen.counter(); }
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
   dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
+  ExpertLoad take_expert_load() override { return family_->take_expert_load(); }
   void set_accumulating(bool on) override {
     if (tied_) tied_->set_accumulating(on);
     if (root_unit_) root_unit_->set_accumulating(on);
@@ -156,6 +159,21 @@ class DecoderLM final : public Model {
     const std::string& name = family_->token_embedding()->weight.name;
     const std::size_t dot = name.rfind('.');
     return dot == std::string::npos ? name : name.substr(0, dot);
+  }
+
+  // The forwards one optimizer step averages a per-forward term over (the load-balancing loss): the
+  // micro-batch rounds, each a forward on every rank that splits the batch, in the normal mode; the
+  // row blocks under --mesh-invariant, where every forward is one block on one rank.
+  int forwards_per_step(const Batch& batch) const {
+    const std::int64_t b = batch.inputs.size(0), rows = batch.global_rows > 0 ? batch.global_rows : b;
+    std::int64_t replicas = 1;
+    for (int a = 0; a < ctx_->mesh->ndim(); ++a) {
+      if (ctx_->batch_axes() & dist::axis_bit(a)) replicas *= ctx_->mesh->axis_size(a);
+    }
+    const std::int64_t per_forward = ctx_->config.mesh_invariant() ? b : b * replicas;
+    MG_CHECK(rows % per_forward == 0, "{}: a forward of {} rows ({} per rank) does not divide the global batch of {} "
+             "rows", cfg_.kind, per_forward, b, rows);
+    return static_cast<int>(rows / per_forward);
   }
 
   // Dropout seeds the forward draws before block `block`.
@@ -343,6 +361,8 @@ KvCache DecoderLM::new_cache(std::int64_t batch) {
 Tensor DecoderLM::decode(const Tensor& ids, KvCache& cache, bool all_positions) {
   check_one_stage("decode");
   const std::string what = cfg_.kind + " decode";
+  MG_CHECK(!ctx_->expert_parallel(), "{}: decoding runs one sequence batch on every rank, and the mesh {} splits the "
+           "experts over ep: sample on a mesh without ep (a checkpoint reshards onto any mesh)", what, ctx_->mesh->str());
   check_dtype(ids, DType::Int64, what.c_str(), "ids");
   MG_CHECK(cache.keys.size() == blocks_.size() && cache.values.size() == blocks_.size() &&
                cache.capacity == cfg_.n_positions() && cache.length >= 0 && cache.length <= cache.capacity,
@@ -359,6 +379,7 @@ Tensor DecoderLM::decode(const Tensor& ids, KvCache& cache, bool all_positions) 
            "holds {})", what, start, start + t_new - 1, cfg_.n_positions(), start);
   autograd::NoGradGuard no_grad;
   const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/true);
+  family_->begin_forward();
   const Tensor tids = ids.transpose(0, 1).contiguous();   // [T_new, B]
   const Tensor& table = family_->token_embedding()->weight.operand();
   Tensor h = family_->embed(tids, table, start, [](const Tensor& x) { return x; });   // [T_new, B, C]

@@ -18,6 +18,7 @@
 #include "meshgrad/distributed/mappings.hpp"
 #include "meshgrad/nn/decoder_lm.hpp"
 #include "meshgrad/nn/invariant.hpp"
+#include "meshgrad/nn/moe.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/trace.hpp"
@@ -242,12 +243,41 @@ class SwiGluMlp {
 // input_layernorm, self_attn, post_attention_layernorm, mlp: the pre-norm block with RMSNorm.
 using LlamaBlock = PreNormBlock<RmsNorm, LlamaAttention, SwiGluMlp>;
 constexpr PreNormNames kLlamaBlock{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"};
+// Mixtral: the MLP is a sparse mixture of experts (nn/moe.hpp), block_sparse_moe.
+using MixtralBlock = PreNormBlock<RmsNorm, LlamaAttention, SparseMoe>;
+constexpr PreNormNames kMixtralBlock{"input_layernorm", "self_attn", "post_attention_layernorm", "block_sparse_moe"};
+
+// What a mixture of experts cannot be combined with yet, refused by name before any layer is built.
+void check_mixtral(const ModelConfig& cfg, const ParallelContext& ctx) {
+  const ParallelConfig& p = ctx.config;
+  const std::string mesh = ctx.mesh->str();
+  if (cfg.output_router_logits) {
+    MG_CHECK(ctx.pp_size() == 1, "mixtral: the load-balancing loss (output_router_logits true) sums every layer's "
+             "router counts before any layer's gradient, and a pipeline (--mesh {}) runs a stage's backward before the "
+             "next stage's forward: use a mesh without pp, or set output_router_logits false", mesh);
+    MG_CHECK(!p.checkpoint_blocks, "mixtral: --checkpoint-blocks with the load-balancing loss (output_router_logits "
+             "true) is not supported: the loss needs the router probabilities of the first forward, which a "
+             "checkpointed block does not keep");
+  }
+  if (ctx.expert_parallel()) {
+    MG_CHECK(!ctx.fsdp_active() || !ctx.config.shard_optimizer, "mixtral: --shard-optimizer with ep (--mesh {}) is not "
+             "supported yet", mesh);
+    MG_CHECK(!ctx.fsdp_active(), "mixtral: fsdp with ep (--mesh {}) is not supported yet: use dp with ep, or fsdp "
+             "with ep=1", mesh);
+  }
+  MG_CHECK(!(ctx.config.tp_invariant() && ctx.sequence_parallel()), "mixtral: --{} with --sequence-parallel is not "
+           "supported: the experts would sum each sequence shard's tokens apart", invariance_option(p.invariance));
+}
 
 class Llama final : public DecoderFamily {
  public:
   Llama(const ModelConfig& cfg, const ParallelContextPtr& ctx, const StagePieces& pieces, std::uint64_t seed)
       : cfg_(cfg), ctx_(ctx), norm_("model.norm", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype) {
     check_llama(cfg, *ctx);
+    if (cfg.moe()) {
+      check_mixtral(cfg, *ctx);
+      router_log_ = std::make_shared<RouterLog>(cfg, ctx);
+    }
     invariant::check_model(cfg, *ctx);
     if (pieces.embedding || (pieces.head && cfg.tie_word_embeddings)) {
       embed_tokens_ = std::make_unique<VocabParallelEmbedding>("model.embed_tokens", cfg.vocab, cfg.hidden, ctx, seed,
@@ -257,7 +287,12 @@ class Llama final : public DecoderFamily {
       ModelConfig layer = cfg;   // the block's attention sees its own window
       layer.sliding_window = cfg.attention_window(i);
       layer.max_window_layers = 0;
-      blocks_.push_back(std::make_shared<LlamaBlock>(fmt::format("model.layers.{}", i), kLlamaBlock, layer, ctx, seed));
+      const std::string name = fmt::format("model.layers.{}", i);
+      if (cfg.moe()) {
+        blocks_.push_back(std::make_shared<MixtralBlock>(name, kMixtralBlock, layer, ctx, seed, router_log_));
+      } else {
+        blocks_.push_back(std::make_shared<LlamaBlock>(name, kLlamaBlock, layer, ctx, seed));
+      }
     }
     // Column-parallel over the vocabulary (logits stay split); its own weight unless tied.
     lm_head_ = std::make_unique<ColumnParallelLinear>(
@@ -286,6 +321,11 @@ class Llama final : public DecoderFamily {
   std::int64_t vocab_offset() const override { return vocab_offset_; }
   const tree::SplitPlan& output_plan() const override { return lm_head_->plan(); }
   std::vector<Parameter*> embedding_parameters() override { return {&embed_tokens_->weight}; }
+  void begin_forward() override {
+    if (router_log_) router_log_->begin_forward();
+  }
+  Tensor auxiliary_loss(int forwards) override { return router_log_ ? router_log_->auxiliary_loss(forwards) : Tensor(); }
+  ExpertLoad take_expert_load() override { return router_log_ ? router_log_->take_load() : ExpertLoad{}; }
   std::vector<Parameter*> head_parameters() override {
     std::vector<Parameter*> out{&norm_.weight};
     if (!cfg_.tie_word_embeddings) out.push_back(&lm_head_->weight);
@@ -297,6 +337,7 @@ class Llama final : public DecoderFamily {
   ParallelContextPtr ctx_;
   std::unique_ptr<VocabParallelEmbedding> embed_tokens_;
   std::vector<std::shared_ptr<DecoderBlock>> blocks_;
+  std::shared_ptr<RouterLog> router_log_;   // a mixture of experts only
   RmsNorm norm_;
   std::unique_ptr<ColumnParallelLinear> lm_head_;
   std::int64_t vocab_offset_ = 0;

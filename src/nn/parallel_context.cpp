@@ -83,6 +83,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
   ctx->dp_axis = mesh->has_axis("dp") ? mesh->axis_index("dp") : -1;
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
+  ctx->ep_axis = mesh->has_axis("ep") ? mesh->axis_index("ep") : -1;
   if (config.shard_optimizer) {
     MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "
              "over the dp axis, and the mesh {} has no dp axis of more than one rank", mesh->str());
@@ -152,17 +153,27 @@ dist::Placements ParallelContext::on_grid(Placement p_row, Placement p_col) cons
   return out;
 }
 
+dist::Placements ParallelContext::on_experts() const {
+  dist::Placements out = replicated();
+  if (ep_axis >= 0) out[static_cast<std::size_t>(ep_axis)] = Placement::shard(0);
+  return out;
+}
+
+dist::AxisMask ParallelContext::batch_axes() const {
+  dist::AxisMask axes = 0;
+  for (const int a : {dp_axis, fsdp_axis, ep_axis}) {
+    if (a >= 0 && mesh->axis_size(a) > 1) axes |= dist::axis_bit(a);
+  }
+  return axes;
+}
+
 Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
   if (tp.size() == 1) return x;
   return dist::mark_partial_grad(x, tp.axes);
 }
 
 Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
-  dist::AxisMask axes = 0;
-  for (const int a : {dp_axis, fsdp_axis}) {
-    if (a >= 0 && mesh->axis_size(a) > 1) axes |= dist::axis_bit(a);
-  }
-  return dist::mark_partial_grad(loss, axes);   // axes 0: the loss itself
+  return dist::mark_partial_grad(loss, batch_axes());   // no axis: the loss itself
 }
 
 // ---- the summation-order policy ------------------------------------------------------------------

@@ -23,17 +23,19 @@ struct PreNormNames {
 
 // Norm(name, features, eps, ctx, dtype) with forward(x, seq) and its parameters in collect_norm;
 // Attention(name, cfg, ctx, seed) with forward, forward_cached, local_kv_heads, head_dim, collect;
-// Mlp(name, cfg, ctx, seed) with forward(x, seq) and collect.
+// Mlp(name, cfg, ctx, seed[, extra...]) with forward(x, seq) and collect.
 template <class Norm, class Attention, class Mlp>
 class PreNormBlock final : public DecoderBlock {
  public:
+  // extra: what the Mlp takes after the seed (a mixture of experts' router log).
+  template <class... MlpExtra>
   PreNormBlock(std::string name, const PreNormNames& parts, const ModelConfig& cfg, const ParallelContextPtr& ctx,
-               std::uint64_t seed)
+               std::uint64_t seed, MlpExtra&&... extra)
       : name_(std::move(name)),
         norm_1_(name_ + "." + parts.norm_1, cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
         attention_(name_ + "." + parts.attention, cfg, ctx, seed),
         norm_2_(name_ + "." + parts.norm_2, cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype),
-        mlp_(name_ + "." + parts.mlp, cfg, ctx, seed) {}
+        mlp_(name_ + "." + parts.mlp, cfg, ctx, seed, std::forward<MlpExtra>(extra)...) {}
 
   const std::string& name() const override { return name_; }
   Tensor forward(const Tensor& x, std::int64_t seq, const Dropout& dropout) const override {

@@ -124,7 +124,19 @@ std::vector<TrainOption> where_and_what() {
        .recorded = R::Fixed, .min = 0},
       {.name = "model-type", .kind = K::Text, .help = "With --model llama: the Hugging Face model_type it is "
        "(what export writes)", .field = MG_MEMBER(model.model_type), .recorded = R::Fixed,
-       .choices = {"llama", "qwen2", "mistral"}},
+       .choices = {"llama", "qwen2", "mistral", "mixtral"}},
+      {.name = "experts", .kind = K::Int, .help = "With --model llama: a sparse mixture of experts of this many SwiGLU "
+       "experts in every block (Mixtral's num_local_experts; 0: the dense MLP)", .field = MG_MEMBER(model.experts),
+       .recorded = R::Fixed, .min = 0},
+      {.name = "experts-per-token", .kind = K::Int, .help = "With --experts: the experts each token is routed to "
+       "(num_experts_per_tok)", .field = MG_MEMBER(model.experts_per_token), .recorded = R::Fixed, .min = 1},
+      {.name = "router-aux-loss-coef", .kind = K::Double, .help = "With --experts: the load-balancing loss's "
+       "coefficient (router_aux_loss_coef)", .field = MG_MEMBER(model.router_aux_loss_coef), .recorded = R::Fixed},
+      {.name = "output-router-logits", .kind = K::Flag, .help = "With --experts: add the load-balancing loss to the "
+       "loss (output_router_logits)", .field = MG_MEMBER(model.output_router_logits), .recorded = R::Fixed},
+      {.name = "capacity-factor", .kind = K::Double, .help = "With --experts: each expert takes at most ceil(f x "
+       "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (0: dropless)",
+       .field = MG_MEMBER(model.capacity_factor), .recorded = R::Kept},
   };
 }
 

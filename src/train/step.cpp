@@ -22,9 +22,9 @@ namespace meshgrad::train {
 
 namespace {
 
-// This rank's place among the ranks that split the batch: the dp and fsdp axes together, row-major
-// (dp outermost), so that dp=M,fsdp=F holds the rows dp=M*F would, rank for rank. A mesh without
-// either is one replica.
+// This rank's place among the ranks that split the batch: the dp, fsdp and ep axes together,
+// row-major (dp outermost), so that dp=M,fsdp=F holds the rows dp=M*F would, rank for rank (ep splits
+// the batch like dp for the dense layers). A mesh without any is one replica.
 struct DpPlace {
   int rank = 0;
   int size = 1;
@@ -32,7 +32,7 @@ struct DpPlace {
 };
 DpPlace dp_place(const dist::DeviceMesh& mesh) {
   std::vector<int> axes;
-  for (const char* name : {"dp", "fsdp"}) {
+  for (const char* name : {"dp", "fsdp", "ep"}) {
     if (mesh.has_axis(name)) axes.push_back(mesh.axis_index(name));
   }
   if (axes.empty()) return {};
@@ -187,6 +187,8 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   const Tensor stage_loss = forward_backward(model, global_batch, *mesh, sync, micro_batches,
                                            pipeline::ScheduleKind::OneFOneB);
   dump.loss = sum_over_dp(pipeline::losses_over_stages(stage_loss, *mesh), dp, model.reduce_order());
+  const nn::ExpertLoad load = model.take_expert_load();
+  if (model.config().moe() && model.config().output_router_logits) dump.aux_loss = load.aux_loss;
   const dist::ProcessGroup& shard_group = nn::parameter_shard_group(*mesh, params);
   dump.gradients = checkpoint::gather_gradients(params, shard_group);
   // A pipeline's stages hold their own blocks: every stage's gradients end on stage 0.

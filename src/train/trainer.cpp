@@ -27,6 +27,7 @@
 #include "meshgrad/interop/hf_io.hpp"
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/nn/layers.hpp"
+#include "meshgrad/nn/moe.hpp"
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
 #include "meshgrad/pipeline/executor.hpp"
@@ -158,7 +159,8 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
     MG_CHECK(!o.parallel.tp_invariant(), "train: --reduce-dtype bf16 cannot be combined with --{}: the fixed tree's "
              "nodes would round to bf16 at other places on other meshes", nn::invariance_option(o.parallel.invariance));
   }
-  // The ranks that split the batch: dp x fsdp.
+  nn::check_moe(o.model, mesh.has_axis("ep") ? mesh.axis_size("ep") : 1, mesh.str());
+  // The ranks that split the batch: dp x fsdp x ep.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
            "(dp x fsdp = {} on {})", o.model.batch, dp, mesh.str());

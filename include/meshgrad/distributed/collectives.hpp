@@ -68,6 +68,19 @@ PendingTensor reduce_scatter_async(const Tensor& full, const ProcessGroup& group
 Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
                   const std::vector<std::int64_t>& cat_sizes);
 
+// Uneven all-to-all of rows (expert parallelism's token exchange; differentiable: mappings.hpp's
+// all_to_all_rows): x [sum(send_rows), ...] holds, in
+// rank order, send_rows[d] rows for every rank d; returns [sum(recv_rows), ...] with recv_rows[s]
+// rows from every rank s, in rank order. send_rows[d] on this rank must equal recv_rows[this] on
+// rank d (the caller learns them by all_gather_counts). Recorded as "all_to_all" with this rank's
+// send bytes; a group of one returns x.
+Tensor exchange_rows(const Tensor& x, const ProcessGroup& group, const std::vector<std::int64_t>& send_rows,
+                       const std::vector<std::int64_t>& recv_rows);
+
+// Every rank's `local` vector (all of the same length n), in rank order: [size() * n] (a small int64
+// all-gather; recorded as "all_gather(sizes)").
+std::vector<std::int64_t> all_gather_counts(const std::vector<std::int64_t>& local, const ProcessGroup& group);
+
 // This rank's slice of full along dim by the shard rule (a view; no communication).
 Tensor local_shard(const Tensor& full, const ProcessGroup& group, std::int64_t dim);
 

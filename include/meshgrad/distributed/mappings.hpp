@@ -53,6 +53,14 @@ Tensor reduce_scatter_to_sequence(const Tensor& x, const ProcessGroup& group, st
 // S(cat_dim) -> S(split_dim): forward all-to-all / backward the reverse all-to-all
 Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split_dim, std::int64_t cat_dim,
                   std::int64_t cat_full_size = -1);
+// The token exchange of expert parallelism (nn/moe.hpp), an all-to-all with uneven counts: x [M, ...]
+// holds send_rows[d] rows for every rank d of group, in rank order; the result [sum(recv_rows), ...]
+// holds recv_rows[s] rows from every rank s. As placements it is the rule's S(i) -> S(j) over a
+// ragged [source, destination, rows] view of the tokens: each rank holds its source slice before and
+// its destination slice after, so the rule answers the reverse all-to-all, with the two count lists
+// exchanged. forward: all-to-all / backward: all-to-all back.
+Tensor all_to_all_rows(const Tensor& x, const ProcessGroup& group, std::vector<std::int64_t> send_rows,
+                       std::vector<std::int64_t> recv_rows);
 // An all-gather whose result feeds a loss that differs per rank (each rank's loss may use every
 // rank's rows): gather_from_sequence with the result's gradient marked partial on the group, so
 // backward reduce-scatters. forward: all-gather / backward: reduce-scatter.

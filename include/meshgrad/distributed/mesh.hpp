@@ -49,7 +49,11 @@ struct MeshAxis {
 //   "pp=S,..."      adds [pp=S] before every other axis: a pipeline of S stages (pipeline/), each a
 //                   whole dp x fsdp x tp mesh of its own; outermost, so a stage's ranks are adjacent
 //                   (one host per stage). Present only when given.
-// A missing dp or tp is size 1, so models always find both. The axis names are pp, dp, fsdp and tp
+//   "ep=E,..."      adds [ep=E] after fsdp, before the tp axes: expert parallelism. Its ranks split the
+//                   batch as dp does for the dense layers and split a mixture of experts' experts among
+//                   themselves (nn/moe.hpp); tokens travel to their experts by all-to-all. Present only
+//                   when given.
+// A missing dp or tp is size 1, so models always find both. The axis names are pp, dp, fsdp, ep and tp
 // (case-sensitive): anything else is refused, since an unknown axis would be silently ignored.
 
 // The most ranks a mesh may have. Checked before anything is allocated (the threads backend

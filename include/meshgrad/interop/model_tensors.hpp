@@ -10,6 +10,7 @@
 // "model.layers.0.self_attn.q_proj.weight", "lm_head.weight").
 #pragma once
 
+#include <functional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -24,8 +25,12 @@ struct ModelTensor {
   std::string name;         // meshgrad's parameter name, also its name in a Hugging Face file
   Shape shape;              // meshgrad's full shape
   bool transposed = false;  // a Hugging Face file stores it transposed (a torch.nn.Linear weight)
-  // Its shape in a Hugging Face file.
-  Shape file_shape() const { return transposed ? Shape{shape[1], shape[0]} : shape; }
+  // A mixture of experts' stacked weight [experts, in, out] (nn/moe.hpp), "....experts.w1.weight":
+  // a Hugging Face file holds one nn.Linear [out, in] per expert, "....experts.{e}.w1.weight".
+  bool stacked_experts = false;
+  // Its names in a Hugging Face file (one, or one per expert) and the shape of each there.
+  std::vector<std::string> file_names() const;
+  Shape file_shape() const;
 };
 
 // Every parameter of the model config describes (kind "gpt" or "llama"), in nn::make_model's
@@ -39,6 +44,11 @@ struct ModelTensor {
 //            mlp.{gate,up}_proj.weight [hidden, ffn], mlp.down_proj.weight [ffn, hidden];
 //          model.norm.weight [hidden]; lm_head.weight [hidden, vocab] unless tie_word_embeddings.
 //          Every .weight of a linear (and lm_head) is transposed in a Hugging Face file.
+//          A mixture of experts (config.experts > 0, Mixtral) has, instead of mlp.*, per layer
+//            block_sparse_moe.gate.weight [hidden, experts] (transposed in a file),
+//            block_sparse_moe.experts.w1.weight [experts, hidden, ffn], .w2.weight [experts, ffn,
+//            hidden], .w3.weight [experts, hidden, ffn]: stacked_experts, each expert's slice an
+//            nn.Linear of its own in a file (experts.{e}.w1.weight [ffn, hidden], ...).
 // Throws InvalidArgument naming the kind for any other model (the MLP stack has no file format).
 std::vector<ModelTensor> model_tensors(const nn::ModelConfig& config);
 // The same as (name, meshgrad shape) pairs.
@@ -47,7 +57,12 @@ std::vector<std::pair<std::string, Shape>> model_parameter_shapes(const nn::Mode
 // A full tensor of meshgrad's layout as a Hugging Face file stores it, and back: a contiguous copy,
 // transposed when spec.transposed (exact: no value changes). Throws InvalidArgument naming the
 // tensor when t's shape is not spec's (to_file_layout: spec.shape; from_file_layout: file_shape()).
+// Not for stacked experts (one meshgrad tensor, several file tensors): the two below are for all.
 Tensor to_file_layout(const ModelTensor& spec, const Tensor& t);
 Tensor from_file_layout(const ModelTensor& spec, const Tensor& t);
+// Every tensor: its file tensors (name, tensor) in file_names() order, and back from a reader of
+// file tensors by name.
+std::vector<std::pair<std::string, Tensor>> to_file_tensors(const ModelTensor& spec, const Tensor& t);
+Tensor from_file_tensors(const ModelTensor& spec, const std::function<Tensor(const std::string&)>& read);
 
 }  // namespace meshgrad::interop

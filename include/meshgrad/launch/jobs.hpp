@@ -6,6 +6,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -55,10 +56,12 @@ struct GradsJob {
   bool mesh_invariant = false;          // nn::Invariance::Mesh: the same bits on every mesh (as train's)
   int invariant_blocks = 4;
   int batch_blocks = 4;                 // with mesh_invariant: the batch's fixed row blocks
+  double capacity_factor = 0;           // a mixture of experts' capacity (nn::ModelConfig); 0: dropless
 };
 
 struct GradsResult {
-  double loss = 0;                                        // global mean cross-entropy
+  double loss = 0;                                        // global mean cross-entropy (+ a MoE's aux term)
+  std::optional<double> aux_loss;                         // a MoE's load-balancing loss (output_router_logits)
   std::vector<std::pair<std::string, Tensor>> gradients;  // full gradients, forward order; files:
                                                           // in each parameter's dtype in the weights
   DType dtype = DType::Float32;                           // the weights' dtype (files) / compute dtype

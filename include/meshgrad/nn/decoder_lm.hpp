@@ -101,6 +101,13 @@ class DecoderFamily {
   virtual std::int64_t vocab_offset() const = 0;
   // The blocks of the local vocabulary the output layer computes in (ParallelContext::feature_plan).
   virtual const tree::SplitPlan& output_plan() const = 0;
+  // A mixture of experts (nn/moe.hpp). begin_forward: a forward of this rank's stage starts.
+  // auxiliary_loss: the term the family adds to the loss of the forward that just ran (the
+  // load-balancing loss times its coefficient), this rank's share, averaged over `forwards` forwards
+  // per step; undefined for none. take_expert_load: Model::take_expert_load.
+  virtual void begin_forward() {}
+  virtual Tensor auxiliary_loss(int /*forwards*/) { return Tensor(); }
+  virtual ExpertLoad take_expert_load() { return {}; }
   // Parameters of the embedding (first stage) and of the head (last stage), in the one-rank order.
   virtual std::vector<Parameter*> embedding_parameters() = 0;
   virtual std::vector<Parameter*> head_parameters() = 0;
@@ -120,7 +127,8 @@ std::unique_ptr<DecoderFamily> make_gpt2_family(const ModelConfig& config, const
 const TensorParallelPlan& gpt2_tp_plan();
 
 // The Llama family (src/nn/llama.cpp; kind "llama"): Llama 2/3, TinyLlama, SmolLM, Qwen2 (q/k/v
-// biases), Mistral (sliding-window attention; Qwen2 from max_window_layers on), in Hugging Face's names.
+// biases), Mistral (sliding-window attention; Qwen2 from max_window_layers on), Mixtral (a sparse
+// mixture of experts for every MLP, ModelConfig::experts > 0), in Hugging Face's names.
 std::unique_ptr<DecoderFamily> make_llama_family(const ModelConfig& config, const ParallelContextPtr& ctx,
                                                  const StagePieces& pieces, std::uint64_t seed);
 const TensorParallelPlan& llama_tp_plan();

@@ -49,7 +49,18 @@ struct ModelConfig {
   // use_sliding_window: the layers from its max_window_layers on). sliding_window 0: none.
   int sliding_window = 0;
   int max_window_layers = 0;
-  std::string model_type = "llama"; // config.json's model_type: "llama", "qwen2" or "mistral" (export)
+  std::string model_type = "llama"; // config.json's model_type: "llama", "qwen2", "mistral" or "mixtral" (export)
+  // Mixture of experts (model_type "mixtral", nn/moe.hpp): every block's MLP is a sparse MoE block
+  // of `experts` SwiGLU experts of ffn features (num_local_experts), each token routed to
+  // `experts_per_token` of them (num_experts_per_tok). experts 0: the dense MLP.
+  int experts = 0;
+  int experts_per_token = 2;
+  double router_aux_loss_coef = 0.001;   // router_aux_loss_coef
+  bool output_router_logits = false;     // output_router_logits: the load-balancing loss joins the loss
+  // A run option, not Hugging Face's: each expert takes at most ceil(capacity_factor * tokens * k /
+  // experts) of one micro-batch's tokens on one rank and drops the rest (counted); 0: dropless.
+  double capacity_factor = 0;
+  bool moe() const { return experts > 0; }
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_size() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }
@@ -169,6 +180,18 @@ struct KvCache {
   std::int64_t attention_scores = 0;
 };
 
+// The routing of a mixture of experts over some training forwards (nn/moe.hpp), summed over the
+// ranks that route other tokens: per MoE layer of this rank's stage, the assignments each expert
+// received (tokens x k, before capacity drops), the assignments dropped by the capacity factor, and
+// the load-balancing loss summed over the forwards (before router_aux_loss_coef).
+struct ExpertLoad {
+  std::vector<std::string> layers;                 // "model.layers.0.block_sparse_moe"
+  std::vector<std::vector<std::int64_t>> tokens;   // [layer][expert]
+  std::int64_t dropped = 0;
+  double aux_loss = 0;
+  bool empty() const { return layers.empty(); }
+};
+
 class Model {
  public:
   virtual ~Model() = default;
@@ -228,6 +251,9 @@ class Model {
   // TP-invariant mode. The trainer adds its own sums in the same order: micro-batches, the dp
   // replicas, the reported loss, and the gradient norm (exact in the tree order, grad_norm.hpp).
   virtual dist::ReduceOrder reduce_order() const { return dist::ReduceOrder::RankOrder; }
+  // A mixture of experts' routing since the last call (training forwards only), then cleared;
+  // empty for a dense model. Collective: every rank of the mesh calls it.
+  virtual ExpertLoad take_expert_load() { return {}; }
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives

@@ -48,6 +48,9 @@ struct ParallelContext {
   // --shard-optimizer; -1: none.
   int fsdp_axis = -1;
   int pp_axis = -1;                  // -1: no pp axis (pipeline parallelism, pipeline/executor.hpp)
+  // Expert parallelism (nn/moe.hpp): the ep axis splits the batch like dp for the dense layers and
+  // the experts of every MoE block among its ranks; -1: no ep axis.
+  int ep_axis = -1;
   ParallelConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
@@ -62,6 +65,14 @@ struct ParallelContext {
   int pp_size() const { return pp_axis >= 0 ? mesh->axis_size(pp_axis) : 1; }
   int pp_rank() const { return pp_axis >= 0 ? mesh->coordinate(pp_axis) : 0; }
   bool sequence_parallel() const { return config.sequence_parallel && tp.size() > 1; }
+  // The ranks the experts are split over (1 and 0 without an ep axis).
+  int ep_size() const { return ep_axis >= 0 ? mesh->axis_size(ep_axis) : 1; }
+  int ep_rank() const { return ep_axis >= 0 ? mesh->coordinate(ep_axis) : 0; }
+  bool expert_parallel() const { return ep_size() > 1; }
+  // The ep axis's group; only when expert_parallel().
+  const dist::ProcessGroup& expert_group() const { return mesh->group(ep_axis); }
+  // The axes that split the batch (dp, fsdp and ep), as a mask of those with more than one rank.
+  dist::AxisMask batch_axes() const;
   // The features' fixed tree (--tp-invariant, and --mesh-invariant, which holds it).
   bool tp_invariant() const { return config.invariance != Invariance::None; }
   // Parameters are sharded over an fsdp axis of more than one rank and gathered per unit (fsdp.hpp).
@@ -81,10 +92,13 @@ struct ParallelContext {
   dist::Placements replicated() const;
   dist::Placements on_tp(dist::Placement p) const;
   dist::Placements on_grid(dist::Placement p_row, dist::Placement p_col) const;
+  // An MoE block's stacked expert tensor [experts, ...]: split along dim 0 over ep (each rank holds
+  // its experts whole), replicated on tp, Sp(0) on fsdp as every parameter.
+  dist::Placements on_experts() const;
   // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data
   // whose rows are disjoint over tp, such as the position table: its sum is exact in any order).
   Tensor partial_over_tp(const Tensor& x) const;
-  // Marks a loss partial over the axes that split the batch, dp and fsdp: each replica's loss is its
+  // Marks a loss partial over the axes that split the batch, dp, fsdp and ep: each replica's loss is its
   // share of the global one, so every gradient arrives partial there; the FSDP units reduce-scatter
   // over fsdp and the synchroniser all-reduces over dp, both by the one rule.
   Tensor loss_partial_over_dp(const Tensor& loss) const;

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <utility>
 #include <vector>
@@ -81,7 +82,8 @@ int batch_split_size(const dist::DeviceMesh& mesh);
 int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::DeviceMesh& mesh, int grad_accum);
 
 struct GradientDump {
-  double loss = 0;                                      // global mean cross-entropy
+  double loss = 0;                                      // global mean cross-entropy (+ a MoE's aux term)
+  std::optional<double> aux_loss;                       // a MoE's load-balancing loss (output_router_logits)
   std::vector<std::pair<std::string, Tensor>> gradients; // full gradient of every parameter, by name
 };
 

@@ -1,0 +1,497 @@
+// The sparse mixture-of-experts block and expert parallelism (contracts in include/meshgrad/nn/moe.hpp).
+#include "meshgrad/nn/moe.hpp"
+
+#include <fmt/format.h>
+
+#include <algorithm>
+#include <cmath>
+#include <cstring>
+#include <numeric>
+
+#include "meshgrad/autograd/function.hpp"
+#include "meshgrad/autograd/grad_mode.hpp"
+#include "meshgrad/distributed/collectives.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
+#include "meshgrad/distributed/mappings.hpp"
+#include "meshgrad/nn/layers.hpp"
+#include "meshgrad/ops/ops.hpp"
+#include "meshgrad/ops/tree_reduce.hpp"
+#include "meshgrad/tensor/kernels.hpp"
+#include "meshgrad/tensor/trace.hpp"
+
+namespace meshgrad::nn {
+
+namespace {
+
+using autograd::Function;
+
+// ---- row gathers: the token permutations, exact in both directions ------------------------------
+
+// Adds (or copies) row `from` of src into row `to` of dst; both contiguous [rows, width].
+template <class T>
+void add_row(T* dst, std::int64_t to, const T* src, std::int64_t from, std::int64_t width) {
+  T* d = dst + to * width;
+  const T* s = src + from * width;
+  for (std::int64_t i = 0; i < width; ++i) d[i] += s[i];
+}
+
+// out[i] = x[index[i]] (x [n, width] contiguous).
+Tensor gather_rows_raw(const Tensor& x, const std::vector<std::int64_t>& index) {
+  const Tensor src = x.contiguous();
+  const std::int64_t width = src.numel() / std::max<std::int64_t>(src.size(0), 1);
+  Shape shape = src.shape();
+  shape[0] = static_cast<std::int64_t>(index.size());
+  Tensor out = Tensor::empty(shape, src.dtype());
+  const std::size_t row_bytes = static_cast<std::size_t>(width) * dtype_size(src.dtype());
+  const auto* s = static_cast<const char*>(src.raw_data());
+  auto* d = static_cast<char*>(out.raw_data());
+  for (std::size_t i = 0; i < index.size(); ++i) {
+    std::memcpy(d + i * row_bytes, s + static_cast<std::size_t>(index[i]) * row_bytes, row_bytes);
+  }
+  return out;
+}
+
+// out = zeros [n, width]; out[index[i]] += x[i] for i = 0, 1, ... in order (so a row hit twice adds
+// its terms in the order of i).
+Tensor scatter_add_rows_raw(const Tensor& x, const std::vector<std::int64_t>& index, std::int64_t n) {
+  const Tensor src = x.contiguous();
+  Shape shape = src.shape();
+  shape[0] = n;
+  Tensor out = Tensor::zeros(shape, src.dtype());
+  const std::int64_t width = n > 0 ? out.numel() / n : 0;
+  if (src.dtype() == DType::Float64) {
+    for (std::size_t i = 0; i < index.size(); ++i) {
+      add_row(out.data<double>(), index[i], src.data<double>(), static_cast<std::int64_t>(i), width);
+    }
+  } else {
+    MG_CHECK(src.dtype() == DType::Float32, "moe: token rows must be float32 or float64, got {}", src.dtype());
+    for (std::size_t i = 0; i < index.size(); ++i) {
+      add_row(out.data<float>(), index[i], src.data<float>(), static_cast<std::int64_t>(i), width);
+    }
+  }
+  return out;
+}
+
+// y = x[index] (rows): backward adds each gradient row back into its source row, in order.
+class GatherRowsFn final : public Function {
+ public:
+  explicit GatherRowsFn(std::vector<std::int64_t> index) : index_(std::move(index)) {}
+  std::string_view name() const override { return "gather_rows"; }
+  TensorList forward(const TensorList& x) override {
+    rows_ = x[0].size(0);
+    return {gather_rows_raw(x[0], index_)};
+  }
+  TensorList backward(const TensorList& g) override { return {scatter_add_rows_raw(g[0], index_, rows_)}; }
+
+ private:
+  std::vector<std::int64_t> index_;
+  std::int64_t rows_ = 0;
+};
+
+// y = zeros [n, ...], y[index[i]] += x[i] in order: backward reads each row's gradient back.
+class ScatterAddRowsFn final : public Function {
+ public:
+  ScatterAddRowsFn(std::vector<std::int64_t> index, std::int64_t n) : index_(std::move(index)), n_(n) {}
+  std::string_view name() const override { return "scatter_add_rows"; }
+  TensorList forward(const TensorList& x) override { return {scatter_add_rows_raw(x[0], index_, n_)}; }
+  TensorList backward(const TensorList& g) override { return {gather_rows_raw(g[0], index_)}; }
+
+ private:
+  std::vector<std::int64_t> index_;
+  std::int64_t n_;
+};
+
+Tensor gather_rows(const Tensor& x, std::vector<std::int64_t> index) {
+  return autograd::apply<GatherRowsFn>({x}, std::move(index))[0];
+}
+Tensor scatter_add_rows(const Tensor& x, std::vector<std::int64_t> index, std::int64_t n) {
+  return autograd::apply<ScatterAddRowsFn>({x}, std::move(index), n)[0];
+}
+
+// ---- the grouped product: one GEMM per expert (per source block under --mesh-invariant) --------
+//
+// x [R, in]: rows of local expert 0, then 1, ... ; each expert's rows cut into `parts[e]` row counts
+// (one part, or one per source rank). W [E_local, in, out]. y[rows of e] = x[rows of e] W[e], one
+// product per nonempty part. Backward: dx per part = dy W[e]^T; dW[e] = the parts' x^T dy added in
+// the fixed tree (tree::sum; an empty part is a zero leaf, so the tree's shape depends on the
+// part count only).
+class GroupedProductFn final : public Function {
+ public:
+  explicit GroupedProductFn(std::vector<std::vector<std::int64_t>> parts) : parts_(std::move(parts)) {}
+  std::string_view name() const override { return "grouped_product"; }
+  TensorList forward(const TensorList& in) override {
+    const Tensor& x = in[0];
+    const Tensor& w = in[1];
+    MG_CHECK(x.dim() == 2 && w.dim() == 3 && x.size(1) == w.size(1) &&
+                 static_cast<std::int64_t>(parts_.size()) == w.size(0),
+             "grouped_product: x {} and W {} ([experts, in, out]) with {} experts' parts", shape_str(x.shape()),
+             shape_str(w.shape()), parts_.size());
+    const Tensor rows = kernels::product_operand(x.contiguous());
+    const Tensor weights = w.contiguous();
+    save_for_backward({needs_input_grad(1) ? rows : Tensor(), needs_input_grad(0) ? weights : Tensor()});
+    Tensor y = Tensor::empty({x.size(0), w.size(2)}, x.dtype());
+    std::int64_t off = 0;
+    for (std::size_t e = 0; e < parts_.size(); ++e) {
+      const Tensor we = kernels::product_operand(expert(weights, e));
+      for (const std::int64_t n : parts_[e]) {
+        if (n > 0) {
+          Tensor dst = y.narrow(0, off, n);
+          kernels::matmul_into(dst, rows.narrow(0, off, n), we, /*accumulate=*/false);
+        }
+        off += n;
+      }
+    }
+    MG_CHECK(off == x.size(0), "grouped_product: the parts cover {} rows, x has {}", off, x.size(0));
+    return {y};
+  }
+  TensorList backward(const TensorList& g) override {
+    const TensorList& s = saved();
+    const Tensor dy = kernels::product_operand(g[0].contiguous());
+    Tensor gx, gw;
+    if (needs_input_grad(0)) gx = Tensor::empty({dy.size(0), s[1].size(1)}, g[0].dtype());
+    std::vector<Tensor> per_expert;
+    std::int64_t off = 0;
+    for (std::size_t e = 0; e < parts_.size(); ++e) {
+      std::vector<Tensor> leaves;
+      for (const std::int64_t n : parts_[e]) {
+        const Tensor dy_part = dy.narrow(0, off, n);
+        if (needs_input_grad(0) && n > 0) {
+          Tensor dst = gx.narrow(0, off, n);
+          kernels::matmul_into(dst, dy_part, kernels::product_operand(expert(s[1], e)).transpose(0, 1), false);
+        }
+        if (needs_input_grad(1)) {
+          const std::int64_t in = s[0].size(1), out = dy.size(1);
+          leaves.push_back(n > 0 ? kernels::matmul(s[0].narrow(0, off, n).transpose(0, 1), dy_part)
+                                 : Tensor::zeros({in, out}, g[0].dtype()));
+        }
+        off += n;
+      }
+      if (needs_input_grad(1)) per_expert.push_back(leaves.size() == 1 ? leaves[0] : tree::sum(leaves));
+    }
+    if (needs_input_grad(1)) {
+      const std::int64_t in = s[0].size(1), out = dy.size(1);
+      gw = Tensor::empty({static_cast<std::int64_t>(per_expert.size()), in, out}, g[0].dtype());
+      for (std::size_t e = 0; e < per_expert.size(); ++e) expert(gw, e).copy_from(per_expert[e]);
+    }
+    return {gx, gw};
+  }
+
+ private:
+  static Tensor expert(const Tensor& w, std::size_t e) {
+    return w.narrow(0, static_cast<std::int64_t>(e), 1).view({w.size(1), w.size(2)});
+  }
+  std::vector<std::vector<std::int64_t>> parts_;
+};
+
+Tensor grouped_product(const Tensor& x, const Tensor& w, std::vector<std::vector<std::int64_t>> parts) {
+  return autograd::apply<GroupedProductFn>({x, w}, std::move(parts))[0];
+}
+
+// ---- routing -------------------------------------------------------------------------------------
+
+// The k experts of one token by probability, largest first (ties: the lower index first).
+void top_k(const double* probs, int experts, int k, std::vector<int>& out) {
+  out.resize(static_cast<std::size_t>(experts));
+  std::iota(out.begin(), out.end(), 0);
+  std::partial_sort(out.begin(), out.begin() + k, out.end(),
+                    [&](int a, int b) { return probs[a] > probs[b] || (probs[a] == probs[b] && a < b); });
+  out.resize(static_cast<std::size_t>(k));
+}
+
+}  // namespace
+
+// ---- checks ----------------------------------------------------------------------------------------
+
+void check_moe(const ModelConfig& cfg, const ParallelContext& ctx) { check_moe(cfg, ctx.ep_size(), ctx.mesh->str()); }
+
+void check_moe(const ModelConfig& cfg, int ep, const std::string& mesh) {
+  if (!cfg.moe()) {
+    MG_CHECK(ep == 1, "--mesh {}: ep = {} splits a mixture of experts' experts, and the {} model has none (--experts "
+             "0): use dp for data parallelism", mesh, ep, cfg.kind);
+    return;
+  }
+  MG_CHECK(cfg.experts >= 1, "moe: num_local_experts is {}; a mixture of experts needs at least one", cfg.experts);
+  MG_CHECK(cfg.experts_per_token >= 1 && cfg.experts_per_token <= cfg.experts, "moe: num_experts_per_tok {} must be "
+           "between 1 and num_local_experts {}", cfg.experts_per_token, cfg.experts);
+  MG_CHECK(std::isfinite(cfg.capacity_factor) && cfg.capacity_factor >= 0, "moe: --capacity-factor {} must be > 0 (0: "
+           "dropless, every token reaches its experts)", cfg.capacity_factor);
+  MG_CHECK(std::isfinite(cfg.router_aux_loss_coef) && cfg.router_aux_loss_coef >= 0, "moe: router_aux_loss_coef {} "
+           "must be >= 0", cfg.router_aux_loss_coef);
+  MG_CHECK(ep <= cfg.experts, "--mesh {}: ep = {} ranks split the experts, and the model has {} (num_local_experts); "
+           "use ep <= {}", mesh, ep, cfg.experts, cfg.experts);
+  MG_CHECK(cfg.experts % ep == 0, "--mesh {}: ep = {} does not divide the {} experts (num_local_experts): every ep rank "
+           "holds the same number of whole experts; use an ep that divides {}", mesh, ep, cfg.experts, cfg.experts);
+}
+
+// ---- the router log --------------------------------------------------------------------------------
+
+RouterLog::RouterLog(const ModelConfig& cfg, ParallelContextPtr ctx) : cfg_(cfg), ctx_(std::move(ctx)) {}
+
+void RouterLog::record(const std::string& layer, const Tensor& prob_sum, std::vector<std::int64_t> selected,
+                       std::int64_t tokens, std::int64_t dropped) {
+  // Recomputation (activation checkpointing) and evaluation route again: only the first, training
+  // forward counts toward the load.
+  const bool training = autograd::GradMode::is_enabled() && dist::current_phase() != dist::Phase::Recompute;
+  if (training) {
+    auto it = std::find(load_.layers.begin(), load_.layers.end(), layer);
+    if (it == load_.layers.end()) {
+      load_.layers.push_back(layer);
+      load_.tokens.emplace_back(selected.size(), 0);
+      it = load_.layers.end() - 1;
+    }
+    std::vector<std::int64_t>& total = load_.tokens[static_cast<std::size_t>(it - load_.layers.begin())];
+    for (std::size_t e = 0; e < selected.size(); ++e) total[e] += selected[e];
+    load_.dropped += dropped;
+  }
+  if (dist::current_phase() == dist::Phase::Recompute) return;
+  forward_.push_back({layer, prob_sum, std::move(selected), tokens});
+}
+
+Tensor RouterLog::auxiliary_loss(int forwards) {
+  if (!cfg_.output_router_logits || forward_.empty()) return Tensor();
+  const ParallelContext& ctx = *ctx_;
+  const auto experts = static_cast<std::size_t>(cfg_.experts);
+  // Hugging Face concatenates every layer's router logits: the counts and the probabilities are
+  // summed over layers and tokens alike, and the token count is layers x tokens.
+  std::vector<std::int64_t> counts(experts + 1, 0);   // [E] selections, then the token count
+  Tensor prob_sum;
+  for (const Entry& e : forward_) {
+    for (std::size_t x = 0; x < experts; ++x) counts[x] += e.selected[x];
+    counts[experts] += e.tokens;
+    prob_sum = prob_sum.defined() ? add(prob_sum, e.prob_sum) : e.prob_sum;
+  }
+  // The normal mode averages over the tokens every rank of this round holds (the ranks that split
+  // the batch, and tp's sequence shards); --mesh-invariant over this row block alone, which is
+  // what one forward on one rank holds there.
+  if (!ctx.config.mesh_invariant()) {
+    std::vector<int> axes;
+    const dist::AxisMask batch = ctx.batch_axes();
+    for (int a = 0; a < ctx.mesh->ndim(); ++a) {
+      if (batch & dist::axis_bit(a)) axes.push_back(a);
+    }
+    if (ctx.sequence_parallel()) axes.push_back(ctx.tp_axis);
+    if (!axes.empty()) {
+      std::sort(axes.begin(), axes.end());
+      dist::CommLabelScope label("router-aux-counts");
+      const dist::ProcessGroup& group = ctx.mesh->flattened_group(axes);
+      const std::vector<std::int64_t> all = dist::all_gather_counts(counts, group);
+      std::fill(counts.begin(), counts.end(), 0);
+      for (std::size_t i = 0; i < all.size(); ++i) counts[i % counts.size()] += all[i];
+    }
+  }
+  const double tokens = static_cast<double>(counts[experts]);
+  MG_CHECK(tokens > 0, "moe: the load-balancing loss over no tokens");
+  // aux = E / tokens^2 * sum_e count_e * prob_sum_e (prob_sum this rank's, so summed over the ranks
+  // that split the tokens it is the whole forward's), averaged over the step's forwards.
+  const double factor = static_cast<double>(cfg_.experts) / (tokens * tokens) / forwards;
+  std::vector<double> weights(experts);
+  for (std::size_t x = 0; x < experts; ++x) weights[x] = static_cast<double>(counts[x]) * factor;
+  Tensor aux = sum(mul(prob_sum, Tensor::from_values(weights, {static_cast<std::int64_t>(experts)},
+                                                     prob_sum.dtype())));
+  // Under SP each tp rank summed its sequence shard's probabilities: the loss is replicated over tp,
+  // so the shares are added there (P -> R: the gradient arrives replicated and passes through).
+  if (ctx.sequence_parallel()) {
+    dist::CommLabelScope label("router-aux");
+    aux = dist::reduce_from_region(aux, ctx.tp, ctx.reduce_order());
+  }
+  {
+    const bool training = autograd::GradMode::is_enabled();
+    if (training) load_.aux_loss += aux.detach().item();
+  }
+  forward_.clear();
+  return scale(aux, cfg_.router_aux_loss_coef);
+}
+
+ExpertLoad RouterLog::take_load() {
+  ExpertLoad out = std::move(load_);
+  load_ = {};
+  const ParallelContext& ctx = *ctx_;
+  // Every rank's routing summed: the counts over the ranks that hold other tokens (the batch axes,
+  // and tp's sequence shards under SP), the aux shares over the batch axes (under SP each share is
+  // already the tp group's, auxiliary_loss reduced it).
+  std::vector<int> batch_axes;
+  for (int a = 0; a < ctx.mesh->ndim(); ++a) {
+    if (ctx.batch_axes() & dist::axis_bit(a)) batch_axes.push_back(a);
+  }
+  std::vector<int> token_axes = batch_axes;
+  if (ctx.sequence_parallel()) token_axes.push_back(ctx.tp_axis);
+  std::sort(token_axes.begin(), token_axes.end());
+  dist::CommLabelScope label("expert-load");
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  if (!token_axes.empty()) {
+    std::vector<std::int64_t> local{out.dropped};
+    for (const auto& layer : out.tokens) local.insert(local.end(), layer.begin(), layer.end());
+    const std::vector<std::int64_t> all = dist::all_gather_counts(local, ctx.mesh->flattened_group(token_axes));
+    std::vector<std::int64_t> total(local.size(), 0);
+    for (std::size_t i = 0; i < all.size(); ++i) total[i % local.size()] += all[i];
+    out.dropped = total[0];
+    std::size_t at = 1;
+    for (auto& layer : out.tokens) {
+      for (auto& v : layer) v = total[at++];
+    }
+  }
+  if (!batch_axes.empty()) {
+    out.aux_loss = dist::sum_scalar_over(Tensor::scalar(out.aux_loss, DType::Float64),
+                                         ctx.mesh->flattened_group(batch_axes), ctx.reduce_order());
+  }
+  return out;
+}
+
+// ---- the block -------------------------------------------------------------------------------------
+
+SparseMoe::SparseMoe(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx,
+                     std::uint64_t seed, std::shared_ptr<RouterLog> log)
+    : name_(name), cfg_(cfg), ctx_(ctx), log_(std::move(log)) {
+  check_moe(cfg, *ctx);
+  const std::int64_t c = cfg.hidden, f = cfg.ffn_size(), e = cfg.experts;
+  gate = make_parameter(name + ".gate.weight", {c, e}, ctx->replicated(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w1 = make_parameter(name + ".experts.w1.weight", {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w2 = make_parameter(name + ".experts.w2.weight", {e, f, c}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w3 = make_parameter(name + ".experts.w3.weight", {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+}
+
+void SparseMoe::collect(std::vector<Parameter*>& out) {
+  out.push_back(&gate);
+  out.push_back(&w1);
+  out.push_back(&w2);
+  out.push_back(&w3);
+}
+
+Tensor SparseMoe::forward(const Tensor& x, std::int64_t /*seq*/) const {
+  trace::Scope scope(name_);
+  const ParallelContext& ctx = *ctx_;
+  MG_CHECK(x.dim() == 3 && x.size(2) == cfg_.hidden, "{}: input {} must be [T, B, {}]", name_, shape_str(x.shape()),
+           cfg_.hidden);
+  const std::int64_t t_local = x.size(0), b = x.size(1), c = x.size(2), n = t_local * b;
+  const int experts = cfg_.experts, k = cfg_.experts_per_token;
+  const int ep = ctx.ep_size(), local_experts = experts / ep;
+  const Tensor rows = reshape(x, {n, c});   // row t * B + b
+
+  // The router: probabilities over every expert, the k largest, renormalised (float32 or float64,
+  // as the model; under SP the replicated weights see this rank's tokens only).
+  std::vector<std::int64_t> token_of, weight_of;   // per kept assignment, in expert order
+  std::vector<std::int64_t> selected(static_cast<std::size_t>(experts), 0);
+  std::vector<std::int64_t> kept(static_cast<std::size_t>(experts), 0);
+  std::int64_t dropped = 0;
+  Tensor weights;   // [n * k, 1]: each token's k renormalised weights, in its top-k order
+  Tensor probs;
+  {
+    trace::Scope router("router");
+    const Tensor logits = matmul(rows, ctx.replicated_on_sequence_shard(gate.operand()));   // [n, E]
+    probs = softmax(logits);
+    const std::vector<double> p = probs.detach().to_vector();
+    // Assignments by expert, each expert's in token order: batch row, position, then the slot.
+    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> by_expert(static_cast<std::size_t>(experts));
+    std::vector<std::int64_t> picks(static_cast<std::size_t>(n * k));
+    std::vector<int> top;
+    for (std::int64_t row = 0; row < n; ++row) {
+      top_k(p.data() + row * experts, experts, k, top);
+      for (int j = 0; j < k; ++j) picks[static_cast<std::size_t>(row * k + j)] = row * experts + top[static_cast<std::size_t>(j)];
+    }
+    for (std::int64_t bi = 0; bi < b; ++bi) {
+      for (std::int64_t t = 0; t < t_local; ++t) {
+        const std::int64_t row = t * b + bi;
+        for (int j = 0; j < k; ++j) {
+          const std::int64_t e = picks[static_cast<std::size_t>(row * k + j)] % experts;
+          by_expert[static_cast<std::size_t>(e)].emplace_back(row, row * k + j);
+        }
+      }
+    }
+    const std::int64_t capacity =
+        cfg_.capacity_factor > 0
+            ? static_cast<std::int64_t>(std::ceil(cfg_.capacity_factor * static_cast<double>(n * k) / experts))
+            : n * k;
+    for (int e = 0; e < experts; ++e) {
+      auto& list = by_expert[static_cast<std::size_t>(e)];
+      selected[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(list.size());
+      const std::int64_t keep = std::min<std::int64_t>(capacity, static_cast<std::int64_t>(list.size()));
+      kept[static_cast<std::size_t>(e)] = keep;
+      dropped += static_cast<std::int64_t>(list.size()) - keep;
+      for (std::int64_t i = 0; i < keep; ++i) {
+        token_of.push_back(list[static_cast<std::size_t>(i)].first);
+        weight_of.push_back(list[static_cast<std::size_t>(i)].second);
+      }
+    }
+    // The k chosen probabilities of each token, renormalised (gradients reach the router through them).
+    const Tensor chosen = reshape(gather_rows(reshape(probs, {n * experts, 1}), picks), {n, k});
+    weights = reshape(div(chosen, sum(chosen, {1}, /*keepdim=*/true)), {n * k, 1});
+  }
+  log_->record(name_, cfg_.output_router_logits ? sum(probs, {0}) : Tensor(), selected, n, dropped);
+
+  // Dispatch: the kept assignments' rows, grouped by expert (so by owning rank), to the owners.
+  Tensor sent = gather_rows(rows, token_of);                        // [M, C]
+  std::vector<std::vector<std::int64_t>> parts(static_cast<std::size_t>(local_experts));
+  std::vector<std::int64_t> back_to_sources;   // the expert-major row order -> the received order
+  Tensor received = sent;
+  std::vector<std::int64_t> send_rows(static_cast<std::size_t>(ep), 0), recv_rows(static_cast<std::size_t>(ep), 0);
+  if (ep == 1) {
+    for (int e = 0; e < experts; ++e) parts[static_cast<std::size_t>(e)] = {kept[static_cast<std::size_t>(e)]};
+  } else {
+    dist::CommLabelScope label(name_);
+    const dist::ProcessGroup& group = ctx.expert_group();
+    // Every rank's kept count per expert: [source][expert].
+    const std::vector<std::int64_t> counts = dist::all_gather_counts(kept, group);
+    const int me = ctx.ep_rank();
+    const auto count = [&](int source, int e) {
+      return counts[static_cast<std::size_t>(source) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
+    };
+    for (int d = 0; d < ep; ++d) {
+      for (int e = d * local_experts; e < (d + 1) * local_experts; ++e) send_rows[static_cast<std::size_t>(d)] += count(me, e);
+    }
+    for (int s = 0; s < ep; ++s) {
+      for (int e = me * local_experts; e < (me + 1) * local_experts; ++e) recv_rows[static_cast<std::size_t>(s)] += count(s, e);
+    }
+    {
+      trace::Scope a2a("dispatch");
+      received = dist::all_to_all_rows(sent, group, send_rows, recv_rows);   // [source][local expert][token]
+    }
+    // Expert-major order ([local expert][source][token]): one product per expert, or per source
+    // block under --mesh-invariant.
+    std::vector<std::int64_t> source_offset(static_cast<std::size_t>(ep), 0);
+    for (int s = 1; s < ep; ++s) source_offset[static_cast<std::size_t>(s)] = source_offset[static_cast<std::size_t>(s - 1)] + recv_rows[static_cast<std::size_t>(s - 1)];
+    const bool per_source = ctx.config.mesh_invariant();
+    for (int l = 0; l < local_experts; ++l) {
+      const int e = me * local_experts + l;
+      std::int64_t whole = 0;
+      for (int s = 0; s < ep; ++s) {
+        std::int64_t start = source_offset[static_cast<std::size_t>(s)];
+        for (int before = me * local_experts; before < e; ++before) start += count(s, before);
+        const std::int64_t rows_here = count(s, e);
+        for (std::int64_t i = 0; i < rows_here; ++i) back_to_sources.push_back(start + i);
+        if (per_source) {
+          parts[static_cast<std::size_t>(l)].push_back(rows_here);
+        } else {
+          whole += rows_here;
+        }
+      }
+      if (!per_source) parts[static_cast<std::size_t>(l)] = {whole};
+    }
+    received = gather_rows(received, back_to_sources);
+  }
+
+  // The experts: w2(silu(w1 x) * w3 x), one product per expert and weight.
+  Tensor expert_out;
+  {
+    trace::Scope experts_scope("experts");
+    const Tensor x_e = received;
+    const Tensor h1 = grouped_product(x_e, ctx.replicated_on_sequence_shard(w1.operand()), parts);
+    const Tensor h3 = grouped_product(x_e, ctx.replicated_on_sequence_shard(w3.operand()), parts);
+    expert_out = grouped_product(mul(silu(h1), h3), ctx.replicated_on_sequence_shard(w2.operand()), parts);
+  }
+
+  // Combine: back to the sources, weighted, added into the tokens in expert order.
+  if (ep > 1) {
+    dist::CommLabelScope label(name_);
+    // Inverse of back_to_sources: row i of the received order is row where[i] of the expert order.
+    std::vector<std::int64_t> where(back_to_sources.size());
+    for (std::size_t i = 0; i < back_to_sources.size(); ++i) where[static_cast<std::size_t>(back_to_sources[i])] = static_cast<std::int64_t>(i);
+    const Tensor by_source = gather_rows(expert_out, where);
+    trace::Scope a2a("combine");
+    expert_out = dist::all_to_all_rows(by_source, ctx.expert_group(), recv_rows, send_rows);   // [M, C] as sent
+  }
+  const Tensor w = gather_rows(weights, weight_of);   // [M, 1]
+  const Tensor out = scatter_add_rows(mul(expert_out, w), token_of, n);
+  return reshape(out, {t_local, b, c});
+}
+
+}  // namespace meshgrad::nn
