@@ -104,7 +104,7 @@ void train_and_collect(const EquivalenceOptions& o, const dist::DeviceMeshPtr& m
       // The global loss: each dp rank's share summed (outside the counted phases).
       dist::CommCounter ignored;
       dist::CountingScope not_counted(ignored);
-      run.losses.push_back(train::global_loss(loss, *mesh, model->reduce_order()));
+      run.losses.push_back(train::global_loss(loss, *mesh, *model));
     }
     for (auto& [name, g] : gather_full(*model, params, *mesh, grad_of)) run.grads[name].push_back(g);
   }

@@ -142,6 +142,9 @@ class DecoderLM final : public Model {
   void set_random_state(std::uint64_t state) override { dropout_->gen.set_counter(state); }
   dist::ReduceOrder reduce_order() const override { return ctx_->reduce_order(); }
   ExpertLoad take_expert_load() override { return family_->take_expert_load(); }
+  const dist::ProcessGroup* sibling_block_group() const override {
+    return ctx_->config.mesh_invariant() && ctx_->expert_parallel() ? &ctx_->expert_group() : nullptr;
+  }
   void set_accumulating(bool on) override {
     if (tied_) tied_->set_accumulating(on);
     if (root_unit_) root_unit_->set_accumulating(on);

@@ -1,6 +1,7 @@
 // Gradient accumulation in the order of the summation policy (contract in micro_batches.hpp).
 #include "meshgrad/optim/micro_batches.hpp"
 
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
 namespace meshgrad::optim {
@@ -30,9 +31,20 @@ void MicroBatchGradients::after_backward(int k) {
   MG_CHECK(k == next_, "gradient accumulation: after_backward({}) for micro-batch {}", k, next_);
   ++next_;
   if (!tree()) return;
+  const dist::ProcessGroup* siblings = model_ != nullptr ? model_->sibling_block_group() : nullptr;
   std::vector<Tensor> micro(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     micro[i] = params_[i]->value.grad();
+    if (micro[i].defined() && siblings != nullptr && (params_[i]->replicated_axes() & siblings->axes) &&
+        (dist::partial_axes(micro[i]) & siblings->axes)) {
+      // The sibling blocks of this micro-batch (ep under --mesh-invariant) are added first: their
+      // sum is the subtree the micro-batches' tree takes as one leaf.
+      dist::PhaseScope phase(dist::Phase::Optimizer);
+      dist::CommLabelScope label("grad-sync:" + params_[i]->name);
+      Tensor reduced = dist::sum_over(micro[i], *siblings, order_);
+      dist::set_partial_axes(reduced, dist::partial_axes(micro[i]) & ~siblings->axes);
+      micro[i] = reduced;
+    }
     if (micro[i].defined()) partial_[i] = dist::partial_axes(micro[i]);
     params_[i]->value.set_grad(Tensor());   // the next micro-batch starts from no gradient
   }
@@ -52,7 +64,17 @@ void MicroBatchGradients::finish() {
   sync_.reduce_gradients();
 }
 
-void MicroBatchLosses::push(const Tensor& loss) { sum_.push({loss.detach()}); }
+MicroBatchLosses::MicroBatchLosses(dist::ReduceOrder order, const dist::ProcessGroup* siblings)
+    : sum_(order == dist::ReduceOrder::FixedTree), order_(order), siblings_(siblings) {}
+
+void MicroBatchLosses::push(const Tensor& loss) {
+  if (siblings_ == nullptr) {
+    sum_.push({loss.detach()});
+    return;
+  }
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  sum_.push({dist::sum_over(loss.detach(), *siblings_, order_)});
+}
 
 Tensor MicroBatchLosses::total() const {
   MG_CHECK(sum_.count() > 0, "micro-batch losses: none pushed");

@@ -30,9 +30,10 @@ struct DpPlace {
   int size = 1;
   const dist::ProcessGroup* group = nullptr;
 };
-DpPlace dp_place(const dist::DeviceMesh& mesh) {
+DpPlace dp_place(const dist::DeviceMesh& mesh, bool with_ep = true) {
   std::vector<int> axes;
   for (const char* name : {"dp", "fsdp", "ep"}) {
+    if (!with_ep && std::string_view(name) == "ep") continue;
     if (mesh.has_axis(name)) axes.push_back(mesh.axis_index(name));
   }
   if (axes.empty()) return {};
@@ -40,19 +41,43 @@ DpPlace dp_place(const dist::DeviceMesh& mesh) {
   return {group.rank(), group.size(), &group};
 }
 
+// The ranks a step's reported loss is summed over: every batch axis, but a sibling-block group's
+// ranks (ep under --mesh-invariant) summed each micro-batch's loss already (MicroBatchLosses).
+DpPlace loss_place(const dist::DeviceMesh& mesh, const nn::Model& model) {
+  return dp_place(mesh, model.sibling_block_group() == nullptr);
+}
+
+// This rank's micro-batches of the global batch: its share of the rows over dp x fsdp x ep (dp
+// outermost) cut into `count`; or, for a model with a sibling-block group (ep under
+// --mesh-invariant), the row blocks dealt out so that each micro-batch's ep ranks hold consecutive
+// blocks: micro-batch m of ep rank e in dp x fsdp replica r is block (r * count + m) * P + e of the
+// count x replicas x P blocks (docs/mesh-invariance.md, "ep").
+std::vector<nn::Batch> rank_micro_batches(const nn::Model& model, const nn::Batch& global_batch,
+                                          const dist::DeviceMesh& mesh, int count) {
+  const dist::ProcessGroup* siblings = model.sibling_block_group();
+  if (siblings == nullptr) {
+    const DpPlace dp = dp_place(mesh);
+    const nn::Batch share = data::dp_shard(global_batch, dp.rank, dp.size);
+    MG_CHECK(count >= 1 && count <= share.inputs.size(0), "train: --grad-accum {} needs at least that many rows per dp "
+             "replica, and this replica has {} (--batch {} over dp={})", count, share.inputs.size(0),
+             global_batch.inputs.size(0), dp.size);
+    std::vector<nn::Batch> micro;
+    for (int k = 0; k < count; ++k) micro.push_back(count == 1 ? share : data::dp_shard(share, k, count));
+    return micro;
+  }
+  const DpPlace replica = dp_place(mesh, /*with_ep=*/false);
+  const int p = siblings->size(), e = siblings->rank();
+  const int blocks = count * replica.size * p;
+  std::vector<nn::Batch> micro;
+  for (int m = 0; m < count; ++m) micro.push_back(data::dp_shard(global_batch, (replica.rank * count + m) * p + e, blocks));
+  return micro;
+}
+
 // The sum over dp of this rank's share (replicated over tp), outside the model's communication.
 double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder order) {
   dist::PhaseScope phase(dist::Phase::Optimizer);
   if (dp.size == 1) return local.detach().item();
   return dist::sum_scalar_over(local, *dp.group, order);
-}
-
-// This rank's rows cut into `count` micro-batches by the shard rule (the batch itself for one).
-std::vector<nn::Batch> micro_batches_of(const nn::Batch& share, int count) {
-  std::vector<nn::Batch> micro;
-  micro.reserve(static_cast<std::size_t>(count));
-  for (int k = 0; k < count; ++k) micro.push_back(count == 1 ? share : data::dp_shard(share, k, count));
-  return micro;
 }
 
 }  // namespace
@@ -113,10 +138,7 @@ int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::De
 Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const dist::DeviceMesh& mesh,
                         optim::GradientSynchronizer& sync, int micro_batches, pipeline::ScheduleKind schedule) {
   const DpPlace dp = dp_place(mesh);
-  const nn::Batch batch = data::dp_shard(global_batch, dp.rank, dp.size);
-  MG_CHECK(micro_batches >= 1 && micro_batches <= batch.inputs.size(0),
-           "train: --grad-accum {} needs at least that many rows per dp replica, and this replica has {} (--batch {} "
-           "over dp={})", micro_batches, batch.inputs.size(0), global_batch.inputs.size(0), dp.size);
+  const std::vector<nn::Batch> micro = rank_micro_batches(model, global_batch, mesh, micro_batches);
   const dist::ReduceOrder order = model.reduce_order();
   if (order == dist::ReduceOrder::FixedTree) {
     check_invariant_batch_split(global_batch.inputs.size(0), dp.size, micro_batches, mesh.str());
@@ -124,8 +146,7 @@ Tensor forward_backward(nn::Model& model, const nn::Batch& global_batch, const d
   // The mean over the non-ignored targets of the whole global batch (byte tokens never are).
   const std::int64_t targets = count_loss_targets(global_batch.targets);
   optim::MicroBatchGradients gradients(model, sync, micro_batches);
-  const Tensor stage_loss = pipeline::run_step(model, micro_batches_of(batch, micro_batches), targets, schedule,
-                                               gradients, mesh);
+  const Tensor stage_loss = pipeline::run_step(model, micro, targets, schedule, gradients, mesh);
   gradients.finish();
   sync.finish();
   return stage_loss;
@@ -148,8 +169,8 @@ StepOutcome train_step(nn::Model& model, const nn::Batch& global_batch, const di
   return out;
 }
 
-double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, dist::ReduceOrder order) {
-  return sum_over_dp(local_loss, dp_place(mesh), order);
+double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, const nn::Model& model) {
+  return sum_over_dp(local_loss, loss_place(mesh, model), model.reduce_order());
 }
 
 double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches, const dist::DeviceMesh& mesh,
@@ -157,15 +178,16 @@ double evaluate(nn::Model& model, const data::TokenDataset& dataset, int batches
   trace::Span span("evaluate", "evaluate");
   autograd::NoGradGuard no_grad;
   model.set_training(false);
-  const DpPlace dp = dp_place(mesh);
+  const DpPlace dp = loss_place(mesh, model);
   const std::int64_t n = std::min<std::int64_t>(batches, dataset.validation_batches());
   double total = 0;
   for (std::int64_t b = 0; b < n; ++b) {
     const nn::Batch global_batch = dataset.validation_batch(b);
-    const nn::Batch share = data::dp_shard(global_batch, dp.rank, dp.size);
     const std::int64_t targets = count_loss_targets(global_batch.targets);
-    const int pieces = static_cast<int>(std::min<std::int64_t>(micro_batches, share.inputs.size(0)));
-    const Tensor stage_loss = pipeline::forward_only(model, micro_batches_of(share, pieces), targets, mesh);
+    const int rows = static_cast<int>(global_batch.inputs.size(0) / dp_place(mesh).size);
+    const int pieces = model.sibling_block_group() != nullptr ? micro_batches : std::min(micro_batches, std::max(rows, 1));
+    const Tensor stage_loss = pipeline::forward_only(model, rank_micro_batches(model, global_batch, mesh, pieces),
+                                                     targets, mesh);
     total += sum_over_dp(pipeline::losses_over_stages(stage_loss, mesh), dp, model.reduce_order());
   }
   model.set_training(true);
@@ -177,7 +199,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
   MG_CHECK(mesh != nullptr, "compute_gradients: no mesh");
   MG_CHECK(global_batch.inputs.defined() && global_batch.inputs.dim() == 2,
            "compute_gradients: inputs must be int64 [B, T]");
-  const DpPlace dp = dp_place(*mesh);
+  const DpPlace dp = loss_place(*mesh, model);
   const std::vector<nn::Parameter*> params = model.parameters();
   for (const nn::Parameter* p : params) {
     MG_CHECK(!p->value.grad().defined(), "compute_gradients: parameter '{}' already has a gradient", p->name);

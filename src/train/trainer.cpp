@@ -425,7 +425,7 @@ Run::StepFigures Run::step(int step, double lr) {
   const StepOutcome outcome =
       train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, micro_batches(),
                  pipeline::parse_schedule(options_.pp_schedule));
-  const double global = global_loss(outcome.loss, *mesh_, model_->reduce_order());
+  const double global = global_loss(outcome.loss, *mesh_, *model_);
   result_.losses.push_back(global);
   MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
   if (options_.eval_every > 0 && ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {

@@ -251,6 +251,12 @@ class Model {
   // TP-invariant mode. The trainer adds its own sums in the same order: micro-batches, the dp
   // replicas, the reported loss, and the gradient norm (exact in the tree order, grad_norm.hpp).
   virtual dist::ReduceOrder reduce_order() const { return dist::ReduceOrder::RankOrder; }
+  // The batch axis whose ranks run sibling row blocks in each micro-batch: ep under --mesh-invariant
+  // (docs/mesh-invariance.md, "ep"), where an expert's owner adds the sources' blocks of one
+  // micro-batch. Gradients and losses are summed over it per micro-batch, in the tree, before the
+  // micro-batches' tree; the batch is dealt out block by block (train::micro_batches_of_rank).
+  // nullptr: none.
+  virtual const dist::ProcessGroup* sibling_block_group() const { return nullptr; }
   // A mixture of experts' routing since the last call (training forwards only), then cleared;
   // empty for a dense model. Collective: every rank of the mesh calls it.
   virtual ExpertLoad take_expert_load() { return {}; }

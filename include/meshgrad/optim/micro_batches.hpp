@@ -5,7 +5,8 @@
 //              micro-batch's backward, overlapped with it.
 //   FixedTree  each micro-batch's gradient is taken out of .grad after its backward and added in the
 //              fixed binary tree (tree::StreamingSum); the synchroniser reduces the root after the
-//              last. So dp=2 with one micro-batch adds the same two halves of the batch in the same
+//              last. A model with a sibling-block group (ep under --mesh-invariant) has each
+//              micro-batch's gradients summed over that group first, where replicated there. So dp=2 with one micro-batch adds the same two halves of the batch in the same
 //              order as dp=1 with two (docs/mesh-invariance.md, "dp").
 // One micro-batch is the same in both: the hooks reduce during its backward.
 //
@@ -64,14 +65,18 @@ class MicroBatchGradients {
 
 // The sum of a step's micro-batch losses (one-element tensors) in the same order: left to right in
 // rank order, the fixed tree otherwise.
+// siblings (Model::sibling_block_group): each micro-batch's loss is first summed over that group, so
+// the total already holds the group's ranks (the caller sums over the other batch axes only).
 class MicroBatchLosses {
  public:
-  explicit MicroBatchLosses(dist::ReduceOrder order) : sum_(order == dist::ReduceOrder::FixedTree) {}
+  explicit MicroBatchLosses(dist::ReduceOrder order, const dist::ProcessGroup* siblings = nullptr);
   void push(const Tensor& loss);
   Tensor total() const;
 
  private:
   tree::OrderedSum sum_;
+  dist::ReduceOrder order_;
+  const dist::ProcessGroup* siblings_;
 };
 
 }  // namespace meshgrad::optim

@@ -103,7 +103,7 @@ GradientDump compute_gradients(nn::Model& model, const nn::Batch& global_batch, 
 // model's order (the tree in TP-invariant mode, so the reported loss has the same bits at every
 // dp x tp with the same dp x grad-accum). Collective over the mesh's dp group; counted as
 // Phase::Optimizer, outside the model's communication.
-double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, dist::ReduceOrder order);
+double global_loss(const Tensor& local_loss, const dist::DeviceMesh& mesh, const nn::Model& model);
 
 // The mean global loss over the first `batches` validation batches of dataset: no dropout, nothing
 // recorded, the same batches at every evaluation and on every rank. Each replica's rows are split
