@@ -411,8 +411,15 @@ py::list train_job(const py::kwargs& kwargs) {
     py::dict d;
     const nlohmann::json line = train::step_metrics_json(m);   // named: items() refers into it
     for (const auto& [key, value] : line.items()) {
-      if (value.is_number_integer()) d[py::str(key)] = value.get<std::int64_t>();
-      else d[py::str(key)] = value.get<double>();
+      if (value.is_array()) {   // expert_load: per MoE layer, the assignments per expert
+        py::list layers;
+        for (const auto& layer : value) layers.append(py::cast(layer.get<std::vector<std::int64_t>>()));
+        d[py::str(key)] = layers;
+      } else if (value.is_number_integer()) {
+        d[py::str(key)] = value.get<std::int64_t>();
+      } else {
+        d[py::str(key)] = value.get<double>();
+      }
     }
     out.append(d);
   }

@@ -68,6 +68,7 @@ inline nn::ModelConfig family_model(const char* command, nn::ModelConfig config,
   file.batch = config.batch;
   file.dtype = config.dtype;
   file.dropout = config.dropout;
+  file.capacity_factor = config.capacity_factor;
   return file;
 }
 

@@ -73,6 +73,27 @@ def test_train_precision_bf16_reaches_the_run_and_keeps_mesh_invariance(tmp_path
         meshgrad.train(precision="bf16", dtype="float64", steps=1)
 
 
+def test_train_mixture_of_experts_over_ep_reports_the_load_and_keeps_mesh_invariance(tmp_path):
+    # experts=4 on mesh="ep=2" (docs/training.md, "Mixture of experts"): each step's row carries the
+    # expert load (every token's 2 picks in each layer) and the load-balancing loss; mesh_invariant
+    # gives one rank's bytes at ep=2 and dp=2,ep=2; ep=3 of 4 experts is refused naming both.
+    kw = dict(model="llama", layers=2, hidden=32, heads=4, experts=4, experts_per_token=2,
+              output_router_logits=True, seq=16, batch=8, steps=2)
+    steps = meshgrad.train(mesh="ep=2", **kw)
+    for s in steps:
+        assert [sum(layer) for layer in s["expert_load"]] == [8 * 16 * 2] * 2
+        assert s["aux_loss"] > 0.5 and s["dropped"] == 0
+    def saved(name, mesh):
+        path = tmp_path / name
+        rows = meshgrad.train(mesh=mesh, mesh_invariant=True, save=str(path), **kw)
+        return [s["loss"] for s in rows], path.read_bytes()
+    one = saved("one.safetensors", "tp=1")
+    for mesh in ("ep=2", "dp=2,ep=2"):
+        assert saved(mesh + ".safetensors", mesh) == one, mesh
+    with pytest.raises(ValueError, match="ep = 3 does not divide the 4 experts"):
+        meshgrad.train(mesh="ep=3", **dict(kw, batch=6))
+
+
 def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
     # mesh_invariant=True (docs/mesh-invariance.md): dp, fsdp, a pipeline and tp save one rank's bytes
     # and report its losses and gradient norms; the header records the mode; 8 rows cannot cut into 3
@@ -484,8 +505,8 @@ def test_out_of_range_and_invalid_numbers_are_named():
 def test_meshgrad_errors_keep_their_message():
     with pytest.raises(meshgrad.InvalidArgument, match="--mesh 'tp2': 'tp2' is not axis=size"):
         meshgrad.train(mesh="tp2")
-    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .ep.; the valid axes are pp, dp, fsdp and tp"):
-        meshgrad.grads(mesh="tp=2,ep=2")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .cp.; the valid axes are pp, dp, fsdp, ep and tp"):
+        meshgrad.grads(mesh="tp=2,cp=2")
     with pytest.raises(ValueError, match="--layers must be >= 1, got 0"):
         meshgrad.train(layers=0)
     with pytest.raises(meshgrad.Error, match="unknown --backend 'thread'"):

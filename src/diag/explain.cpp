@@ -92,9 +92,14 @@ std::string model_flops_line(const ModelConfig& c) {
   const std::int64_t matmul = parameters - train::lookup_only_parameters(c);
   const double per_token = train::model_flops_per_token(c, matmul);
   const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
-  return fmt::format("model FLOPs forward + backward: {:.4g} per token = 6 x {} matmul parameters + 12 x {} layers x "
+  const std::int64_t inactive = train::inactive_expert_parameters(c);
+  const std::string which = inactive > 0 ? fmt::format(" active (of {}: {} of {} experts per token)", matmul,
+                                                       c.experts_per_token, c.experts)
+                                         : std::string();
+  return fmt::format("model FLOPs forward + backward: {:.4g} per token = 6 x {} matmul parameters{} + 12 x {} layers x "
                      "seq {} x {:g} attention width; {:.4g} per step of {} tokens\n",
-                     per_token, matmul, c.layers, c.seq, attention_width, per_token * c.batch * c.seq, c.batch * c.seq);
+                     per_token, matmul - inactive, which, c.layers, c.seq, attention_width, per_token * c.batch * c.seq,
+                     c.batch * c.seq);
 }
 
 }  // namespace

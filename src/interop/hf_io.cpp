@@ -117,6 +117,7 @@ nn::ModelConfig with_run_sizes(const nn::ModelConfig& file, const nn::ModelConfi
   c.batch = run.batch;
   c.dtype = run.dtype;
   c.dropout = run.dropout;
+  c.capacity_factor = run.capacity_factor;   // a run option, not the file's
   return c;
 }
 

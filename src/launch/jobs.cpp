@@ -142,6 +142,7 @@ train::TrainOptions with_model_config(const train::TrainOptions& given) {
   m.batch = o.model.batch;
   m.dropout = o.model.dropout;
   m.dtype = o.model.dtype;
+  m.capacity_factor = o.model.capacity_factor;
   o.model = m;
   return o;
 }

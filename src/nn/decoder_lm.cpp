@@ -121,7 +121,8 @@ class DecoderLM final : public Model {
                                                      family_->vocab_offset(), cfg_.vocab, ctx.tp,
                                                      static_cast<double>(global_tokens), -100, &family_->output_plan(),
                                                      ctx.reduce_order());
-    const Tensor aux = family_->auxiliary_loss(forwards_per_step(batch));
+    const Tensor aux =
+        cfg_.moe() && cfg_.output_router_logits ? family_->auxiliary_loss(forwards_per_step(batch)) : Tensor();
     return ctx.loss_partial_over_dp(aux.defined() ? add(loss, aux) : loss);
   }
 
@@ -167,8 +168,10 @@ class DecoderLM final : public Model {
   // The forwards one optimizer step averages a per-forward term over (the load-balancing loss): the
   // micro-batch rounds, each a forward on every rank that splits the batch, in the normal mode; the
   // row blocks under --mesh-invariant, where every forward is one block on one rank.
+  // A batch that does not say where it lies in a global one (global_rows 0) is one forward's.
   int forwards_per_step(const Batch& batch) const {
-    const std::int64_t b = batch.inputs.size(0), rows = batch.global_rows > 0 ? batch.global_rows : b;
+    if (batch.global_rows <= 0) return 1;
+    const std::int64_t b = batch.inputs.size(0), rows = batch.global_rows;
     std::int64_t replicas = 1;
     for (int a = 0; a < ctx_->mesh->ndim(); ++a) {
       if (ctx_->batch_axes() & dist::axis_bit(a)) replicas *= ctx_->mesh->axis_size(a);

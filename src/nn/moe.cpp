@@ -357,141 +357,182 @@ void SparseMoe::collect(std::vector<Parameter*>& out) {
   out.push_back(&w3);
 }
 
+namespace {
+
+// One forward's routing on this rank: which rows go where, and the plan of the exchange.
+struct Routing {
+  std::vector<std::int64_t> token_of;    // per kept assignment, in expert order: its token's row
+  std::vector<std::int64_t> weight_of;   // ... and its weight's index in the [n * k] weights
+  std::vector<std::int64_t> picks;       // per token and slot: row * E + expert (the chosen probability)
+  std::vector<std::int64_t> selected;    // per expert: assignments before the capacity drop
+  std::vector<std::int64_t> kept;        // per expert: assignments kept
+  std::int64_t dropped = 0;
+};
+
+// The k largest probabilities of each of the n tokens ([n, E] row-major, row t * B + b) and the
+// assignments by expert, each expert's in token order (batch row, position, then the slot), at most
+// `capacity` per expert.
+Routing route_tokens(const std::vector<double>& p, std::int64_t t_local, std::int64_t b, int experts, int k,
+                     std::int64_t capacity) {
+  const std::int64_t n = t_local * b;
+  Routing r;
+  r.picks.resize(static_cast<std::size_t>(n * k));
+  std::vector<int> top;
+  for (std::int64_t row = 0; row < n; ++row) {
+    top_k(p.data() + row * experts, experts, k, top);
+    for (int j = 0; j < k; ++j) r.picks[static_cast<std::size_t>(row * k + j)] = row * experts + top[static_cast<std::size_t>(j)];
+  }
+  std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> by_expert(static_cast<std::size_t>(experts));
+  for (std::int64_t bi = 0; bi < b; ++bi) {
+    for (std::int64_t t = 0; t < t_local; ++t) {
+      const std::int64_t row = t * b + bi;
+      for (int j = 0; j < k; ++j) {
+        const std::int64_t e = r.picks[static_cast<std::size_t>(row * k + j)] % experts;
+        by_expert[static_cast<std::size_t>(e)].emplace_back(row, row * k + j);
+      }
+    }
+  }
+  for (const auto& list : by_expert) {
+    const auto size = static_cast<std::int64_t>(list.size());
+    const std::int64_t keep = std::min(capacity, size);
+    r.selected.push_back(size);
+    r.kept.push_back(keep);
+    r.dropped += size - keep;
+    for (std::int64_t i = 0; i < keep; ++i) {
+      r.token_of.push_back(list[static_cast<std::size_t>(i)].first);
+      r.weight_of.push_back(list[static_cast<std::size_t>(i)].second);
+    }
+  }
+  return r;
+}
+
+// The exchange of one forward over ep: rows per rank each way, and on the owner the expert-major
+// order of what it received with each expert's rows cut into parts (one, or one per source block).
+struct Exchange {
+  std::vector<std::int64_t> send_rows, recv_rows;
+  std::vector<std::int64_t> expert_major;            // the received row each expert-major row is
+  std::vector<std::vector<std::int64_t>> parts;      // per local expert
+};
+
+// counts: every rank's kept assignments per expert, [source][expert]; this rank is `me` of `ep`.
+Exchange plan_exchange(const std::vector<std::int64_t>& counts, int experts, int ep, int me, bool per_source) {
+  const int local = experts / ep;
+  const auto count = [&](int source, int e) {
+    return counts[static_cast<std::size_t>(source) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
+  };
+  Exchange x;
+  x.send_rows.assign(static_cast<std::size_t>(ep), 0);
+  x.recv_rows.assign(static_cast<std::size_t>(ep), 0);
+  for (int d = 0; d < ep; ++d) {
+    for (int e = d * local; e < (d + 1) * local; ++e) x.send_rows[static_cast<std::size_t>(d)] += count(me, e);
+  }
+  for (int s = 0; s < ep; ++s) {
+    for (int e = me * local; e < (me + 1) * local; ++e) x.recv_rows[static_cast<std::size_t>(s)] += count(s, e);
+  }
+  // Received: [source][local expert][token]; wanted: [local expert][source][token].
+  std::vector<std::int64_t> source_offset(static_cast<std::size_t>(ep), 0);
+  for (int s = 1; s < ep; ++s) {
+    source_offset[static_cast<std::size_t>(s)] =
+        source_offset[static_cast<std::size_t>(s - 1)] + x.recv_rows[static_cast<std::size_t>(s - 1)];
+  }
+  x.parts.resize(static_cast<std::size_t>(local));
+  for (int l = 0; l < local; ++l) {
+    const int e = me * local + l;
+    std::int64_t whole = 0;
+    for (int s = 0; s < ep; ++s) {
+      std::int64_t start = source_offset[static_cast<std::size_t>(s)];
+      for (int before = me * local; before < e; ++before) start += count(s, before);
+      const std::int64_t rows = count(s, e);
+      for (std::int64_t i = 0; i < rows; ++i) x.expert_major.push_back(start + i);
+      if (per_source) x.parts[static_cast<std::size_t>(l)].push_back(rows);
+      whole += rows;
+    }
+    if (!per_source) x.parts[static_cast<std::size_t>(l)] = {whole};
+  }
+  return x;
+}
+
+// The inverse of a permutation.
+std::vector<std::int64_t> inverse(const std::vector<std::int64_t>& order) {
+  std::vector<std::int64_t> where(order.size());
+  for (std::size_t i = 0; i < order.size(); ++i) where[static_cast<std::size_t>(order[i])] = static_cast<std::int64_t>(i);
+  return where;
+}
+
+}  // namespace
+
+// Trace scopes: router, permute (the row gathers and the final scatter), dispatch and combine (the
+// two all-to-alls), experts (the grouped products); the backward runs under the same names.
 Tensor SparseMoe::forward(const Tensor& x, std::int64_t /*seq*/) const {
   trace::Scope scope(name_);
   const ParallelContext& ctx = *ctx_;
   MG_CHECK(x.dim() == 3 && x.size(2) == cfg_.hidden, "{}: input {} must be [T, B, {}]", name_, shape_str(x.shape()),
            cfg_.hidden);
   const std::int64_t t_local = x.size(0), b = x.size(1), c = x.size(2), n = t_local * b;
-  const int experts = cfg_.experts, k = cfg_.experts_per_token;
-  const int ep = ctx.ep_size(), local_experts = experts / ep;
+  const int experts = cfg_.experts, k = cfg_.experts_per_token, ep = ctx.ep_size();
   const Tensor rows = reshape(x, {n, c});   // row t * B + b
 
-  // The router: probabilities over every expert, the k largest, renormalised (float32 or float64,
-  // as the model; under SP the replicated weights see this rank's tokens only).
-  std::vector<std::int64_t> token_of, weight_of;   // per kept assignment, in expert order
-  std::vector<std::int64_t> selected(static_cast<std::size_t>(experts), 0);
-  std::vector<std::int64_t> kept(static_cast<std::size_t>(experts), 0);
-  std::int64_t dropped = 0;
-  Tensor weights;   // [n * k, 1]: each token's k renormalised weights, in its top-k order
-  Tensor probs;
+  // The router: probabilities over every expert, the k largest renormalised (the model's dtype;
+  // under SP the replicated weights see this rank's tokens only).
+  Routing routing;
+  Tensor weights, probs;   // weights [n * k, 1]: each token's k renormalised weights, in its top-k order
   {
     trace::Scope router("router");
-    const Tensor logits = matmul(rows, ctx.replicated_on_sequence_shard(gate.operand()));   // [n, E]
-    probs = softmax(logits);
-    const std::vector<double> p = probs.detach().to_vector();
-    // Assignments by expert, each expert's in token order: batch row, position, then the slot.
-    std::vector<std::vector<std::pair<std::int64_t, std::int64_t>>> by_expert(static_cast<std::size_t>(experts));
-    std::vector<std::int64_t> picks(static_cast<std::size_t>(n * k));
-    std::vector<int> top;
-    for (std::int64_t row = 0; row < n; ++row) {
-      top_k(p.data() + row * experts, experts, k, top);
-      for (int j = 0; j < k; ++j) picks[static_cast<std::size_t>(row * k + j)] = row * experts + top[static_cast<std::size_t>(j)];
-    }
-    for (std::int64_t bi = 0; bi < b; ++bi) {
-      for (std::int64_t t = 0; t < t_local; ++t) {
-        const std::int64_t row = t * b + bi;
-        for (int j = 0; j < k; ++j) {
-          const std::int64_t e = picks[static_cast<std::size_t>(row * k + j)] % experts;
-          by_expert[static_cast<std::size_t>(e)].emplace_back(row, row * k + j);
-        }
-      }
-    }
+    probs = softmax(matmul(rows, ctx.replicated_on_sequence_shard(gate.operand())));   // [n, E]
     const std::int64_t capacity =
         cfg_.capacity_factor > 0
             ? static_cast<std::int64_t>(std::ceil(cfg_.capacity_factor * static_cast<double>(n * k) / experts))
             : n * k;
-    for (int e = 0; e < experts; ++e) {
-      auto& list = by_expert[static_cast<std::size_t>(e)];
-      selected[static_cast<std::size_t>(e)] = static_cast<std::int64_t>(list.size());
-      const std::int64_t keep = std::min<std::int64_t>(capacity, static_cast<std::int64_t>(list.size()));
-      kept[static_cast<std::size_t>(e)] = keep;
-      dropped += static_cast<std::int64_t>(list.size()) - keep;
-      for (std::int64_t i = 0; i < keep; ++i) {
-        token_of.push_back(list[static_cast<std::size_t>(i)].first);
-        weight_of.push_back(list[static_cast<std::size_t>(i)].second);
-      }
-    }
-    // The k chosen probabilities of each token, renormalised (gradients reach the router through them).
-    const Tensor chosen = reshape(gather_rows(reshape(probs, {n * experts, 1}), picks), {n, k});
+    routing = route_tokens(probs.detach().to_vector(), t_local, b, experts, k, capacity);
+    // The k chosen probabilities, renormalised: the router's gradient comes through them.
+    const Tensor chosen = reshape(gather_rows(reshape(probs, {n * experts, 1}), routing.picks), {n, k});
     weights = reshape(div(chosen, sum(chosen, {1}, /*keepdim=*/true)), {n * k, 1});
   }
-  log_->record(name_, cfg_.output_router_logits ? sum(probs, {0}) : Tensor(), selected, n, dropped);
+  log_->record(name_, cfg_.output_router_logits ? sum(probs, {0}) : Tensor(), routing.selected, n, routing.dropped);
 
   // Dispatch: the kept assignments' rows, grouped by expert (so by owning rank), to the owners.
-  Tensor sent = gather_rows(rows, token_of);                        // [M, C]
-  std::vector<std::vector<std::int64_t>> parts(static_cast<std::size_t>(local_experts));
-  std::vector<std::int64_t> back_to_sources;   // the expert-major row order -> the received order
-  Tensor received = sent;
-  std::vector<std::int64_t> send_rows(static_cast<std::size_t>(ep), 0), recv_rows(static_cast<std::size_t>(ep), 0);
+  Tensor received;
+  {
+    trace::Scope permute("permute");
+    received = gather_rows(rows, routing.token_of);   // [M, C]
+  }
+  Exchange exchange;
   if (ep == 1) {
-    for (int e = 0; e < experts; ++e) parts[static_cast<std::size_t>(e)] = {kept[static_cast<std::size_t>(e)]};
+    for (const std::int64_t kept : routing.kept) exchange.parts.push_back({kept});
   } else {
     dist::CommLabelScope label(name_);
-    const dist::ProcessGroup& group = ctx.expert_group();
-    // Every rank's kept count per expert: [source][expert].
-    const std::vector<std::int64_t> counts = dist::all_gather_counts(kept, group);
-    const int me = ctx.ep_rank();
-    const auto count = [&](int source, int e) {
-      return counts[static_cast<std::size_t>(source) * static_cast<std::size_t>(experts) + static_cast<std::size_t>(e)];
-    };
-    for (int d = 0; d < ep; ++d) {
-      for (int e = d * local_experts; e < (d + 1) * local_experts; ++e) send_rows[static_cast<std::size_t>(d)] += count(me, e);
-    }
-    for (int s = 0; s < ep; ++s) {
-      for (int e = me * local_experts; e < (me + 1) * local_experts; ++e) recv_rows[static_cast<std::size_t>(s)] += count(s, e);
-    }
+    exchange = plan_exchange(dist::all_gather_counts(routing.kept, ctx.expert_group()), experts, ep, ctx.ep_rank(),
+                             /*per_source=*/ctx.config.mesh_invariant());
     {
       trace::Scope a2a("dispatch");
-      received = dist::all_to_all_rows(sent, group, send_rows, recv_rows);   // [source][local expert][token]
+      received = dist::all_to_all_rows(received, ctx.expert_group(), exchange.send_rows, exchange.recv_rows);
     }
-    // Expert-major order ([local expert][source][token]): one product per expert, or per source
-    // block under --mesh-invariant.
-    std::vector<std::int64_t> source_offset(static_cast<std::size_t>(ep), 0);
-    for (int s = 1; s < ep; ++s) source_offset[static_cast<std::size_t>(s)] = source_offset[static_cast<std::size_t>(s - 1)] + recv_rows[static_cast<std::size_t>(s - 1)];
-    const bool per_source = ctx.config.mesh_invariant();
-    for (int l = 0; l < local_experts; ++l) {
-      const int e = me * local_experts + l;
-      std::int64_t whole = 0;
-      for (int s = 0; s < ep; ++s) {
-        std::int64_t start = source_offset[static_cast<std::size_t>(s)];
-        for (int before = me * local_experts; before < e; ++before) start += count(s, before);
-        const std::int64_t rows_here = count(s, e);
-        for (std::int64_t i = 0; i < rows_here; ++i) back_to_sources.push_back(start + i);
-        if (per_source) {
-          parts[static_cast<std::size_t>(l)].push_back(rows_here);
-        } else {
-          whole += rows_here;
-        }
-      }
-      if (!per_source) parts[static_cast<std::size_t>(l)] = {whole};
-    }
-    received = gather_rows(received, back_to_sources);
+    trace::Scope permute("permute");
+    received = gather_rows(received, exchange.expert_major);
   }
 
   // The experts: w2(silu(w1 x) * w3 x), one product per expert and weight.
   Tensor expert_out;
   {
     trace::Scope experts_scope("experts");
-    const Tensor x_e = received;
-    const Tensor h1 = grouped_product(x_e, ctx.replicated_on_sequence_shard(w1.operand()), parts);
-    const Tensor h3 = grouped_product(x_e, ctx.replicated_on_sequence_shard(w3.operand()), parts);
-    expert_out = grouped_product(mul(silu(h1), h3), ctx.replicated_on_sequence_shard(w2.operand()), parts);
+    const Tensor h1 = grouped_product(received, ctx.replicated_on_sequence_shard(w1.operand()), exchange.parts);
+    const Tensor h3 = grouped_product(received, ctx.replicated_on_sequence_shard(w3.operand()), exchange.parts);
+    expert_out = grouped_product(mul(silu(h1), h3), ctx.replicated_on_sequence_shard(w2.operand()), exchange.parts);
   }
 
   // Combine: back to the sources, weighted, added into the tokens in expert order.
   if (ep > 1) {
     dist::CommLabelScope label(name_);
-    // Inverse of back_to_sources: row i of the received order is row where[i] of the expert order.
-    std::vector<std::int64_t> where(back_to_sources.size());
-    for (std::size_t i = 0; i < back_to_sources.size(); ++i) where[static_cast<std::size_t>(back_to_sources[i])] = static_cast<std::int64_t>(i);
-    const Tensor by_source = gather_rows(expert_out, where);
+    {
+      trace::Scope permute("permute");
+      expert_out = gather_rows(expert_out, inverse(exchange.expert_major));
+    }
     trace::Scope a2a("combine");
-    expert_out = dist::all_to_all_rows(by_source, ctx.expert_group(), recv_rows, send_rows);   // [M, C] as sent
+    expert_out = dist::all_to_all_rows(expert_out, ctx.expert_group(), exchange.recv_rows, exchange.send_rows);
   }
-  const Tensor w = gather_rows(weights, weight_of);   // [M, 1]
-  const Tensor out = scatter_add_rows(mul(expert_out, w), token_of, n);
-  return reshape(out, {t_local, b, c});
+  trace::Scope permute("permute");
+  const Tensor w = gather_rows(weights, routing.weight_of);   // [M, 1]
+  return reshape(scatter_add_rows(mul(expert_out, w), routing.token_of, n), {t_local, b, c});
 }
 
 }  // namespace meshgrad::nn

@@ -41,6 +41,11 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
                       {"grad_norm", m.grad_norm}, {"ms_per_step", m.ms_per_step}};
   if (m.mfu >= 0) line["mfu"] = m.mfu;
   if (m.evaluated) line["val_loss"] = m.val_loss;
+  if (!m.expert_load.empty()) {
+    line["expert_load"] = m.expert_load;
+    line["dropped"] = m.dropped;
+    line["aux_loss"] = m.aux_loss;
+  }
   return line;
 }
 
@@ -89,7 +94,21 @@ Progress::Progress(int steps, int first) : steps_(steps), first_(first), tty_(::
 void Progress::update(const StepMetrics& m, double shown_tokens_per_s, double shown_ms_per_step, double shown_mfu) {
   const int done = m.step;
   const double eta = m.elapsed_s / std::max(1, done - first_) * (steps_ - done);
-  const std::string mfu = shown_mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * shown_mfu) : std::string();
+  std::string mfu = shown_mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * shown_mfu) : std::string();
+  if (!m.expert_load.empty()) {
+    // The busiest expert's share over the mean (1.00: balanced), the worst layer's.
+    double worst = 0;
+    for (const auto& layer : m.expert_load) {
+      double total = 0, top = 0;
+      for (const std::int64_t n : layer) {
+        total += static_cast<double>(n);
+        top = std::max(top, static_cast<double>(n));
+      }
+      if (total > 0) worst = std::max(worst, top * static_cast<double>(layer.size()) / total);
+    }
+    mfu += fmt::format(" | load max/mean {:.2f}", worst);
+    if (m.aux_loss > 0) mfu += fmt::format(" | aux {:.3f}", m.aux_loss);
+  }
   const std::string stats = fmt::format(
       "step {:>{}}/{} | loss {:.4f} | {:7.1f} ms/step | {:>7.0f} tok/s{} | lr {:.2e} | {:.1f}s | eta {:.0f}s", done,
       std::to_string(steps_).size(), steps_, m.loss, shown_ms_per_step, shown_tokens_per_s, mfu, m.lr, m.elapsed_s, eta);

@@ -80,9 +80,10 @@ class Run {
   struct StepFigures {
     double loss = 0;        // global, before the update
     double grad_norm = 0;   // before clipping
+    nn::ExpertLoad load;    // a mixture of experts' routing in the step, over every rank
   };
   StepFigures step(int step, double lr);
-  void report(int step, double loss, double grad_norm, double lr, double step_seconds);
+  void report(int step, const StepFigures& figures, double lr, double step_seconds);
   void sample(int done);
   void save(int done, double lr, bool sync);
   // True when the ranks agreed that a signal ends the run; it has been saved then.
@@ -159,7 +160,7 @@ const TrainOptions& checked_options(const TrainOptions& o, const dist::DeviceMes
     MG_CHECK(!o.parallel.tp_invariant(), "train: --reduce-dtype bf16 cannot be combined with --{}: the fixed tree's "
              "nodes would round to bf16 at other places on other meshes", nn::invariance_option(o.parallel.invariance));
   }
-  nn::check_moe(o.model, mesh.has_axis("ep") ? mesh.axis_size("ep") : 1, mesh.str());
+  if (o.init_from.empty()) nn::check_moe(o.model, mesh.has_axis("ep") ? mesh.axis_size("ep") : 1, mesh.str());
   // The ranks that split the batch: dp x fsdp x ep.
   const int dp = batch_split_size(mesh);
   MG_CHECK(o.model.batch >= dp, "train: the global batch ({} rows) must have at least one row per data-parallel rank "
@@ -216,7 +217,10 @@ void Run::read_inputs() {
   dataset_.emplace(options_.data_path, options_.model.batch, options_.model.seq, options_.seed, options_.val_data_path);
   MG_CHECK(options_.init_from.empty() || options_.resume_dir.empty(), "train: --init-from and --resume both give the "
            "starting weights: give one (a resumed run continues from its checkpoint)");
-  if (!options_.init_from.empty()) config_ = interop::hf_init_config(options_.init_from, config_, leader_ && options_.progress);
+  if (!options_.init_from.empty()) {
+    config_ = interop::hf_init_config(options_.init_from, config_, leader_ && options_.progress);
+    nn::check_moe(config_, mesh_->has_axis("ep") ? mesh_->axis_size("ep") : 1, mesh_->str());
+  }
   if (config_.vocab <= 0) config_.vocab = static_cast<int>(dataset().vocab());
   MG_CHECK(options_.eval_every == 0 || dataset().has_validation(),
            "train: --eval-every needs a validation split, and the data {} has none: give --data a directory written by "
@@ -338,6 +342,9 @@ void Run::build() {
   model_ = nn::make_model(config_, options_.parallel, mesh_, options_.seed);
   model_->set_training(true);
   params_ = model_->parameters();
+  // The group that gathers full parameters is built on first use, by every rank of the mesh at once;
+  // the saves and samples below use it on some ranks only (those that write), so it is built here.
+  (void)nn::parameter_shard_group(*mesh_, params_);
   // Each rank reads its own pieces (no communication); they agree on the outcome before going on.
   comm::run_agreed(*mesh_->world(), [&] {
     if (!options_.init_from.empty()) interop::hf_load_parameters(options_.init_from, params_, nn::tensor_parallel_group(*mesh_));
@@ -382,9 +389,15 @@ void Run::print_start() const {
   if (!leader_ || !options_.progress) return;
   const nn::ParallelConfig& p = options_.parallel;
   fmt::print(stderr,
-             "meshgrad train: {} layers={} hidden={} heads={} seq={} batch={} ({} parameters, {}) on {} "
+             "meshgrad train: {} layers={} hidden={} heads={}{} seq={} batch={} ({} parameters, {}) on {} "
              "[{}{}{}{}{}], {} steps, lr {:g}, data: {} ({}, {} tokens, vocab {})\n",
-             config_.kind, config_.layers, config_.hidden, config_.heads, config_.seq, config_.batch, result_.parameters,
+             config_.kind, config_.layers, config_.hidden, config_.heads,
+             config_.moe() ? fmt::format(" experts={} top-{}{}", config_.experts, config_.experts_per_token,
+                                         config_.capacity_factor > 0
+                                             ? fmt::format(" capacity-factor={:g}", config_.capacity_factor)
+                                             : std::string(" dropless"))
+                           : std::string(),
+             config_.seq, config_.batch, result_.parameters,
              dtype_name(config_.dtype), mesh_->str(), p.sequence_parallel ? "sequence-parallel" : "all-reduce",
              p.overlap ? ", overlap" : "", p.checkpoint_blocks ? ", checkpoint-blocks" : "",
              p.mesh_invariant() ? fmt::format(", mesh-invariant: {} row blocks, {} per replica", p.batch_blocks,
@@ -426,6 +439,7 @@ Run::StepFigures Run::step(int step, double lr) {
       train_step(*model_, global_batch, *mesh_, *sync_, *optimizer_, options_.grad_clip, micro_batches(),
                  pipeline::parse_schedule(options_.pp_schedule));
   const double global = global_loss(outcome.loss, *mesh_, *model_);
+  nn::ExpertLoad load = model_->take_expert_load();   // collective: before evaluation routes again
   result_.losses.push_back(global);
   MG_CHECK(std::isfinite(global), "train: the loss became {} at step {} (lr {:g}): lower --lr", global, step + 1, lr);
   if (options_.eval_every > 0 && ((step + 1) % options_.eval_every == 0 || step + 1 == options_.steps)) {
@@ -433,12 +447,13 @@ Run::StepFigures Run::step(int step, double lr) {
     result_.val_losses.emplace_back(step + 1,
                                     evaluate(*model_, dataset(), options_.eval_steps, *mesh_, micro_batches()));
   }
-  return {global, outcome.grad_norm};
+  return {global, outcome.grad_norm, std::move(load)};
 }
 
 // Rank 0: the metrics line, the caller's on_step, the progress display (its rate, ms/step and MFU
 // over the last 10 steps, steadier than one step's).
-void Run::report(int step, double loss, double grad_norm, double lr, double step_seconds) {
+void Run::report(int step, const StepFigures& figures, double lr, double step_seconds) {
+  const double loss = figures.loss, grad_norm = figures.grad_norm;
   if (!leader_) return;
   recent_.push_back(step_seconds);
   if (recent_.size() > 10) recent_.pop_front();
@@ -451,6 +466,9 @@ void Run::report(int step, double loss, double grad_norm, double lr, double step
   StepMetrics m{step + 1, loss, tps, tps * flops_per_token_ * 1e-9, seconds_since(start_), lr, grad_norm};
   m.ms_per_step = step_seconds * 1e3;
   m.mfu = mfu_of(tps);
+  m.expert_load = figures.load.tokens;
+  m.dropped = figures.load.dropped;
+  m.aux_loss = figures.load.aux_loss;
   const bool evaluated = !result_.val_losses.empty() && result_.val_losses.back().first == step + 1;
   if (evaluated) {
     m.evaluated = true;
@@ -544,7 +562,7 @@ TrainResult Run::execute() {
     const StepFigures figures = this->step(step, lr);
     const int done = step + 1;
     if (options_.sample_every > 0 && done % options_.sample_every == 0) sample(done);
-    report(step, figures.loss, figures.grad_norm, lr, seconds_since(t0));
+    report(step, figures, lr, seconds_since(t0));
     if (saver_ && options_.save_every > 0 && done % options_.save_every == 0 && done < options_.steps) save(done, lr, false);
     if (agree_on_stop(done, lr)) break;
   }
@@ -672,8 +690,15 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {
 
 double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_without_wpe) {
   const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
-  return 6.0 * static_cast<double>(n_params_without_wpe) +
+  // A mixture of experts: a token multiplies by its k experts' weights only (the active parameters).
+  const double active = static_cast<double>(n_params_without_wpe - inactive_expert_parameters(c));
+  return 6.0 * active +
          12.0 * static_cast<double>(c.layers) * static_cast<double>(c.seq) * attention_width;
+}
+
+std::int64_t inactive_expert_parameters(const nn::ModelConfig& c) {
+  if (!c.moe()) return 0;
+  return std::int64_t{c.layers} * (c.experts - c.experts_per_token) * 3 * std::int64_t{c.hidden} * c.ffn_size();
 }
 
 std::int64_t lookup_only_parameters(const nn::ModelConfig& c) {

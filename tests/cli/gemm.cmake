@@ -13,3 +13,8 @@ add_test(NAME train_cli_precision_bf16
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/precision_bf16.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_precision_bf16 ${gemm_onednn})
 set_tests_properties(train_cli_precision_bf16 PROPERTIES LABELS train TIMEOUT 240)
+# A mixture of experts in whole runs, ep and its combinations: tests/cli/moe.sh.
+add_test(NAME train_cli_moe
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/moe.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_moe)
+set_tests_properties(train_cli_moe PROPERTIES LABELS train TIMEOUT 300)

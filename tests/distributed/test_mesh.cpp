@@ -85,10 +85,10 @@ TEST(MeshSpec, PpComesFirstOnlyWhenGiven) {
   EXPECT_NE(mesh_error("PP=2").find("did you mean 'pp'"), std::string::npos);
 }
 
-TEST(MeshSpec, OnlyPpDpFsdpAndTpCaseSensitive) {
-  for (const std::string spec : {"ep=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2", "PP=2"}) {
+TEST(MeshSpec, OnlyPpDpFsdpEpAndTpCaseSensitive) {
+  for (const std::string spec : {"xp=2", "EP=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2", "PP=2"}) {
     const std::string msg = mesh_error(spec);
-    EXPECT_NE(msg.find("valid axes are pp, dp, fsdp and tp"), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find("valid axes are pp, dp, fsdp, ep and tp"), std::string::npos) << spec << ": " << msg;
     EXPECT_NE(msg.find(spec), std::string::npos) << "names the spec: " << msg;
   }
   EXPECT_NE(mesh_error("TP=2").find("did you mean 'tp'"), std::string::npos);

@@ -81,7 +81,7 @@ Outcome train_on(const std::string& spec, const Options& x, int steps) {
     for (int step = 0; step < steps; ++step) {
       const StepOutcome r = train_step(*model, data::make_synthetic_batch(cfg, 1, 0, 100 + step % 2), *mesh, sync, adamw,
                                        0.5, x.micro, x.schedule);
-      losses.push_back(global_loss(r.loss, *mesh, model->reduce_order()));
+      losses.push_back(global_loss(r.loss, *mesh, *model));
       norms.push_back(r.grad_norm);
     }
     std::map<std::string, Tensor> values, grads;

@@ -32,10 +32,18 @@ struct StepMetrics {
   double val_loss = 0;       // then: the mean global loss over the validation batches
   double ms_per_step = 0;    // the step's wall time (an evaluation or sample at its end included)
   double mfu = -1;           // gflops / the mesh's peak GFLOP/s (TrainOptions::peak_gflops); < 0: unknown
+  // A mixture of experts (nn/moe.hpp): the step's routing over every rank. expert_load[l][e]: the
+  // assignments expert e of MoE layer l received (tokens x k, before capacity drops; the layers of
+  // mesh rank 0's pipeline stage); dropped: the assignments the capacity factor dropped; aux_loss: the
+  // load-balancing loss (before its coefficient; 0 without output_router_logits).
+  std::vector<std::vector<std::int64_t>> expert_load;
+  std::int64_t dropped = 0;
+  double aux_loss = 0;
 };
 
 // One line of the metrics file, and a row of Python's train(): {"step", "loss", "tokens_per_s",
-// "gflops", "elapsed_s", "lr", "grad_norm", "ms_per_step"[, "mfu"][, "val_loss" on evaluation steps]}.
+// "gflops", "elapsed_s", "lr", "grad_norm", "ms_per_step"[, "mfu"][, "val_loss" on evaluation steps]
+// [, "expert_load", "dropped", "aux_loss" for a mixture of experts]}.
 nlohmann::json step_metrics_json(const StepMetrics& m);
 
 struct TrainOptions {

@@ -56,6 +56,9 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params);
 // The Llama family: N_matmul leaves out embed_tokens when it is untied (a lookup; lm_head is the
 // output projection), and the attention term is 12 L T (heads x head_dim), its q/k/v width.
 double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_params_without_wpe);
+// A mixture of experts' expert weights a token does not multiply by ((experts - k) of every layer's
+// experts): the parameters model_flops_per_token leaves out. 0 for a dense model.
+std::int64_t inactive_expert_parameters(const nn::ModelConfig& config);
 // The parameters of config that are only looked up, never multiplied: GPT-2's wpe, an untied
 // Llama's embed_tokens; 0 for other models.
 std::int64_t lookup_only_parameters(const nn::ModelConfig& config);
