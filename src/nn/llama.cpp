@@ -259,12 +259,6 @@ void check_mixtral(const ModelConfig& cfg, const ParallelContext& ctx) {
              "true) is not supported: the loss needs the router probabilities of the first forward, which a "
              "checkpointed block does not keep");
   }
-  if (ctx.expert_parallel()) {
-    MG_CHECK(!ctx.fsdp_active() || !ctx.config.shard_optimizer, "mixtral: --shard-optimizer with ep (--mesh {}) is not "
-             "supported yet", mesh);
-    MG_CHECK(!ctx.fsdp_active(), "mixtral: fsdp with ep (--mesh {}) is not supported yet: use dp with ep, or fsdp "
-             "with ep=1", mesh);
-  }
   MG_CHECK(!(ctx.config.tp_invariant() && ctx.sequence_parallel()), "mixtral: --{} with --sequence-parallel is not "
            "supported: the experts would sum each sequence shard's tokens apart", invariance_option(p.invariance));
 }

@@ -115,10 +115,16 @@ Tensor scatter_add_rows(const Tensor& x, std::vector<std::int64_t> index, std::i
 // product per nonempty part. Backward: dx per part = dy W[e]^T; dW[e] = the parts' x^T dy added in
 // the fixed tree (tree::sum; an empty part is a zero leaf, so the tree's shape depends on the
 // part count only).
+//
+// Placements: dx keeps the arriving gradient's marks; dW is complete over `complete` (the ep axis: the
+// owner multiplied every source's rows), so a gradient partial over the batch axes stays partial over
+// dp and fsdp only. (Left partial over ep, fsdp's reduce-scatter would add other ranks' experts.)
 class GroupedProductFn final : public Function {
  public:
-  explicit GroupedProductFn(std::vector<std::vector<std::int64_t>> parts) : parts_(std::move(parts)) {}
+  GroupedProductFn(std::vector<std::vector<std::int64_t>> parts, dist::AxisMask complete)
+      : parts_(std::move(parts)), complete_(complete) {}
   std::string_view name() const override { return "grouped_product"; }
+  bool decides_gradient_placement() const override { return true; }
   TensorList forward(const TensorList& in) override {
     const Tensor& x = in[0];
     const Tensor& w = in[1];
@@ -173,6 +179,9 @@ class GroupedProductFn final : public Function {
       gw = Tensor::empty({static_cast<std::int64_t>(per_expert.size()), in, out}, g[0].dtype());
       for (std::size_t e = 0; e < per_expert.size(); ++e) expert(gw, e).copy_from(per_expert[e]);
     }
+    const dist::AxisMask arriving = dist::partial_axes(g[0]);
+    if (gx.defined()) dist::set_partial_axes(gx, arriving);
+    if (gw.defined()) dist::set_partial_axes(gw, arriving & ~complete_);
     return {gx, gw};
   }
 
@@ -181,10 +190,12 @@ class GroupedProductFn final : public Function {
     return w.narrow(0, static_cast<std::int64_t>(e), 1).view({w.size(1), w.size(2)});
   }
   std::vector<std::vector<std::int64_t>> parts_;
+  dist::AxisMask complete_;
 };
 
-Tensor grouped_product(const Tensor& x, const Tensor& w, std::vector<std::vector<std::int64_t>> parts) {
-  return autograd::apply<GroupedProductFn>({x, w}, std::move(parts))[0];
+Tensor grouped_product(const Tensor& x, const Tensor& w, std::vector<std::vector<std::int64_t>> parts,
+                       dist::AxisMask complete) {
+  return autograd::apply<GroupedProductFn>({x, w}, std::move(parts), complete)[0];
 }
 
 // ---- routing -------------------------------------------------------------------------------------
@@ -515,9 +526,11 @@ Tensor SparseMoe::forward(const Tensor& x, std::int64_t /*seq*/) const {
   Tensor expert_out;
   {
     trace::Scope experts_scope("experts");
-    const Tensor h1 = grouped_product(received, ctx.replicated_on_sequence_shard(w1.operand()), exchange.parts);
-    const Tensor h3 = grouped_product(received, ctx.replicated_on_sequence_shard(w3.operand()), exchange.parts);
-    expert_out = grouped_product(mul(silu(h1), h3), ctx.replicated_on_sequence_shard(w2.operand()), exchange.parts);
+    const dist::AxisMask owners = ep > 1 ? ctx.expert_group().axes : 0;
+    const auto product = [&](const Tensor& in, const Parameter& w) {
+      return grouped_product(in, ctx.replicated_on_sequence_shard(w.operand()), exchange.parts, owners);
+    };
+    expert_out = product(mul(silu(product(received, w1)), product(received, w3)), w2);
   }
 
   // Combine: back to the sources, weighted, added into the tokens in expert order.

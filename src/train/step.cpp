@@ -115,12 +115,12 @@ void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, 
   std::vector<std::string> fitting;
   for (int d = 1; d <= batch_blocks; d *= 2) fitting.push_back(std::to_string(d));
   MG_CHECK(tree::is_power_of_two(dp_size) && batch_blocks % dp_size == 0,
-           "--mesh-invariant: dp x fsdp = {} ranks cannot each hold a whole subtree of the --batch-blocks {} row "
-           "blocks; meshes whose dp x fsdp is {} keep the tree (or give --batch-blocks a power of two that is a "
+           "--mesh-invariant: dp x fsdp x ep = {} ranks cannot each hold a whole subtree of the --batch-blocks {} row "
+           "blocks; meshes whose dp x fsdp x ep is {} keep the tree (or give --batch-blocks a power of two that is a "
            "multiple of {} and divides --batch {})", dp_size, batch_blocks, fmt::join(fitting, ", "), dp_size, rows);
   const int per_replica = batch_blocks / dp_size;
   MG_CHECK(grad_accum >= 1 && per_replica % grad_accum == 0,
-           "--mesh-invariant: --grad-accum {} must divide the {} row blocks each of the dp x fsdp = {} replicas runs "
+           "--mesh-invariant: --grad-accum {} must divide the {} row blocks each of the dp x fsdp x ep = {} replicas runs "
            "(--batch-blocks {} / {}); every block is its own micro-batch whatever --grad-accum says", grad_accum,
            per_replica, dp_size, batch_blocks, dp_size);
 }
@@ -131,7 +131,7 @@ int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::De
   if (!parallel.mesh_invariant()) return grad_accum;
   const int replicas = batch_split_size(mesh);
   MG_CHECK(replicas >= 1 && parallel.batch_blocks % replicas == 0, "--mesh-invariant: --batch-blocks {} over dp x "
-           "fsdp = {} replicas", parallel.batch_blocks, replicas);
+           "fsdp x ep = {} replicas", parallel.batch_blocks, replicas);
   return parallel.batch_blocks / replicas;
 }
 

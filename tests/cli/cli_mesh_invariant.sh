@@ -108,7 +108,7 @@ refused() {
     fail "$*: the refusal does not say '$expect': $(tail -c 600 refused.out)"
   fi
 }
-refused "meshes whose dp x fsdp is 1, 2, 4 keep the tree" train --mesh dp=8 --mesh-invariant --steps 1 --no-metrics
+refused "meshes whose dp x fsdp x ep is 1, 2, 4 keep the tree" train --mesh dp=8 --mesh-invariant --steps 1 --no-metrics
 refused "--batch-blocks 3 must be a power of two" train --mesh-invariant --batch-blocks 3 --steps 1 --no-metrics
 refused "the global batch of 6 rows must cut into --batch-blocks 4" train --mesh-invariant --batch 6 --steps 1 --no-metrics
 refused "Degrees that work for this model: tp = 1, 2, 4" train --mesh tp=3 --mesh-invariant --steps 1 --no-metrics

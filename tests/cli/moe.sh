@@ -6,7 +6,8 @@
 #     resumed run's bytes are the uninterrupted ep=4 run's (elastic resume across ep);
 #  3. export to a Hugging Face directory (one nn.Linear per expert, model_type mixtral) and --init-from
 #     of it; sample from the one-rank checkpoint; sampling at ep=2 is refused;
-#  4. check at ep=2 and dp=2,ep=2 passes; explain counts each MoE layer's all-to-alls;
+#  4. check at ep=2, dp=2,ep=2 and fsdp=2,ep=2 passes; --shard-optimizer at dp=2,ep=2 saves the bytes of
+#     dp=2,ep=2 under --mesh-invariant; explain counts each MoE layer's all-to-alls;
 #  5. pp=2 without the load-balancing loss trains; the refusals name the option and the value.
 # usage: moe.sh MESHGRAD WORKDIR
 set -euo pipefail
@@ -71,11 +72,18 @@ fi
 grep -q "sample on a mesh without ep" "$work/s2.txt" || fail "ep=2 sampling refusal" "$work/s2.txt"
 
 # 4. check and explain.
-for mesh in ep=2 dp=2,ep=2; do
+for mesh in ep=2 dp=2,ep=2 fsdp=2,ep=2; do
+  # shellcheck disable=SC2086
   "$mg" check "${moe[@]}" --output-router-logits --dtype float64 --mesh $mesh > "$work/check.log" 2>&1 ||
     fail "check at $mesh failed" "$work/check.log"
   grep -q "^PASS" "$work/check.log" || fail "check at $mesh did not pass" "$work/check.log"
 done
+for so in "" --shard-optimizer; do
+  # shellcheck disable=SC2086
+  "$mg" train "${moe[@]}" --output-router-logits --steps 2 --mesh-invariant --mesh dp=2,ep=2 $so --no-metrics \
+    --save "$work/so$so.safetensors" > "$work/so.log" 2>&1 || fail "dp=2,ep=2 $so failed" "$work/so.log"
+done
+cmp "$work/so.safetensors" "$work/so--shard-optimizer.safetensors" || fail "--shard-optimizer at dp=2,ep=2 differs from dp=2,ep=2"
 "$mg" explain "${moe[@]}" --mesh ep=2 > "$work/x.txt" 2>&1 || fail "explain failed" "$work/x.txt"
 for phase in forward backward; do
   n=$(grep -c -E "^ *$phase +all_to_all +ep +2 " "$work/x.txt" || true)
@@ -97,6 +105,5 @@ refused "ep = 8 ranks split the experts, and the model has 4" "${moe[@]}" --mesh
 refused "--capacity-factor -0.5 must be > 0" "${moe[@]}" --capacity-factor -0.5
 refused "the llama model has none (--experts 0)" --model llama --layers 2 --hidden 32 --heads 4 --mesh ep=2
 refused "a pipeline (--mesh pp=2,tp=1) runs" "${moe[@]}" --output-router-logits --mesh pp=2
-refused "fsdp with ep" "${moe[@]}" --mesh fsdp=2,ep=2
 echo "moe: ep=2 run with load metrics, elastic resume ep=4 -> ep=2 -> one rank bitwise, export/import/sample,"
 echo "check at ep=2 and dp=2,ep=2, explain's all-to-alls, pp=2,ep=2 and the refusals hold"

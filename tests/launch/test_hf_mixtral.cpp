@@ -136,7 +136,8 @@ TEST(HfMixtral, Float64GradientsEqualPyTorchOnEveryMesh) {
   const Scratch s("torch");
   const nn::ModelConfig c = mixtral(DType::Float64);
   const launch::GradsJob job = write_inputs(s, c);
-  for (const std::string mesh : {"tp=1", "ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "ep=2,tp=2+sp", "fsdp=2"}) {
+  for (const std::string mesh : {"tp=1", "ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "ep=2,tp=2+sp", "fsdp=2",
+                                  "fsdp=2,ep=2", "fsdp=2,ep=2,tp=2"}) {
     launch::GradsJob j = job;
     std::string m = mesh;
     if (m.ends_with("+sp")) {
@@ -185,7 +186,7 @@ TEST(HfMixtral, MeshInvariantFloat32GradientsAreBitwiseTheSameAcrossEp) {
   job.mesh_invariant = true;
   job.invariant_blocks = 2;   // the fixed tree nests in the shards of the 2 key/value heads
   const launch::GradsResult one = grads_on(job, "tp=1");
-  for (const std::string mesh : {"ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "dp=2", "fsdp=2"}) {
+  for (const std::string mesh : {"ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "dp=2", "fsdp=2", "fsdp=2,ep=2"}) {
     const launch::GradsResult r = grads_on(job, mesh);
     EXPECT_EQ(r.loss, one.loss) << mesh;
     ASSERT_TRUE(r.aux_loss.has_value());
