@@ -104,7 +104,7 @@ class DecoderLM final : public Model {
     const std::uint64_t stream_start = state->gen.counter();
     if (draws) state->gen.set_counter(stream_start + (stage_.is_first() ? 0 : dropout_draws(stage_.first_block)));
 
-    family_->begin_forward();
+    family_->begin_forward(state->training);
     Tensor h = stage_.is_first() ? embed(batch, dropout) : input;
     h = run_blocks(h, seq, dropout, recording);
     if (draws) state->gen.set_counter(stream_start + dropout_draws(cfg_.layers));
@@ -385,7 +385,7 @@ Tensor DecoderLM::decode(const Tensor& ids, KvCache& cache, bool all_positions) 
            "holds {})", what, start, start + t_new - 1, cfg_.n_positions(), start);
   autograd::NoGradGuard no_grad;
   const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/true);
-  family_->begin_forward();
+  family_->begin_forward(false);
   const Tensor tids = ids.transpose(0, 1).contiguous();   // [T_new, B]
   const Tensor& table = family_->token_embedding()->weight.operand();
   Tensor h = family_->embed(tids, table, start, [](const Tensor& x) { return x; });   // [T_new, B, C]

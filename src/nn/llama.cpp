@@ -315,8 +315,8 @@ class Llama final : public DecoderFamily {
   std::int64_t vocab_offset() const override { return vocab_offset_; }
   const tree::SplitPlan& output_plan() const override { return lm_head_->plan(); }
   std::vector<Parameter*> embedding_parameters() override { return {&embed_tokens_->weight}; }
-  void begin_forward() override {
-    if (router_log_) router_log_->begin_forward();
+  void begin_forward(bool training) override {
+    if (router_log_) router_log_->begin_forward(training);
   }
   Tensor auxiliary_loss(int forwards) override { return router_log_ ? router_log_->auxiliary_loss(forwards) : Tensor(); }
   ExpertLoad take_expert_load() override { return router_log_ ? router_log_->take_load() : ExpertLoad{}; }

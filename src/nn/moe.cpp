@@ -238,12 +238,15 @@ void check_moe(const ModelConfig& cfg, int ep, const std::string& mesh) {
 
 RouterLog::RouterLog(const ModelConfig& cfg, ParallelContextPtr ctx) : cfg_(cfg), ctx_(std::move(ctx)) {}
 
+bool RouterLog::counting() const {
+  return (training_ || autograd::GradMode::is_enabled()) && dist::current_phase() != dist::Phase::Recompute;
+}
+
 void RouterLog::record(const std::string& layer, const Tensor& prob_sum, std::vector<std::int64_t> selected,
                        std::int64_t tokens, std::int64_t dropped) {
   // Recomputation (activation checkpointing) and evaluation route again: only the first, training
   // forward counts toward the load.
-  const bool training = autograd::GradMode::is_enabled() && dist::current_phase() != dist::Phase::Recompute;
-  if (training) {
+  if (counting()) {
     auto it = std::find(load_.layers.begin(), load_.layers.end(), layer);
     if (it == load_.layers.end()) {
       load_.layers.push_back(layer);
@@ -305,10 +308,7 @@ Tensor RouterLog::auxiliary_loss(int forwards) {
     dist::CommLabelScope label("router-aux");
     aux = dist::reduce_from_region(aux, ctx.tp, ctx.reduce_order());
   }
-  {
-    const bool training = autograd::GradMode::is_enabled();
-    if (training) load_.aux_loss += aux.detach().item();
-  }
+  if (counting()) load_.aux_loss += aux.detach().item();
   forward_.clear();
   return scale(aux, cfg_.router_aux_loss_coef);
 }

@@ -112,7 +112,7 @@ refused "meshes whose dp x fsdp x ep is 1, 2, 4 keep the tree" train --mesh dp=8
 refused "--batch-blocks 3 must be a power of two" train --mesh-invariant --batch-blocks 3 --steps 1 --no-metrics
 refused "the global batch of 6 rows must cut into --batch-blocks 4" train --mesh-invariant --batch 6 --steps 1 --no-metrics
 refused "Degrees that work for this model: tp = 1, 2, 4" train --mesh tp=3 --mesh-invariant --steps 1 --no-metrics
-refused "dp x fsdp = 8 ranks" check --mesh dp=8 --mesh-invariant --batch 8
+refused "dp x fsdp x ep = 8 ranks" check --mesh dp=8 --mesh-invariant --batch 8
 refused "the grid's 6 ranks split the vocabulary (256 tokens), which cannot keep the fixed tree of 4 blocks: grids whose R x C is 1, 2, 4 work" \
   train --mesh tp=3x2 --mesh-invariant --steps 1 --no-metrics
 

@@ -33,6 +33,15 @@ for l in lines:
     assert l["aux_loss"] > 0.5 and l["dropped"] >= 0, l
 PY
 
+# Activation checkpointing (no load-balancing loss): the recomputation does not count the load twice.
+"$mg" train "${moe[@]}" --checkpoint-blocks --steps 2 --mesh ep=2 --metrics "$work/ck.jsonl" > "$work/ckb.log" 2>&1 ||
+  fail "ep=2 with --checkpoint-blocks failed" "$work/ckb.log"
+python3 - "$work/ck.jsonl" <<'PY' || fail "metrics: expert load with --checkpoint-blocks"
+import json, sys
+for l in (json.loads(l) for l in open(sys.argv[1]) if '"step"' in l):
+    assert [sum(layer) for layer in l["expert_load"]] == [8 * 16 * 2] * 2, l["expert_load"]
+PY
+
 # 2. Elastic resume across ep under --mesh-invariant: ep=4 for 4 steps, or 2 at ep=4 then 2 at ep=2,
 #    then from step 2 on one rank: the same bytes.
 inv=(--mesh-invariant --output-router-logits --steps 4 --decay-steps 4 --no-metrics)
@@ -106,4 +115,4 @@ refused "--capacity-factor -0.5 must be > 0" "${moe[@]}" --capacity-factor -0.5
 refused "the llama model has none (--experts 0)" --model llama --layers 2 --hidden 32 --heads 4 --mesh ep=2
 refused "a pipeline (--mesh pp=2,tp=1) runs" "${moe[@]}" --output-router-logits --mesh pp=2
 echo "moe: ep=2 run with load metrics, elastic resume ep=4 -> ep=2 -> one rank bitwise, export/import/sample,"
-echo "check at ep=2 and dp=2,ep=2, explain's all-to-alls, pp=2,ep=2 and the refusals hold"
+echo "check at ep=2, dp=2,ep=2 and fsdp=2,ep=2, --shard-optimizer, --checkpoint-blocks, explain, pp=2,ep=2 and the refusals hold"

@@ -270,9 +270,9 @@ TEST(MeshInvariant, RefusesSplitsThatCannotKeepTheTreeNamingTheOnesThatCan) {
   EXPECT_EQ(refusal(8, 2, 2, 4), "");
   EXPECT_EQ(refusal(16, 1, 1, 16), "");
   const std::string dp8 = refusal(8, 8, 1, 4);
-  EXPECT_NE(dp8.find("dp x fsdp = 8"), std::string::npos) << dp8;
-  EXPECT_NE(dp8.find("dp x fsdp is 1, 2, 4 keep the tree"), std::string::npos) << dp8;
-  EXPECT_NE(refusal(8, 3, 1, 4).find("dp x fsdp = 3"), std::string::npos);
+  EXPECT_NE(dp8.find("dp x fsdp x ep = 8"), std::string::npos) << dp8;
+  EXPECT_NE(dp8.find("dp x fsdp x ep is 1, 2, 4 keep the tree"), std::string::npos) << dp8;
+  EXPECT_NE(refusal(8, 3, 1, 4).find("dp x fsdp x ep = 3"), std::string::npos);
   EXPECT_NE(refusal(6, 1, 1, 4).find("the global batch of 6 rows must cut into --batch-blocks 4"), std::string::npos);
   EXPECT_NE(refusal(12, 1, 1, 3).find("--batch-blocks 3 must be a power of two"), std::string::npos);
   EXPECT_NE(refusal(8, 2, 4, 4).find("--grad-accum 4 must divide the 2 row blocks"), std::string::npos);

@@ -101,11 +101,12 @@ class DecoderFamily {
   virtual std::int64_t vocab_offset() const = 0;
   // The blocks of the local vocabulary the output layer computes in (ParallelContext::feature_plan).
   virtual const tree::SplitPlan& output_plan() const = 0;
-  // A mixture of experts (nn/moe.hpp). begin_forward: a forward of this rank's stage starts.
+  // A mixture of experts (nn/moe.hpp). begin_forward: a forward of this rank's stage starts, in
+  // training or evaluation (Model::set_training).
   // auxiliary_loss: the term the family adds to the loss of the forward that just ran (the
   // load-balancing loss times its coefficient), this rank's share, averaged over `forwards` forwards
   // per step; undefined for none. take_expert_load: Model::take_expert_load.
-  virtual void begin_forward() {}
+  virtual void begin_forward(bool /*training*/) {}
   virtual Tensor auxiliary_loss(int /*forwards*/) { return Tensor(); }
   virtual ExpertLoad take_expert_load() { return {}; }
   // Parameters of the embedding (first stage) and of the head (last stage), in the one-rank order.

@@ -48,8 +48,13 @@ namespace meshgrad::nn {
 class RouterLog {
  public:
   RouterLog(const ModelConfig& cfg, ParallelContextPtr ctx);
-  // A forward starts: the previous forward's per-layer entries are cleared.
-  void begin_forward() { forward_.clear(); }
+  // A forward starts (`training`: the model's mode, Model::set_training): the previous forward's
+  // per-layer entries are cleared. The load counts training forwards and any that records a graph
+  // (grads), never a checkpointed block's recomputation.
+  void begin_forward(bool training) {
+    forward_.clear();
+    training_ = training;
+  }
   // One MoE block's routing in this forward: the sum over its tokens of the router probabilities
   // (prob_sum [E], in the graph), how many of its assignments each expert got (selected, before any
   // capacity drop), its token count, and the assignments it dropped.
@@ -78,6 +83,8 @@ class RouterLog {
   ParallelContextPtr ctx_;
   std::vector<Entry> forward_;
   ExpertLoad load_;
+  bool training_ = true;
+  bool counting() const;
 };
 
 // The MoE block of one transformer block (Mixtral's block_sparse_moe), on a context whose ep axis
