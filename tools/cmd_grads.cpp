@@ -34,6 +34,7 @@ struct GradsArgs {
   int invariant_blocks = 4;
   int batch_blocks = 4;
   double capacity_factor = 0;
+  bool capacity_given = false;
 };
 
 // Reading and checking the files and computing the gradients is the library's job
@@ -52,6 +53,8 @@ int run(const GradsArgs& a) {
   job.mesh_invariant = a.mesh_invariant;
   job.batch_blocks = a.batch_blocks;
   job.capacity_factor = a.capacity_factor;
+  MG_CHECK(!a.capacity_given || a.capacity_factor > 0, "grads: --capacity-factor {} must be > 0 (leave it out for "
+           "dropless routing)", a.capacity_factor);
   const launch::GradsResult r = launch::run_grads_job(job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
@@ -93,10 +96,14 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--batch-blocks", a->batch_blocks,
                              "With --mesh-invariant: the batch's fixed row blocks (a power of two dividing B)")
                   ->capture_default_str();
-              app.add_option("--capacity-factor", a->capacity_factor,
-                             "A mixture of experts: each expert takes at most ceil(f x tokens x k / experts) of a "
-                             "rank's tokens and drops the rest (0: dropless)")
-                  ->capture_default_str();
+              app.add_option_function<double>(
+                  "--capacity-factor",
+                  [a](double f) {
+                    a->capacity_factor = f;
+                    a->capacity_given = true;
+                  },
+                  "A mixture of experts: each expert takes at most ceil(f x tokens x k / experts) of a rank's tokens "
+                  "and drops the rest (f > 0; left out: dropless)");
               return [a] { return run(*a); };
             }});
 

@@ -135,7 +135,7 @@ std::vector<TrainOption> where_and_what() {
       {.name = "output-router-logits", .kind = K::Flag, .help = "With --experts: add the load-balancing loss to the "
        "loss (output_router_logits)", .field = MG_MEMBER(model.output_router_logits), .recorded = R::Fixed},
       {.name = "capacity-factor", .kind = K::Double, .help = "With --experts: each expert takes at most ceil(f x "
-       "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (0: dropless)",
+       "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (f > 0; left out: dropless)",
        .field = MG_MEMBER(model.capacity_factor), .recorded = R::Kept},
   };
 }

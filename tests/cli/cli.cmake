@@ -211,6 +211,12 @@ set_tests_properties(cli_sample PROPERTIES LABELS cli TIMEOUT 150)
 add_test(NAME cli_train_samples COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/train_samples.sh ${mg}
                                         ${CMAKE_CURRENT_BINARY_DIR}/cli_train_samples)
 set_tests_properties(cli_train_samples PROPERTIES LABELS cli TIMEOUT 150)
+# Expert parallelism across processes (OpenMPI's uneven all-to-all): tests/cli/moe_mpi.sh.
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_moe_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/moe_mpi.sh ${mg}
+                                          ${CMAKE_CURRENT_BINARY_DIR}/train_cli_moe_mpi ${mpirun})
+  set_tests_properties(train_cli_moe_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+endif()
 if(MESHGRAD_WITH_MPI)
   add_test(NAME cli_sample_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg}
                                        ${CMAKE_CURRENT_BINARY_DIR}/cli_sample_mpi ${mpirun})
