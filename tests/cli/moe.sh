@@ -6,7 +6,8 @@
 #     resumed run's bytes are the uninterrupted ep=4 run's (elastic resume across ep);
 #  3. export to a Hugging Face directory (one nn.Linear per expert, model_type mixtral) and --init-from
 #     of it; sample from the one-rank checkpoint; sampling at ep=2 is refused;
-#  4. check at ep=2, dp=2,ep=2 and fsdp=2,ep=2 passes; --shard-optimizer at dp=2,ep=2 saves the bytes of
+#  4. check at ep=2, dp=2,ep=2, fsdp=2,ep=2, tp=2x2 and in bf16 passes; bf16 under --mesh-invariant saves
+#     one rank's bytes at dp=2,ep=2; --shard-optimizer at dp=2,ep=2 saves the bytes of
 #     dp=2,ep=2 under --mesh-invariant; explain counts each MoE layer's all-to-alls;
 #  5. pp=2 without the load-balancing loss trains; the refusals name the option and the value.
 # usage: moe.sh MESHGRAD WORKDIR
@@ -93,6 +94,15 @@ for so in "" --shard-optimizer; do
     --save "$work/so$so.safetensors" > "$work/so.log" 2>&1 || fail "dp=2,ep=2 $so failed" "$work/so.log"
 done
 cmp "$work/so.safetensors" "$work/so--shard-optimizer.safetensors" || fail "--shard-optimizer at dp=2,ep=2 differs from dp=2,ep=2"
+"$mg" check "${moe[@]}" --output-router-logits --dtype float64 --mesh tp=2x2 > "$work/check.log" 2>&1 ||
+  fail "check at tp=2x2 failed" "$work/check.log"
+"$mg" check "${moe[@]}" --output-router-logits --dtype float32 --precision bf16 --mesh ep=2 > "$work/check.log" 2>&1 ||
+  fail "check --precision bf16 at ep=2 failed" "$work/check.log"
+for mesh in tp=1 dp=2,ep=2; do
+  "$mg" train "${moe[@]}" --output-router-logits --precision bf16 --steps 2 --mesh-invariant --mesh $mesh --no-metrics \
+    --save "$work/bf16_$mesh.safetensors" > "$work/bf16.log" 2>&1 || fail "bf16 $mesh failed" "$work/bf16.log"
+done
+cmp "$work/bf16_tp=1.safetensors" "$work/bf16_dp=2,ep=2.safetensors" || fail "bf16 dp=2,ep=2 is not one rank's bytes"
 "$mg" explain "${moe[@]}" --mesh ep=2 > "$work/x.txt" 2>&1 || fail "explain failed" "$work/x.txt"
 for phase in forward backward; do
   n=$(grep -c -E "^ *$phase +all_to_all +ep +2 " "$work/x.txt" || true)
