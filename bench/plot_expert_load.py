@@ -1,11 +1,13 @@
 """The expert load of a mixture-of-experts run over time, as an SVG (no plotting library needed).
 
-usage: plot_expert_load.py METRICS.jsonl OUT.svg [--window N]
+usage: plot_expert_load.py METRICS.jsonl OUT.svg [--window N] [--top-k K]
 
 One panel per MoE layer: each expert's share of the layer's assignments per step (the metrics file's
 "expert_load", tokens x k per step), averaged over the last N steps (default 10); a dashed line at
-1 / experts is the balanced share. A last panel draws the load-balancing loss ("aux_loss", E x sum
-f_e P_e: 1.0 when balanced). Written for docs/BENCHMARKS.md ("Mixture of experts").
+1 / experts is the balanced share. A last panel draws the load-balancing loss ("aux_loss",
+E x sum over the k slots and the experts of f_{j,e} P_e, Hugging Face's load_balancing_loss_func): its
+minimum is k (--top-k, default 2), reached whenever the mean router probabilities are uniform, even
+while the top-k counts are not. Written for docs/BENCHMARKS.md ("Mixture of experts").
 """
 import json
 import sys
@@ -60,7 +62,7 @@ def panel(x0, y0, w, h, steps, series, y_max, title, reference=None, y_label_fmt
     return "\n".join(s)
 
 
-def main(path, out, window=10):
+def main(path, out, window=10, top_k=2):
     steps, loads, aux = read(path)
     layers, experts = len(loads[0]), len(loads[0][0])
     w, h, left, top, gap = 760, 150, 60, 40, 50
@@ -76,7 +78,8 @@ def main(path, out, window=10):
                            reference=1.0 / experts))
     y = top + layers * (h + gap)
     parts.append(panel(left, y, w, h, steps, [moving(aux, window)], max(aux) * 1.1 or 1.0,
-                       f"load-balancing loss E x sum f_e P_e ({window}-step mean; 1.0: balanced)", reference=1.0))
+                       f"load-balancing loss ({window}-step mean; dashed: its minimum, k = {top_k})",
+                       reference=float(top_k)))
     height = y + h + 40
     legend = " ".join(f'<tspan fill="{COLOURS[e % len(COLOURS)]}">expert {e}</tspan>' for e in range(experts))
     svg = (f'<svg xmlns="http://www.w3.org/2000/svg" width="{left + w + 20}" height="{height}" font-family="sans-serif">\n'
@@ -89,11 +92,15 @@ def main(path, out, window=10):
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    window = 10
+    window, top_k = 10, 2
     if "--window" in args:
         i = args.index("--window")
         window = int(args[i + 1])
         del args[i:i + 2]
+    if "--top-k" in args:
+        i = args.index("--top-k")
+        top_k = int(args[i + 1])
+        del args[i:i + 2]
     if len(args) != 2:
         sys.exit(__doc__)
-    main(args[0], args[1], window)
+    main(args[0], args[1], window, top_k)

@@ -53,8 +53,8 @@ int run(const GradsArgs& a) {
   job.mesh_invariant = a.mesh_invariant;
   job.batch_blocks = a.batch_blocks;
   job.capacity_factor = a.capacity_factor;
-  MG_CHECK(!a.capacity_given || a.capacity_factor > 0, "grads: --capacity-factor {} must be > 0 (leave it out for "
-           "dropless routing)", a.capacity_factor);
+  MG_CHECK(!a.capacity_given || a.capacity_factor >= 0, "grads: --capacity-factor {} must be > 0 (or 0: dropless "
+           "routing, the default)", a.capacity_factor);
   const launch::GradsResult r = launch::run_grads_job(job, launch::mesh_runner(a.backend, a.mesh));
   if (!r.has_result) return 0;   // an MPI process without mesh rank 0
   std::vector<std::pair<std::string, Tensor>> tensors = r.gradients;
@@ -103,7 +103,7 @@ MESHGRAD_REGISTER_COMMAND(
                     a->capacity_given = true;
                   },
                   "A mixture of experts: each expert takes at most ceil(f x tokens x k / experts) of a rank's tokens "
-                  "and drops the rest (f > 0; left out: dropless)");
+                  "and drops the rest (0, the default: dropless)");
               return [a] { return run(*a); };
             }});
 

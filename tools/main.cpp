@@ -93,6 +93,7 @@ void start_again_with_passive_openmp_threads(char** argv) {
 int main(int argc, char** argv) {
   using namespace meshgrad::tools;
   start_again_with_passive_openmp_threads(argv);
+  meshgrad::launch::reserve_memory_for_out_of_memory_errors();
   CLI::App app{"meshgrad: tensor-parallel training with exact gradients"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");

@@ -55,6 +55,11 @@ const std::vector<ModelConfigField>& model_config_fields() {
       MG_FAMILY_FIELD("experts-per-token", experts_per_token),
       MG_FAMILY_FIELD("router-aux-loss-coef", router_aux_loss_coef),
       MG_FAMILY_FIELD("output-router-logits", output_router_logits),
+      MG_FAMILY_FIELD("expert-ffn", expert_ffn),
+      MG_FAMILY_FIELD("shared-expert-ffn", shared_expert_ffn),
+      MG_FAMILY_FIELD("norm-topk-prob", norm_topk_prob),
+      MG_FAMILY_FIELD("decoder-sparse-step", decoder_sparse_step),
+      MG_FAMILY_FIELD("mlp-only-layers", mlp_only_layers),
       MG_MODEL_FIELD("capacity-factor", capacity_factor, false),
   };
   return fields;

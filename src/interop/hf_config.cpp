@@ -1,6 +1,8 @@
 // config.json by model_type (contract in include/meshgrad/interop/hf_config.hpp).
 #include "meshgrad/interop/hf_config.hpp"
 
+#include <algorithm>
+
 #include "config_keys.hpp"
 #include "meshgrad/interop/gpt2_config.hpp"
 #include "meshgrad/io/json_input.hpp"
@@ -63,7 +65,7 @@ void read_rope_scaling(const json& j, const std::string& path, nn::ModelConfig& 
 // layout of windowed layers).
 void read_sliding_window(const json& j, const std::string& path, const std::string& model_type, nn::ModelConfig& c) {
   if (model_type == "mistral" || model_type == "mixtral") c.sliding_window = int_or(j, path, "sliding_window", 0);
-  if (model_type == "qwen2" && bool_or(j, path, "use_sliding_window", false)) {
+  if ((model_type == "qwen2" || model_type == "qwen2_moe") && bool_or(j, path, "use_sliding_window", false)) {
     c.sliding_window = int_or(j, path, "sliding_window", 0);
     // 0 is allowed here (every layer slides), unlike the sizes int_key reads.
     const bool zero = j.contains("max_window_layers") && j.at("max_window_layers").is_number_integer() &&
@@ -82,15 +84,35 @@ void read_sliding_window(const json& j, const std::string& path, const std::stri
 // Mixtral's mixture of experts (MixtralConfig): num_local_experts SwiGLU experts of intermediate_size,
 // num_experts_per_tok per token, the load-balancing loss's coefficient and switch.
 void read_mixtral(const json& j, const std::string& path, nn::ModelConfig& c) {
-  c.experts = int_key(j, path, "num_local_experts");
+  const bool qwen = c.model_type == "qwen2_moe";
+  c.experts = int_key(j, path, qwen ? "num_experts" : "num_local_experts");
   c.experts_per_token = int_or(j, path, "num_experts_per_tok", 2);
   MG_CHECK(c.experts_per_token <= c.experts, "config '{}': \"num_experts_per_tok\": {} is more than the {} experts "
-           "(num_local_experts)", path, c.experts_per_token, c.experts);
+           "({})", path, c.experts_per_token, c.experts, qwen ? "num_experts" : "num_local_experts");
+  if (qwen) {
+    // Qwen2-MoE: routed experts of moe_intermediate_size, a gated shared expert, the k weights as the
+    // softmax gave them unless norm_topk_prob, sparse blocks every decoder_sparse_step but mlp_only_layers.
+    c.expert_ffn = int_key(j, path, "moe_intermediate_size");
+    c.shared_expert_ffn = int_or(j, path, "shared_expert_intermediate_size", 0);
+    c.norm_topk_prob = bool_or(j, path, "norm_topk_prob", false);
+    c.decoder_sparse_step = int_or(j, path, "decoder_sparse_step", 1);
+    if (j.contains("mlp_only_layers") && !j.at("mlp_only_layers").is_null()) {
+      const json& v = j.at("mlp_only_layers");
+      MG_CHECK(v.is_array() && std::all_of(v.begin(), v.end(), [](const json& x) { return x.is_number_integer(); }),
+               "config '{}': \"mlp_only_layers\": {} is not a list of layer numbers", path, io::json_excerpt(v));
+      for (const json& x : v) {
+        const auto layer = x.get<std::int64_t>();
+        MG_CHECK(layer >= 0 && layer < c.layers, "config '{}': \"mlp_only_layers\" names layer {}, and the model "
+                 "has {} (num_hidden_layers)", path, layer, c.layers);
+        c.mlp_only_layers.push_back(static_cast<int>(layer));
+      }
+    }
+  }
   c.router_aux_loss_coef = number_or(j, path, "router_aux_loss_coef", 0.001);
   MG_CHECK(c.router_aux_loss_coef >= 0, "config '{}': \"router_aux_loss_coef\" must be >= 0, got {}", path,
            c.router_aux_loss_coef);
   c.output_router_logits = bool_or(j, path, "output_router_logits", false);
-  MG_CHECK(number_or(j, path, "router_jitter_noise", 0.0) == 0.0, "config '{}': \"router_jitter_noise\": {} is not "
+  if (j.contains("router_jitter_noise")) MG_CHECK(number_or(j, path, "router_jitter_noise", 0.0) == 0.0, "config '{}': \"router_jitter_noise\": {} is not "
            "supported (meshgrad routes without noise; 0 is the released models' value)", path,
            j.at("router_jitter_noise").dump());
 }
@@ -121,7 +143,7 @@ nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const
   read_rope_scaling(j, path, c);
   c.tie_word_embeddings = bool_or(j, path, "tie_word_embeddings", false);
   // Qwen2's q, k and v projections always have biases (its config has no key for it).
-  c.attention_bias = model_type == "qwen2" || bool_or(j, path, "attention_bias", false);
+  c.attention_bias = model_type == "qwen2" || model_type == "qwen2_moe" || bool_or(j, path, "attention_bias", false);
   read_sliding_window(j, path, model_type, c);
   if (j.contains("hidden_act")) {
     const json& v = j.at("hidden_act");
@@ -135,7 +157,7 @@ nn::ModelConfig parse_llama_config(const json& j, const std::string& path, const
   MG_CHECK(number_or(j, path, "attention_dropout", 0.0) == 0.0, "config '{}': \"attention_dropout\": {} is not "
            "supported (meshgrad's Llama family has no dropout)", path, j.at("attention_dropout").dump());
   c.dropout = 0.0;
-  if (model_type == "mixtral") read_mixtral(j, path, c);
+  if (model_type == "mixtral" || model_type == "qwen2_moe") read_mixtral(j, path, c);
   return c;
 }
 
@@ -149,21 +171,29 @@ nn::ModelConfig parse_hf_config(const std::string& text, const std::string& path
            "\"model_type\"", path);
   const std::string type = j.at("model_type").get<std::string>();
   if (type == "gpt2") return parse_gpt2_config(text, path);
-  if (type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral") {
+  if (type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral" || type == "qwen2_moe") {
     return parse_llama_config(j, path, type);
   }
   throw InvalidArgument(fmt::format("config '{}': \"model_type\": \"{}\" is not a model meshgrad builds (gpt2, llama, "
-                                    "qwen2, mistral, mixtral)", path, type));
+                                    "qwen2, mistral, mixtral, qwen2_moe)", path, type));
 }
 
 namespace {
 
 json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
   const std::string& type = c.model_type;
-  MG_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral", "hf_config_json: model_type "
-           "\"{}\" is not one of the Llama family's (llama, qwen2, mistral, mixtral)", type);
-  MG_CHECK((type == "mixtral") == c.moe(), "hf_config_json: {} experts and model_type \"{}\": a mixture of experts is "
-           "written as \"mixtral\", and only one is", c.experts, type);
+  MG_CHECK(type == "llama" || type == "qwen2" || type == "mistral" || type == "mixtral" || type == "qwen2_moe",
+           "hf_config_json: model_type \"{}\" is not one of the Llama family's (llama, qwen2, mistral, mixtral, "
+           "qwen2_moe)", type);
+  const bool moe_type = type == "mixtral" || type == "qwen2_moe";
+  MG_CHECK(moe_type == c.moe(), "hf_config_json: {} experts and model_type \"{}\": a mixture of experts is written "
+           "as \"mixtral\" or \"qwen2_moe\", and only one is", c.experts, type);
+  MG_CHECK(type == "qwen2_moe" || (c.expert_ffn == 0 && c.shared_expert_ffn == 0 && c.norm_topk_prob &&
+                                   c.decoder_sparse_step == 1 && c.mlp_only_layers.empty()),
+           "hf_config_json: a {} model has no moe_intermediate_size, shared expert, norm_topk_prob false, "
+           "decoder_sparse_step or mlp_only_layers: write it as model_type \"qwen2_moe\"", type);
+  MG_CHECK(type != "qwen2_moe" || c.attention_bias, "hf_config_json: a qwen2_moe model always has q/k/v biases, and "
+           "this one has attention_bias false");
   MG_CHECK(type != "mixtral" || !c.attention_bias, "hf_config_json: a mixtral model has no q/k/v biases");
   MG_CHECK(type != "qwen2" || c.attention_bias, "hf_config_json: a qwen2 model always has q/k/v biases, and this one "
            "has attention_bias false: write it as model_type \"llama\"");
@@ -184,10 +214,11 @@ json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
       rope["original_max_position_embeddings"] = c.rope_original_positions;
     }
   }
-  const char* architecture = type == "llama"     ? "LlamaForCausalLM"
-                             : type == "qwen2"   ? "Qwen2ForCausalLM"
-                             : type == "mixtral" ? "MixtralForCausalLM"
-                                                 : "MistralForCausalLM";
+  const char* architecture = type == "llama"       ? "LlamaForCausalLM"
+                             : type == "qwen2"     ? "Qwen2ForCausalLM"
+                             : type == "mixtral"   ? "MixtralForCausalLM"
+                             : type == "qwen2_moe" ? "Qwen2MoeForCausalLM"
+                                                   : "MistralForCausalLM";
   json j = {{"architectures", {architecture}},
             {"attention_dropout", 0.0},
             {"bos_token_id", token(o.bos_token_id)},
@@ -214,12 +245,23 @@ json llama_family_json(const nn::ModelConfig& c, const HfConfigJsonOptions& o) {
     j["attention_bias"] = c.attention_bias;
     j["mlp_bias"] = false;
     j["pretraining_tp"] = 1;
-  } else if (type == "qwen2") {
+  } else if (type == "qwen2" || type == "qwen2_moe") {
     j["use_sliding_window"] = c.sliding_window > 0;
     j["sliding_window"] = window;
     j["max_window_layers"] = c.sliding_window > 0 ? c.max_window_layers : c.layers;
   } else {
     j["sliding_window"] = window;
+  }
+  if (type == "qwen2_moe") {
+    j["num_experts"] = c.experts;
+    j["num_experts_per_tok"] = c.experts_per_token;
+    j["moe_intermediate_size"] = c.expert_ffn_size();
+    j["shared_expert_intermediate_size"] = c.shared_expert_ffn;
+    j["norm_topk_prob"] = c.norm_topk_prob;
+    j["decoder_sparse_step"] = c.decoder_sparse_step;
+    j["mlp_only_layers"] = c.mlp_only_layers;
+    j["router_aux_loss_coef"] = c.router_aux_loss_coef;
+    j["output_router_logits"] = c.output_router_logits;
   }
   if (type == "mixtral") {
     j["num_local_experts"] = c.experts;

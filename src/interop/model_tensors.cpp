@@ -24,12 +24,26 @@ std::vector<ModelTensor> llama_tensors(const nn::ModelConfig& c) {
     }
     out.push_back({p + "self_attn.o_proj.weight", {q_out, hidden}, true});
     out.push_back({p + "post_attention_layernorm.weight", {hidden}, false});
-    if (c.moe()) {
-      const std::int64_t e = c.experts;
+    if (c.sparse_layer(i) && c.model_type == "qwen2_moe") {
+      const std::int64_t e = c.experts, fe = c.expert_ffn_size(), fs = c.shared_expert_ffn;
+      out.push_back({p + "mlp.gate.weight", {hidden, e}, true});
+      out.push_back({p + "mlp.experts.gate_proj.weight", {e, hidden, fe}, true, true});
+      out.push_back({p + "mlp.experts.up_proj.weight", {e, hidden, fe}, true, true});
+      out.push_back({p + "mlp.experts.down_proj.weight", {e, fe, hidden}, true, true});
+      if (fs > 0) {
+        out.push_back({p + "mlp.shared_expert.gate_proj.weight", {hidden, fs}, true});
+        out.push_back({p + "mlp.shared_expert.up_proj.weight", {hidden, fs}, true});
+        out.push_back({p + "mlp.shared_expert.down_proj.weight", {fs, hidden}, true});
+        out.push_back({p + "mlp.shared_expert_gate.weight", {hidden, 1}, true});
+      }
+      continue;
+    }
+    if (c.sparse_layer(i)) {
+      const std::int64_t e = c.experts, fe = c.expert_ffn_size();
       out.push_back({p + "block_sparse_moe.gate.weight", {hidden, e}, true});
-      out.push_back({p + "block_sparse_moe.experts.w1.weight", {e, hidden, ffn}, true, true});
-      out.push_back({p + "block_sparse_moe.experts.w2.weight", {e, ffn, hidden}, true, true});
-      out.push_back({p + "block_sparse_moe.experts.w3.weight", {e, hidden, ffn}, true, true});
+      out.push_back({p + "block_sparse_moe.experts.w1.weight", {e, hidden, fe}, true, true});
+      out.push_back({p + "block_sparse_moe.experts.w2.weight", {e, fe, hidden}, true, true});
+      out.push_back({p + "block_sparse_moe.experts.w3.weight", {e, hidden, fe}, true, true});
       continue;
     }
     out.push_back({p + "mlp.gate_proj.weight", {hidden, ffn}, true});

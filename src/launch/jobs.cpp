@@ -170,13 +170,11 @@ void check_train_options(const train::TrainOptions& o) {
   MG_CHECK(o.model.kind == "gpt" || o.model.kind == "llama", "train: the model must be \"gpt\" or \"llama\", got "
            "\"{}\"", o.model.kind);
   check_llama_edges(o);
-  if (o.given_options.count("capacity-factor") > 0) {
-    // Dropless routing is the option left out (0 inside: no capacity); a given factor caps.
-    MG_CHECK(o.model.capacity_factor > 0 && std::isfinite(o.model.capacity_factor), "train: --capacity-factor {} must "
-             "be > 0 (leave it out for dropless routing)", o.model.capacity_factor);
-    MG_CHECK(o.model.moe() || !o.init_from.empty() || !o.resume.empty(), "train: --capacity-factor caps a mixture of "
-             "experts' experts, and the model has none (--experts 0)");
-  }
+  // 0 is dropless routing (the default, which a run's recorded configuration carries back as --config).
+  MG_CHECK(o.model.capacity_factor >= 0 && std::isfinite(o.model.capacity_factor), "train: --capacity-factor {} must "
+           "be > 0 (or 0: dropless routing, the default)", o.model.capacity_factor);
+  MG_CHECK(o.model.capacity_factor == 0 || o.model.moe() || !o.init_from.empty() || !o.resume.empty(),
+           "train: --capacity-factor caps a mixture of experts' experts, and the model has none (--experts 0)");
   check_positive("train", "steps", o.steps);
   // With init_from, 0 takes the size from its config.json (hf_io.hpp).
   for (const auto& [option, value] : {std::pair{"layers", o.model.layers}, std::pair{"hidden", o.model.hidden},

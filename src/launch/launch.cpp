@@ -5,6 +5,7 @@
 #include <nlohmann/json.hpp>
 
 #include <algorithm>
+#include <mutex>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -129,6 +130,26 @@ void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>&
                                     "rank 0); start every rank with the same command line", world.backend(),
                                     first_difference(per_rank[0], 0, per_rank[static_cast<std::size_t>(other)], other),
                                     differing, P));
+}
+
+namespace {
+char* g_out_of_memory_reserve = nullptr;
+void give_back_reserve_and_fail() {
+  delete[] g_out_of_memory_reserve;
+  g_out_of_memory_reserve = nullptr;
+  std::set_new_handler(nullptr);   // the next failure throws as usual
+  throw std::bad_alloc();
+}
+}  // namespace
+
+void reserve_memory_for_out_of_memory_errors() {
+  static std::once_flag once;
+  std::call_once(once, [] {
+    constexpr std::size_t kReserve = std::size_t{16} << 20;   // 16 MiB: far more than any unwinding needs
+    g_out_of_memory_reserve = new char[kReserve];
+    std::memset(g_out_of_memory_reserve, 0, kReserve);   // resident, not only reserved address space
+    std::set_new_handler(give_back_reserve_and_fail);
+  });
 }
 
 std::string error_message(const std::exception& e) {

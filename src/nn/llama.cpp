@@ -116,7 +116,10 @@ const TensorParallelPlan& llama_plan() {
                                         {"model.layers.*.self_attn.o_proj", LinearStyle::Row},
                                         {"model.layers.*.mlp.gate_proj", LinearStyle::Column},
                                         {"model.layers.*.mlp.up_proj", LinearStyle::Column},
-                                        {"model.layers.*.mlp.down_proj", LinearStyle::Row}}};
+                                        {"model.layers.*.mlp.down_proj", LinearStyle::Row},
+                                        {"model.layers.*.mlp.shared_expert.gate_proj", LinearStyle::Column},
+                                        {"model.layers.*.mlp.shared_expert.up_proj", LinearStyle::Column},
+                                        {"model.layers.*.mlp.shared_expert.down_proj", LinearStyle::Row}}};
   return plan;
 }
 
@@ -243,8 +246,50 @@ class SwiGluMlp {
 // input_layernorm, self_attn, post_attention_layernorm, mlp: the pre-norm block with RMSNorm.
 using LlamaBlock = PreNormBlock<RmsNorm, LlamaAttention, SwiGluMlp>;
 constexpr PreNormNames kLlamaBlock{"input_layernorm", "self_attn", "post_attention_layernorm", "mlp"};
-// Mixtral: the MLP is a sparse mixture of experts (nn/moe.hpp), block_sparse_moe.
-using MixtralBlock = PreNormBlock<RmsNorm, LlamaAttention, SparseMoe>;
+// A sparse block's MLP: the routed experts (nn/moe.hpp), and with a shared expert (Qwen2-MoE) that
+// SwiGLU MLP on every token, gated: out = moe(x) + sigmoid(x g) * shared_expert(x). The shared
+// expert is split over tp by the family's plan (mlp.shared_expert.*), the gate [C, 1] replicated.
+class SparseMlp {
+ public:
+  SparseMlp(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed,
+            std::shared_ptr<RouterLog> log)
+      : name_(name), ctx_(ctx), routed_(name, cfg, ctx, seed, std::move(log)) {
+    if (cfg.shared_expert_ffn > 0) {
+      ModelConfig shared = cfg;
+      shared.ffn = cfg.shared_expert_ffn;
+      shared_ = std::make_unique<SwiGluMlp>(name + ".shared_expert", shared, ctx, seed);
+      shared_gate_ = make_parameter(name + ".shared_expert_gate.weight", {cfg.hidden, 1}, ctx->replicated(), *ctx, seed,
+                                    0.02, 0.0, cfg.dtype);
+    }
+  }
+  Tensor forward(const Tensor& x, std::int64_t seq) const {
+    const Tensor routed = routed_.forward(x, seq);
+    if (!shared_) return routed;
+    trace::Scope scope(name_ + ".shared_expert_gate");
+    // sigmoid(z) = (1 + tanh(z / 2)) / 2
+    const Tensor z = matmul(x, ctx_->replicated_on_sequence_shard(shared_gate_.operand()));   // [T, B, 1]
+    const Tensor gate = scale(add_scalar(tanh(scale(z, 0.5)), 1.0), 0.5);
+    return add(routed, mul(gate, shared_->forward(x, seq)));
+  }
+  void collect(std::vector<Parameter*>& out) {
+    routed_.collect(out);
+    if (shared_) {
+      shared_->collect(out);
+      out.push_back(&shared_gate_);
+    }
+  }
+
+ private:
+  std::string name_;
+  ParallelContextPtr ctx_;
+  SparseMoe routed_;
+  std::unique_ptr<SwiGluMlp> shared_;
+  Parameter shared_gate_;
+};
+
+// Mixtral: the MLP is a sparse mixture of experts (nn/moe.hpp), block_sparse_moe. Qwen2-MoE: the
+// same (with its shared expert) in place of the dense MLP, mlp, on its sparse layers.
+using SparseBlock = PreNormBlock<RmsNorm, LlamaAttention, SparseMlp>;
 constexpr PreNormNames kMixtralBlock{"input_layernorm", "self_attn", "post_attention_layernorm", "block_sparse_moe"};
 
 // What a mixture of experts cannot be combined with yet, refused by name before any layer is built.
@@ -282,8 +327,9 @@ class Llama final : public DecoderFamily {
       layer.sliding_window = cfg.attention_window(i);
       layer.max_window_layers = 0;
       const std::string name = fmt::format("model.layers.{}", i);
-      if (cfg.moe()) {
-        blocks_.push_back(std::make_shared<MixtralBlock>(name, kMixtralBlock, layer, ctx, seed, router_log_));
+      if (cfg.sparse_layer(i)) {
+        const PreNormNames& parts = cfg.model_type == "qwen2_moe" ? kLlamaBlock : kMixtralBlock;
+        blocks_.push_back(std::make_shared<SparseBlock>(name, parts, layer, ctx, seed, router_log_));
       } else {
         blocks_.push_back(std::make_shared<LlamaBlock>(name, kLlamaBlock, layer, ctx, seed));
       }

@@ -4,6 +4,7 @@
 #include <fmt/format.h>
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <cstring>
 #include <numeric>
@@ -224,7 +225,7 @@ void check_moe(const ModelConfig& cfg, int ep, const std::string& mesh) {
   MG_CHECK(cfg.experts >= 1, "moe: num_local_experts is {}; a mixture of experts needs at least one", cfg.experts);
   MG_CHECK(cfg.experts_per_token >= 1 && cfg.experts_per_token <= cfg.experts, "moe: num_experts_per_tok {} must be "
            "between 1 and num_local_experts {}", cfg.experts_per_token, cfg.experts);
-  MG_CHECK(std::isfinite(cfg.capacity_factor) && cfg.capacity_factor >= 0, "moe: --capacity-factor {} must be > 0 (0: "
+  MG_CHECK(std::isfinite(cfg.capacity_factor) && cfg.capacity_factor >= 0, "moe: --capacity-factor {} must be > 0 (or 0: "
            "dropless, every token reaches its experts)", cfg.capacity_factor);
   MG_CHECK(std::isfinite(cfg.router_aux_loss_coef) && cfg.router_aux_loss_coef >= 0, "moe: router_aux_loss_coef {} "
            "must be >= 0", cfg.router_aux_loss_coef);
@@ -354,18 +355,24 @@ SparseMoe::SparseMoe(const std::string& name, const ModelConfig& cfg, const Para
                      std::uint64_t seed, std::shared_ptr<RouterLog> log)
     : name_(name), cfg_(cfg), ctx_(ctx), log_(std::move(log)) {
   check_moe(cfg, *ctx);
-  const std::int64_t c = cfg.hidden, f = cfg.ffn_size(), e = cfg.experts;
+  const std::int64_t c = cfg.hidden, f = cfg.expert_ffn_size(), e = cfg.experts;
+  // Mixtral's names w1 (gated by silu), w3, w2; Qwen2-MoE's gate_proj, up_proj, down_proj.
+  qwen_names_ = cfg.model_type == "qwen2_moe";
+  const auto expert = [&](const char* mixtral, const char* qwen) {
+    return fmt::format("{}.experts.{}.weight", name, qwen_names_ ? qwen : mixtral);
+  };
   gate = make_parameter(name + ".gate.weight", {c, e}, ctx->replicated(), *ctx, seed, 0.02, 0.0, cfg.dtype);
-  w1 = make_parameter(name + ".experts.w1.weight", {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
-  w2 = make_parameter(name + ".experts.w2.weight", {e, f, c}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
-  w3 = make_parameter(name + ".experts.w3.weight", {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w1 = make_parameter(expert("w1", "gate_proj"), {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w2 = make_parameter(expert("w2", "down_proj"), {e, f, c}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
+  w3 = make_parameter(expert("w3", "up_proj"), {e, c, f}, ctx->on_experts(), *ctx, seed, 0.02, 0.0, cfg.dtype);
 }
 
 void SparseMoe::collect(std::vector<Parameter*>& out) {
   out.push_back(&gate);
-  out.push_back(&w1);
-  out.push_back(&w2);
-  out.push_back(&w3);
+  // Hugging Face's order within an expert: w1, w2, w3 (Mixtral); gate_proj, up_proj, down_proj (Qwen2-MoE).
+  const std::array<Parameter*, 3> order =
+      qwen_names_ ? std::array<Parameter*, 3>{&w1, &w3, &w2} : std::array<Parameter*, 3>{&w1, &w2, &w3};
+  out.insert(out.end(), order.begin(), order.end());
 }
 
 namespace {
@@ -495,9 +502,10 @@ Tensor SparseMoe::forward(const Tensor& x, std::int64_t /*seq*/) const {
             ? static_cast<std::int64_t>(std::ceil(cfg_.capacity_factor * static_cast<double>(n * k) / experts))
             : n * k;
     routing = route_tokens(probs.detach().to_vector(), t_local, b, experts, k, capacity);
-    // The k chosen probabilities, renormalised: the router's gradient comes through them.
+    // The k chosen probabilities, renormalised unless norm_topk_prob is off (Qwen2-MoE's default):
+    // the router's gradient comes through them.
     const Tensor chosen = reshape(gather_rows(reshape(probs, {n * experts, 1}), routing.picks), {n, k});
-    weights = reshape(div(chosen, sum(chosen, {1}, /*keepdim=*/true)), {n * k, 1});
+    weights = reshape(cfg_.norm_topk_prob ? div(chosen, sum(chosen, {1}, /*keepdim=*/true)) : chosen, {n * k, 1});
   }
   log_->record(name_, cfg_.output_router_logits ? sum(probs, {0}) : Tensor(), routing.selected, n, routing.dropped);
 

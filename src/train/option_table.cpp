@@ -124,7 +124,7 @@ std::vector<TrainOption> where_and_what() {
        .recorded = R::Fixed, .min = 0},
       {.name = "model-type", .kind = K::Text, .help = "With --model llama: the Hugging Face model_type it is "
        "(what export writes)", .field = MG_MEMBER(model.model_type), .recorded = R::Fixed,
-       .choices = {"llama", "qwen2", "mistral", "mixtral"}},
+       .choices = {"llama", "qwen2", "mistral", "mixtral", "qwen2_moe"}},
       {.name = "experts", .kind = K::Int, .help = "With --model llama: a sparse mixture of experts of this many SwiGLU "
        "experts in every block (Mixtral's num_local_experts; 0: the dense MLP)", .field = MG_MEMBER(model.experts),
        .recorded = R::Fixed, .min = 0},
@@ -134,8 +134,22 @@ std::vector<TrainOption> where_and_what() {
        "coefficient (router_aux_loss_coef)", .field = MG_MEMBER(model.router_aux_loss_coef), .recorded = R::Fixed},
       {.name = "output-router-logits", .kind = K::Flag, .help = "With --experts: add the load-balancing loss to the "
        "loss (output_router_logits)", .field = MG_MEMBER(model.output_router_logits), .recorded = R::Fixed},
+      {.name = "expert-ffn", .kind = K::Int, .help = "With --experts: each routed expert's width (Qwen2-MoE's "
+       "moe_intermediate_size; 0: --ffn, as Mixtral)", .field = MG_MEMBER(model.expert_ffn), .recorded = R::Fixed,
+       .min = 0},
+      {.name = "shared-expert-ffn", .kind = K::Int, .help = "With --experts: a shared expert of this width in every "
+       "sparse layer, gated by sigmoid(x g) (Qwen2-MoE's shared_expert_intermediate_size; 0: none)",
+       .field = MG_MEMBER(model.shared_expert_ffn), .recorded = R::Fixed, .min = 0},
+      {.name = "norm-topk-prob", .kind = K::Flag, .help = "With --experts: renormalise each token's k routing weights "
+       "to sum to 1 (the default, Mixtral's; --no-norm-topk-prob: Qwen2-MoE's norm_topk_prob false)",
+       .field = MG_MEMBER(model.norm_topk_prob), .recorded = R::Fixed},
+      {.name = "decoder-sparse-step", .kind = K::Int, .help = "With --experts: every this-many-th block is a mixture "
+       "of experts (Qwen2-MoE's decoder_sparse_step; 1: every block)", .field = MG_MEMBER(model.decoder_sparse_step),
+       .recorded = R::Fixed, .min = 1},
+      {.name = "mlp-only-layers", .kind = K::IntList, .help = "With --experts: blocks that keep a dense MLP, e.g. 0,5 "
+       "(Qwen2-MoE's mlp_only_layers)", .field = MG_MEMBER(model.mlp_only_layers), .recorded = R::Fixed},
       {.name = "capacity-factor", .kind = K::Double, .help = "With --experts: each expert takes at most ceil(f x "
-       "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (f > 0; left out: dropless)",
+       "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (0: dropless, the default)",
        .field = MG_MEMBER(model.capacity_factor), .recorded = R::Kept},
   };
 }

@@ -697,8 +697,9 @@ double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_wit
 }
 
 std::int64_t inactive_expert_parameters(const nn::ModelConfig& c) {
-  if (!c.moe()) return 0;
-  return std::int64_t{c.layers} * (c.experts - c.experts_per_token) * 3 * std::int64_t{c.hidden} * c.ffn_size();
+  std::int64_t sparse = 0;
+  for (int i = 0; i < c.layers; ++i) sparse += c.sparse_layer(i) ? 1 : 0;
+  return sparse * (c.experts - c.experts_per_token) * 3 * std::int64_t{c.hidden} * c.expert_ffn_size();
 }
 
 std::int64_t lookup_only_parameters(const nn::ModelConfig& c) {

@@ -122,7 +122,6 @@ refused "ep = 3 does not divide the 4 experts" --model llama --layers 2 --hidden
   --mesh ep=3
 refused "ep = 8 ranks split the experts, and the model has 4" "${moe[@]}" --mesh ep=8
 refused "--capacity-factor -0.5 must be > 0" "${moe[@]}" --capacity-factor -0.5
-refused "--capacity-factor 0 must be > 0 (leave it out for dropless routing)" "${moe[@]}" --capacity-factor 0
 refused "--capacity-factor caps a mixture of experts' experts, and the model has none" --model llama --layers 2 \
   --hidden 32 --heads 4 --capacity-factor 1.5
 refused "the llama model has none (--experts 0)" --model llama --layers 2 --hidden 32 --heads 4 --mesh ep=2

@@ -1,9 +1,12 @@
-// Mixtral (a sparse mixture of experts) through Hugging Face files and expert parallelism: `grads`
+// Mixtral and Qwen2-MoE (sparse mixtures of experts; Qwen2-MoE with a gated shared expert, dense
+// blocks among the sparse ones and the top-k weights not renormalised) through Hugging Face files and
+// expert parallelism: `grads`
 // with weights and gradients in Hugging Face's names (one nn.Linear per expert) against a PyTorch
 // implementation of Hugging Face's Mixtral on every mesh the issue names, bitwise across ep with
 // --mesh-invariant, and the refusals.
 //
-// Tolerances. float64 against PyTorch (tests/launch/hf_mixtral_reference.py): 1e-9 relative on the
+// Tolerances. float64 against PyTorch (tests/launch/hf_mixtral_reference.py, hf_qwen2_moe_reference.py,
+// each with a --self-test of the wrong models it can tell): 1e-9 relative on the
 // loss, the load-balancing loss and every gradient (largest element difference over the largest
 // element). The same formulas in float64 in other orders (the experts' outputs added in expert
 // order, rows exchanged between ranks, the products cut per expert) round to ~1e-15; the reference's
@@ -43,10 +46,10 @@ using Named = std::vector<std::pair<std::string, Tensor>>;
 
 // 4 experts, top-2, grouped-query attention, the load-balancing loss on (a coefficient large
 // enough that a wrong aux term shows).
-nn::ModelConfig mixtral(DType dtype) {
+nn::ModelConfig mixtral(DType dtype, const std::string& type = "mixtral") {
   nn::ModelConfig c;
   c.kind = "llama";
-  c.model_type = "mixtral";
+  c.model_type = type;
   c.layers = 2;
   c.hidden = 24;
   c.heads = 4;
@@ -64,6 +67,17 @@ nn::ModelConfig mixtral(DType dtype) {
   c.router_aux_loss_coef = 0.02;
   c.output_router_logits = true;
   c.dtype = dtype;
+  if (type == "qwen2_moe") {
+    // Qwen2-MoE: q/k/v biases, routed experts narrower than the dense MLP, a gated shared expert,
+    // the top-k weights not renormalised, and a dense block among the sparse ones.
+    c.layers = 3;
+    c.attention_bias = true;
+    c.ffn = 40;
+    c.expert_ffn = 20;
+    c.shared_expert_ffn = 28;
+    c.norm_topk_prob = false;
+    c.mlp_only_layers = {1};
+  }
   return c;
 }
 
@@ -117,25 +131,28 @@ launch::GradsResult grads_on(const launch::GradsJob& job, const std::string& mes
 
 // Runs the PyTorch reference on r's gradients; its exit code (0: every figure within 1e-9).
 int reference(const Scratch& s, const launch::GradsJob& job, const launch::GradsResult& r, const std::string& extra,
-              std::string& log_text) {
+              std::string& log_text, const std::string& type = "mixtral") {
   Named out = r.gradients;
   out.emplace_back("loss", Tensor::scalar(r.loss, DType::Float64));
   if (r.aux_loss) out.emplace_back("aux_loss", Tensor::scalar(*r.aux_loss, DType::Float64));
   io::write_safetensors(s("g.safetensors"), out);
   const std::string log = s("reference.log");
   const std::string command =
-      fmt::format("{} {}/tests/launch/hf_mixtral_reference.py {} {} {} {} {} > {} 2>&1", MESHGRAD_REFERENCE_PYTHON,
-                  MESHGRAD_SOURCE_DIR, job.config, job.weights, job.batch, s("g.safetensors"), extra, log);
+      fmt::format("{} {}/tests/launch/hf_{}_reference.py {} {} {} {} {} > {} 2>&1", MESHGRAD_REFERENCE_PYTHON,
+                  MESHGRAD_SOURCE_DIR, type, job.config, job.weights, job.batch, s("g.safetensors"), extra, log);
   const int rc = std::system(command.c_str());
   std::ifstream in(log);
   log_text.assign((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
   return rc;
 }
 
-TEST(HfMixtral, Float64GradientsEqualPyTorchOnEveryMesh) {
-  const Scratch s("torch");
-  const nn::ModelConfig c = mixtral(DType::Float64);
+class HfMoeGrads : public ::testing::TestWithParam<std::string> {};
+
+TEST_P(HfMoeGrads, Float64GradientsEqualPyTorchOnEveryMesh) {
+  const Scratch s("torch_" + GetParam());
+  const nn::ModelConfig c = mixtral(DType::Float64, GetParam());
   const launch::GradsJob job = write_inputs(s, c);
+  const bool qwen = GetParam() == "qwen2_moe";
   for (const std::string mesh : {"tp=1", "ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "ep=2,tp=2+sp", "fsdp=2",
                                   "fsdp=2,ep=2", "fsdp=2,ep=2,tp=2"}) {
     launch::GradsJob j = job;
@@ -147,18 +164,20 @@ TEST(HfMixtral, Float64GradientsEqualPyTorchOnEveryMesh) {
     const launch::GradsResult r = grads_on(j, m);
     ASSERT_TRUE(r.has_result) << mesh;
     ASSERT_TRUE(r.aux_loss.has_value()) << mesh;
-    EXPECT_GT(*r.aux_loss, 0.5) << mesh;   // E * sum f_e P_e is about 1 when balanced
-    // The layout is the file's: one nn.Linear [ffn, hidden] per expert.
+    EXPECT_GT(*r.aux_loss, 0.5) << mesh;   // its minimum is k = 2 (uniform mean router probabilities)
+    // The layout is the file's: one nn.Linear [ffn, hidden] per expert (Qwen2-MoE: layer 1 is dense).
     int experts_seen = 0;
+    const std::string prefix = qwen ? "model.layers.2.mlp.experts." : "model.layers.1.block_sparse_moe.experts.";
     for (const auto& [name, g] : r.gradients) {
-      if (name.starts_with("model.layers.1.block_sparse_moe.experts.") && name.ends_with(".w1.weight")) {
+      if (name.starts_with(prefix) && name.ends_with(qwen ? ".gate_proj.weight" : ".w1.weight")) {
         EXPECT_EQ(g.shape(), (Shape{20, 24})) << name;
         ++experts_seen;
       }
+      EXPECT_FALSE(qwen && name.starts_with("model.layers.1.mlp.experts.")) << "layer 1 is dense: " << name;
     }
     EXPECT_EQ(experts_seen, 4) << mesh;
     std::string text;
-    const int rc = reference(s, job, r, "", text);
+    const int rc = reference(s, job, r, "", text, GetParam());
     std::fprintf(stderr, "%s:\n%s", mesh.c_str(), text.c_str());   // the measured differences, for the record
     EXPECT_EQ(rc, 0) << mesh << "\n" << text;
   }
@@ -179,9 +198,9 @@ TEST(HfMixtral, ACapacityFactorDropsTokensAsTheReferenceDoes) {
   EXPECT_NE(reference(s, job, r, "", text), 0) << text;
 }
 
-TEST(HfMixtral, MeshInvariantFloat32GradientsAreBitwiseTheSameAcrossEp) {
-  const Scratch s("invariant");
-  const nn::ModelConfig c = mixtral(DType::Float32);
+TEST_P(HfMoeGrads, MeshInvariantFloat32GradientsAreBitwiseTheSameAcrossEp) {
+  const Scratch s("invariant_" + GetParam());
+  const nn::ModelConfig c = mixtral(DType::Float32, GetParam());
   launch::GradsJob job = write_inputs(s, c);
   job.mesh_invariant = true;
   job.invariant_blocks = 2;   // the fixed tree nests in the shards of the 2 key/value heads
@@ -236,6 +255,8 @@ TEST(HfMixtral, BadExpertSettingsAreRefusedByName) {
         << e.what();
   }
 }
+
+INSTANTIATE_TEST_SUITE_P(Types, HfMoeGrads, ::testing::Values("mixtral", "qwen2_moe"));
 
 }  // namespace
 }  // namespace meshgrad

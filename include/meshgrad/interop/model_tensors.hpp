@@ -44,6 +44,10 @@ struct ModelTensor {
 //            mlp.{gate,up}_proj.weight [hidden, ffn], mlp.down_proj.weight [ffn, hidden];
 //          model.norm.weight [hidden]; lm_head.weight [hidden, vocab] unless tie_word_embeddings.
 //          Every .weight of a linear (and lm_head) is transposed in a Hugging Face file.
+//          Qwen2-MoE's sparse layers (config.sparse_layer(i)) have mlp.gate.weight [hidden, experts],
+//            mlp.experts.{gate_proj,up_proj,down_proj}.weight (stacked, expert_ffn wide) and, with a
+//            shared expert, mlp.shared_expert.{gate,up,down}_proj.weight and
+//            mlp.shared_expert_gate.weight [hidden, 1] (transposed in a file).
 //          A mixture of experts (config.experts > 0, Mixtral) has, instead of mlp.*, per layer
 //            block_sparse_moe.gate.weight [hidden, experts] (transposed in a file),
 //            block_sparse_moe.experts.w1.weight [experts, hidden, ffn], .w2.weight [experts, ffn,

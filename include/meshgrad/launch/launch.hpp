@@ -38,6 +38,13 @@ const std::vector<OptionValue>& launch_options();
 // : -np 1 meshgrad ... --hidden 64`) used to corrupt the heap or train each rank on its own config.
 void agree_on_options(comm::Communicator& world, const std::vector<OptionValue>& options);
 
+// Keeps a small block of memory in reserve (once per process) and installs a new-handler that gives
+// it back when an allocation fails, then throws std::bad_alloc: the allocation still fails, but the
+// small allocations the unwinding makes (a JSON value being destroyed copies its children into a
+// vector) find memory, so an out-of-memory run ends with error_message's words instead of
+// std::terminate in a destructor.
+void reserve_memory_for_out_of_memory_errors();
+
 // The message meshgrad prints for an error that ends a command: e.what(), except that an allocation
 // failure (std::bad_alloc, whose what() says nothing) says what ran out and what to change.
 std::string error_message(const std::exception& e);

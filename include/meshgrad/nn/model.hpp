@@ -49,7 +49,7 @@ struct ModelConfig {
   // use_sliding_window: the layers from its max_window_layers on). sliding_window 0: none.
   int sliding_window = 0;
   int max_window_layers = 0;
-  std::string model_type = "llama"; // config.json's model_type: "llama", "qwen2", "mistral" or "mixtral" (export)
+  std::string model_type = "llama"; // config.json's model_type: llama, qwen2, mistral, mixtral or qwen2_moe (export)
   // Mixture of experts (model_type "mixtral", nn/moe.hpp): every block's MLP is a sparse MoE block
   // of `experts` SwiGLU experts of ffn features (num_local_experts), each token routed to
   // `experts_per_token` of them (num_experts_per_tok). experts 0: the dense MLP.
@@ -57,10 +57,26 @@ struct ModelConfig {
   int experts_per_token = 2;
   double router_aux_loss_coef = 0.001;   // router_aux_loss_coef
   bool output_router_logits = false;     // output_router_logits: the load-balancing loss joins the loss
+  // Qwen2-MoE (model_type "qwen2_moe"): the routed experts' width moe_intermediate_size (expert_ffn;
+  // 0: ffn, as Mixtral's intermediate_size), a shared expert of shared_expert_intermediate_size
+  // features gated by sigmoid(x g) in every sparse layer (0: none), the k weights renormalised only
+  // with norm_topk_prob (Mixtral always), and the layers that are sparse: (i + 1) %
+  // decoder_sparse_step == 0 and i not in mlp_only_layers (the others a dense MLP of ffn features).
+  int expert_ffn = 0;
+  int shared_expert_ffn = 0;
+  bool norm_topk_prob = true;
+  int decoder_sparse_step = 1;
+  std::vector<int> mlp_only_layers;
   // A run option, not Hugging Face's: each expert takes at most ceil(capacity_factor * tokens * k /
   // experts) of one micro-batch's tokens on one rank and drops the rest (counted); 0: dropless.
   double capacity_factor = 0;
   bool moe() const { return experts > 0; }
+  int expert_ffn_size() const { return expert_ffn > 0 ? expert_ffn : ffn_size(); }
+  // Whether block `layer` is a mixture of experts (the others are dense).
+  bool sparse_layer(int layer) const {
+    return experts > 0 && decoder_sparse_step > 0 && (layer + 1) % decoder_sparse_step == 0 &&
+           std::find(mlp_only_layers.begin(), mlp_only_layers.end(), layer) == mlp_only_layers.end();
+  }
   int ffn_size() const { return ffn > 0 ? ffn : 4 * hidden; }
   int kv_head_count() const { return kv_heads > 0 ? kv_heads : heads; }
   int head_size() const { return head_dim > 0 ? head_dim : (heads > 0 ? hidden / heads : 0); }

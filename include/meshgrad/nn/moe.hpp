@@ -2,7 +2,8 @@
 // expert parallelism over the mesh's ep axis.
 //
 //   probs   = softmax(x Wg)                       x [N, C] (this rank's tokens), Wg [C, E] ("gate")
-//   top     = the k largest probs of each token, w = top / sum(top)      (k = experts_per_token)
+//   top     = the k largest probs of each token, w = top / sum(top)      (k = experts_per_token;
+//             Qwen2-MoE's norm_topk_prob false: w = top)
 //   y_t     = sum over its k experts e of  w_{t,e} * w2_e(silu(w1_e x_t) * w3_e x_t)
 //
 // The experts' weights are stacked: experts.w1.weight and experts.w3.weight [E, C, F],
@@ -94,13 +95,17 @@ class SparseMoe {
   SparseMoe(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed,
             std::shared_ptr<RouterLog> log);
   Tensor forward(const Tensor& x, std::int64_t seq) const;
-  // gate.weight, experts.w1.weight, experts.w2.weight, experts.w3.weight (the one-rank order).
+  // gate.weight, experts.w1.weight, experts.w2.weight, experts.w3.weight (the one-rank order; Qwen2-MoE:
+  // gate, experts.gate_proj, experts.up_proj, experts.down_proj).
   void collect(std::vector<Parameter*>& out);
 
   Parameter gate;                 // [C, E], replicated
-  Parameter w1, w2, w3;           // [E, C, F], [E, F, C], [E, C, F]: S(0) on ep
+  // [E, C, F], [E, F, C], [E, C, F] (F: ModelConfig::expert_ffn_size()), S(0) on ep: Mixtral's w1,
+  // w2, w3; Qwen2-MoE's gate_proj, down_proj, up_proj.
+  Parameter w1, w2, w3;
 
  private:
+  bool qwen_names_ = false;
   std::string name_;
   ModelConfig cfg_;
   ParallelContextPtr ctx_;
