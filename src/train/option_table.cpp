@@ -147,7 +147,8 @@ std::vector<TrainOption> where_and_what() {
        "of experts (Qwen2-MoE's decoder_sparse_step; 1: every block)", .field = MG_MEMBER(model.decoder_sparse_step),
        .recorded = R::Fixed, .min = 1},
       {.name = "mlp-only-layers", .kind = K::IntList, .help = "With --experts: blocks that keep a dense MLP, e.g. 0,5 "
-       "(Qwen2-MoE's mlp_only_layers)", .field = MG_MEMBER(model.mlp_only_layers), .recorded = R::Fixed},
+       "(Qwen2-MoE's mlp_only_layers)", .field = MG_MEMBER(model.mlp_only_layers), .recorded = R::Fixed, .min = 0,
+       .example = "0,5"},
       {.name = "capacity-factor", .kind = K::Double, .help = "With --experts: each expert takes at most ceil(f x "
        "tokens x k / experts) of a rank's tokens per forward and drops the rest, counted (0: dropless, the default)",
        .field = MG_MEMBER(model.capacity_factor), .recorded = R::Kept},
