@@ -50,7 +50,7 @@ def complete_config(cfg):
     cfg.setdefault("num_key_value_heads", cfg["num_attention_heads"])
     if cfg.get("head_dim") is None:
         cfg["head_dim"] = cfg["hidden_size"] // cfg["num_attention_heads"]
-    for key, value in (("rope_theta", 1e6), ("rms_norm_eps", 1e-6), ("tie_word_embeddings", False),
+    for key, value in (("rope_theta", 10000.0), ("rms_norm_eps", 1e-6), ("tie_word_embeddings", False),
                        ("num_experts_per_tok", 4), ("norm_topk_prob", False), ("decoder_sparse_step", 1),
                        ("mlp_only_layers", []), ("router_aux_loss_coef", 0.001), ("output_router_logits", False),
                        ("shared_expert_intermediate_size", 0)):
