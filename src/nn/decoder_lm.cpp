@@ -172,11 +172,7 @@ class DecoderLM final : public Model {
   int forwards_per_step(const Batch& batch) const {
     if (batch.global_rows <= 0) return 1;
     const std::int64_t b = batch.inputs.size(0), rows = batch.global_rows;
-    std::int64_t replicas = 1;
-    for (int a = 0; a < ctx_->mesh->ndim(); ++a) {
-      if (ctx_->batch_axes() & dist::axis_bit(a)) replicas *= ctx_->mesh->axis_size(a);
-    }
-    const std::int64_t per_forward = ctx_->config.mesh_invariant() ? b : b * replicas;
+    const std::int64_t per_forward = ctx_->config.mesh_invariant() ? b : b * ctx_->batch_replicas();
     MG_CHECK(rows % per_forward == 0, "{}: a forward of {} rows ({} per rank) does not divide the global batch of {} "
              "rows", cfg_.kind, per_forward, b, rows);
     return static_cast<int>(rows / per_forward);

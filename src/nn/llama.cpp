@@ -293,19 +293,20 @@ using SparseBlock = PreNormBlock<RmsNorm, LlamaAttention, SparseMlp>;
 constexpr PreNormNames kMixtralBlock{"input_layernorm", "self_attn", "post_attention_layernorm", "block_sparse_moe"};
 
 // What a mixture of experts cannot be combined with yet, refused by name before any layer is built.
-void check_mixtral(const ModelConfig& cfg, const ParallelContext& ctx) {
+void check_sparse(const ModelConfig& cfg, const ParallelContext& ctx) {
+  const char* type = cfg.model_type.c_str();
   const ParallelConfig& p = ctx.config;
   const std::string mesh = ctx.mesh->str();
   if (cfg.output_router_logits) {
-    MG_CHECK(ctx.pp_size() == 1, "mixtral: the load-balancing loss (output_router_logits true) sums every layer's "
+    MG_CHECK(ctx.pp_size() == 1, "{}: the load-balancing loss (output_router_logits true) sums every layer's "
              "router counts before any layer's gradient, and a pipeline (--mesh {}) runs a stage's backward before the "
-             "next stage's forward: use a mesh without pp, or set output_router_logits false", mesh);
-    MG_CHECK(!p.checkpoint_blocks, "mixtral: --checkpoint-blocks with the load-balancing loss (output_router_logits "
+             "next stage's forward: use a mesh without pp, or set output_router_logits false", type, mesh);
+    MG_CHECK(!p.checkpoint_blocks, "{}: --checkpoint-blocks with the load-balancing loss (output_router_logits "
              "true) is not supported: the loss needs the router probabilities of the first forward, which a "
-             "checkpointed block does not keep");
+             "checkpointed block does not keep", type);
   }
-  MG_CHECK(!(ctx.config.tp_invariant() && ctx.sequence_parallel()), "mixtral: --{} with --sequence-parallel is not "
-           "supported: the experts would sum each sequence shard's tokens apart", invariance_option(p.invariance));
+  MG_CHECK(!(ctx.config.tp_invariant() && ctx.sequence_parallel()), "{}: --{} with --sequence-parallel is not "
+           "supported: the experts would sum each sequence shard's tokens apart", type, invariance_option(p.invariance));
 }
 
 class Llama final : public DecoderFamily {
@@ -314,7 +315,7 @@ class Llama final : public DecoderFamily {
       : cfg_(cfg), ctx_(ctx), norm_("model.norm", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype) {
     check_llama(cfg, *ctx);
     if (cfg.moe()) {
-      check_mixtral(cfg, *ctx);
+      check_sparse(cfg, *ctx);
       router_log_ = std::make_shared<RouterLog>(cfg, ctx);
     }
     invariant::check_model(cfg, *ctx);

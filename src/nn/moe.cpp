@@ -237,6 +237,29 @@ void check_moe(const ModelConfig& cfg, int ep, const std::string& mesh) {
 
 // ---- the router log --------------------------------------------------------------------------------
 
+namespace {
+
+// The axes whose ranks hold other tokens of one forward: the batch axes, and tp under SP (each tp
+// rank routes its sequence shard), in mesh order.
+std::vector<int> token_axes(const ParallelContext& ctx) {
+  std::vector<int> axes = ctx.batch_axis_indices();
+  if (ctx.sequence_parallel()) axes.push_back(ctx.tp_axis);
+  std::sort(axes.begin(), axes.end());
+  return axes;
+}
+
+// Each element of `local` summed over the ranks of the axes (exact: int64), every rank the same.
+std::vector<std::int64_t> sum_counts(const std::vector<std::int64_t>& local, const ParallelContext& ctx,
+                                     const std::vector<int>& axes) {
+  if (axes.empty()) return local;
+  const std::vector<std::int64_t> all = dist::all_gather_counts(local, ctx.mesh->flattened_group(axes));
+  std::vector<std::int64_t> total(local.size(), 0);
+  for (std::size_t i = 0; i < all.size(); ++i) total[i % local.size()] += all[i];
+  return total;
+}
+
+}  // namespace
+
 RouterLog::RouterLog(const ModelConfig& cfg, ParallelContextPtr ctx) : cfg_(cfg), ctx_(std::move(ctx)) {}
 
 bool RouterLog::counting() const {
@@ -279,20 +302,8 @@ Tensor RouterLog::auxiliary_loss(int forwards) {
   // the batch, and tp's sequence shards); --mesh-invariant over this row block alone, which is
   // what one forward on one rank holds there.
   if (!ctx.config.mesh_invariant()) {
-    std::vector<int> axes;
-    const dist::AxisMask batch = ctx.batch_axes();
-    for (int a = 0; a < ctx.mesh->ndim(); ++a) {
-      if (batch & dist::axis_bit(a)) axes.push_back(a);
-    }
-    if (ctx.sequence_parallel()) axes.push_back(ctx.tp_axis);
-    if (!axes.empty()) {
-      std::sort(axes.begin(), axes.end());
-      dist::CommLabelScope label("router-aux-counts");
-      const dist::ProcessGroup& group = ctx.mesh->flattened_group(axes);
-      const std::vector<std::int64_t> all = dist::all_gather_counts(counts, group);
-      std::fill(counts.begin(), counts.end(), 0);
-      for (std::size_t i = 0; i < all.size(); ++i) counts[i % counts.size()] += all[i];
-    }
+    dist::CommLabelScope label("router-aux-counts");
+    counts = sum_counts(counts, ctx, token_axes(ctx));
   }
   const double tokens = static_cast<double>(counts[experts]);
   MG_CHECK(tokens > 0, "moe: the load-balancing loss over no tokens");
@@ -321,27 +332,17 @@ ExpertLoad RouterLog::take_load() {
   // Every rank's routing summed: the counts over the ranks that hold other tokens (the batch axes,
   // and tp's sequence shards under SP), the aux shares over the batch axes (under SP each share is
   // already the tp group's, auxiliary_loss reduced it).
-  std::vector<int> batch_axes;
-  for (int a = 0; a < ctx.mesh->ndim(); ++a) {
-    if (ctx.batch_axes() & dist::axis_bit(a)) batch_axes.push_back(a);
-  }
-  std::vector<int> token_axes = batch_axes;
-  if (ctx.sequence_parallel()) token_axes.push_back(ctx.tp_axis);
-  std::sort(token_axes.begin(), token_axes.end());
   dist::CommLabelScope label("expert-load");
   dist::PhaseScope phase(dist::Phase::Optimizer);
-  if (!token_axes.empty()) {
-    std::vector<std::int64_t> local{out.dropped};
-    for (const auto& layer : out.tokens) local.insert(local.end(), layer.begin(), layer.end());
-    const std::vector<std::int64_t> all = dist::all_gather_counts(local, ctx.mesh->flattened_group(token_axes));
-    std::vector<std::int64_t> total(local.size(), 0);
-    for (std::size_t i = 0; i < all.size(); ++i) total[i % local.size()] += all[i];
-    out.dropped = total[0];
-    std::size_t at = 1;
-    for (auto& layer : out.tokens) {
-      for (auto& v : layer) v = total[at++];
-    }
+  std::vector<std::int64_t> local{out.dropped};
+  for (const auto& layer : out.tokens) local.insert(local.end(), layer.begin(), layer.end());
+  const std::vector<std::int64_t> total = sum_counts(local, ctx, token_axes(ctx));
+  out.dropped = total[0];
+  std::size_t at = 1;
+  for (auto& layer : out.tokens) {
+    for (auto& v : layer) v = total[at++];
   }
+  const std::vector<int> batch_axes = ctx.batch_axis_indices();
   if (!batch_axes.empty()) {
     out.aux_loss = dist::sum_scalar_over(Tensor::scalar(out.aux_loss, DType::Float64),
                                          ctx.mesh->flattened_group(batch_axes), ctx.reduce_order());

@@ -167,6 +167,20 @@ dist::AxisMask ParallelContext::batch_axes() const {
   return axes;
 }
 
+std::vector<int> ParallelContext::batch_axis_indices() const {
+  std::vector<int> out;
+  for (int a = 0; a < mesh->ndim(); ++a) {
+    if (batch_axes() & dist::axis_bit(a)) out.push_back(a);
+  }
+  return out;
+}
+
+int ParallelContext::batch_replicas() const {
+  int n = 1;
+  for (const int a : batch_axis_indices()) n *= mesh->axis_size(a);
+  return n;
+}
+
 Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
   if (tp.size() == 1) return x;
   return dist::mark_partial_grad(x, tp.axes);

@@ -199,24 +199,63 @@ def loss_of(p, cfg, inputs, targets, capacity_factor=None, variant=""):
     return loss, aux, dropped
 
 
-def to_reference(weights):
-    """File layout -> x @ W form, float64 leaves that keep their gradients."""
+def to_reference(weights, linear=is_linear):
+    """File layout -> x @ W form, float64 leaves that keep their gradients (`linear`: which names are
+    nn.Linear weights, stored [out, in])."""
     p = {}
     for name, w in weights.items():
         if name.endswith("rotary_emb.inv_freq"):
             continue
         w = w.to(torch.float64)
-        p[name] = (w.T.contiguous() if is_linear(name) else w.clone()).requires_grad_(True)
+        p[name] = (w.T.contiguous() if linear(name) else w.clone()).requires_grad_(True)
     return p
 
 
-def gradients(p):
+def gradients(p, linear=is_linear):
     """Each gradient in the file's layout (an expert nothing reached has a zero gradient)."""
     out = {}
     for n, w in p.items():
         g = w.grad if w.grad is not None else torch.zeros_like(w)
-        out[n] = g.T if is_linear(n) else g
+        out[n] = g.T if linear(n) else g
     return out
+
+
+def compare(loss, aux, output_router_logits, grads, mine):
+    """The reference's loss, aux loss and gradients (`mine`, file layout) against meshgrad's file
+    `grads`, printed as the llama scripts do; 0 when all agree within TOLERANCE, else 1."""
+    theirs = grads["loss"].item()
+    worst = abs(loss.item() - theirs) / abs(loss.item())
+    print(f"loss: reference {loss.item()!r}, meshgrad {theirs!r}, relative difference {worst:.2e}")
+    ok = worst <= TOLERANCE
+    if "aux_loss" in grads:
+        theirs = grads["aux_loss"].item()
+        r = abs(aux.item() - theirs) / abs(aux.item())
+        print(f"aux_loss: reference {aux.item()!r}, meshgrad {theirs!r}, relative difference {r:.2e}")
+        ok = ok and r <= TOLERANCE
+        worst = max(worst, r)
+    elif output_router_logits:
+        print("output_router_logits is true but meshgrad wrote no aux_loss")
+        ok = False
+    names = list(mine)
+    missing = [n for n in names if n not in grads]
+    if missing:
+        print(f"meshgrad wrote no gradient for {missing}")
+        ok = False
+    for n in names:
+        if n in missing:
+            continue
+        g = mine[n]
+        if tuple(grads[n].shape) != tuple(g.shape):
+            print(f"gradient of {n}: shape {tuple(grads[n].shape)}, the file layout is {tuple(g.shape)}")
+            ok = False
+            continue
+        r = ref.relative(grads[n].to(torch.float64), g)
+        if r > TOLERANCE:
+            print(f"gradient of {n}: relative difference {r:.2e} > {TOLERANCE}")
+            ok = False
+        worst = max(worst, r)
+    print(f"largest relative difference over the loss and {len(names)} gradients: {worst:.2e}")
+    return 0 if ok else 1
 
 
 def main(config_path, weights_path, batch_path, grads_path, capacity_factor=None):
@@ -238,41 +277,7 @@ def main(config_path, weights_path, batch_path, grads_path, capacity_factor=None
         print(f"capacity factor {capacity_factor}: at most {capacity} of {n_tok * cfg['num_experts_per_tok']} "
               f"assignments per expert; dropped per layer {dropped}")
 
-    theirs = grads["loss"].item()
-    worst = abs(loss.item() - theirs) / abs(loss.item())
-    print(f"loss: reference {loss.item()!r}, meshgrad {theirs!r}, relative difference {worst:.2e}")
-    ok = worst <= TOLERANCE
-    if "aux_loss" in grads:
-        theirs = grads["aux_loss"].item()
-        r = abs(aux.item() - theirs) / abs(aux.item())
-        print(f"aux_loss: reference {aux.item()!r}, meshgrad {theirs!r}, relative difference {r:.2e}")
-        ok = ok and r <= TOLERANCE
-        worst = max(worst, r)
-    elif cfg["output_router_logits"]:
-        print("output_router_logits is true but meshgrad wrote no aux_loss")
-        ok = False
-
-    mine = gradients(p)
-    names = list(mine)
-    missing = [n for n in names if n not in grads]
-    if missing:
-        print(f"meshgrad wrote no gradient for {missing}")
-        ok = False
-    for n in names:
-        if n in missing:
-            continue
-        g = mine[n]
-        if tuple(grads[n].shape) != tuple(g.shape):
-            print(f"gradient of {n}: shape {tuple(grads[n].shape)}, the file layout is {tuple(g.shape)}")
-            ok = False
-            continue
-        r = ref.relative(grads[n].to(torch.float64), g)
-        if r > TOLERANCE:
-            print(f"gradient of {n}: relative difference {r:.2e} > {TOLERANCE}")
-            ok = False
-        worst = max(worst, r)
-    print(f"largest relative difference over the loss and {len(names)} gradients: {worst:.2e}")
-    return 0 if ok else 1
+    return compare(loss, aux, cfg["output_router_logits"], grads, gradients(p))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -36,7 +36,6 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 import hf_mixtral_reference as mix  # noqa: E402
 
 ref = mix.ref
-TOLERANCE = 1e-9
 
 
 def is_linear(name):
@@ -148,16 +147,11 @@ def loss_of(p, cfg, inputs, targets, capacity_factor=None, variant=""):
 
 
 def to_reference(weights):
-    return {n: ((w.to(torch.float64).T.contiguous() if is_linear(n) else w.to(torch.float64).clone())
-                .requires_grad_(True)) for n, w in weights.items() if not n.endswith("rotary_emb.inv_freq")}
+    return mix.to_reference(weights, is_linear)
 
 
 def gradients(p):
-    out = {}
-    for n, w in p.items():
-        g = w.grad if w.grad is not None else torch.zeros_like(w)
-        out[n] = g.T if is_linear(n) else g
-    return out
+    return mix.gradients(p, is_linear)
 
 
 def main(config_path, weights_path, batch_path, grads_path, capacity_factor=None):
@@ -174,30 +168,7 @@ def main(config_path, weights_path, batch_path, grads_path, capacity_factor=None
     loss.backward()
     if capacity_factor is not None:
         print(f"capacity factor {capacity_factor}: dropped per sparse block {dropped}")
-    worst = abs(loss.item() - grads["loss"].item()) / abs(loss.item())
-    print(f"loss: reference {loss.item()!r}, meshgrad {grads['loss'].item()!r}, relative difference {worst:.2e}")
-    ok = worst <= TOLERANCE
-    if "aux_loss" in grads:
-        r = abs(aux.item() - grads["aux_loss"].item()) / abs(aux.item())
-        print(f"aux_loss: reference {aux.item()!r}, meshgrad {grads['aux_loss'].item()!r}, relative difference {r:.2e}")
-        ok, worst = ok and r <= TOLERANCE, max(worst, r)
-    elif cfg["output_router_logits"]:
-        print("output_router_logits is true but meshgrad wrote no aux_loss")
-        ok = False
-    mine = gradients(p)
-    for n, g in mine.items():
-        if n not in grads or tuple(grads[n].shape) != tuple(g.shape):
-            print(f"gradient of {n}: missing or shaped {tuple(grads[n].shape) if n in grads else None}, "
-                  f"the file layout is {tuple(g.shape)}")
-            ok = False
-            continue
-        r = ref.relative(grads[n].to(torch.float64), g)
-        if r > TOLERANCE:
-            print(f"gradient of {n}: relative difference {r:.2e} > {TOLERANCE}")
-            ok = False
-        worst = max(worst, r)
-    print(f"largest relative difference over the loss and {len(mine)} gradients: {worst:.2e}")
-    return 0 if ok else 1
+    return mix.compare(loss, aux, cfg["output_router_logits"], grads, gradients(p))
 
 
 def random_model(cfg, gen):

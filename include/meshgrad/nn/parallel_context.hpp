@@ -73,6 +73,10 @@ struct ParallelContext {
   const dist::ProcessGroup& expert_group() const { return mesh->group(ep_axis); }
   // The axes that split the batch (dp, fsdp and ep), as a mask of those with more than one rank.
   dist::AxisMask batch_axes() const;
+  // The same as mesh axis indices, in mesh order (the axes of their flattened group).
+  std::vector<int> batch_axis_indices() const;
+  // The ranks that split the batch: the product of those axes' sizes.
+  int batch_replicas() const;
   // The features' fixed tree (--tp-invariant, and --mesh-invariant, which holds it).
   bool tp_invariant() const { return config.invariance != Invariance::None; }
   // Parameters are sharded over an fsdp axis of more than one rank and gathered per unit (fsdp.hpp).
