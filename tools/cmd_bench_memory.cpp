@@ -12,18 +12,22 @@
 // gradient synchronisation, AdamW). The process's peak RSS (VmHWM, all ranks, allocator cache and
 // everything else included) is shown beside it.
 //
-// Ideal per rank, es = bytes per element, N = parameters of the full model, S = B T / (dp fsdp) tokens
-// (the rank's rows), C = hidden, F = ffn, H = heads, V = vocab, L = layers, t = tp, f = fsdp:
+// Ideal per rank, es = bytes per element, N = parameters of the full model, S = B T / (dp fsdp cp)
+// tokens (the rank's rows; under cp its two chunks of each), C = hidden, F = ffn, H = heads,
+// V = vocab, L = layers, t = tp, f = fsdp, p = cp:
 //   states      = 4 N es / (t f)    (parameters, gradients, AdamW m and v, each sharded 1/(t f); with
 //                                    --shard-optimizer the last three 1/(t dp) instead)
-//   activations = es [ L (4 S C + S (5 C + 2 F) / t + 4 S + S H / t) + 2 S C + S V / t + 3 S ]
+//   activations = es [ L (4 S C + S (3 C + 2 p C + 2 F) / t + 4 S + S H / t) + 2 S C + S V / t + 3 S ]
+//                 (with --checkpoint-blocks the L blocks keep their inputs, L S C, and one block's
+//                 activations live again while it is recomputed)
 // which is what the graph saves for backward (see docs/BENCHMARKS.md): per block the inputs of ln_1
 // and ln_2 (x and h) and of c_attn and c_fc (their outputs), replicated [S, C] each, 2 x 2 S
-// LayerNorm statistics; sharded over t: q, k, v and the attention output (4 S C / t), the merged
-// heads for c_proj (S C / t), GELU's input and output (2 S F / t) and the attention's log-sum-exp
-// (S H / t); after the blocks ln_f's input and output (2 S C), the logits shard (S V / t) and the
-// loss's row statistics. With --sequence-parallel the LayerNorm inputs and statistics are sharded
-// too (/ t); the column layers' gathered inputs are not.
+// LayerNorm statistics; sharded over t: q and the attention output (2 S C / t), k and v (2 S C / t;
+// under cp the whole sequence's gathered keys and values, 2 p S C / t), the merged heads for c_proj
+// (S C / t), GELU's input and output (2 S F / t) and the attention's log-sum-exp (S H / t); after the
+// blocks ln_f's input and output (2 S C), the logits shard (S V / t) and the loss's row statistics.
+// With --sequence-parallel the LayerNorm inputs and statistics are sharded too (/ t); the column
+// layers' gathered inputs are not.
 #include <fmt/core.h>
 
 #include <algorithm>
@@ -55,6 +59,7 @@ struct BenchMemoryOptions {
   int layers = 4, hidden = 256, heads = 8, seq = 128, batch = 8, vocab = 256, steps = 2;
   std::string dtype = "float32";
   bool sequence_parallel = false;
+  bool checkpoint_blocks = false;
 };
 
 // One mesh to measure: its spec and whether the optimizer is sharded over dp (--shard-optimizer).
@@ -132,19 +137,23 @@ struct Ideal {
   double total() const { return states + activations; }
 };
 
-// Per rank on a mesh of t = tp ranks (both grid axes for tp=RxC), d = dp and f = fsdp: the batch
-// rows split over d f; parameters, gradients and moments split over t f (and, with the optimizer
+// Per rank on a mesh of t = tp ranks (both grid axes for tp=RxC), d = dp, f = fsdp and p = cp: the
+// batch rows split over d f, their sequences over p; parameters, gradients and moments split over t f (and, with the optimizer
 // sharded over dp, gradients and moments over t d).
-Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& item, bool sequence_parallel) {
-  int tp = 1, dp = 1, fsdp = 1;
+Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& item, bool sequence_parallel,
+                  bool checkpoint_blocks) {
+  int tp = 1, dp = 1, fsdp = 1, cp = 1;
   for (const dist::MeshAxis& a : dist::parse_mesh(item.spec)) {
     if (a.name == "dp") dp = a.size;
     else if (a.name == "fsdp") fsdp = a.size;
+    else if (a.name == "cp") cp = a.size;
     else tp *= a.size;
   }
   const double es = static_cast<double>(dtype_size(c.dtype));
   const double rows = double(c.batch) / (dp * fsdp);
-  const double S = double(c.seq) * rows, C = c.hidden, F = c.ffn_size(), H = c.heads, V = c.vocab, t = tp;
+  // S: the rank's tokens (its rows; under cp its two chunks of each); cp S: the whole sequence's,
+  // whose gathered keys and values attention keeps.
+  const double S = double(c.seq) * rows / cp, C = c.hidden, F = c.ffn_size(), H = c.heads, V = c.vocab, t = tp;
   // Under sequence parallelism the LayerNorm inputs and statistics are sharded along the sequence;
   // the column layers still keep their gathered [S, C] inputs.
   const double sp = sequence_parallel ? t : 1;
@@ -152,7 +161,11 @@ Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& ite
   const double optimizer_shards = item.shard_optimizer ? t * dp : t * fsdp;
   i.states = n_params * es / (t * fsdp) + 3 * n_params * es / optimizer_shards;
   i.gradients = n_params * es / optimizer_shards;
-  i.activations = es * (c.layers * (2 * S * C / sp + 2 * S * C + S * (5 * C + 2 * F) / t + 4 * S / sp + S * H / t) +
+  const double block = 2 * S * C / sp + 2 * S * C + S * (3 * C + 2 * cp * C + 2 * F) / t + 4 * S / sp + S * H / t;
+  // --checkpoint-blocks: each block keeps its input ([S, C], sharded under SP), and one block's
+  // activations live again while its recomputation is backpropagated.
+  const double blocks = checkpoint_blocks ? c.layers * S * C / sp + block : c.layers * block;
+  i.activations = es * (blocks +
                         S * C / sp + S * C + S * V / t + 2 * S / sp + S);
   return i;
 }
@@ -182,6 +195,7 @@ TpFigures measure(const BenchMemoryOptions& o, const nn::ModelConfig& cfg, const
   reset_peak_rss();
   nn::ParallelConfig parallel;
   parallel.sequence_parallel = o.sequence_parallel;
+  parallel.checkpoint_blocks = o.checkpoint_blocks;
   parallel.shard_optimizer = item.shard_optimizer;
   std::mutex mu;
   launch::run_on_backend("threads", ranks, [&](const comm::CommunicatorPtr& world) {
@@ -254,9 +268,9 @@ int run_bench_memory(const BenchMemoryOptions& o) {
   MG_CHECK(o.steps >= 1, "bench memory: --steps must be >= 1, got {}", o.steps);
   const nn::ModelConfig cfg =
       nn::ModelConfig::gpt(o.layers, o.hidden, o.heads, o.vocab, o.seq, o.batch, parse_dtype(o.dtype));
-  fmt::print("meshgrad bench memory: GPT layers {} hidden {} heads {} seq {} batch {} vocab {} {}{}, {} training "
+  fmt::print("meshgrad bench memory: GPT layers {} hidden {} heads {} seq {} batch {} vocab {} {}{}{}, {} training "
              "step(s), threads backend\n", cfg.layers, cfg.hidden, cfg.heads, cfg.seq, cfg.batch, cfg.vocab, o.dtype,
-             o.sequence_parallel ? ", sequence-parallel" : "", o.steps);
+             o.sequence_parallel ? ", sequence-parallel" : "", o.checkpoint_blocks ? ", checkpoint-blocks" : "", o.steps);
   fmt::print("per rank, MiB. ideal: states = N es / (tp fsdp) parameters + 3 N es / (tp fsdp) gradients and AdamW m "
              "and v (/ (tp dp) with zero = --shard-optimizer), act = activations of the rank's rows "
              "one step saves (formula in docs/BENCHMARKS.md); measured: the rank's tensor bytes (caching allocator, "
@@ -265,7 +279,7 @@ int run_bench_memory(const BenchMemoryOptions& o) {
              "states", "act", "ideal", "resident", "peak", "peak/ideal", "saved", "grads+act", "step-pmv", "RSS");
   for (const MeshItem& item : meshes) {
     const TpFigures fig = measure(o, cfg, item);
-    const Ideal ideal = ideal_bytes(cfg, fig.n_params, item, o.sequence_parallel);
+    const Ideal ideal = ideal_bytes(cfg, fig.n_params, item, o.sequence_parallel, o.checkpoint_blocks);
     RankFigures worst;   // the rank with the highest peak
     for (const RankFigures& r : fig.ranks) {
       if (r.peak_bytes >= worst.peak_bytes) worst = r;
@@ -302,6 +316,8 @@ CommandSetup setup = [](CLI::App& app) {
   app.add_option("--dtype", o->dtype, "float32 or float64")->capture_default_str();
   app.add_flag("--sequence-parallel", o->sequence_parallel, "sequence parallelism (reduce-scatter / all-gather "
                "along the sequence between layers)");
+  app.add_flag("--checkpoint-blocks", o->checkpoint_blocks, "activation checkpointing: each block's forward "
+               "recomputed in backward");
   return [o] { return run_bench_memory(*o); };
 };
 

@@ -159,7 +159,7 @@ CommandSetup setup = [](CLI::App& app) {
   o.model.batch = 4;
   auto& given = a->model_options;
   given["model"] = app.add_option("--model", o.model.kind, "gpt, llama or mlp")->check(CLI::IsMember({"gpt", "llama", "mlp"}))->capture_default_str();
-  app.add_option("--mesh", o.mesh, "mesh axes pp, dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, pp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
+  app.add_option("--mesh", o.mesh, "mesh axes pp, dp, fsdp, ep, cp and tp, e.g. tp=2, dp=2,tp=2, pp=2,tp=2, cp=2,tp=2 or tp=2x2 (2-D)")->capture_default_str();
   app.add_option("--backend", o.backend, "threads or mpi")->check(CLI::IsMember({"threads", "mpi"}))->capture_default_str();
   given["layers"] = app.add_option("--layers", o.model.layers, "blocks / MLP layers")->check(at_least(1))->capture_default_str();
   given["hidden"] = app.add_option("--hidden", o.model.hidden, "width")->check(at_least(1))->capture_default_str();

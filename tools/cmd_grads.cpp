@@ -76,7 +76,7 @@ MESHGRAD_REGISTER_COMMAND(
               app.add_option("--weights", a->weights, "Full parameters (safetensors, Hugging Face names and layout)")->required();
               app.add_option("--batch", a->batch, "int64 \"inputs\" and \"targets\" [B, T] (safetensors)")->required();
               app.add_option("--out", a->out, "Where to write the gradients (safetensors)")->required();
-              app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp, pp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2 or tp=2x2 (2-D)")
+              app.add_option("--mesh", a->mesh, "Mesh axes pp, dp, fsdp, ep, cp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2, cp=2 or tp=2x2 (2-D)")
                   ->capture_default_str();
               app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                   ->check(CLI::IsMember({"threads", "mpi"}))

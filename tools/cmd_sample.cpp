@@ -80,7 +80,7 @@ MESHGRAD_REGISTER_COMMAND(
                               "With --tp-invariant: fixed blocks per split dimension (a power of two; tp must divide it)")
                    ->check(at_least(1))
                    ->capture_default_str();
-               app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D)")
+               app.add_option("--mesh", a->mesh, "Mesh axes dp, fsdp, cp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2 or tp=2x2 (2-D); cp ranks each decode the whole sequence")
                    ->capture_default_str();
                app.add_option("--backend", a->backend, "threads (rank threads) or mpi (under mpirun)")
                    ->check(CLI::IsMember({"threads", "mpi"}))

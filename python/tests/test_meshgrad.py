@@ -94,6 +94,19 @@ def test_train_mixture_of_experts_over_ep_reports_the_load_and_keeps_mesh_invari
         meshgrad.train(mesh="ep=3", **dict(kw, batch=6))
 
 
+def test_train_context_parallel_follows_the_one_rank_losses_and_refuses_a_bad_sequence():
+    # mesh="cp=2" and "cp=2,tp=2" (docs/training.md, "Context parallelism"): each rank holds two chunks
+    # of every sequence, and the losses are one rank's (float32: other sums, 2e-5); the float64
+    # gradients are checked at 1e-9 in C++. A sequence that does not cut into 2 x cp chunks is refused.
+    kw = dict(model="llama", layers=2, hidden=32, heads=4, kv_heads=2, seq=32, batch=4, steps=3)
+    one = [s["loss"] for s in meshgrad.train(mesh="tp=1", **kw)]
+    for mesh in ("cp=2", "cp=2,tp=2"):
+        got = [s["loss"] for s in meshgrad.train(mesh=mesh, **kw)]
+        assert all(abs(a - b) <= 2e-5 * abs(a) for a, b in zip(one, got)), (mesh, one, got)
+    with pytest.raises(ValueError, match="a sequence of 30 positions does not cut into 8 equal chunks"):
+        meshgrad.train(mesh="cp=4", **dict(kw, seq=30))
+
+
 def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
     # mesh_invariant=True (docs/mesh-invariance.md): dp, fsdp, a pipeline and tp save one rank's bytes
     # and report its losses and gradient norms; the header records the mode; 8 rows cannot cut into 3
@@ -505,8 +518,8 @@ def test_out_of_range_and_invalid_numbers_are_named():
 def test_meshgrad_errors_keep_their_message():
     with pytest.raises(meshgrad.InvalidArgument, match="--mesh 'tp2': 'tp2' is not axis=size"):
         meshgrad.train(mesh="tp2")
-    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .cp.; the valid axes are pp, dp, fsdp, ep and tp"):
-        meshgrad.grads(mesh="tp=2,cp=2")
+    with pytest.raises(meshgrad.InvalidArgument, match="unknown axis .sp.; the valid axes are pp, dp, fsdp, ep, cp and tp"):
+        meshgrad.grads(mesh="tp=2,sp=2")
     with pytest.raises(ValueError, match="--layers must be >= 1, got 0"):
         meshgrad.train(layers=0)
     with pytest.raises(meshgrad.Error, match="unknown --backend 'thread'"):

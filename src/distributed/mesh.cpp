@@ -1,6 +1,7 @@
 #include "meshgrad/distributed/mesh.hpp"
 
 #include <algorithm>
+#include <array>
 #include <cctype>
 #include <charconv>
 #include <cstdint>
@@ -10,7 +11,7 @@ namespace meshgrad::dist {
 
 namespace {
 
-constexpr const char* kMeshExamples = "e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2,tp=2 or dp=2,tp=2x2";
+constexpr const char* kMeshExamples = "e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, pp=2,tp=2, cp=2,tp=2 or dp=2,tp=2x2";
 
 // One size of a --mesh item: a positive integer, at most kMaxMeshRanks (so products of a few stay
 // far from overflow; the product is checked separately).
@@ -27,9 +28,15 @@ std::int64_t parse_mesh_size(std::string_view text, const std::string& item, con
 
 }  // namespace
 
+// The axes a --mesh spec may name, outermost first: the order they take in the mesh (tp last, as the
+// innermost: its ranks are neighbours). tp=RxC becomes tp_row, tp_col in tp's place.
+constexpr std::array<std::string_view, 6> kMeshAxisNames{"pp", "dp", "fsdp", "ep", "cp", "tp"};
+constexpr const char* kMeshAxisList = "pp, dp, fsdp, ep, cp and tp";
+
 std::vector<MeshAxis> parse_mesh(const std::string& spec) {
   MG_CHECK(!spec.empty(), "--mesh is empty ({})", kMeshExamples);
-  std::int64_t pp = 0, dp = 0, fsdp = 0, ep = 0, tp_row = 0, tp_col = 0;   // 0 = not given
+  std::array<std::int64_t, kMeshAxisNames.size()> sizes{};   // 0 = not given
+  std::int64_t tp_col = 0;
   bool two_d = false;
   std::size_t pos = 0;
   while (pos <= spec.size()) {
@@ -38,45 +45,46 @@ std::vector<MeshAxis> parse_mesh(const std::string& spec) {
     pos = comma + 1;
     const std::size_t eq = item.find('=');
     MG_CHECK(eq != std::string::npos && eq > 0,
-             "--mesh '{}': '{}' is not axis=size; the axes are pp, dp, fsdp, ep and tp ({})", spec, item, kMeshExamples);
+             "--mesh '{}': '{}' is not axis=size; the axes are {} ({})", spec, item, kMeshAxisList, kMeshExamples);
     const std::string name = item.substr(0, eq);
     const std::string_view value = std::string_view(item).substr(eq + 1);
-    if (name != "pp" && name != "dp" && name != "fsdp" && name != "ep" && name != "tp") {
+    const auto known = std::find(kMeshAxisNames.begin(), kMeshAxisNames.end(), name);
+    if (known == kMeshAxisNames.end()) {
       std::string lower = name;
       for (char& c : lower) c = static_cast<char>(std::tolower(static_cast<unsigned char>(c)));
-      const bool miscased = lower == "pp" || lower == "dp" || lower == "fsdp" || lower == "ep" || lower == "tp";
-      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are pp, dp, fsdp, ep and tp (names are "
+      const bool miscased = std::find(kMeshAxisNames.begin(), kMeshAxisNames.end(), lower) != kMeshAxisNames.end();
+      throw InvalidArgument(fmt::format("--mesh '{}': unknown axis '{}'{}; the valid axes are {} (names are "
                                         "case-sensitive; {})", spec, name,
-                                        miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshExamples));
+                                        miscased ? fmt::format(" (did you mean '{}'?)", lower) : "", kMeshAxisList,
+                                        kMeshExamples));
     }
-    std::int64_t& first = name == "pp" ? pp : name == "dp" ? dp : name == "fsdp" ? fsdp : name == "ep" ? ep : tp_row;
+    std::int64_t& first = sizes[static_cast<std::size_t>(known - kMeshAxisNames.begin())];
     MG_CHECK(first == 0, "--mesh '{}': axis '{}' appears twice", spec, name);
     const std::size_t x = value.find('x');
     if (name == "tp" && x != std::string_view::npos) {   // tp=RxC: a 2-D tensor-parallel grid
-      tp_row = parse_mesh_size(value.substr(0, x), item, spec);
+      first = parse_mesh_size(value.substr(0, x), item, spec);
       tp_col = parse_mesh_size(value.substr(x + 1), item, spec);
       two_d = true;
     } else {
       first = parse_mesh_size(value, item, spec);
     }
   }
-  if (dp == 0) dp = 1;
-  if (tp_row == 0) tp_row = 1;
-  if (tp_col == 0) tp_col = 1;
-  // Each size is <= kMaxMeshRanks (checked above), so this product of six fits in int64.
-  const std::int64_t ranks = std::max<std::int64_t>(pp, 1) * dp * std::max<std::int64_t>(fsdp, 1) *
-                             std::max<std::int64_t>(ep, 1) * tp_row * tp_col;
+  // Each size is <= kMaxMeshRanks (checked above), so this product of seven fits in int64.
+  std::int64_t ranks = std::max<std::int64_t>(tp_col, 1);
+  for (const std::int64_t n : sizes) ranks *= std::max<std::int64_t>(n, 1);
   MG_CHECK(ranks <= kMaxMeshRanks, "--mesh '{}' needs {} ranks; meshgrad runs at most {}", spec, ranks, kMaxMeshRanks);
+  // dp and tp are always axes (size 1 when not given); pp, fsdp, ep and cp only when given, so that
+  // meshes without them keep their axes (and their checkpoints' records).
   std::vector<MeshAxis> axes;
-  if (pp != 0) axes.push_back({"pp", static_cast<int>(pp)});   // outermost, only when given (as fsdp)
-  axes.push_back({"dp", static_cast<int>(dp)});
-  if (fsdp != 0) axes.push_back({"fsdp", static_cast<int>(fsdp)});   // only when given: meshes without it keep their axes
-  if (ep != 0) axes.push_back({"ep", static_cast<int>(ep)});         // the same
-  if (two_d) {
-    axes.push_back({"tp_row", static_cast<int>(tp_row)});
-    axes.push_back({"tp_col", static_cast<int>(tp_col)});
-  } else {
-    axes.push_back({"tp", static_cast<int>(tp_row)});
+  for (std::size_t a = 0; a < kMeshAxisNames.size(); ++a) {
+    const std::string name(kMeshAxisNames[a]);
+    const int size = static_cast<int>(std::max<std::int64_t>(sizes[a], 1));
+    if (name == "tp" && two_d) {
+      axes.push_back({"tp_row", size});
+      axes.push_back({"tp_col", static_cast<int>(tp_col)});
+    } else if (name == "dp" || name == "tp" || sizes[a] != 0) {
+      axes.push_back({name, size});
+    }
   }
   return axes;
 }
@@ -88,31 +96,27 @@ int mesh_world_size(const std::string& spec) {
 }
 
 std::string mesh_spec(const std::vector<MeshAxis>& axes) {
-  // The grammar's layouts: [pp,] [dp,] [fsdp,] [ep,] tp or [pp,] [dp,] [fsdp,] [ep,] tp_row, tp_col, in that order.
-  std::vector<std::string> names;
-  for (const MeshAxis& a : axes) names.push_back(a.name);
-  const bool has_pp = !names.empty() && names.front() == "pp";
-  std::size_t t = has_pp ? 1 : 0;
-  const bool has_dp = names.size() > t && names[t] == "dp";
-  if (has_dp) ++t;
-  const bool has_fsdp = names.size() > t && names[t] == "fsdp";
-  if (has_fsdp) ++t;
-  const bool has_ep = names.size() > t && names[t] == "ep";
-  if (has_ep) ++t;
-  const std::vector<std::string> rest(names.begin() + static_cast<std::ptrdiff_t>(t), names.end());
-  const bool one_d = rest == std::vector<std::string>{"tp"};
-  const bool two_d = rest == std::vector<std::string>{"tp_row", "tp_col"};
+  // The grammar's layouts: the axes of kMeshAxisNames in that order, dp and tp always, tp or tp_row,
+  // tp_col last. Anything else (a mesh built by hand) prints every axis as name=size.
+  std::size_t t = 0;
   std::string s;
-  if (!one_d && !two_d) {
-    for (const auto& a : axes) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
-    return s;
+  for (const std::string_view name : kMeshAxisNames) {
+    if (name == "tp") break;
+    if (t < axes.size() && axes[t].name == name) {
+      // dp=1 is left out (the default); every other given axis is written, size 1 included.
+      if (name != "dp" || axes[t].size != 1) s += fmt::format("{}={},", name, axes[t].size);
+      ++t;
+    }
   }
-  if (has_pp) s = fmt::format("pp={},", axes.front().size);
-  if (has_dp && axes[has_pp ? 1 : 0].size != 1) s += fmt::format("dp={},", axes[has_pp ? 1 : 0].size);
-  if (has_fsdp) s += fmt::format("fsdp={},", axes[t - (has_ep ? 2 : 1)].size);
-  if (has_ep) s += fmt::format("ep={},", axes[t - 1].size);
-  if (two_d) return s + fmt::format("tp={}x{}", axes[t].size, axes[t + 1].size);
-  return s + fmt::format("tp={}", axes[t].size);
+  std::vector<std::string> rest;
+  for (std::size_t i = t; i < axes.size(); ++i) rest.push_back(axes[i].name);
+  if (rest == std::vector<std::string>{"tp"}) return s + fmt::format("tp={}", axes[t].size);
+  if (rest == std::vector<std::string>{"tp_row", "tp_col"}) {
+    return s + fmt::format("tp={}x{}", axes[t].size, axes[t + 1].size);
+  }
+  s.clear();
+  for (const auto& a : axes) s += fmt::format("{}{}={}", s.empty() ? "" : ",", a.name, a.size);
+  return s;
 }
 
 DeviceMesh::DeviceMesh(comm::CommunicatorPtr world, std::vector<MeshAxis> axes)

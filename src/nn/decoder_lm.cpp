@@ -76,7 +76,7 @@ class DecoderLM final : public Model {
   PipelineStage stage() const override { return stage_; }
 
   Shape stage_input_shape(const Batch& batch) const override {
-    const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1);
+    const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1) / ctx_->cp_size();   // this rank's chunks
     const ParallelContext& ctx = *ctx_;
     const std::int64_t t_local = ctx.sequence_parallel() ? shard_range(seq, ctx.tp_size(), ctx.tp_rank()).size : seq;
     return {t_local, b, cfg_.hidden};
@@ -91,7 +91,8 @@ class DecoderLM final : public Model {
   Tensor forward_stage(const Batch& batch, const Tensor& input, std::int64_t global_tokens) override {
     check_batch(batch, input);
     const ParallelContext& ctx = *ctx_;
-    const std::int64_t seq = batch.inputs.size(1);
+    // The sequence this rank's layers see: its two chunks under cp (nn/context_parallel.hpp).
+    const std::int64_t seq = batch.inputs.size(1) / ctx.cp_size();
     trace::Scope model_scope(cfg_.kind);   // ops between the layers (positions, dropout) belong to it
     const bool recording = autograd::GradMode::is_enabled();
     const FsdpForwardScope root_gathered(root_unit_.get(), /*release=*/!recording);
@@ -116,7 +117,7 @@ class DecoderLM final : public Model {
       tied = tied_->output_use(stage_.is_first() ? family_->token_embedding()->weight.operand() : tied_copy());
     }
     const Tensor logits = family_->output_logits(h, seq, tied);   // [T, B, V_local]: never gathered
-    const Tensor targets = batch.targets.transpose(0, 1).contiguous().view({-1});
+    const Tensor targets = take_local_chunks(batch.targets.transpose(0, 1).contiguous(), ctx).view({-1});
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
                                                      family_->vocab_offset(), cfg_.vocab, ctx.tp,
                                                      static_cast<double>(global_tokens), -100, &family_->output_plan(),
@@ -217,30 +218,39 @@ class DecoderLM final : public Model {
   void check_tokens(const Tensor& t, const char* what, bool ignore_allowed) const;
 
   // Masks by global index: the row offset and row count of the global batch (dp replicas and
-  // micro-batches hold slices of it), the sequence offset under SP. Holds the shared state, not the
-  // model: a checkpointed block calls it again during backward.
+  // micro-batches hold slices of it), the positions of this rank's rows in the sequence (its SP
+  // shard, its cp chunks). Holds the shared state, not the model: a checkpointed block calls it again
+  // during backward.
   Dropout dropout_for(const Batch& batch) const {
     const std::int64_t b = batch.inputs.size(0), seq = batch.inputs.size(1), c = cfg_.hidden;
     const std::int64_t rows = batch.global_rows > 0 ? batch.global_rows : b;
     const std::int64_t row0 = batch.global_rows > 0 ? batch.row_offset : 0;
     return [state = dropout_, seq, rows, row0, c](const Tensor& x) {
       if (!state->training || state->p == 0) return x;
-      const std::vector<std::int64_t> offsets{sequence_shard_offset(*state->ctx, seq), row0, 0};
-      return dropout_global(x, state->p, state->gen.next_seed(), {seq, rows, c}, offsets);
+      const std::uint64_t seed = state->gen.next_seed();
+      const std::vector<PositionRun> runs = activation_positions(*state->ctx, seq / state->ctx->cp_size());
+      TensorList parts;
+      for (const PositionRun& r : runs) {
+        const Tensor piece = runs.size() == 1 ? x : narrow(x, 0, r.local, r.size);
+        parts.push_back(dropout_global(piece, state->p, seed, {seq, rows, c}, {r.global, row0, 0}));
+      }
+      return parts.size() == 1 ? parts[0] : cat(parts, 0);
     };
   }
 
   // The first stage's pieces before the blocks: [T(_local), B, C], dropout applied.
   Tensor embed(const Batch& batch, const Dropout& dropout) const {
-    const Tensor ids = batch.inputs.transpose(0, 1).contiguous();    // [T, B]
+    // [T, B], or this rank's chunks [T / cp, B] of it
+    const Tensor ids = take_local_chunks(batch.inputs.transpose(0, 1).contiguous(), *ctx_);
+    const std::vector<PositionRun> positions = local_chunks(*ctx_, ids.size(0));
     const Tensor& table = family_->token_embedding()->weight.operand();
-    if (!tied_) return family_->embed(ids, table, 0, dropout);
+    if (!tied_) return family_->embed(ids, table, positions, dropout);
     Tensor used;
     {
       dist::CommLabelScope label(tied_name_);   // a pipeline's tied gradient arrives here from the last stage
       used = tied_->embedding_use(table);
     }
-    return family_->embed(ids, used, 0, dropout);
+    return family_->embed(ids, used, positions, dropout);
   }
 
   // This stage's blocks, each checkpointed or with its FSDP regather as the options say.
@@ -314,6 +324,7 @@ void DecoderLM::check_batch(const Batch& batch, const Tensor& input) const {
   MG_CHECK(seq >= 1 && b >= 1, "{}: a batch needs at least one row and one position, got [B, T] = [{}, {}]", kind, b,
            seq);
   MG_CHECK(seq <= cfg_.n_positions(), "{}: sequence length {} exceeds n_positions {}", kind, seq, cfg_.n_positions());
+  check_context_sequence(*ctx_, seq, kind);
   if (stage_.is_first()) check_tokens(batch.inputs, "input", /*ignore_allowed=*/false);
   if (stage_.is_last()) check_tokens(batch.targets, "target", /*ignore_allowed=*/true);
   MG_CHECK(stage_.is_first() != input.defined(), "{} stage {} of {}: {}", kind, stage_.index, stage_.count,
@@ -384,7 +395,7 @@ Tensor DecoderLM::decode(const Tensor& ids, KvCache& cache, bool all_positions) 
   family_->begin_forward(false);
   const Tensor tids = ids.transpose(0, 1).contiguous();   // [T_new, B]
   const Tensor& table = family_->token_embedding()->weight.operand();
-  Tensor h = family_->embed(tids, table, start, [](const Tensor& x) { return x; });   // [T_new, B, C]
+  Tensor h = family_->embed(tids, table, {{0, start, t_new}}, [](const Tensor& x) { return x; });   // [T_new, B, C]
   for (std::size_t l = 0; l < blocks_.size(); ++l) {
     const StageBlock& held = *blocks_[l];
     dist::CommLabelScope label(held.block->name());
@@ -409,6 +420,11 @@ Tensor DecoderLM::decode(const Tensor& ids, KvCache& cache, bool all_positions) 
 
 std::int64_t sequence_shard_offset(const ParallelContext& ctx, std::int64_t seq) {
   return ctx.sequence_parallel() ? shard_range(seq, ctx.tp_size(), ctx.tp_rank()).offset : 0;
+}
+
+std::vector<PositionRun> activation_positions(const ParallelContext& ctx, std::int64_t seq) {
+  const std::int64_t rows = ctx.sequence_parallel() ? shard_range(seq, ctx.tp_size(), ctx.tp_rank()).size : seq;
+  return rows_of(local_chunks(ctx, seq), sequence_shard_offset(ctx, seq), rows);
 }
 
 std::unique_ptr<Model> make_decoder_lm(const ModelConfig& config, const ParallelConfig& parallel,

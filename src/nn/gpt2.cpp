@@ -36,7 +36,7 @@ void check_split(const ModelConfig& cfg, const ParallelContext& ctx) {
 class Attention {
  public:
   Attention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
-      : name_(name), head_dim_(cfg.hidden / cfg.heads) {
+      : name_(name), head_dim_(cfg.hidden / cfg.heads), ctx_(ctx) {
     const TensorParallelPlan& plan = gpt2_tp_plan();
     c_attn_ = plan.linear(name + ".c_attn",
                           {.in = cfg.hidden, .out = 3 * cfg.hidden, .blocks = 3, .out_unit = head_dim_}, ctx, seed,
@@ -51,7 +51,9 @@ class Attention {
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
     const Heads h = project_heads(x, seq);
-    return project_output(causal_attention(h.q, h.k, h.v), seq);
+    // Under cp each query chunk meets the whole sequence's keys up to it (nn/context_parallel.hpp).
+    const Tensor y = ctx_->context_parallel() ? context_attention(h.q, h.k, h.v, 0, ctx_) : causal_attention(h.q, h.k, h.v);
+    return project_output(y, seq);
   }
 
   // DecoderBlock::forward_cached's attention: x [T_new, B, C] at positions start ..
@@ -100,6 +102,7 @@ class Attention {
 
   std::string name_;   // its trace scope
   std::int64_t head_dim_;
+  ParallelContextPtr ctx_;
   std::unique_ptr<ParallelLinear> c_attn_, c_proj_;
 };
 
@@ -144,7 +147,8 @@ class Gpt2 final : public DecoderFamily {
 
   // Vocabulary-parallel partial sums reduced over tp (all-reduce, or reduce-scatter along the
   // sequence under SP), plus this rank's positions.
-  Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t position0, const Dropout& dropout) const override {
+  Tensor embed(const Tensor& ids, const Tensor& table, const std::vector<PositionRun>& positions,
+               const Dropout& dropout) const override {
     const ParallelContext& ctx = *ctx_;
     const bool sp = ctx.sequence_parallel();
     const std::int64_t seq = ids.size(0), c = cfg_.hidden;
@@ -154,9 +158,10 @@ class Gpt2 final : public DecoderFamily {
       trace::Scope scope("wte");
       h = wte_->forward(ids, table);   // [T(_local), B, C]
     }
-    const std::int64_t t0 = position0 + sequence_shard_offset(ctx, seq);
     const std::int64_t t_local = h.size(0);
-    const Tensor pos = reshape(narrow(wpe_.operand(), 0, t0, t_local), {t_local, 1, c});
+    // The table's rows of this rank's tokens: its SP shard of the ids' positions.
+    const std::vector<PositionRun> rows = rows_of(positions, sequence_shard_offset(ctx, seq), t_local);
+    const Tensor pos = reshape(rows_at(wpe_.operand(), rows), {t_local, 1, c});
     h = add(h, sp ? ctx.partial_over_tp(pos) : pos);
     return dropout(h);
   }

@@ -84,14 +84,20 @@ std::vector<double> inverse_frequencies(const ModelConfig& cfg) {
 struct RopeTables {
   Tensor cos, sin;
 };
-RopeTables rope_tables(const std::vector<double>& inv, std::int64_t start, std::int64_t count, DType dtype) {
+// The tables of the runs' positions, row after row in run order ([sum of sizes, D]).
+RopeTables rope_tables(const std::vector<double>& inv, const std::vector<PositionRun>& runs, DType dtype) {
   const auto half = static_cast<std::int64_t>(inv.size()), d = 2 * half;
+  std::int64_t count = 0;
+  for (const PositionRun& r : runs) count += r.size;
   std::vector<double> c(static_cast<std::size_t>(count * d)), s(c.size());
-  for (std::int64_t t = 0; t < count; ++t) {
-    for (std::int64_t i = 0; i < d; ++i) {
-      const double angle = static_cast<double>(start + t) * inv[static_cast<std::size_t>(i % half)];
-      c[static_cast<std::size_t>(t * d + i)] = std::cos(angle);
-      s[static_cast<std::size_t>(t * d + i)] = std::sin(angle);
+  std::int64_t t = 0;
+  for (const PositionRun& r : runs) {
+    for (std::int64_t p = r.global; p < r.global + r.size; ++p, ++t) {
+      for (std::int64_t i = 0; i < d; ++i) {
+        const double angle = static_cast<double>(p) * inv[static_cast<std::size_t>(i % half)];
+        c[static_cast<std::size_t>(t * d + i)] = std::cos(angle);
+        s[static_cast<std::size_t>(t * d + i)] = std::sin(angle);
+      }
     }
   }
   return {Tensor::from_values(c, {count, d}, dtype), Tensor::from_values(s, {count, d}, dtype)};
@@ -127,7 +133,7 @@ class LlamaAttention {
  public:
   LlamaAttention(const std::string& name, const ModelConfig& cfg, const ParallelContextPtr& ctx, std::uint64_t seed)
       : name_(name), head_dim_(cfg.head_size()), window_(cfg.sliding_window),
-        inv_freq_(inverse_frequencies(cfg)), dtype_(cfg.dtype) {
+        inv_freq_(inverse_frequencies(cfg)), dtype_(cfg.dtype), ctx_(ctx) {
     const TensorParallelPlan& plan = llama_plan();
     const std::int64_t q_out = std::int64_t{cfg.heads} * head_dim_, kv_out = std::int64_t{cfg.kv_head_count()} * head_dim_;
     const bool bias = cfg.attention_bias;
@@ -141,13 +147,16 @@ class LlamaAttention {
                           seed, cfg.dtype);
   }
 
-  // x: [T(_local), B, C] -> same; positions 0 .. seq - 1. cfg.sliding_window is this layer's window
-  // (the family gives each block its ModelConfig::attention_window).
+  // x: [T(_local), B, C] -> same; positions 0 .. seq - 1, or this rank's chunks of them under cp
+  // (whose keys and values are gathered before they repeat: the fewer heads travel). cfg.sliding_window
+  // is this layer's window (the family gives each block its ModelConfig::attention_window).
   Tensor forward(const Tensor& x, std::int64_t seq) const {
     trace::Scope scope(name_);
-    const Heads h = project_heads(x, seq, 0);
+    const Heads h = project_heads(x, seq, local_chunks(*ctx_, seq));
     const std::int64_t groups = h.q.size(1) / h.k.size(1);   // this rank's query heads per key/value head
-    const Tensor y = causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups), window_);
+    const Tensor y = ctx_->context_parallel()
+                         ? context_attention(h.q, h.k, h.v, window_, ctx_)
+                         : causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups), window_);
     return project_output(y, seq);
   }
 
@@ -156,7 +165,7 @@ class LlamaAttention {
   Tensor forward_cached(const Tensor& x, const Tensor& keys, const Tensor& values, std::int64_t start,
                         std::int64_t& scores) const {
     const std::int64_t t_new = x.size(0);
-    const Heads h = project_heads(x, t_new, start);
+    const Heads h = project_heads(x, t_new, {{0, start, t_new}});
     Tensor k_new = keys.narrow(2, start, t_new), v_new = values.narrow(2, start, t_new);
     k_new.copy_from(h.k);
     v_new.copy_from(h.v);
@@ -180,22 +189,22 @@ class LlamaAttention {
   struct Heads {
     Tensor q, k, v;   // q [B, H_local, T, D], k and v [B, H_kv_local, T, D]; q and k rotated
   };
-  Heads project_heads(const Tensor& x, std::int64_t seq, std::int64_t start) const {
+  // positions: the global positions of the sequence's seq rows.
+  Heads project_heads(const Tensor& x, std::int64_t seq, const std::vector<PositionRun>& positions) const {
     auto heads_first = [&](const Tensor& t) {   // [T, B, H_l * D] -> [B, H_l, T, D]
       return contiguous(permute(reshape(t, {seq, t.size(1), t.size(2) / head_dim_, head_dim_}), {1, 2, 0, 3}));
     };
-    const RopeTables rope = rope_for(start, seq);
+    const RopeTables rope = rope_for(positions);
     return {apply_rope(heads_first(q_proj_->forward(x, seq)), rope), apply_rope(heads_first(k_proj_->forward(x, seq)), rope),
             heads_first(v_proj_->forward(x, seq))};
   }
-  // The tables of positions [start, start + count): computed once for a training shape (every step
-  // asks the same), again when the positions change (decoding). Constants: a graph that saved them
-  // keeps them, and they are never written.
-  RopeTables rope_for(std::int64_t start, std::int64_t count) const {
-    if (start != rope_start_ || count != rope_count_) {
-      rope_ = rope_tables(inv_freq_, start, count, dtype_);
-      rope_start_ = start;
-      rope_count_ = count;
+  // The tables of the positions: computed once for a training shape (every step asks the same),
+  // again when the positions change (decoding). Constants: a graph that saved them keeps them, and
+  // they are never written.
+  RopeTables rope_for(const std::vector<PositionRun>& positions) const {
+    if (positions != rope_positions_) {
+      rope_ = rope_tables(inv_freq_, positions, dtype_);
+      rope_positions_ = positions;
     }
     return rope_;
   }
@@ -210,8 +219,9 @@ class LlamaAttention {
   std::int64_t window_;   // sliding window of this layer; 0: plain causal attention
   std::vector<double> inv_freq_;
   DType dtype_;
+  ParallelContextPtr ctx_;
   mutable RopeTables rope_;   // rope_for's (one model per rank: no lock)
-  mutable std::int64_t rope_start_ = -1, rope_count_ = 0;
+  mutable std::vector<PositionRun> rope_positions_;
   std::unique_ptr<ParallelLinear> q_proj_, k_proj_, v_proj_, o_proj_;
 };
 
@@ -348,7 +358,7 @@ class Llama final : public DecoderFamily {
   VocabParallelEmbedding* token_embedding() override { return embed_tokens_.get(); }
   bool tied_output() const override { return cfg_.tie_word_embeddings; }
 
-  Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t, const Dropout&) const override {
+  Tensor embed(const Tensor& ids, const Tensor& table, const std::vector<PositionRun>&, const Dropout&) const override {
     dist::CommLabelScope label("model.embed_tokens");
     trace::Scope scope("model.embed_tokens");
     return embed_tokens_->forward(ids, table);   // [T(_local), B, C]

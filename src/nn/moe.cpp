@@ -239,10 +239,10 @@ void check_moe(const ModelConfig& cfg, int ep, const std::string& mesh) {
 
 namespace {
 
-// The axes whose ranks hold other tokens of one forward: the batch axes, and tp under SP (each tp
-// rank routes its sequence shard), in mesh order.
-std::vector<int> token_axes(const ParallelContext& ctx) {
-  std::vector<int> axes = ctx.batch_axis_indices();
+// The axes whose ranks hold other tokens of one forward: the batch axes and cp
+// (ParallelContext::token_axes), and tp under SP (each tp rank routes its sequence shard), in mesh order.
+std::vector<int> routed_token_axes(const ParallelContext& ctx) {
+  std::vector<int> axes = ctx.token_axis_indices();
   if (ctx.sequence_parallel()) axes.push_back(ctx.tp_axis);
   std::sort(axes.begin(), axes.end());
   return axes;
@@ -303,7 +303,7 @@ Tensor RouterLog::auxiliary_loss(int forwards) {
   // what one forward on one rank holds there.
   if (!ctx.config.mesh_invariant()) {
     dist::CommLabelScope label("router-aux-counts");
-    counts = sum_counts(counts, ctx, token_axes(ctx));
+    counts = sum_counts(counts, ctx, routed_token_axes(ctx));
   }
   const double tokens = static_cast<double>(counts[experts]);
   MG_CHECK(tokens > 0, "moe: the load-balancing loss over no tokens");
@@ -336,16 +336,16 @@ ExpertLoad RouterLog::take_load() {
   dist::PhaseScope phase(dist::Phase::Optimizer);
   std::vector<std::int64_t> local{out.dropped};
   for (const auto& layer : out.tokens) local.insert(local.end(), layer.begin(), layer.end());
-  const std::vector<std::int64_t> total = sum_counts(local, ctx, token_axes(ctx));
+  const std::vector<std::int64_t> total = sum_counts(local, ctx, routed_token_axes(ctx));
   out.dropped = total[0];
   std::size_t at = 1;
   for (auto& layer : out.tokens) {
     for (auto& v : layer) v = total[at++];
   }
-  const std::vector<int> batch_axes = ctx.batch_axis_indices();
-  if (!batch_axes.empty()) {
+  const std::vector<int> loss_axes = ctx.token_axis_indices();
+  if (!loss_axes.empty()) {
     out.aux_loss = dist::sum_scalar_over(Tensor::scalar(out.aux_loss, DType::Float64),
-                                         ctx.mesh->flattened_group(batch_axes), ctx.reduce_order());
+                                         ctx.mesh->flattened_group(loss_axes), ctx.reduce_order());
   }
   return out;
 }

@@ -84,6 +84,7 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
   ctx->fsdp_axis = mesh->has_axis("fsdp") ? mesh->axis_index("fsdp") : -1;
   ctx->pp_axis = mesh->has_axis("pp") ? mesh->axis_index("pp") : -1;
   ctx->ep_axis = mesh->has_axis("ep") ? mesh->axis_index("ep") : -1;
+  ctx->cp_axis = mesh->has_axis("cp") ? mesh->axis_index("cp") : -1;
   if (config.shard_optimizer) {
     MG_CHECK(ctx->dp_axis >= 0 && mesh->axis_size(ctx->dp_axis) > 1, "--shard-optimizer shards the optimizer state "
              "over the dp axis, and the mesh {} has no dp axis of more than one rank", mesh->str());
@@ -110,6 +111,13 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp_axis = mesh->axis_index("tp");
     ctx->tp = mesh->group(ctx->tp_axis);
   }
+  // The invariant modes fix the shapes of every product and the order of every sum over the tokens;
+  // context parallelism changes both (each rank's products see its chunks, the weight gradients are
+  // sums over cp), and no fixed tree over the sequence's chunks is built yet.
+  MG_CHECK(!(config.tp_invariant() && ctx->cp_axis >= 0 && mesh->axis_size(ctx->cp_axis) > 1),
+           "--{} with context parallelism (the mesh {} has cp = {}): the invariant modes do not yet fix the order of "
+           "the sums over the sequence's chunks; train without cp, or without the mode",
+           invariance_option(config.invariance), mesh->str(), mesh->axis_size(ctx->cp_axis));
   if (config.tp_invariant()) {
     MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--{}: --invariant-blocks {} must be a power of two (1, "
              "2, 4, 8, ...)", invariance_option(config.invariance), config.invariant_blocks);
@@ -167,13 +175,26 @@ dist::AxisMask ParallelContext::batch_axes() const {
   return axes;
 }
 
-std::vector<int> ParallelContext::batch_axis_indices() const {
+namespace {
+// The axes of a mask, as indices in mesh order.
+std::vector<int> indices_of(dist::AxisMask axes, int ndim) {
   std::vector<int> out;
-  for (int a = 0; a < mesh->ndim(); ++a) {
-    if (batch_axes() & dist::axis_bit(a)) out.push_back(a);
+  for (int a = 0; a < ndim; ++a) {
+    if (axes & dist::axis_bit(a)) out.push_back(a);
   }
   return out;
 }
+}  // namespace
+
+std::vector<int> ParallelContext::batch_axis_indices() const { return indices_of(batch_axes(), mesh->ndim()); }
+
+dist::AxisMask ParallelContext::token_axes() const {
+  dist::AxisMask axes = batch_axes();
+  if (context_parallel()) axes |= dist::axis_bit(cp_axis);
+  return axes;
+}
+
+std::vector<int> ParallelContext::token_axis_indices() const { return indices_of(token_axes(), mesh->ndim()); }
 
 int ParallelContext::batch_replicas() const {
   int n = 1;
@@ -187,7 +208,7 @@ Tensor ParallelContext::partial_over_tp(const Tensor& x) const {
 }
 
 Tensor ParallelContext::loss_partial_over_dp(const Tensor& loss) const {
-  return dist::mark_partial_grad(loss, batch_axes());   // no axis: the loss itself
+  return dist::mark_partial_grad(loss, token_axes());   // no axis: the loss itself
 }
 
 // ---- the summation-order policy ------------------------------------------------------------------

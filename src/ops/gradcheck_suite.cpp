@@ -529,6 +529,16 @@ std::vector<Spec> attention_specs() {
        return Built{{d.normal(s), d.normal(s), d.normal(s)}, {"q", "k", "v"},
                     [window](const TensorList& in) { return causal_attention(in[0], in[1], in[2], window); }};
      }},
+    // Fewer queries than keys (a context-parallel chunk): the last T_q of T_k positions, across the
+    // key tiles, with and without a window.
+    {"causal_attention.chunk", "causal_attention",
+     [](Draw& d) {
+       const std::int64_t keys = d.dim(65, 140), queries = d.dim(1, keys), dim = d.dim(1, 3);
+       const std::int64_t window = d.dim(0, 1) == 0 ? 0 : d.dim(1, 80);
+       return Built{{d.normal({1, 2, queries, dim}), d.normal({1, 2, keys, dim}), d.normal({1, 2, keys, dim})},
+                    {"q", "k", "v"},
+                    [window](const TensorList& in) { return causal_attention(in[0], in[1], in[2], window); }};
+     }},
   };
 }
 

@@ -350,8 +350,9 @@ class RotaryFn final : public Function {
 
 // ---- causal attention -----------------------------------------------------------------------------
 
-// inputs {q, k, v} all [B, H, T, D] -> O [B, H, T, D]
-//   O[t] = sum_{s <= t} softmax_s(q_t . k_s * scale) v_s,  scale = 1 / sqrt(D).
+// inputs {q [B, H, T_q, D], k, v [B, H, T_k, D]}, T_q <= T_k -> O [B, H, T_q, D]
+//   O[t] = sum_{s <= p(t)} softmax_s(q_t . k_s * scale) v_s,  scale = 1 / sqrt(D),
+// where query row t is position p(t) = T_k - T_q + t (the last T_q positions; T_q == T_k: p(t) = t).
 // Blocked like FlashAttention (kernels::causal_attention_forward): saves q, k, v (the inputs,
 // no copies), the output and the per-row log-sum-exp [B, H, T] -- O(T) per head, no [T, T]
 // matrix. Backward recomputes the probabilities tile by tile from them.
@@ -364,9 +365,10 @@ class CausalAttentionFn final : public Function {
   TensorList forward(const TensorList& in) override {
     const Tensor &q = in[0], &k = in[1], &v = in[2];
     MG_CHECK(q.dim() == 4 && q.size(3) > 0, "causal_attention: q must be [B, H, T, D] with D > 0, got {}", q.str());
-    // One length for all three: the op's backward has no key/value cache (the kernel's forward does).
-    MG_CHECK(k.shape() == q.shape() && v.shape() == q.shape(),
-             "causal_attention: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", q.str(), k.str(), v.str());
+    MG_CHECK(k.dim() == 4 && v.shape() == k.shape() && k.size(0) == q.size(0) && k.size(1) == q.size(1) &&
+                 k.size(3) == q.size(3) && k.size(2) >= q.size(2),
+             "causal_attention: q must be [B, H, T_q, D] and k, v one shape [B, H, T_k, D] with T_q <= T_k, got q {} "
+             "k {} v {}", q.str(), k.str(), v.str());
     scale_ = 1.0 / std::sqrt(static_cast<double>(q.size(3)));
     // Under bf16 products the kernel's products see bf16 inputs, as autocast's attention does: q, k
     // and v rounded to bf16 values (kept float32: its tiles run the float32 kernels; the softmax and

@@ -68,13 +68,17 @@ void for_each_pair(std::int64_t pairs, std::int64_t total_work, Work&& work) {
   });
 }
 
+// q [B, H, T_q, D] and k, v one shape [B, H, T_k, D] with T_q <= T_k: query row r is position
+// T_k - T_q + r of the sequence (T_q == T_k in training on one rank; fewer queries with a key/value
+// cache, or a context-parallel rank's chunk against the keys up to it).
 void check_qkv(const Tensor& q, const Tensor& k, const Tensor& v, const char* op) {
   check_floating(q, op);
   check_same_dtype(q, k, op);
   check_same_dtype(q, v, op);
-  MG_CHECK(q.dim() == 4 && k.shape() == q.shape() && v.shape() == q.shape(),
-           "{}: q, k, v must have one shape [B, H, T, D], got q {} k {} v {}", op, shape_str(q.shape()),
-           shape_str(k.shape()), shape_str(v.shape()));
+  MG_CHECK(q.dim() == 4 && k.dim() == 4 && v.shape() == k.shape() && q.size(0) == k.size(0) &&
+               q.size(1) == k.size(1) && q.size(3) == k.size(3) && q.size(2) <= k.size(2),
+           "{}: q must be [B, H, T_q, D] and k, v one shape [B, H, T_k, D] with T_q <= T_k, got q {} k {} v {}", op,
+           shape_str(q.shape()), shape_str(k.shape()), shape_str(v.shape()));
   MG_CHECK(q.size(3) > 0, "{}: head dim D must be positive, got q {}", op, shape_str(q.shape()));
 }
 
@@ -174,27 +178,33 @@ struct BackwardHead {
   HeadMat<T> dq, dk, dv;   // p == nullptr: not wanted. Zero on entry; accumulated tile by tile.
 };
 
+// queries rows of q are the last positions of a sequence of `keys` positions, as in forward_head;
+// dq is [queries, D], dk and dv [keys, D].
 template <class T>
-void backward_head(const BackwardHead<T>& h, std::int64_t steps, std::int64_t dim, T scale, std::int64_t window) {
+void backward_head(const BackwardHead<T>& h, std::int64_t queries, std::int64_t keys, std::int64_t dim, T scale,
+                   std::int64_t window) {
   std::vector<T> p(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> dp(static_cast<std::size_t>(kBlock * kBlock));
+  const std::int64_t first = keys - queries;   // position of query row 0
   // delta[t] = <dO_t, O_t> = sum_s P[t, s] dP[t, s], the row sum in the softmax backward.
-  std::vector<T> delta(static_cast<std::size_t>(steps));
-  for (std::int64_t t = 0; t < steps; ++t) {
+  std::vector<T> delta(static_cast<std::size_t>(queries));
+  for (std::int64_t t = 0; t < queries; ++t) {
     const T* o = h.out.row(t);
     const T* g = h.dout.row(t);
     const double dot = detail::row_sum<T>(dim, [&](std::int64_t d) { return o[d] * g[d]; });
     delta[static_cast<std::size_t>(t)] = static_cast<T>(dot);
   }
   const bool want_ds = h.dq.p != nullptr || h.dk.p != nullptr;
-  for (std::int64_t i0 = 0; i0 < steps; i0 += kBlock) {
-    const std::int64_t rows = std::min(kBlock, steps - i0);
-    for (std::int64_t j0 = first_key_tile(i0, window); j0 <= i0; j0 += kBlock) {
-      const std::int64_t cols = std::min(kBlock, steps - j0);
+  for (std::int64_t i0 = 0; i0 < queries; i0 += kBlock) {
+    const std::int64_t rows = std::min(kBlock, queries - i0);
+    const std::int64_t seen = first + i0 + rows;   // keys the block's last query sees
+    // The forward's tiles: with first == 0 and no window, the square tiles on and below the diagonal.
+    for (std::int64_t j0 = first_key_tile(first + i0, window); j0 < seen; j0 += kBlock) {
+      const std::int64_t cols = std::min(kBlock, seen - j0);
       tile_scores(p.data(), h.q, h.k, i0, j0, rows, cols, dim, scale);
       for (std::int64_t r = 0; r < rows; ++r) {
         T* row = p.data() + r * kBlock;
-        const Visible seen_keys = visible(i0 + r, j0, cols, window);
+        const Visible seen_keys = visible(first + i0 + r, j0, cols, window);
         const std::int64_t lo = seen_keys.lo, hi = seen_keys.hi;
         const T shift = h.lse[i0 + r];
         for (std::int64_t c = lo; c < hi; ++c) row[c] = detail::exp_fast(row[c] - shift);
@@ -235,14 +245,7 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
                                           std::int64_t window) {
   const char* op = "causal_attention";
   MG_CHECK(window >= 0, "{}: the sliding window must be >= 0 (0: none), got {}", op, window);
-  check_floating(q_in, op);
-  check_same_dtype(q_in, k_in, op);
-  check_same_dtype(q_in, v_in, op);
-  MG_CHECK(q_in.dim() == 4 && k_in.dim() == 4 && v_in.shape() == k_in.shape() && q_in.size(0) == k_in.size(0) &&
-               q_in.size(1) == k_in.size(1) && q_in.size(3) == k_in.size(3) && q_in.size(2) <= k_in.size(2),
-           "{}: q must be [B, H, T_q, D] and k, v one shape [B, H, T_k, D] with T_q <= T_k, got q {} k {} v {}", op,
-           shape_str(q_in.shape()), shape_str(k_in.shape()), shape_str(v_in.shape()));
-  MG_CHECK(q_in.size(3) > 0, "{}: head dim D must be positive, got q {}", op, shape_str(q_in.shape()));
+  check_qkv(q_in, k_in, v_in, op);
   const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
   const std::int64_t heads = q.size(1), queries = q.size(2), keys = k.size(2), dim = q.size(3);
   const std::int64_t pairs = q.size(0) * heads;
@@ -264,22 +267,23 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
 AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
                                          const Tensor& v_in, const AttentionForward& fwd, double scale, bool want_dq,
                                          bool want_dk, bool want_dv, std::int64_t window) {
-  check_qkv(q_in, k_in, v_in, "causal_attention backward");
-  check_same_dtype(q_in, dout_in, "causal_attention backward");
+  const char* op = "causal_attention backward";
+  check_qkv(q_in, k_in, v_in, op);
+  check_same_dtype(q_in, dout_in, op);
   MG_CHECK(dout_in.shape() == q_in.shape() && fwd.out.shape() == q_in.shape() && fwd.lse.dtype() == q_in.dtype() &&
                fwd.lse.shape() == Shape({q_in.size(0), q_in.size(1), q_in.size(2)}) && fwd.lse.is_contiguous(),
            "causal_attention backward: grad {}, output {} and lse {} do not match q {}", dout_in.str(), fwd.out.str(),
            fwd.lse.str(), q_in.str());
   const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
   const Tensor dout = blas_ready(dout_in), out = blas_ready(fwd.out);
-  const std::int64_t heads = q.size(1), steps = q.size(2), dim = q.size(3);
+  const std::int64_t heads = q.size(1), queries = q.size(2), keys = k.size(2), dim = q.size(3);
   const std::int64_t pairs = q.size(0) * heads;
   AttentionGrads g;
   if (want_dq) g.dq = Tensor::zeros(q.shape(), q.dtype());
-  if (want_dk) g.dk = Tensor::zeros(q.shape(), q.dtype());
-  if (want_dv) g.dv = Tensor::zeros(q.shape(), q.dtype());
+  if (want_dk) g.dk = Tensor::zeros(k.shape(), q.dtype());
+  if (want_dv) g.dv = Tensor::zeros(k.shape(), q.dtype());
   if (!want_dq && !want_dk && !want_dv) return g;
-  dispatch_floating(q.dtype(), "causal_attention backward", [&]<class T>() {
+  dispatch_floating(q.dtype(), op, [&]<class T>() {
     const T* lse = fwd.lse.data<T>();
     auto grad_head = [&](const Tensor& t, std::int64_t pair) {
       return t.defined() ? head<T>(t, pair, heads) : HeadMat<T>{nullptr, 0};
@@ -288,10 +292,10 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
     for_each_pair(pairs, std::numeric_limits<std::int64_t>::max(), [&](std::int64_t pair) {
       const BackwardHead<T> h{head<const T>(q, pair, heads),   head<const T>(k, pair, heads),
                               head<const T>(v, pair, heads),   head<const T>(out, pair, heads),
-                              head<const T>(dout, pair, heads), lse + pair * steps,
+                              head<const T>(dout, pair, heads), lse + pair * queries,
                               grad_head(g.dq, pair),           grad_head(g.dk, pair),
                               grad_head(g.dv, pair)};
-      backward_head<T>(h, steps, dim, static_cast<T>(scale), window);
+      backward_head<T>(h, queries, keys, dim, static_cast<T>(scale), window);
     });
   });
   return g;

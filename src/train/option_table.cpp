@@ -56,8 +56,8 @@ using R = Recorded;
 
 std::vector<TrainOption> where_and_what() {
   return {
-      {.name = "mesh", .kind = K::Text, .help = "Mesh axes pp, dp, fsdp and tp, e.g. tp=2, dp=2,tp=2, fsdp=2,tp=2, "
-       "pp=2,tp=2 or tp=2x2 (2-D)", .field = SurfaceHeld{}, .surface_default = "tp=2"},
+      {.name = "mesh", .kind = K::Text, .help = "Mesh axes pp, dp, fsdp, ep, cp and tp, e.g. tp=2, dp=2,tp=2, "
+       "fsdp=2,tp=2, pp=2,tp=2, cp=2,tp=2 or tp=2x2 (2-D)", .field = SurfaceHeld{}, .surface_default = "tp=2"},
       {.name = "backend", .kind = K::Text, .help = "threads (rank threads) or mpi (under mpirun)",
        .field = SurfaceHeld{}, .choices = {"threads", "mpi"}, .surface_default = "threads"},
       // The model's shape (interop::model_config_fields' order and names), then its run-time sizes.

@@ -30,10 +30,13 @@ struct DpPlace {
   int size = 1;
   const dist::ProcessGroup* group = nullptr;
 };
-DpPlace dp_place(const dist::DeviceMesh& mesh, bool with_ep = true) {
+// with_cp: the cp axis too, which holds other positions of the same rows (the ranks a loss is summed
+// over, not the ones the rows are dealt to).
+DpPlace dp_place(const dist::DeviceMesh& mesh, bool with_ep = true, bool with_cp = false) {
   std::vector<int> axes;
-  for (const char* name : {"dp", "fsdp", "ep"}) {
+  for (const char* name : {"dp", "fsdp", "ep", "cp"}) {
     if (!with_ep && std::string_view(name) == "ep") continue;
+    if (!with_cp && std::string_view(name) == "cp") continue;
     if (mesh.has_axis(name)) axes.push_back(mesh.axis_index(name));
   }
   if (axes.empty()) return {};
@@ -41,10 +44,10 @@ DpPlace dp_place(const dist::DeviceMesh& mesh, bool with_ep = true) {
   return {group.rank(), group.size(), &group};
 }
 
-// The ranks a step's reported loss is summed over: every batch axis, but a sibling-block group's
-// ranks (ep under --mesh-invariant) summed each micro-batch's loss already (MicroBatchLosses).
+// The ranks a step's reported loss is summed over: every batch axis and cp, but a sibling-block
+// group's ranks (ep under --mesh-invariant) summed each micro-batch's loss already (MicroBatchLosses).
 DpPlace loss_place(const dist::DeviceMesh& mesh, const nn::Model& model) {
-  return dp_place(mesh, model.sibling_block_group() == nullptr);
+  return dp_place(mesh, model.sibling_block_group() == nullptr, /*with_cp=*/true);
 }
 
 // This rank's micro-batches of the global batch: its share of the rows over dp x fsdp x ep (dp

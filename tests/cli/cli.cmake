@@ -19,13 +19,13 @@ set(tiny --steps 1 ${tiny_no_steps})
 set(tiny_no_hidden --steps 1 --layers 1 --heads 4 --seq 16 --batch 4 --no-metrics)
 
 # --mesh: only dp and tp, case-sensitive; products bounded before anything is allocated.
-meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'cp'.*valid axes are pp, dp, fsdp, ep and tp" ${mg} train --mesh cp=2 ${tiny})
+meshgrad_cli_test(mesh_unknown_axis 1 "unknown axis 'sp'.*valid axes are pp, dp, fsdp, ep, cp and tp" ${mg} train --mesh sp=2 ${tiny})
 meshgrad_cli_test(mesh_miscased_axis 1 "unknown axis 'TP' \\(did you mean 'tp'\\?\\)" ${mg} train --mesh TP=2 ${tiny})
 meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=4,tp=1073741825 ${tiny})
 meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=100,tp=100 ${tiny})
-meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'cp'" ${mg} explain --mesh cp=2)
+meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'sp'" ${mg} explain --mesh sp=2)
 # tp=RxC reaches the models as the axes dp, tp_row, tp_col (float64, against one rank).
 meshgrad_cli_test(check_tp_2x2 0 "on mesh tp=2x2.*PASS: the mesh model matches"
                   ${mg} check --mesh tp=2x2 --layers 1)
@@ -177,7 +177,7 @@ meshgrad_cli_test(bench_memory_tiny 0 "peak/ideal.*tp=1 +[0-9.]+ +[0-9.]+.*tp=2 
 meshgrad_cli_test(bench_memory_meshes 0 "peak/ideal.*dp=2 +[0-9.]+.*dp=2 zero +[0-9.]+.*fsdp=2,tp=2 +[0-9.]+.*RSS proc"
                   ${mg} bench memory --mesh "dp=2 dp=2+shard-optimizer fsdp=2,tp=2" --layers 1 --hidden 32 --heads 4
                   --seq 16 --batch 2 --vocab 64)
-meshgrad_cli_test(bench_memory_not_a_mesh 1 "unknown axis 'cp'" ${mg} bench memory --mesh "dp=2 cp=2")
+meshgrad_cli_test(bench_memory_not_a_mesh 1 "unknown axis 'sp'" ${mg} bench memory --mesh "dp=2 sp=2")
 meshgrad_cli_test(bench_memory_bad_size 1 "--mesh tp=1,x: 'x' is not a tp size" ${mg} bench memory --mesh tp=1,x)
 
 # An allocation that fails says what ran out and what to change, not just "std::bad_alloc". The

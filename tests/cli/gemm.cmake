@@ -18,3 +18,8 @@ add_test(NAME train_cli_moe
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/moe.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_moe)
 set_tests_properties(train_cli_moe PROPERTIES LABELS train TIMEOUT 300)
+# Context parallelism in whole runs, cp and its combinations: tests/cli/cp.sh.
+add_test(NAME train_cli_cp
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cp.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_cp)
+set_tests_properties(train_cli_cp PROPERTIES LABELS train TIMEOUT 300)

@@ -85,10 +85,28 @@ TEST(MeshSpec, PpComesFirstOnlyWhenGiven) {
   EXPECT_NE(mesh_error("PP=2").find("did you mean 'pp'"), std::string::npos);
 }
 
-TEST(MeshSpec, OnlyPpDpFsdpEpAndTpCaseSensitive) {
+// ep and cp sit between fsdp and the tp axes (cp inside ep), present only when given, and are written
+// back in that order whatever order the spec names them in.
+TEST(MeshSpec, EpAndCpComeBeforeTpOnlyWhenGiven) {
+  EXPECT_EQ(axes_str(parse_mesh("cp=2")), "dp=1 cp=2 tp=1");
+  EXPECT_EQ(axes_str(parse_mesh("tp=2,cp=2,dp=2")), "dp=2 cp=2 tp=2");
+  EXPECT_EQ(axes_str(parse_mesh("cp=2,ep=2,fsdp=2,pp=2")), "pp=2 dp=1 fsdp=2 ep=2 cp=2 tp=1");
+  EXPECT_EQ(axes_str(parse_mesh("cp=2,tp=2x2")), "dp=1 cp=2 tp_row=2 tp_col=2");
+  EXPECT_EQ(mesh_world_size("pp=2,dp=2,fsdp=2,ep=2,cp=2,tp=2x2"), 128);
+  for (const std::string spec : {"cp=2,tp=1", "dp=2,cp=2,tp=2", "pp=2,fsdp=2,ep=2,cp=4,tp=2", "cp=1,tp=2x2",
+                                 "ep=2,tp=1"}) {
+    EXPECT_EQ(mesh_spec(parse_mesh(spec)), spec);
+  }
+  EXPECT_EQ(mesh_spec(parse_mesh("tp=2,cp=2,dp=2")), "dp=2,cp=2,tp=2");
+  EXPECT_NE(mesh_error("cp=2,cp=2").find("appears twice"), std::string::npos);
+  EXPECT_NE(mesh_error("cp=2x2").find("'2x2'"), std::string::npos) << "only tp is 2-D";
+  EXPECT_NE(mesh_error("CP=2").find("did you mean 'cp'"), std::string::npos);
+}
+
+TEST(MeshSpec, OnlyPpDpFsdpEpCpAndTpCaseSensitive) {
   for (const std::string spec : {"xp=2", "EP=2", "TP=2", "Dp=2", "dp=2,tq=2", "rows=2", "Fsdp=2", "PP=2"}) {
     const std::string msg = mesh_error(spec);
-    EXPECT_NE(msg.find("valid axes are pp, dp, fsdp, ep and tp"), std::string::npos) << spec << ": " << msg;
+    EXPECT_NE(msg.find("valid axes are pp, dp, fsdp, ep, cp and tp"), std::string::npos) << spec << ": " << msg;
     EXPECT_NE(msg.find(spec), std::string::npos) << "names the spec: " << msg;
   }
   EXPECT_NE(mesh_error("TP=2").find("did you mean 'tp'"), std::string::npos);

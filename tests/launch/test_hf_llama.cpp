@@ -163,7 +163,9 @@ TEST_P(HfLlamaGrads, Float64GradientsAreTheSameOnEveryMesh) {
   launch::GradsJob job = write_inputs(s, c);
   const launch::GradsResult one = grads_on(job, "tp=1");
   double worst = 0;
-  for (const std::string mesh : {"tp=2", "tp=4", "dp=2,tp=2", "fsdp=2", "pp=2", "tp=2x2", "pp=2,tp=2", "tp=2+sp"}) {
+  // cp: the sequence of 8 in 2 x cp chunks, cp=4 one position each.
+  for (const std::string mesh : {"tp=2", "tp=4", "dp=2,tp=2", "fsdp=2", "pp=2", "tp=2x2", "pp=2,tp=2", "tp=2+sp", "cp=2",
+                                 "cp=4", "cp=2,tp=2", "cp=2,tp=2+sp", "dp=2,cp=2", "fsdp=2,cp=2", "pp=2,cp=2"}) {
     launch::GradsJob j = job;
     std::string m = mesh;
     if (m.ends_with("+sp")) {

@@ -154,7 +154,7 @@ TEST_P(HfMoeGrads, Float64GradientsEqualPyTorchOnEveryMesh) {
   const launch::GradsJob job = write_inputs(s, c);
   const bool qwen = GetParam() == "qwen2_moe";
   for (const std::string mesh : {"tp=1", "ep=2", "ep=4", "dp=2,ep=2", "ep=2,tp=2", "ep=2,tp=2+sp", "fsdp=2",
-                                  "fsdp=2,ep=2", "fsdp=2,ep=2,tp=2"}) {
+                                  "fsdp=2,ep=2", "fsdp=2,ep=2,tp=2", "cp=2", "ep=2,cp=2"}) {
     launch::GradsJob j = job;
     std::string m = mesh;
     if (m.ends_with("+sp")) {

@@ -400,6 +400,57 @@ TEST(Kernels, CausalAttentionWithLongerKeysIsTheLastRowsOfTheFullPass) {
   EXPECT_THROW(kernels::causal_attention_forward(q.narrow(1, 0, 2), k, v, 0.35), InvalidArgument);
 }
 
+// A chunk of queries against every key up to its end (a context-parallel rank's chunk): its
+// gradients are the full pass's for a loss that reads only those rows: dq is those rows of the full
+// dq, dk and dv the full ones (keys after the chunk get none). Within 1e-12 anywhere; bit for bit
+// when the chunk starts on a tile boundary (64) and is whole tiles, where it visits the same tiles
+// and the full pass only adds exact zeros from the rows before it.
+TEST(Kernels, CausalAttentionBackwardOfAChunkIsTheFullPassForItsRows) {
+  const std::int64_t b = 1, h = 2, t = 192, d = 8;
+  const Tensor q = random::randn({b, h, t, d}, 51, DType::Float64);
+  const Tensor k = random::randn({b, h, t, d}, 52, DType::Float64);
+  const Tensor v = random::randn({b, h, t, d}, 53, DType::Float64);
+  struct Chunk {
+    std::int64_t start, rows, keys;
+    bool bitwise;
+  };
+  for (const Chunk c : {Chunk{64, 64, 128, true}, Chunk{128, 64, 192, true}, Chunk{30, 50, 80, false},
+                        Chunk{100, 92, 192, false}}) {
+    const Tensor g = random::randn({b, h, c.rows, d}, 54, DType::Float64);
+    Tensor g_full = Tensor::zeros({b, h, c.keys, d}, DType::Float64);
+    g_full.narrow(2, c.start, c.rows).copy_from(g);
+    const Tensor kq = q.narrow(2, 0, c.keys), kk = k.narrow(2, 0, c.keys), kv = v.narrow(2, 0, c.keys);
+    const kernels::AttentionGrads full =
+        kernels::causal_attention_backward(g_full, kq, kk, kv, kernels::causal_attention_forward(kq, kk, kv, 0.35), 0.35,
+                                           true, true, true);
+    const Tensor qc = q.narrow(2, c.start, c.rows);
+    const kernels::AttentionForward fwd = kernels::causal_attention_forward(qc, kk, kv, 0.35);
+    const kernels::AttentionGrads chunk = kernels::causal_attention_backward(g, qc, kk, kv, fwd, 0.35, true, true, true);
+    ASSERT_EQ(chunk.dq.shape(), qc.shape());
+    ASSERT_EQ(chunk.dk.shape(), kk.shape());
+    const std::vector<std::pair<Tensor, Tensor>> pairs{
+        {chunk.dq, full.dq.narrow(2, c.start, c.rows)}, {chunk.dk, full.dk}, {chunk.dv, full.dv}};
+    for (const auto& [got_t, want_t] : pairs) {
+      const auto got = got_t.to_vector(), want = want_t.contiguous().to_vector();
+      for (std::size_t i = 0; i < want.size(); ++i) {
+        if (c.bitwise) {
+          ASSERT_EQ(got[i], want[i]) << "chunk at " << c.start << ": element " << i;
+        } else {
+          ASSERT_NEAR(got[i], want[i], 1e-12) << "chunk at " << c.start << ": element " << i;
+        }
+      }
+    }
+  }
+  // A gradient of the keys' length, or keys shorter than the queries, is refused.
+  const kernels::AttentionForward f = kernels::causal_attention_forward(q.narrow(2, 0, 10), k, v, 0.35);
+  EXPECT_THROW(kernels::causal_attention_backward(random::randn({b, h, t, d}, 55, DType::Float64), q.narrow(2, 0, 10), k,
+                                                  v, f, 0.35, true, true, true),
+               InvalidArgument);
+  EXPECT_THROW(kernels::causal_attention_backward(q, q, k.narrow(2, 0, 5), v.narrow(2, 0, 5),
+                                                  kernels::causal_attention_forward(q, k, v, 0.35), 0.35, true, true, true),
+               InvalidArgument);
+}
+
 // ---- elementwise work split over a rank's cores (tensor/parallel.hpp) --------------------------------
 
 TEST(Parallel, ForRangesCoversEveryIndexOnceAndRethrows) {

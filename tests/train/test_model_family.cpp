@@ -73,7 +73,7 @@ class ToyFamily final : public nn::DecoderFamily {
   int block_dropout_draws() const override { return 0; }
   nn::VocabParallelEmbedding* token_embedding() override { return embed_.get(); }
   bool tied_output() const override { return true; }
-  Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t, const nn::Dropout&) const override {
+  Tensor embed(const Tensor& ids, const Tensor& table, const std::vector<nn::PositionRun>&, const nn::Dropout&) const override {
     return embed_->forward(ids, table);
   }
   const std::vector<std::shared_ptr<nn::DecoderBlock>>& blocks() const override { return blocks_; }

@@ -53,7 +53,10 @@ struct MeshAxis {
 //                   batch as dp does for the dense layers and split a mixture of experts' experts among
 //                   themselves (nn/moe.hpp); tokens travel to their experts by all-to-all. Present only
 //                   when given.
-// A missing dp or tp is size 1, so models always find both. The axis names are pp, dp, fsdp, ep and tp
+//   "cp=C,..."      adds [cp=C] after ep, before the tp axes: context parallelism. Its ranks split every
+//                   sequence into 2C chunks and hold two each (nn/context_parallel.hpp); attention
+//                   gathers the keys and values over it. Present only when given.
+// A missing dp or tp is size 1, so models always find both. The axis names are pp, dp, fsdp, ep, cp and tp
 // (case-sensitive): anything else is refused, since an unknown axis would be silently ignored.
 
 // The most ranks a mesh may have. Checked before anything is allocated (the threads backend

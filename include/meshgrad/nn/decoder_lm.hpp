@@ -18,7 +18,10 @@
 // is src/nn/gpt2.cpp. docs/DESIGN.md ("A model family") lists the files a new family touches.
 //
 // Activations between pieces are [T(_local), B, C]: sequence first, sharded along T over tp under
-// sequence parallelism (seq is always the global T).
+// sequence parallelism. `seq` is the length of the sequence this rank's layers see: the global T, or
+// under context parallelism (cp, nn/context_parallel.hpp) this rank's two chunks of it, T / cp, which
+// SP then splits over tp. Whatever asks where a row lies in the whole sequence (positions, dropout
+// masks, attention's keys) asks local_chunks(ctx, seq).
 #pragma once
 
 #include <cstdint>
@@ -27,6 +30,7 @@
 #include <string>
 #include <vector>
 
+#include "meshgrad/nn/context_parallel.hpp"
 #include "meshgrad/nn/layers.hpp"
 #include "meshgrad/nn/model.hpp"
 #include "meshgrad/nn/parallel_context.hpp"
@@ -38,9 +42,12 @@ namespace meshgrad::nn {
 // in evaluation). Each call draws the next seed of the model's stream.
 using Dropout = std::function<Tensor(const Tensor&)>;
 
-// The first position of this rank's piece of a [T, B, C] activation of a sequence of `seq`
-// positions: its shard's offset under sequence parallelism (a 2-D grid keeps activations whole), else 0.
+// The first row of this rank's piece of a [T, B, C] activation of a sequence of `seq` rows: its
+// shard's offset under sequence parallelism (a 2-D grid keeps activations whole), else 0.
 std::int64_t sequence_shard_offset(const ParallelContext& ctx, std::int64_t seq);
+// The global positions of this rank's piece of a [T(_local), B, C] activation whose sequence has
+// `seq` rows here (its SP shard of its cp chunks), as runs of consecutive positions.
+std::vector<PositionRun> activation_positions(const ParallelContext& ctx, std::int64_t seq);
 
 // The pieces of the module tree one rank builds: the embedding (the first pipeline stage), blocks
 // [first_block, end_block), the head (the last stage). A mesh without pp builds them all.
@@ -88,9 +95,12 @@ class DecoderFamily {
   virtual VocabParallelEmbedding* token_embedding() = 0;
   virtual bool tied_output() const = 0;
   // The embedding's stage: ids [T, B] -> [T(_local), B, C], reduced over tp (reduce-scattered along
-  // T under SP), positions from `position0`, dropout applied. table: this rank's rows of the token
-  // table as the graph should use them (the runner may put the tied weight's node between).
-  virtual Tensor embed(const Tensor& ids, const Tensor& table, std::int64_t position0, const Dropout& dropout) const = 0;
+  // T under SP), dropout applied. positions: the global positions of the ids' rows (one run from 0
+  // in training without cp; this rank's chunks under cp; the new positions when decoding). table:
+  // this rank's rows of the token table as the graph should use them (the runner may put the tied
+  // weight's node between).
+  virtual Tensor embed(const Tensor& ids, const Tensor& table, const std::vector<PositionRun>& positions,
+                       const Dropout& dropout) const = 0;
   // The blocks this rank built, in order.
   virtual const std::vector<std::shared_ptr<DecoderBlock>>& blocks() const = 0;
   // The head's stage: the final norm, then this rank's logits [T', B, V_local] (columns

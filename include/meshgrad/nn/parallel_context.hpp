@@ -51,6 +51,9 @@ struct ParallelContext {
   // Expert parallelism (nn/moe.hpp): the ep axis splits the batch like dp for the dense layers and
   // the experts of every MoE block among its ranks; -1: no ep axis.
   int ep_axis = -1;
+  // Context parallelism (nn/context_parallel.hpp): the cp axis splits every sequence into 2 x cp
+  // chunks, two per rank; attention gathers the keys and values over it; -1: no cp axis.
+  int cp_axis = -1;
   ParallelConfig config;
   mutable GatherBuffers gather_buffers;   // regather mode (one model per rank: no lock)
 
@@ -71,8 +74,18 @@ struct ParallelContext {
   bool expert_parallel() const { return ep_size() > 1; }
   // The ep axis's group; only when expert_parallel().
   const dist::ProcessGroup& expert_group() const { return mesh->group(ep_axis); }
+  // The ranks every sequence is split over (1 and 0 without a cp axis).
+  int cp_size() const { return cp_axis >= 0 ? mesh->axis_size(cp_axis) : 1; }
+  int cp_rank() const { return cp_axis >= 0 ? mesh->coordinate(cp_axis) : 0; }
+  bool context_parallel() const { return cp_size() > 1; }
+  // The cp axis's group; only when context_parallel().
+  const dist::ProcessGroup& context_group() const { return mesh->group(cp_axis); }
   // The axes that split the batch (dp, fsdp and ep), as a mask of those with more than one rank.
   dist::AxisMask batch_axes() const;
+  // The axes whose ranks hold different tokens of one forward's batch: the batch axes and cp (which
+  // splits the sequence), as a mask, and as indices in mesh order. A loss is partial over them.
+  dist::AxisMask token_axes() const;
+  std::vector<int> token_axis_indices() const;
   // The same as mesh axis indices, in mesh order (the axes of their flattened group).
   std::vector<int> batch_axis_indices() const;
   // The ranks that split the batch: the product of those axes' sizes.
@@ -102,9 +115,9 @@ struct ParallelContext {
   // Marks x's gradient partial over the tp group (a replicated tensor used on sequence-sharded data
   // whose rows are disjoint over tp, such as the position table: its sum is exact in any order).
   Tensor partial_over_tp(const Tensor& x) const;
-  // Marks a loss partial over the axes that split the batch, dp, fsdp and ep: each replica's loss is its
-  // share of the global one, so every gradient arrives partial there; the FSDP units reduce-scatter
-  // over fsdp and the synchroniser all-reduces over dp, both by the one rule.
+  // Marks a loss partial over the axes that split the tokens, dp, fsdp, ep and cp (token_axes): each
+  // rank's loss is its share of the global one, so every gradient arrives partial there; the FSDP
+  // units reduce-scatter over fsdp and the synchroniser all-reduces over dp and cp, by the one rule.
   Tensor loss_partial_over_dp(const Tensor& loss) const;
 
   // ---- the summation-order policy (ParallelConfig::invariance; docs/mesh-invariance.md) ----------

@@ -97,7 +97,9 @@ Tensor dropout(const Tensor& x, double p, random::Generator& gen, bool training 
 Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin);
 
 // Causal scaled-dot-product attention over heads: q, k, v: [B, H, T, D] -> [B, H, T, D];
-// softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t; with a
+// softmax(q k^T / sqrt(D) + causal mask) v, where position t attends to positions <= t. Fewer
+// queries than keys (q [B, H, T_q, D], k, v [B, H, T_k, D], T_q < T_k) are the last T_q positions
+// (a context-parallel chunk against every key up to its end); gradients follow the inputs' shapes. With a
 // sliding window > 0 only to positions t - window + 1 .. t (Mistral's: Hugging Face's mask
 // kv_idx > q_idx - sliding_window). window = 0 is plain causal attention.
 Tensor causal_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window = 0);

@@ -147,7 +147,8 @@ Tensor rotary(const Tensor& x, const Tensor& cos, const Tensor& sin, bool invers
 // The forward also takes longer keys and values (incremental decoding with a key/value cache):
 // q [B, H, T_q, D], k, v [B, H, T_k, D] with T_q <= T_k; query row r is then position
 // T_k - T_q + r of the sequence and attends to keys 0 .. T_k - T_q + r. With T_q == T_k this is the
-// case above, bit for bit. (The backward takes T_q == T_k only.)
+// case above, bit for bit. The backward takes the same shapes (dq like q, dk and dv like k): a
+// context-parallel rank's chunk of queries against every key up to its end (nn/context_parallel.hpp).
 // window > 0 is a sliding window (Mistral's; Hugging Face's mask kv_idx > q_idx - sliding_window):
 // position t attends to keys max(0, t - window + 1) .. t only, and key tiles wholly before the window
 // are skipped. window = 0 is plain causal attention, bit for bit as without the argument.
