@@ -3,12 +3,14 @@
 # parallelism"): a GPT of 6 x 384 (6 heads, byte vocabulary), batch 1, T = 4096 and 8192, one rank
 # with every core's BLAS threads against cp = 2 ranks sharing them; --trace on each cp=2 run for the
 # communication's share and how much of it was hidden under compute (meshgrad trace summary).
+# The data: the bytes of the repository's docs (the built-in corpus is shorter than one window).
 # usage: bench/cp_time.sh MESHGRAD OUT_DIR [STEPS] [SEQS]
 set -euo pipefail
 mg=$(realpath "$1") out=$2 steps=${3:-4} seqs=${4:-"4096 8192"}
 mkdir -p "$out"
 export OPENBLAS_CORETYPE=${OPENBLAS_CORETYPE:-Haswell}
-model=(--layers 6 --hidden 384 --heads 6 --batch 1 --steps "$steps" --eval-every 0 --sample-every 0)
+cat "$(dirname "$0")"/../docs/*.md > "$out/docs.txt"
+model=(--layers 6 --hidden 384 --heads 6 --batch 1 --steps "$steps" --eval-every 0 --sample-every 0 --data "$out/docs.txt")
 for seq in $seqs; do
   for mesh in tp=1 cp=2; do
     trace=()

@@ -626,7 +626,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "sequence_parallel=False, tp_invariant=False, mesh_invariant=False, invariant_blocks=4, batch_blocks=4, "
         "backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
         "-> {parameter name: numpy array of its full gradient}. config: a Hugging Face config.json (gpt2, llama, "
-        "qwen2, mistral), weights and gradients in its Hugging Face names and layout; mesh: tp, dp, fsdp, pp, tp=2x2. With a seed, the weights and batch depend only on "
+        "qwen2, mistral), weights and gradients in its Hugging Face names and layout; mesh: tp, dp, fsdp, pp, ep, cp, tp=2x2. With a seed, the weights and batch depend only on "
         "the seed, not the mesh. Under backend='mpi' the process of rank 0 gets the dict, the others {}.");
   m.def("explain", &explain_job,
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "

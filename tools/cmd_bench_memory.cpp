@@ -17,14 +17,15 @@
 // V = vocab, L = layers, t = tp, f = fsdp, p = cp:
 //   states      = 4 N es / (t f)    (parameters, gradients, AdamW m and v, each sharded 1/(t f); with
 //                                    --shard-optimizer the last three 1/(t dp) instead)
-//   activations = es [ L (4 S C + S (3 C + 2 p C + 2 F) / t + 4 S + S H / t) + 2 S C + S V / t + 3 S ]
+//   activations = es [ L (4 S C + S (5 C + 2 F) / t + 4 S + S H / t) + 2 S C + S V / t + 3 S ]
 //                 (with --checkpoint-blocks the L blocks keep their inputs, L S C, and one block's
 //                 activations live again while it is recomputed)
 // which is what the graph saves for backward (see docs/BENCHMARKS.md): per block the inputs of ln_1
 // and ln_2 (x and h) and of c_attn and c_fc (their outputs), replicated [S, C] each, 2 x 2 S
-// LayerNorm statistics; sharded over t: q and the attention output (2 S C / t), k and v (2 S C / t;
-// under cp the whole sequence's gathered keys and values, 2 p S C / t), the merged heads for c_proj
-// (S C / t), GELU's input and output (2 S F / t) and the attention's log-sum-exp (S H / t); after the
+// LayerNorm statistics; sharded over t: q, k, v and the attention output (4 S C / t; under cp the
+// rank's own chunks of the keys: the whole sequence's are gathered again in backward), the merged
+// heads for c_proj (S C / t), GELU's input and output (2 S F / t) and the attention's log-sum-exp
+// (S H / t); after the
 // blocks ln_f's input and output (2 S C), the logits shard (S V / t) and the loss's row statistics.
 // With --sequence-parallel the LayerNorm inputs and statistics are sharded too (/ t); the column
 // layers' gathered inputs are not.
@@ -151,8 +152,8 @@ Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& ite
   }
   const double es = static_cast<double>(dtype_size(c.dtype));
   const double rows = double(c.batch) / (dp * fsdp);
-  // S: the rank's tokens (its rows; under cp its two chunks of each); cp S: the whole sequence's,
-  // whose gathered keys and values attention keeps.
+  // S: the rank's tokens (its rows; under cp its two chunks of each: attention gathers the whole
+  // sequence's keys in forward and again in backward, and keeps only its own).
   const double S = double(c.seq) * rows / cp, C = c.hidden, F = c.ffn_size(), H = c.heads, V = c.vocab, t = tp;
   // Under sequence parallelism the LayerNorm inputs and statistics are sharded along the sequence;
   // the column layers still keep their gathered [S, C] inputs.
@@ -161,7 +162,7 @@ Ideal ideal_bytes(const nn::ModelConfig& c, double n_params, const MeshItem& ite
   const double optimizer_shards = item.shard_optimizer ? t * dp : t * fsdp;
   i.states = n_params * es / (t * fsdp) + 3 * n_params * es / optimizer_shards;
   i.gradients = n_params * es / optimizer_shards;
-  const double block = 2 * S * C / sp + 2 * S * C + S * (3 * C + 2 * cp * C + 2 * F) / t + 4 * S / sp + S * H / t;
+  const double block = 2 * S * C / sp + 2 * S * C + S * (5 * C + 2 * F) / t + 4 * S / sp + S * H / t;
   // --checkpoint-blocks: each block keeps its input ([S, C], sharded under SP), and one block's
   // activations live again while its recomputation is backpropagated.
   const double blocks = checkpoint_blocks ? c.layers * S * C / sp + block : c.layers * block;

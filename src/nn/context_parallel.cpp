@@ -7,6 +7,7 @@
 #include <cmath>
 
 #include "meshgrad/autograd/function.hpp"
+#include "meshgrad/distributed/comm_counter.hpp"
 #include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/error.hpp"
@@ -105,7 +106,9 @@ Tensor repeat_heads(const Tensor& x, std::int64_t groups) {
 // gradient of this rank's tokens): the engine's default.
 class ContextAttentionFn final : public autograd::Function {
  public:
-  ContextAttentionFn(ParallelContextPtr ctx, std::int64_t window) : ctx_(std::move(ctx)), window_(window) {}
+  // label: the layer's communication label, which backward's collectives carry too.
+  ContextAttentionFn(ParallelContextPtr ctx, std::int64_t window)
+      : ctx_(std::move(ctx)), window_(window), label_(dist::current_comm_label()) {}
   std::string_view name() const override { return "context_attention"; }
 
   TensorList forward(const TensorList& in) override {
@@ -139,6 +142,7 @@ class ContextAttentionFn final : public autograd::Function {
   }
 
   TensorList backward(const TensorList& g) override {
+    dist::CommLabelScope label(label_);
     const TensorList& s = saved();
     const Tensor &q = s[0], &out = s[3];
     const Tensor dout = g[0];
@@ -194,6 +198,7 @@ class ContextAttentionFn final : public autograd::Function {
 
   ParallelContextPtr ctx_;
   std::int64_t window_;
+  std::string label_;
   double scale_ = 1.0;
   std::int64_t groups_ = 1;
 };

@@ -247,7 +247,8 @@ class GatherUnitFn final : public autograd::Function {
   // at once (FSDP2's foreach reduce-scatter): coordinate r's chunk of the packed buffer holds its rows
   // of every gradient, in parameter order, and comes back reduced as r's shards. One launch (not
   // waited) per arriving placement: partial over fsdp (reduce-scatter) or not (keep own rows). The
-  // sums are element by element, so packing changes no bit. Partial over dp stays (the synchroniser's).
+  // sums are element by element, so packing changes no bit. Partial over dp and cp stays (the
+  // synchroniser's buckets).
   std::vector<FsdpReductions::InFlight> reduce(std::vector<std::pair<std::size_t, Tensor>>& ready) const {
     const FsdpUnitState& s = *state_;
     const dist::DeviceMesh& mesh = *s.ctx->mesh;
@@ -256,7 +257,9 @@ class GatherUnitFn final : public autograd::Function {
     for (auto& [i, g] : ready) {
       dist::AxisMask mask = dist::partial_axes(g);
       for (int a = 0; a < mesh.ndim(); ++a) {
-        if (a == s.ctx->dp_axis || a == s.ctx->fsdp_axis || !(mask & dist::axis_bit(a))) continue;
+        if (a == s.ctx->dp_axis || a == s.ctx->cp_axis || a == s.ctx->fsdp_axis || !(mask & dist::axis_bit(a))) {
+          continue;
+        }
         // A replicated (on this axis) parameter used on sharded data: R -> R, arriving P: all-reduce.
         const dist::BackwardStep step = dist::backward_step(dist::Placement::replicate(),
                                                             dist::Placement::replicate(), dist::Placement::partial());

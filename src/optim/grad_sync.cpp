@@ -44,7 +44,11 @@ struct Entry {
 
 struct GradientSynchronizer::State {
   dist::DeviceMeshPtr mesh;
-  int dp_axis = -1;   // -1: no dp axis (dp size 1)
+  // The axes whose gradients travel in buckets: dp and cp, those of more than one rank. Every rank of
+  // them saw other tokens (other rows, or other positions of the same rows), so a parameter replicated
+  // over all of them has a gradient partial over all of them, reduced once over their flattened group.
+  dist::AxisMask bucket_axes = 0;
+  const dist::ProcessGroup* bucket_group = nullptr;   // the flattened group of bucket_axes
   std::vector<Entry> entries;
   std::vector<Bucket> buckets;
   std::unordered_map<const TensorImpl*, std::size_t> index_of;
@@ -54,7 +58,16 @@ struct GradientSynchronizer::State {
   dist::ReduceOrder order = dist::ReduceOrder::RankOrder;   // GradSyncOptions::order
   DType reduce_dtype = DType::Float32;                       // GradSyncOptions::reduce_dtype
 
-  bool dp_active() const { return dp_axis >= 0 && mesh->axis_size(dp_axis) > 1; }
+  bool dp_active() const { return bucket_axes != 0; }
+  bool in_bucket_axes(int axis) const { return (bucket_axes & dist::axis_bit(axis)) != 0; }
+  // Whether the gradient arrives partial over every bucket axis (the rule's R -> R step asks for a
+  // reduction on each).
+  bool partial_over_bucket_axes(const Tensor& grad) const {
+    for (int a = 0; a < mesh->ndim(); ++a) {
+      if (in_bucket_axes(a) && !needs_reduction(grad, a)) return false;
+    }
+    return true;
+  }
 
   // The arguments of every reduction here: the order of the policy.
   dist::StepArgs args() const {
@@ -83,10 +96,10 @@ struct GradientSynchronizer::State {
     Entry& e = entries[i];
     e.complete = grad;
     if (e.bucket < 0) return;
-    MG_CHECK(!dp_active() || needs_reduction(grad, dp_axis),
-             "GradientSynchronizer: the gradient of '{}' is not marked partial over dp, but dp replicas see different "
-             "rows: mark the loss (ParallelContext::loss_partial_over_dp / dist::mark_partial_grad) before backward",
-             e.param->name);
+    MG_CHECK(partial_over_bucket_axes(grad),
+             "GradientSynchronizer: the gradient of '{}' is not marked partial over {}, but the ranks there see "
+             "different tokens: mark the loss (ParallelContext::loss_partial_over_dp / dist::mark_partial_grad) before "
+             "backward", e.param->name, bucket_group->axis);
     Bucket& b = buckets[static_cast<std::size_t>(e.bucket)];
     Tensor dst = slot_of(e);
     if (dst.storage() != grad.storage() || dst.raw_data() != grad.raw_data()) dst.copy_from(grad);
@@ -94,7 +107,7 @@ struct GradientSynchronizer::State {
       dist::CommLabelScope label(fmt::format("{}:bucket{}", kLabel, e.bucket));
       // --reduce-dtype bf16: a bf16 copy travels (finish() widens the sum back into the bucket).
       const Tensor wire = reduce_dtype == DType::BFloat16 ? kernels::to_bfloat16(b.flat) : b.flat;
-      b.reduce = dist::run_primitive_async(dist::Primitive::AllReduce, wire, mesh->group(dp_axis), args(),
+      b.reduce = dist::run_primitive_async(dist::Primitive::AllReduce, wire, *bucket_group, args(),
                                            /*in_place=*/true);
       ++launched;
     }
@@ -114,7 +127,7 @@ struct GradientSynchronizer::State {
         ++launched;
       }
       e.pending_axes.clear();
-      dist::set_partial_axes(g, dp_active() ? dist::axis_bit(dp_axis) : 0);
+      dist::set_partial_axes(g, e.bucket >= 0 ? bucket_axes : 0);
       deposit(i, g);
     }
     deferred.clear();
@@ -153,7 +166,13 @@ struct GradientSynchronizer::State {
     const Tensor grad = leaf.grad();
     e.pending_axes.clear();
     for (int a = 0; a < mesh->ndim(); ++a) {
-      if (a == dp_axis || !(e.param->replicated_axes() & dist::axis_bit(a)) || mesh->axis_size(a) == 1) continue;
+      // A bucketed parameter's bucket axes are its bucket's reduction; any other axis it is replicated
+      // on and partial over is reduced here (a parameter sharded over dp, --shard-optimizer, still
+      // needs its cp reduction).
+      if ((e.bucket >= 0 && in_bucket_axes(a)) || !(e.param->replicated_axes() & dist::axis_bit(a)) ||
+          mesh->axis_size(a) == 1) {
+        continue;
+      }
       if (needs_reduction(grad, a)) e.pending_axes.push_back(a);
     }
     if (e.pending_axes.empty()) {
@@ -179,7 +198,7 @@ struct GradientSynchronizer::State {
       Entry& e = entries[k];
       // A parameter sharded over dp (--shard-optimizer) got its dp reduction as a reduce-scatter in
       // backward (nn/fsdp.hpp): only the replicated ones are all-reduced here.
-      if (!(e.param->replicated_axes() & dist::axis_bit(dp_axis))) continue;
+      if ((e.param->replicated_axes() & bucket_axes) != bucket_axes) continue;
       const Tensor& v = e.param->value;
       const auto elem = static_cast<std::int64_t>(dtype_size(v.dtype()));
       const bool fits = !sizes.empty() && dtypes.back() == v.dtype() &&
@@ -204,7 +223,15 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   MG_CHECK(mesh != nullptr, "GradientSynchronizer: no mesh given");
   MG_CHECK(options.bucket_bytes > 0, "GradientSynchronizer: bucket_bytes must be positive, got {}", options.bucket_bytes);
   state_->mesh = std::move(mesh);
-  state_->dp_axis = state_->mesh->has_axis("dp") ? state_->mesh->axis_index("dp") : -1;
+  std::vector<int> bucket_axes;
+  for (const char* name : {"dp", "cp"}) {
+    if (state_->mesh->has_axis(name) && state_->mesh->axis_size(name) > 1) {
+      bucket_axes.push_back(state_->mesh->axis_index(name));
+      state_->bucket_axes |= dist::axis_bit(bucket_axes.back());
+    }
+  }
+  // Collective on first use: every rank builds its synchroniser.
+  if (!bucket_axes.empty()) state_->bucket_group = &state_->mesh->flattened_group(bucket_axes);
   state_->order = options.order;
   state_->reduce_dtype = options.reduce_dtype;
   MG_CHECK(options.reduce_dtype == DType::Float32 || options.reduce_dtype == DType::BFloat16,
@@ -213,9 +240,9 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
            "GradientSynchronizer: --reduce-dtype bf16 cannot keep an invariant mode's fixed tree (its nodes would round "
            "to bf16 at other places on other meshes)");
   MG_CHECK(options.order != dist::ReduceOrder::FixedTree || !state_->dp_active() ||
-               tree::is_power_of_two(state_->mesh->axis_size(state_->dp_axis)),
+               tree::is_power_of_two(state_->bucket_group->size()),
            "GradientSynchronizer: TP-invariant mode sums the dp replicas' gradients in a fixed binary tree, so dp must "
-           "be a power of two (1, 2, 4, ...); this mesh has dp={}", state_->mesh->axis_size(state_->dp_axis));
+           "be a power of two (1, 2, 4, ...); this mesh has {}", state_->mesh->str());
   state_->entries.reserve(params.size());
   for (nn::Parameter* p : params) {
     MG_CHECK(p != nullptr, "GradientSynchronizer: null parameter");

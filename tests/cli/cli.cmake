@@ -217,6 +217,12 @@ if(MESHGRAD_WITH_MPI)
                                           ${CMAKE_CURRENT_BINARY_DIR}/train_cli_moe_mpi ${mpirun})
   set_tests_properties(train_cli_moe_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
 endif()
+# Context parallelism across processes: tests/cli/cp_mpi.sh.
+if(MESHGRAD_WITH_MPI)
+  add_test(NAME train_cli_cp_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cp_mpi.sh ${mg}
+                                         ${CMAKE_CURRENT_BINARY_DIR}/train_cli_cp_mpi ${mpirun})
+  set_tests_properties(train_cli_cp_mpi PROPERTIES LABELS "train;mpi" TIMEOUT 180)
+endif()
 if(MESHGRAD_WITH_MPI)
   add_test(NAME cli_sample_mpi COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/sample.sh ${mg}
                                        ${CMAKE_CURRENT_BINARY_DIR}/cli_sample_mpi ${mpirun})

@@ -7,9 +7,11 @@
 //     parallelism see only this rank's slice of the sequence).
 // The synchroniser asks the one rule (distributed/rule.hpp) for every axis where the parameter is
 // replicated: the parameter entered the computation as R -> R, so a gradient arriving P is
-// all-reduced there and an unmarked one is left alone. Non-dp axes are reduced one parameter at a
-// time; dp gradients are packed into buckets (bucket_bytes each, in the order gradients become
-// ready) that are all-reduced in place as soon as every member is in:
+// all-reduced there and an unmarked one is left alone. The dp and cp axes (every rank of them saw
+// other tokens: other rows, or other positions of the same rows under context parallelism) share
+// buckets: gradients are packed into them (bucket_bytes each, in the order gradients become ready)
+// and each is all-reduced in place over the flattened dp x cp group as soon as every member is in;
+// other axes (tp under SP, ep) are reduced one parameter at a time:
 //
 //   backward:  ... grad(p3) ready -[tp all-reduce if partial]-> copy into bucket 0 ─┐
 //                  grad(p2) ready -> copy into bucket 0 (full) ─────────────────────┴ dp all-reduce(bucket 0), async
