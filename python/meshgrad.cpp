@@ -547,6 +547,7 @@ py::str sample_job(const py::kwargs& kwargs) {
   k.get("tokens", job.tokens);
   k.get("temperature", job.sampling.temperature);
   k.get("top_k", job.sampling.top_k);
+  k.get("top_p", job.sampling.top_p);
   k.get("seed", job.sampling.seed);
   k.get("tokenizer", tokenizer);
   k.get("tp_invariant", job.tp_invariant);
@@ -635,7 +636,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "(layer, phase, op, axis, bytes, predicted_us, ranks, algorithm, source, stage), as `meshgrad explain` "
         "(mesh='pp=2,tp=2': the first rank of each stage, its sends and receives included)");
   m.def("sample", &sample_job,
-        "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, seed=1234, mesh='tp=2', "
+        "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, top_p=1.0, seed=1234, mesh='tp=2', "
         "tokenizer=None, backend='threads', tp_invariant=False, invariant_blocks=4) -> str: the prompt and its continuation, as `meshgrad sample` prints "
         "them. checkpoint: a safetensors file from train(save=...) (its own gpt2_config metadata gives the sizes; "
         "another tool's file needs a config.json beside it) or a "

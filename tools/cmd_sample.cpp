@@ -48,7 +48,7 @@ int run(SampleArgs& a) {
 }  // namespace
 
 MESHGRAD_REGISTER_COMMAND(
-    sample, {"", "sample", "Generate text from a trained GPT-2 or Llama-family model (streamed; greedy or temperature / top-k sampling)",
+    sample, {"", "sample", "Generate text from a trained GPT-2 or Llama-family model (streamed; greedy or temperature / top-k / top-p sampling)",
              [](CLI::App& app) -> std::function<int()> {
                auto a = std::make_shared<SampleArgs>();
                auto& j = a->job;
@@ -66,6 +66,11 @@ MESHGRAD_REGISTER_COMMAND(
                    ->capture_default_str();
                app.add_option("--top-k", j.sampling.top_k, "Draw only from the K most likely tokens (0 = all)")
                    ->check(at_least(0))
+                   ->capture_default_str();
+               app.add_option("--top-p", j.sampling.top_p,
+                              "Nucleus sampling: draw only from the most likely tokens whose probabilities "
+                              "reach P, as Hugging Face's top_p (1 = off)")
+                   ->check(CLI::Range(0.0, 1.0))
                    ->capture_default_str();
                app.add_option("--seed", j.sampling.seed, "Seed of the draws: the same seed gives the same text")
                    ->check(at_least(0, UINT64_MAX))

@@ -413,12 +413,15 @@ def test_sample_greedy_text_is_the_same_on_every_mesh(trained):
     assert all(t == first for t in texts.values()), texts
 
 
-def test_sample_seeds_and_top_k(trained):
+def test_sample_seeds_top_k_and_top_p(trained):
     def run(**kw):
         return meshgrad.sample(checkpoint=trained, prompt="The ", tokens=24, **kw)
     assert run(seed=5) == run(seed=5, mesh="tp=1")
     assert run(seed=5) != run(seed=6)
     assert run(top_k=1, temperature=2.0, seed=9) == run(temperature=0)
+    # A nucleus of (almost) no probability keeps only the most likely token: greedy.
+    assert run(top_p=1e-9, temperature=2.0, seed=9) == run(temperature=0)
+    assert run(top_p=1.0, seed=5) == run(seed=5)
 
 
 def test_sample_returns_valid_text_for_any_bytes(trained):
@@ -430,8 +433,10 @@ def test_sample_returns_valid_text_for_any_bytes(trained):
 def test_sample_errors_name_the_option(trained, tmp_path):
     with pytest.raises(TypeError, match="missing required keyword argument 'tokens'"):
         meshgrad.sample(checkpoint=trained, prompt="a")
-    with pytest.raises(TypeError, match="unexpected keyword argument 'top_p'"):
-        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, top_p=0.9)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'top_a'"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, top_a=0.9)
+    with pytest.raises(meshgrad.InvalidArgument, match=r"--top-p must be in \(0, 1\]"):
+        meshgrad.sample(checkpoint=trained, prompt="a", tokens=2, top_p=0.0)
     with pytest.raises(meshgrad.InvalidArgument, match="--prompt is empty"):
         meshgrad.sample(checkpoint=trained, prompt="", tokens=2)
     with pytest.raises(ValueError, match="--temperature must be >= 0"):

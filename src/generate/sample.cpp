@@ -275,6 +275,40 @@ SampleTokenizer resolve_sample_tokenizer(const std::string& tokenizer_dir, const
 
 // ---- choosing a token ------------------------------------------------------------------------------
 
+namespace {
+
+// Hugging Face's TopPLogitsWarper on the kept ids and their weights (exp of the scaled logits, total
+// their sum): in ascending order of weight (equal weights: the higher id first, so the lower ids
+// rank as more likely), drop the tokens whose cumulative probability is <= 1 - top_p, never the
+// last (the most likely). kept stays in id order; total becomes the sum of what is left.
+void keep_nucleus(std::vector<std::int64_t>& kept, std::vector<double>& weight, double& total, double top_p) {
+  std::vector<std::size_t> order(kept.size());
+  std::iota(order.begin(), order.end(), std::size_t{0});
+  std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) {
+    return weight[a] < weight[b] || (weight[a] == weight[b] && kept[a] > kept[b]);
+  });
+  std::vector<bool> drop(kept.size(), false);
+  double cumulative = 0;
+  for (std::size_t j = 0; j + 1 < order.size(); ++j) {
+    cumulative += weight[order[j]] / total;
+    if (cumulative > 1 - top_p) break;
+    drop[order[j]] = true;
+  }
+  std::vector<std::int64_t> ids;
+  std::vector<double> weights;
+  total = 0;
+  for (std::size_t j = 0; j < kept.size(); ++j) {
+    if (drop[j]) continue;
+    ids.push_back(kept[j]);
+    weights.push_back(weight[j]);
+    total += weight[j];
+  }
+  kept = std::move(ids);
+  weight = std::move(weights);
+}
+
+}  // namespace
+
 std::int64_t choose_token(std::span<const double> logits, const SamplingOptions& o, std::uint64_t step,
                           std::int64_t allowed) {
   const auto v = static_cast<std::int64_t>(logits.size());
@@ -283,6 +317,7 @@ std::int64_t choose_token(std::span<const double> logits, const SamplingOptions&
   MG_CHECK(o.temperature >= 0 && std::isfinite(o.temperature), "sample: --temperature must be >= 0, got {}",
            o.temperature);
   MG_CHECK(o.top_k >= 0, "sample: --top-k must be >= 0, got {}", o.top_k);
+  MG_CHECK(o.top_p > 0 && o.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = off), got {}", o.top_p);
   for (std::int64_t i = 0; i < n; ++i) {
     MG_CHECK(std::isfinite(logits[static_cast<std::size_t>(i)]), "sample: the logit of token {} at step {} is {}: "
              "the model's weights or activations are not finite", i, step, logits[static_cast<std::size_t>(i)]);
@@ -315,6 +350,7 @@ std::int64_t choose_token(std::span<const double> logits, const SamplingOptions&
     weight[j] = std::exp((logit(kept[j]) - max) / o.temperature);   // the max gives 1: total >= 1
     total += weight[j];
   }
+  if (o.top_p < 1) keep_nucleus(kept, weight, total, o.top_p);
   const double u = random::uniform(o.seed, step) * total;
   double cumulative = 0;
   for (std::size_t j = 0; j < kept.size(); ++j) {
@@ -371,6 +407,8 @@ void check_sample_job(const SampleJob& job) {
   MG_CHECK(job.sampling.temperature >= 0 && std::isfinite(job.sampling.temperature),
            "sample: --temperature must be >= 0 (0 = greedy), got {}", job.sampling.temperature);
   MG_CHECK(job.sampling.top_k >= 0, "sample: --top-k must be >= 0 (0 = all tokens), got {}", job.sampling.top_k);
+  MG_CHECK(job.sampling.top_p > 0 && job.sampling.top_p <= 1, "sample: --top-p must be in (0, 1] (1 = off), got {}",
+           job.sampling.top_p);
 }
 
 SampleResult run_sample_job(const SampleJob& job, const dist::RunOnMesh& run_on_mesh) {

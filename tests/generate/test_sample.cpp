@@ -186,6 +186,50 @@ TEST(ChooseToken, GreedyTiesTopKAndAllowedIds) {
             std::string::npos);
 }
 
+// --top-p keeps Hugging Face's nucleus (TopPLogitsWarper): in ascending order of probability the
+// tokens whose cumulative probability is <= 1 - top_p are dropped, the most likely always kept. With
+// p = {0.5, 0.3, 0.15, 0.05}: top_p 0.45 keeps {0}; 0.6 keeps {0, 1} (p(0) = 0.5 / 0.8 = 0.625 of the
+// draws); 0.9 keeps {0, 1, 2}. Equal probabilities: the lower ids count as more likely.
+TEST(ChooseToken, TopPKeepsTheNucleus) {
+  const std::vector<double> logits{std::log(0.5), std::log(0.3), std::log(0.15), std::log(0.05)};
+  auto with_p = [](double p) {
+    SamplingOptions o{1.0, 0, 1};
+    o.top_p = p;
+    return o;
+  };
+  int zeros = 0, twos = 0;
+  const int draws = 20000;
+  for (std::uint64_t step = 0; step < static_cast<std::uint64_t>(draws); ++step) {
+    EXPECT_EQ(choose_token(logits, with_p(0.45), step), 0);
+    const std::int64_t two = choose_token(logits, with_p(0.6), step);
+    ASSERT_TRUE(two == 0 || two == 1) << two;
+    zeros += two == 0 ? 1 : 0;
+    const std::int64_t three = choose_token(logits, with_p(0.9), step);
+    ASSERT_LT(three, 3);
+    twos += three == 2 ? 1 : 0;
+  }
+  EXPECT_NEAR(static_cast<double>(zeros) / draws, 0.625, 0.015);
+  EXPECT_NEAR(static_cast<double>(twos) / draws, 0.15 / 0.95, 0.015);
+  // After top-k: top-k 3 then top-p 0.9 renormalises over {0.5, 0.3, 0.15}: 0.15 / 0.95 <= 0.1 is false,
+  // so all three stay; top-p 0.8 drops id 2 (0.158 <= 0.2).
+  SamplingOptions k3{1.0, 3, 1};
+  k3.top_p = 0.8;
+  for (std::uint64_t step = 0; step < 200; ++step) EXPECT_LT(choose_token(logits, k3, step), 2);
+  // Ties: three equal logits, top_p 0.5 drops the highest id only.
+  const std::vector<double> flat{1.0, 1.0, 1.0};
+  bool saw_one = false;
+  for (std::uint64_t step = 0; step < 200; ++step) {
+    const std::int64_t id = choose_token(flat, with_p(0.5), step);
+    EXPECT_LT(id, 2);
+    saw_one = saw_one || id == 1;
+  }
+  EXPECT_TRUE(saw_one);
+  for (const double bad : {0.0, -0.5, 1.5, std::nan("")}) {
+    EXPECT_NE(error_of([&] { choose_token(logits, with_p(bad), 0); }).find("--top-p must be in (0, 1]"),
+              std::string::npos) << bad;
+  }
+}
+
 // softmax(logits / T): logits {0, ln 3} give p(1) = 3/4 at T = 1 and sqrt(3) / (1 + sqrt(3)) at T = 2.
 // 20000 draws: the standard error of the frequency is ~0.003, the bound 0.015 is 5 of them (and
 // the draws are a fixed function of the seed: the test cannot flake).

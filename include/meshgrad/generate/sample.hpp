@@ -103,13 +103,17 @@ struct SamplingOptions {
   double temperature = 1.0;   // 0 = greedy
   int top_k = 0;              // 0 = the whole vocabulary
   std::uint64_t seed = 1234;
+  double top_p = 1.0;         // nucleus sampling (Hugging Face's top_p); 1 = off; in (0, 1]
 };
 
 // The next token from the logits of the whole vocabulary, over ids [0, allowed) (allowed <= 0:
 // all). A pure function of its arguments, so every rank that has the same logits picks the same id.
 //  - temperature 0: the argmax, the lowest id among equal maxima;
 //  - else: the top_k largest logits (all when top_k is 0 or >= allowed; among equal values the
-//    lower ids first), p_i = exp((l_i - max) / T) / sum, in float64; u = random::uniform(seed, step)
+//    lower ids first), p_i = exp((l_i - max) / T) / sum, in float64; with top_p < 1 only the
+//    nucleus of them, as Hugging Face's TopPLogitsWarper keeps it (after temperature and top-k): in
+//    ascending order of p (among equal values the higher ids first) the tokens whose cumulative
+//    probability is <= 1 - top_p are dropped, the most likely always kept; u = random::uniform(seed, step)
 //    (counter-based: the same seed and step give the same u on any rank or run); the chosen id is
 //    the first in id order whose cumulative probability exceeds u.
 // Throws InvalidArgument when a logit is not finite (naming the step and the id).
