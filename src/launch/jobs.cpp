@@ -247,6 +247,32 @@ std::string checkpoint_options_note(const train::TrainOptions& o, std::string_vi
                      "from the checkpoint unless given; override with {})", named, o.resume_dir, overrides);
 }
 
+// A resume whose --steps differs from the checkpoint's moves the default decay's end (decay_steps -1:
+// to the last step), a kink in the learning-rate curve. --keep-schedule keeps the checkpoint's
+// horizon; otherwise the resume says what changes (the next step's rate, before and now) and how to
+// keep it. saved_step: the step the checkpoint was taken after.
+void keep_or_report_schedule(train::TrainOptions& o, const nlohmann::json& recorded, std::int64_t saved_step) {
+  const int recorded_steps = recorded.value("steps", o.steps);
+  const int horizon = recorded_steps - 1 - std::max(0, o.warmup_steps);
+  if (o.decay_steps >= 0 || recorded_steps == o.steps || o.lr_schedule == "constant" || horizon < 1) return;
+  train::TrainOptions kept = o;
+  kept.decay_steps = horizon;
+  if (o.keep_schedule) {
+    o.decay_steps = horizon;
+    if (o.progress) {
+      fmt::print(stderr, "meshgrad train: --keep-schedule: the learning rate follows the checkpoint's schedule "
+                 "(--decay-steps {}: --min-lr from step {} on)\n", horizon, recorded_steps);
+    }
+    return;
+  }
+  if (!o.progress) return;
+  const int next = static_cast<int>(saved_step);   // learning_rate's step index is 0-based: step next + 1
+  fmt::print(stderr, "meshgrad train: --steps {} instead of the checkpoint's {} moves the end of the {} learning-rate "
+             "decay from step {} to step {}: step {} trains at {:.3g}, not {:.3g}; give --keep-schedule (or "
+             "--decay-steps {}) to keep the checkpoint's schedule\n", o.steps, recorded_steps, o.lr_schedule,
+             recorded_steps, o.steps, next + 1, train::learning_rate(o, next), train::learning_rate(kept, next), horizon);
+}
+
 }  // namespace
 
 train::TrainOptions resolve_resume(const train::TrainOptions& given) {
@@ -265,6 +291,7 @@ train::TrainOptions resolve_resume(const train::TrainOptions& given) {
     options.from_checkpoint["mesh"] = mesh->get<std::string>();
   check_resumed_folder_writable(options);
   if (options.progress && !changed.empty()) fmt::print(stderr, "meshgrad train: resuming {} with {}\n", dir, changed);
+  keep_or_report_schedule(options, *config, manifest.step);
   if (options.progress && !left_out.empty()) {
     const auto recorded = config->find("checkpoint-dir");
     const std::string own = recorded != config->end() && recorded->is_string() ? recorded->get<std::string>() : "?";

@@ -286,6 +286,9 @@ std::vector<TrainOption> checkpoints_and_the_rest() {
        "--checkpoint-dir; options come from it unless given again (the model's shape cannot change); new "
        "checkpoints go into the folder resumed from unless --checkpoint-dir is given", .field = MG_MEMBER(resume),
        .group = kCheckpoints},
+      {.name = "keep-schedule", .kind = K::Flag, .help = "With --resume and another --steps: keep the checkpoint's "
+       "learning-rate schedule (its decay ends where it did; without it the decay stretches to the new last step)",
+       .field = MG_MEMBER(keep_schedule), .group = kCheckpoints},
       {.name = "data-changed-ok", .kind = K::Flag, .help = "With --resume: go on although the data's content differs "
        "from the checkpoint's (it is refused otherwise, naming both content hashes)",
        .field = MG_MEMBER(data_changed_ok), .group = kCheckpoints},

@@ -23,3 +23,8 @@ add_test(NAME train_cli_cp
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/cp.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_cp)
 set_tests_properties(train_cli_cp PROPERTIES LABELS train TIMEOUT 300)
+# A resume with another --steps: the schedule change said, --keep-schedule: tests/cli/resume_schedule.sh.
+add_test(NAME train_cli_resume_schedule
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_schedule.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_resume_schedule)
+set_tests_properties(train_cli_resume_schedule PROPERTIES LABELS train TIMEOUT 120)

@@ -137,6 +137,10 @@ struct TrainOptions {
   // A resume whose data differs (by content hash) from the checkpoint's is refused unless this is set:
   // the user means to go on with other data. Not part of the saved configuration.
   bool data_changed_ok = false;
+  // --keep-schedule: a resume with another --steps keeps the checkpoint's decay horizon (launch::
+  // resolve_resume sets decay_steps to it); without it the decay follows the new --steps, and the
+  // resume says so.
+  bool keep_schedule = false;
   // The options the caller set explicitly, by command-line name ("steps", "mesh", "lr"): on resume
   // they override the checkpoint's configuration; the others come from it.
   std::set<std::string> given_options;
