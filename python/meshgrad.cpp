@@ -462,6 +462,7 @@ py::dict grads_job(const py::kwargs& kwargs) {
   k.get("mesh_invariant", job.mesh_invariant);
   k.get("invariant_blocks", job.invariant_blocks);
   k.get("batch_blocks", job.batch_blocks);
+  k.get("sequence_blocks", job.sequence_blocks);
   k.finish();
 
   keep_mpi_initialised(backend);
@@ -624,7 +625,7 @@ PYBIND11_MODULE(meshgrad, m) {
         "help, recorded (kept in a checkpoint's run record), alias_of (the option it is another name of, or None)");
   m.def("grads", &grads_job,
         "grads(mesh='tp=2', layers=1, hidden=32, heads=4, seq=16, batch=4, vocab=256, seed=1, dtype='float32', "
-        "sequence_parallel=False, tp_invariant=False, mesh_invariant=False, invariant_blocks=4, batch_blocks=4, "
+        "sequence_parallel=False, tp_invariant=False, mesh_invariant=False, invariant_blocks=4, batch_blocks=4, sequence_blocks=1, "
         "backend='threads') or grads(mesh=..., config=..., weights=..., batch_file=...) "
         "-> {parameter name: numpy array of its full gradient}. config: a Hugging Face config.json (gpt2, llama, "
         "qwen2, mistral), weights and gradients in its Hugging Face names and layout; mesh: tp, dp, fsdp, pp, ep, cp, tp=2x2. With a seed, the weights and batch depend only on "

@@ -91,6 +91,10 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
       app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,
                    "activation checkpointing per block (adds a recompute phase)");
       app.add_option_function<std::string>(
+             "--cp-schedule", [a](const std::string& v) { a->parallel.cp_ring = v == "ring"; },
+             "with cp=C: ring (keys and values passed rank to rank, the default) or all-gather (train's --cp-schedule)")
+          ->check(CLI::IsMember({"ring", "all-gather"}));
+      app.add_option_function<std::string>(
              "--reduce-dtype",
              [a](const std::string& v) { a->parallel.reduce_dtype = v == "bf16" ? DType::BFloat16 : DType::Float32; },
              "float32 or bf16: the gradients' element type over the data-parallel axes (train's --reduce-dtype)")

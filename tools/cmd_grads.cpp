@@ -33,6 +33,7 @@ struct GradsArgs {
   bool mesh_invariant = false;
   int invariant_blocks = 4;
   int batch_blocks = 4;
+  int sequence_blocks = 1;
   double capacity_factor = 0;
   bool capacity_given = false;
 };
@@ -52,6 +53,7 @@ int run(const GradsArgs& a) {
   job.invariant_blocks = a.invariant_blocks;
   job.mesh_invariant = a.mesh_invariant;
   job.batch_blocks = a.batch_blocks;
+  job.sequence_blocks = a.sequence_blocks;
   job.capacity_factor = a.capacity_factor;
   MG_CHECK(!a.capacity_given || a.capacity_factor >= 0, "grads: --capacity-factor {} must be > 0 (or 0: dropless "
            "routing, the default)", a.capacity_factor);
@@ -95,6 +97,10 @@ MESHGRAD_REGISTER_COMMAND(
                            "docs/mesh-invariance.md)");
               app.add_option("--batch-blocks", a->batch_blocks,
                              "With --mesh-invariant: the batch's fixed row blocks (a power of two dividing B)")
+                  ->capture_default_str();
+              app.add_option("--sequence-blocks", a->sequence_blocks,
+                             "With --mesh-invariant: the sequence's fixed blocks (a power of two dividing T; cp=C "
+                             "needs a multiple of 2C)")
                   ->capture_default_str();
               app.add_option_function<double>(
                   "--capacity-factor",

@@ -66,13 +66,16 @@ inline CLI::Option* add_tp_invariant_flag(CLI::App& app, nn::ParallelConfig& par
   return app.add_flag_callback("--tp-invariant", [&parallel] { parallel.require(nn::Invariance::Tp); }, help);
 }
 
-// --mesh-invariant and --batch-blocks for `meshgrad check` (train's come from the option table,
+// --mesh-invariant, --batch-blocks and --sequence-blocks for `meshgrad check` (train's come from the option table,
 // train_options.hpp), with the table's help: the mode's contract is nn::ParallelConfig::invariance's
 // (docs/mesh-invariance.md).
 inline void add_mesh_invariant_options(CLI::App& app, nn::ParallelConfig& parallel) {
   app.add_flag_callback("--mesh-invariant", [&parallel] { parallel.require(nn::Invariance::Mesh); },
                         train::train_option("mesh-invariant").help);
   app.add_option("--batch-blocks", parallel.batch_blocks, train::train_option("batch-blocks").help)
+      ->check(at_least(1))
+      ->capture_default_str();
+  app.add_option("--sequence-blocks", parallel.sequence_blocks, train::train_option("sequence-blocks").help)
       ->check(at_least(1))
       ->capture_default_str();
 }

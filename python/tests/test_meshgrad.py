@@ -127,6 +127,21 @@ def test_train_mesh_invariant_gives_the_same_bytes_on_every_mesh(tmp_path):
         meshgrad.train(steps=1, batch=8, mesh_invariant=True, batch_blocks=3)
 
 
+def test_train_mesh_invariant_context_parallel_with_sequence_blocks(tmp_path):
+    # sequence_blocks=8 (docs/mesh-invariance.md, "cp"): cp=2, cp=4 and cp=2,tp=2 save one rank's
+    # bytes; without the blocks cp=2 under the mode is refused naming the multiple it needs.
+    def saved(name, **kw):
+        path = tmp_path / name
+        steps = meshgrad.train(steps=2, layers=2, hidden=32, heads=4, seq=16, batch=4, dropout=0.1,
+                               mesh_invariant=True, sequence_blocks=8, save=str(path), **kw)
+        return [(s["loss"], s["grad_norm"]) for s in steps], path.read_bytes()
+    one = saved("one.safetensors", mesh="tp=1")
+    for mesh in ("cp=2", "cp=4", "cp=2,tp=2"):
+        assert saved(mesh + ".safetensors", mesh=mesh) == one, mesh
+    with pytest.raises(ValueError, match="a multiple of 2 x cp = 4"):
+        meshgrad.train(steps=1, mesh="cp=2", mesh_invariant=True)
+
+
 def test_fsdp_and_the_sharded_optimizer_train_the_bytes_of_dp(tmp_path):
     # mesh="fsdp=2,tp=2" and shard_optimizer=True at dp=2 save the bytes and losses of plain dp
     # (docs/training.md, "Sharded data parallelism"); their gradients are the same arrays.

@@ -80,6 +80,10 @@ std::vector<std::string> ignored_option_notes(const train::TrainOptions& o, cons
   if (given("batch-blocks") && o.parallel.batch_blocks != defaults.batch_blocks && !o.parallel.mesh_invariant()) {
     notes.push_back(fmt::format("--batch-blocks {} changes nothing without --mesh-invariant", o.parallel.batch_blocks));
   }
+  if (given("sequence-blocks") && o.parallel.sequence_blocks != defaults.sequence_blocks && !o.parallel.mesh_invariant()) {
+    notes.push_back(fmt::format("--sequence-blocks {} changes nothing without --mesh-invariant",
+                                o.parallel.sequence_blocks));
+  }
   if (given("invariant-blocks") && o.parallel.invariant_blocks != defaults.invariant_blocks &&
       !o.parallel.tp_invariant()) {
     notes.push_back(fmt::format("--invariant-blocks {} changes nothing without --tp-invariant or --mesh-invariant",
@@ -424,6 +428,7 @@ GradsResult run_grads_job(const GradsJob& job, const dist::RunOnMesh& run_on_mes
   if (job.mesh_invariant) parallel.require(nn::Invariance::Mesh);
   parallel.invariant_blocks = job.invariant_blocks;
   parallel.batch_blocks = job.batch_blocks;
+  parallel.sequence_blocks = job.sequence_blocks;
   const std::vector<interop::ModelTensor> specs = interop::model_tensors(config);
 
   GradsResult result;

@@ -121,7 +121,8 @@ class DecoderLM final : public Model {
     const Tensor loss = vocab_parallel_cross_entropy(reshape(logits, {-1, logits.size(2)}), targets,
                                                      family_->vocab_offset(), cfg_.vocab, ctx.tp,
                                                      static_cast<double>(global_tokens), -100, &family_->output_plan(),
-                                                     ctx.reduce_order());
+                                                     ctx.reduce_order(),
+                                                     ctx.sequence_row_blocks(logits.size(0), logits.size(0), logits.size(1)));
     const Tensor aux =
         cfg_.moe() && cfg_.output_router_logits ? family_->auxiliary_loss(forwards_per_step(batch)) : Tensor();
     return ctx.loss_partial_over_dp(aux.defined() ? add(loss, aux) : loss);
@@ -146,6 +147,11 @@ class DecoderLM final : public Model {
   ExpertLoad take_expert_load() override { return family_->take_expert_load(); }
   const dist::ProcessGroup* sibling_block_group() const override {
     return ctx_->config.mesh_invariant() && ctx_->expert_parallel() ? &ctx_->expert_group() : nullptr;
+  }
+  const dist::ProcessGroup* micro_batch_sum_group() const override {
+    // ep and the sequence blocks' cp never meet (ParallelContext refuses the pair).
+    if (ctx_->sequence_blocked() && ctx_->context_parallel()) return &ctx_->context_group();
+    return sibling_block_group();
   }
   void set_accumulating(bool on) override {
     if (tied_) tied_->set_accumulating(on);

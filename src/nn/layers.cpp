@@ -95,15 +95,21 @@ class ColumnLinearFn final : public Function {
     const std::int64_t in_f = w.size(0), n = w.size(1);
     // Under bf16 products: rounded once for every segment's product, and kept so for backward.
     const Tensor x_rows = kernels::product_operand(x_full.contiguous().view({-1, in_f}));
+    // --mesh-invariant's sequence blocks: every product runs per block of the rank's piece.
+    row_blocks_ = ctx_->sequence_row_blocks(x_full.size(0), x_full.size(0), rows_per_token(x_full));
     Tensor y = Tensor::empty({x_rows.size(0), n}, x.dtype());
     // The weight too, once for the segments (backward rounds it again rather than keep a bf16 copy
     // of every weight alive from forward to backward).
     const Tensor w_operand = kernels::product_operand(w);
     // With a bias, y starts as the bias rows and each GEMM adds into it (as ops' linear does).
     if (b.defined()) y.copy_from(b);
-    for (const tree::Segment& s : c_.plan.segments) {
-      Tensor ys = columns(y, s);
-      kernels::matmul_into(ys, x_rows, columns(w_operand, s), b.defined());
+    std::int64_t row = 0;
+    for (const std::int64_t rows : row_blocks_) {
+      for (const tree::Segment& s : c_.plan.segments) {
+        Tensor ys = columns(y.narrow(0, row, rows), s);
+        kernels::matmul_into(ys, x_rows.narrow(0, row, rows), columns(w_operand, s), b.defined());
+      }
+      row += rows;
     }
     const bool keep_local = c_.sequence_parallel && c_.regather;
     save_for_backward({keep_local ? x : x_rows, w});
@@ -128,7 +134,18 @@ class ColumnLinearFn final : public Function {
     if (needs_input_grad(0)) {
       Shape full_shape = dy.shape();
       full_shape.back() = in;
-      const Tensor dx_full = input_gradient(dy_rows, w).view(full_shape);
+      Tensor dx_full;
+      if (row_blocks_.size() == 1) {
+        dx_full = input_gradient(dy_rows, w).view(full_shape);
+      } else {
+        dx_full = Tensor::empty({dy_rows.size(0), in}, w.dtype());
+        std::int64_t row = 0;
+        for (const std::int64_t rows : row_blocks_) {
+          dx_full.narrow(0, row, rows).copy_from(input_gradient(dy_rows.narrow(0, row, rows), w));
+          row += rows;
+        }
+        dx_full = dx_full.view(full_shape);
+      }
       // dX is partial over tp: the rule decides how this layer's input step is undone.
       const dist::BackwardStep step =
           dist::backward_step(input_placement(), Placement::replicate(), Placement::partial());
@@ -140,9 +157,18 @@ class ColumnLinearFn final : public Function {
     if (needs_input_grad(1)) {
       const Tensor x_rows = regather ? kernels::product_operand(keep_gathered(x_full_pending.wait()).reshape({-1, in}))
                                      : s[0];
-      dw = weight_gradient(dy_rows, x_rows, w);
+      dw = over_row_blocks(dy_rows, x_rows, w);
     }
-    if (needs_input_grad(2)) db = bias_gradient(dy.view({-1, out}));
+    if (needs_input_grad(2)) {
+      const Tensor dy_all = dy.view({-1, out});
+      tree::PairwiseSum<Tensor, AddTensors> sums;
+      std::int64_t row = 0;
+      for (const std::int64_t rows : row_blocks_) {
+        sums.push(bias_gradient(dy_all.narrow(0, row, rows)));
+        row += rows;
+      }
+      db = sums.root();
+    }
     Tensor dx;
     if (dx_pending.valid()) {
       dx = dx_pending.wait();
@@ -171,6 +197,21 @@ class ColumnLinearFn final : public Function {
       blocks.push(leaf);
     }
     return blocks.root();
+  }
+
+  // The weight gradient, the tree over the row blocks of theirs (one block: weight_gradient). The
+  // tree adds the blocks' gradients in the layout weight_gradient computes them in.
+  Tensor over_row_blocks(const Tensor& dy_rows, const Tensor& x_rows, const Tensor& w) const {
+    if (row_blocks_.size() == 1) return weight_gradient(dy_rows, x_rows, w);
+    const bool transposed = is_transposed_matrix(w);
+    tree::PairwiseSum<Tensor, AddTensors> sums;
+    std::int64_t row = 0;
+    for (const std::int64_t rows : row_blocks_) {
+      const Tensor g = weight_gradient(dy_rows.narrow(0, row, rows), x_rows.narrow(0, row, rows), w);
+      sums.push(transposed ? g.transpose(0, 1) : g);   // [out_local, in] as computed
+      row += rows;
+    }
+    return transposed ? sums.root().transpose(0, 1) : sums.root();
   }
 
   // X^T dY per segment. For the tied LM head's wte^T (w is the transpose of a row-major matrix)
@@ -236,6 +277,7 @@ class ColumnLinearFn final : public Function {
 
   ColumnConfig c_;
   ParallelContextPtr ctx_;
+  std::vector<std::int64_t> row_blocks_;   // of the full input's rows: the sequence blocks, or one
 };
 
 }  // namespace
@@ -294,7 +336,8 @@ Tensor RowParallelLinear::forward(const Tensor& x) const {
   const Tensor x_local = options_.input_is_parallel ? x : dist::scatter_to_region(x, ctx_->tp, -1);
   // This rank's share of Y, summed over its input blocks: partial over tp (P), made replicated by
   // an all-reduce, or sequence-sharded by a reduce-scatter under SP, in the context's order.
-  const Tensor partial = tree::linear_over_input_blocks(x_local, weight.operand(), plan_);
+  const Tensor partial = tree::linear_over_input_blocks(
+      x_local, weight.operand(), plan_, ctx_->sequence_row_blocks(x_local.size(0), x_local.size(0), rows_per_token(x_local)));
   const dist::ReduceOrder order = ctx_->reduce_order();
   Tensor y = ctx_->sequence_parallel() ? dist::reduce_scatter_to_sequence(partial, ctx_->tp, 0, order)
                                        : dist::reduce_from_region(partial, ctx_->tp, order);
@@ -447,7 +490,10 @@ Tensor VocabParallelEmbedding::forward_partial(const Tensor& ids, const Tensor& 
     local_ids[i] = mine ? values[i] - offset_ : 0;
     keep[i] = mine ? 1.0 : 0.0;
   }
-  Tensor rows = meshgrad::embedding(table, Tensor::from_int64(local_ids, ids.shape()));
+  // Under --mesh-invariant's sequence blocks each row's gradient adds the blocks in the tree.
+  const std::vector<std::int64_t> blocks =
+      ids.dim() == 2 ? ctx_->sequence_row_blocks(ids.size(0), ids.size(0), ids.size(1)) : std::vector<std::int64_t>{};
+  Tensor rows = meshgrad::embedding(table, Tensor::from_int64(local_ids, ids.shape()), blocks);
   if (ctx_->tp_size() == 1) return rows;
   Shape mask_shape = ids.shape();
   mask_shape.push_back(1);
@@ -463,9 +509,9 @@ class VocabParallelCrossEntropyFn final : public Function {
  public:
   VocabParallelCrossEntropyFn(Tensor targets, std::int64_t offset, std::int64_t vocab, dist::ProcessGroup tp,
                               double divisor, std::int64_t ignore_index, const tree::SplitPlan* blocks,
-                              dist::ReduceOrder order)
+                              dist::ReduceOrder order, std::vector<std::int64_t> row_blocks)
       : targets_(std::move(targets)), offset_(offset), vocab_(vocab), tp_(std::move(tp)), divisor_(divisor),
-        ignore_(ignore_index), order_(order) {
+        ignore_(ignore_index), order_(order), row_blocks_(std::move(row_blocks)) {
     if (blocks != nullptr) blocks_ = *blocks;
   }
   std::string_view name() const override { return "vocab_parallel_cross_entropy"; }
@@ -503,22 +549,36 @@ class VocabParallelCrossEntropyFn final : public Function {
     });
     const Tensor total_exp = dist::sum_over(sum_exp, tp_, order_);
     const Tensor shifted_target = dist::all_reduce(target_logit, tp_);
-    // loss = sum over kept rows of log(sum exp) - (target logit - max), / divisor.
+    // loss = sum over kept rows of log(sum exp) - (target logit - max), / divisor: per row block
+    // (--mesh-invariant's sequence blocks; else one) in double, divided and rounded to T, the blocks
+    // added in the tree.
+    if (row_blocks_.empty()) row_blocks_ = {n};
+    std::int64_t covered = 0;
+    for (const std::int64_t r : row_blocks_) covered += r;
+    MG_CHECK(covered == n && tree::is_power_of_two(static_cast<std::int64_t>(row_blocks_.size())),
+             "vocab_parallel_cross_entropy: {} row blocks cover {} rows of {}", row_blocks_.size(), covered, n);
     Tensor lse = Tensor::empty({n, 1}, logits.dtype());
-    double loss = 0;
+    Tensor loss;
     dispatch_floating(logits.dtype(), name(), [&]<class T>() {
       const T* se = total_exp.data<T>();
       const T* st = shifted_target.data<T>();
       const T* m = row_max.data<T>();
       T* out = lse.data<T>();
-      for (std::int64_t i = 0; i < n; ++i) {
-        const double log_sum = std::log(static_cast<double>(se[i]));
-        out[i] = static_cast<T>(log_sum + static_cast<double>(m[i]));
-        if (t[static_cast<std::size_t>(i)] != ignore_) loss += log_sum - static_cast<double>(st[i]);
+      tree::PairwiseSum<T, std::plus<T>> blocks;
+      std::int64_t i = 0;
+      for (const std::int64_t rows : row_blocks_) {
+        double block = 0;
+        for (const std::int64_t end = i + rows; i < end; ++i) {
+          const double log_sum = std::log(static_cast<double>(se[i]));
+          out[i] = static_cast<T>(log_sum + static_cast<double>(m[i]));
+          if (t[static_cast<std::size_t>(i)] != ignore_) block += log_sum - static_cast<double>(st[i]);
+        }
+        blocks.push(static_cast<T>(block / divisor_));
       }
+      loss = Tensor::scalar(static_cast<double>(blocks.root()), logits.dtype());
     });
     save_for_backward({logits, lse});
-    return {Tensor::scalar(loss / divisor_, logits.dtype())};
+    return {loss};
   }
 
   // d loss / d logits[i, j] = (softmax[i, j] - [j is target]) / divisor, 0 for ignored rows. Local.
@@ -554,6 +614,7 @@ class VocabParallelCrossEntropyFn final : public Function {
   std::int64_t ignore_;
   dist::ReduceOrder order_;
   std::optional<tree::SplitPlan> blocks_;
+  std::vector<std::int64_t> row_blocks_;   // of the rows, for the loss's sum (empty: one)
 };
 
 // y = x * mask, mask[i] = 0 or 1/(1-p) from the global index of element i.
@@ -573,7 +634,7 @@ class GlobalDropoutFn final : public Function {
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
                                     std::int64_t ignore_index, const tree::SplitPlan* vocab_blocks,
-                                    dist::ReduceOrder order) {
+                                    dist::ReduceOrder order, const std::vector<std::int64_t>& row_blocks) {
   check_floating(logits_local, "vocab_parallel_cross_entropy");
   check_dtype(targets, DType::Int64, "vocab_parallel_cross_entropy", "targets");
   MG_CHECK(logits_local.dim() == 2 && targets.dim() == 1 && targets.size(0) == logits_local.size(0),
@@ -583,7 +644,7 @@ Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& ta
   dist::CommLabelScope label("loss");
   trace::Scope scope("loss");
   return autograd::apply<VocabParallelCrossEntropyFn>({logits_local}, targets.contiguous(), vocab_offset, vocab, tp,
-                                                      divisor, ignore_index, vocab_blocks, order)[0];
+                                                      divisor, ignore_index, vocab_blocks, order, row_blocks)[0];
 }
 
 Tensor dropout_global(const Tensor& x, double p, std::uint64_t seed, const Shape& global_shape,

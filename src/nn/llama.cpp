@@ -154,7 +154,7 @@ class LlamaAttention {
     trace::Scope scope(name_);
     const Heads h = project_heads(x, seq, local_chunks(*ctx_, seq));
     const std::int64_t groups = h.q.size(1) / h.k.size(1);   // this rank's query heads per key/value head
-    const Tensor y = ctx_->context_parallel()
+    const Tensor y = ctx_->attention_per_run()
                          ? context_attention(h.q, h.k, h.v, window_, ctx_)
                          : causal_attention(h.q, repeat_kv(h.k, groups), repeat_kv(h.v, groups), window_);
     return project_output(y, seq);

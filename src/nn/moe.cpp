@@ -356,6 +356,10 @@ SparseMoe::SparseMoe(const std::string& name, const ModelConfig& cfg, const Para
                      std::uint64_t seed, std::shared_ptr<RouterLog> log)
     : name_(name), cfg_(cfg), ctx_(ctx), log_(std::move(log)) {
   check_moe(cfg, *ctx);
+  MG_CHECK(!ctx->sequence_blocked(), "--mesh-invariant --sequence-blocks {} with a mixture of experts ({}): the "
+           "experts' products and the router's counts do not cut their tokens into sequence blocks yet, so cp and the "
+           "sequence blocks are for dense models; train it with --sequence-blocks 1 (and without cp)",
+           ctx->sequence_blocks(), name);
   const std::int64_t c = cfg.hidden, f = cfg.expert_ffn_size(), e = cfg.experts;
   // Mixtral's names w1 (gated by silu), w3, w2; Qwen2-MoE's gate_proj, up_proj, down_proj.
   qwen_names_ = cfg.model_type == "qwen2_moe";

@@ -112,12 +112,42 @@ std::shared_ptr<const ParallelContext> ParallelContext::on(dist::DeviceMeshPtr m
     ctx->tp = mesh->group(ctx->tp_axis);
   }
   // The invariant modes fix the shapes of every product and the order of every sum over the tokens;
-  // context parallelism changes both (each rank's products see its chunks, the weight gradients are
-  // sums over cp), and no fixed tree over the sequence's chunks is built yet.
-  MG_CHECK(!(config.tp_invariant() && ctx->cp_axis >= 0 && mesh->axis_size(ctx->cp_axis) > 1),
-           "--{} with context parallelism (the mesh {} has cp = {}): the invariant modes do not yet fix the order of "
-           "the sums over the sequence's chunks; train without cp, or without the mode",
-           invariance_option(config.invariance), mesh->str(), mesh->axis_size(ctx->cp_axis));
+  // context parallelism changes both unless the sequence is cut into --mesh-invariant's fixed
+  // sequence blocks (each cp rank's blocks a subtree of their tree: nn/context_parallel.hpp).
+  const int cp = ctx->cp_axis >= 0 ? mesh->axis_size(ctx->cp_axis) : 1;
+  MG_CHECK(!(config.tp_invariant() && !config.mesh_invariant() && cp > 1),
+           "--tp-invariant with context parallelism (the mesh {} has cp = {}): --tp-invariant fixes the sums over tp "
+           "only; --mesh-invariant --sequence-blocks N (a multiple of {}) fixes those over the sequence's chunks too",
+           mesh->str(), cp, 2 * cp);
+  if (config.mesh_invariant()) {
+    const int n = config.sequence_blocks;
+    MG_CHECK(n >= 1 && tree::is_power_of_two(n), "--mesh-invariant: --sequence-blocks {} must be a power of two (1, 2, "
+             "4, 8, ...): the sequence blocks are added in a fixed binary tree", n);
+    MG_CHECK(cp == 1 || n % (2 * cp) == 0, "--mesh-invariant on the mesh {} (cp = {}): each cp rank holds two chunks "
+             "of every sequence, and they must be whole blocks of the sequence's fixed tree: give --sequence-blocks a "
+             "multiple of 2 x cp = {} (got {}), the same on every mesh whose bits you compare (the bits depend on it)",
+             mesh->str(), cp, 2 * cp, n, 2 * cp);
+  }
+  if (config.sequence_blocked()) {
+    const int n = config.sequence_blocks;
+    const char* what = cp > 1 ? "context parallelism under --mesh-invariant" : "--mesh-invariant --sequence-blocks";
+    MG_CHECK(!ctx->two_d || (mesh->axis_size(ctx->row_axis) == 1 && mesh->axis_size(ctx->col_axis) == 1),
+             "{} (--sequence-blocks {}) on the 2-D tensor-parallel mesh {}: the grid's layers do not cut their "
+             "products into sequence blocks; use tp=N", what, n, mesh->str());
+    MG_CHECK(cp == 1 || !(ctx->fsdp_axis >= 0 && mesh->axis_size(ctx->fsdp_axis) > 1),
+             "{} (--sequence-blocks {}) with {} on the mesh {}: an fsdp unit adds its micro-batches' gradients before "
+             "they are summed over cp, which the sequence blocks' tree needs first; use dp instead of fsdp, or train "
+             "without cp", what, n, config.shard_optimizer ? "--shard-optimizer" : "fsdp", mesh->str());
+    MG_CHECK(!(ctx->ep_axis >= 0 && mesh->axis_size(ctx->ep_axis) > 1),
+             "{} (--sequence-blocks {}) with expert parallelism (the mesh {}): the experts' products do not cut "
+             "their tokens into sequence blocks; train the mixture of experts without --sequence-blocks", what, n,
+             mesh->str());
+    const int tp_ranks = ctx->tp.size();
+    MG_CHECK(!config.sequence_parallel || (n / cp) % tp_ranks == 0,
+             "{}: --sequence-parallel on the mesh {} gives each of tp = {} ranks 1/{} of a cp rank's {} sequence "
+             "blocks, which must be whole blocks; give --sequence-blocks a multiple of cp x tp = {}", what,
+             mesh->str(), tp_ranks, tp_ranks, n / cp, cp * tp_ranks);
+  }
   if (config.tp_invariant()) {
     MG_CHECK(tree::is_power_of_two(config.invariant_blocks), "--{}: --invariant-blocks {} must be a power of two (1, "
              "2, 4, 8, ...)", invariance_option(config.invariance), config.invariant_blocks);
@@ -226,8 +256,20 @@ tree::SplitPlan ParallelContext::feature_plan(const std::string& what, std::int6
   return plan;
 }
 
+std::vector<std::int64_t> ParallelContext::sequence_row_blocks(std::int64_t seq, std::int64_t local_tokens,
+                                                               std::int64_t rows_per_token) const {
+  if (!sequence_blocked()) return {local_tokens * rows_per_token};
+  const std::int64_t piece_blocks = sequence_blocks() / cp_size();
+  MG_CHECK(seq > 0 && seq % piece_blocks == 0 && local_tokens % (seq / piece_blocks) == 0,
+           "--sequence-blocks {}: a rank's piece of {} positions (cp = {}) does not cut into {} blocks of which "
+           "{} local positions are whole ones", sequence_blocks(), seq, cp_size(), piece_blocks, local_tokens);
+  const std::int64_t block_tokens = seq / piece_blocks;
+  return std::vector<std::int64_t>(static_cast<std::size_t>(local_tokens / block_tokens), block_tokens * rows_per_token);
+}
+
 std::vector<std::int64_t> ParallelContext::token_row_blocks(std::int64_t seq, std::int64_t local_tokens,
                                                             std::int64_t rows_per_token) const {
+  if (sequence_blocked()) return sequence_row_blocks(seq, local_tokens, rows_per_token);
   if (!tp_invariant()) return {local_tokens * rows_per_token};
   const bool sp = sequence_parallel();
   const tree::SplitPlan tokens = tree::plan_split(fmt::format("the sequence (length {})", seq), seq, 1, 1,
@@ -244,6 +286,11 @@ Tensor ParallelContext::replicated_on_sequence_shard(const Tensor& p) const {
   if (!tp_invariant()) return partial_over_tp(p);
   // Forward identity; the gradient arrives marked partial, so the R -> R step all-reduces it (tree).
   return dist::mark_partial_grad(dist::copy_to_region(p, tp, dist::ReduceOrder::FixedTree), tp.axes);
+}
+
+Tensor ParallelContext::reduced_over_cp_per_use(const Tensor& p) const {
+  if (!sequence_blocked() || !context_parallel()) return p;
+  return dist::copy_to_region(p, context_group(), dist::ReduceOrder::FixedTree);
 }
 
 }  // namespace meshgrad::nn

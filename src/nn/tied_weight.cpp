@@ -114,14 +114,19 @@ TiedWeight::TiedWeight(std::string name, ParallelContextPtr ctx, PipelineStage s
 
 TiedWeight::~TiedWeight() = default;
 
+// Under the sequence blocks with cp, each use's gradient is complete over cp before it meets the
+// other's (ParallelContext::reduced_over_cp_per_use): the step sits between the use and the node
+// that adds the two, so H travels and is added complete.
 Tensor TiedWeight::output_use(const Tensor& w) const {
-  if (!state_->pipelined() && state_->per_micro_batch()) return w;
-  return autograd::apply<TiedOutputUseFn>({w}, state_)[0];
+  const ParallelContext& ctx = *state_->ctx;
+  if (!state_->pipelined() && state_->per_micro_batch()) return ctx.reduced_over_cp_per_use(w);
+  return ctx.reduced_over_cp_per_use(autograd::apply<TiedOutputUseFn>({w}, state_)[0]);
 }
 
 Tensor TiedWeight::embedding_use(const Tensor& w) const {
-  if (!state_->pipelined()) return w;
-  return autograd::apply<TiedEmbeddingUseFn>({w}, state_)[0];
+  const ParallelContext& ctx = *state_->ctx;
+  if (!state_->pipelined()) return ctx.reduced_over_cp_per_use(w);
+  return ctx.reduced_over_cp_per_use(autograd::apply<TiedEmbeddingUseFn>({w}, state_)[0]);
 }
 
 void TiedWeight::set_accumulating(bool on) { state_->accumulating = on; }

@@ -415,6 +415,20 @@ std::vector<Spec> blocked_specs() {
        return Built{{d.normal({n, 2, in}), d.normal({in, out})}, {"x", "w"},
                     [plan](const TensorList& in) { return tree::linear_over_input_blocks(in[0], in[1], plan); }};
      }},
+    // Two input segments and four row blocks (--mesh-invariant's sequence blocks): every product per
+    // row block, the weight gradient the tree of the blocks'.
+    {"linear_over_input_blocks.row_blocks", "linear_over_input_blocks",
+     [](Draw& d) {
+       tree::SplitPlan plan;
+       const std::int64_t a = d.dim(1, 2), b = d.dim(1, 2);
+       plan.segments = {{0, a, 0, 0}, {a, b, 0, 1}};
+       plan.full = a + b, plan.blocks = 2, plan.local_blocks = 2;
+       auto t = d.dim(1, 2), out = d.dim(1, 4);
+       return Built{{d.normal({4 * t, 2, a + b}), d.normal({a + b, out})}, {"x", "w"},
+                    [plan, t](const TensorList& in) {
+                      return tree::linear_over_input_blocks(in[0], in[1], plan, {2 * t, 2 * t, 2 * t, 2 * t});
+                    }};
+     }},
     // y [2t, 2, c] as 4t rows in 4 blocks of t.
     {"add_bias.row_blocks", "add_bias",
      [](Draw& d) {
@@ -440,6 +454,14 @@ std::vector<Spec> loss_specs() {
        Shape idx_shape{d.dim(1, 4), d.dim(1, 4)};
        return Built{{d.normal({v, c}), d.indices(idx_shape, v)}, {"weight", "indices"},
                     [](const TensorList& in) { return embedding(in[0], in[1]); }};
+     }},
+    // The same lookups in two blocks of indices (--mesh-invariant's sequence blocks): a row read in
+    // both gets the tree of the two blocks' sums.
+    {"embedding.row_blocks", "embedding",
+     [](Draw& d) {
+       auto v = d.dim(1, 3), c = d.dim(1, 4), t = d.dim(1, 3);
+       return Built{{d.normal({v, c}), d.indices({2 * t, 2}, v)}, {"weight", "indices"},
+                    [t](const TensorList& in) { return embedding(in[0], in[1], {2 * t, 2 * t}); }};
      }},
     {"cross_entropy.mean", "cross_entropy",
      [](Draw& d) {

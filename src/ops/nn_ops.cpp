@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <limits>
+#include <unordered_map>
 #include <vector>
 
 #include "meshgrad/autograd/function.hpp"
@@ -195,23 +196,79 @@ class LayerNormFn final : public Function {
 // inputs {weight [V, C], indices int64 [...]} -> [..., C]. Backward: a zero [V, C] gradient with
 // each output row's gradient added to the row it was read from, in index order. No gradient for
 // the indices. Saves the indices.
+// With row blocks (sizes of consecutive blocks of the indices in order, a power of two of them):
+// each row's gradient is the fixed tree over the blocks of each block's sum (in index order, from
+// zero), a block without the row a zero leaf: what a dense table per block added in the tree gives,
+// computed for the rows read only.
 class EmbeddingFn final : public Function {
  public:
+  explicit EmbeddingFn(std::vector<std::int64_t> row_blocks) : row_blocks_(std::move(row_blocks)) {}
   std::string_view name() const override { return "embedding"; }
   TensorList forward(const TensorList& in) override {
     Tensor out = kernels::embedding(in[0], in[1]);
     weight_shape_ = in[0].shape();
+    if (row_blocks_.size() > 1) {
+      std::int64_t total = 0;
+      for (const std::int64_t n : row_blocks_) total += n;
+      MG_CHECK(total == in[1].numel() && tree::is_power_of_two(static_cast<std::int64_t>(row_blocks_.size())),
+               "embedding: {} row blocks covering {} indices, for {} indices (a power of two of blocks covering them)",
+               row_blocks_.size(), total, in[1].numel());
+    }
     save_for_backward({in[1]});
     return {out};
   }
   TensorList backward(const TensorList& g) override {
     if (!needs_input_grad(0)) return {Tensor(), Tensor()};
     Tensor grad_weight = Tensor::zeros(weight_shape_, g[0].dtype());
-    kernels::embedding_backward_(grad_weight, g[0], saved()[0]);
+    if (row_blocks_.size() > 1) {
+      blocked_backward(grad_weight, g[0].contiguous(), saved()[0]);
+    } else {
+      kernels::embedding_backward_(grad_weight, g[0], saved()[0]);
+    }
     return {grad_weight, Tensor()};
   }
 
  private:
+  void blocked_backward(Tensor& grad_weight, const Tensor& grad, const Tensor& indices) const {
+    const std::int64_t cols = grad_weight.size(1);
+    const std::vector<std::int64_t> ids = indices.to_int64_vector();   // checked in forward's lookup
+    const std::size_t blocks = row_blocks_.size();
+    dispatch_floating(grad.dtype(), "embedding backward", [&]<class T>() {
+      const T* g = grad.data<T>();
+      // Per block: each row read, its sum over the block's indices in order, starting from zero.
+      std::vector<std::unordered_map<std::int64_t, std::vector<T>>> sums(blocks);
+      std::vector<std::int64_t> rows_read;
+      std::int64_t i = 0;
+      for (std::size_t b = 0; b < blocks; ++b) {
+        for (std::int64_t end = i + row_blocks_[b]; i < end; ++i) {
+          const std::int64_t id = ids[static_cast<std::size_t>(i)];
+          auto [it, fresh] = sums[b].try_emplace(id, static_cast<std::size_t>(cols), T(0));
+          if (fresh) rows_read.push_back(id);
+          T* acc = it->second.data();
+          for (std::int64_t c = 0; c < cols; ++c) acc[c] += g[i * cols + c];
+        }
+      }
+      std::sort(rows_read.begin(), rows_read.end());
+      rows_read.erase(std::unique(rows_read.begin(), rows_read.end()), rows_read.end());
+      const std::vector<T> zero(static_cast<std::size_t>(cols), T(0));
+      const auto add = [](const std::vector<T>& a, const std::vector<T>& b) {
+        std::vector<T> out(a.size());
+        for (std::size_t c = 0; c < a.size(); ++c) out[c] = a[c] + b[c];
+        return out;
+      };
+      T* w = grad_weight.data<T>();
+      for (const std::int64_t id : rows_read) {
+        tree::PairwiseSum<std::vector<T>, decltype(add)> row(add);
+        for (std::size_t b = 0; b < blocks; ++b) {
+          const auto it = sums[b].find(id);
+          row.push(it != sums[b].end() ? it->second : zero);
+        }
+        std::copy(row.root().begin(), row.root().end(), w + id * cols);
+      }
+    });
+  }
+
+  std::vector<std::int64_t> row_blocks_;
   Shape weight_shape_;
 };
 
@@ -417,8 +474,8 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps, const std::ve
   return autograd::apply<LayerNormFn>({x, weight, Tensor()}, eps, row_blocks, /*center=*/false)[0];
 }
 
-Tensor embedding(const Tensor& weight, const Tensor& indices) {
-  return autograd::apply<EmbeddingFn>({weight, indices})[0];
+Tensor embedding(const Tensor& weight, const Tensor& indices, const std::vector<std::int64_t>& row_blocks) {
+  return autograd::apply<EmbeddingFn>({weight, indices}, row_blocks)[0];
 }
 
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index) {

@@ -189,10 +189,15 @@ namespace {
 
 Tensor cols(const Tensor& m, const Segment& s) { return m.narrow(1, s.local_offset, s.size); }
 
-// Inputs {x [..., in_local], w [in_local, out]} -> the tree over in segments s of x[:, s] w[s, :].
+std::vector<std::int64_t> checked_blocks(const std::vector<std::int64_t>& blocks, std::int64_t rows, const char* op);
+
+// Inputs {x [..., in_local], w [in_local, out]} -> the tree over in segments s of x[:, s] w[s, :],
+// per row block of x's rows (each block's products alone; the weight gradient the tree over the
+// row blocks of theirs).
 class LinearOverInputBlocksFn final : public autograd::Function {
  public:
-  explicit LinearOverInputBlocksFn(SplitPlan plan) : plan_(std::move(plan)) {}
+  LinearOverInputBlocksFn(SplitPlan plan, std::vector<std::int64_t> row_blocks)
+      : plan_(std::move(plan)), row_blocks_(std::move(row_blocks)) {}
   std::string_view name() const override { return "linear_over_input_blocks"; }
 
   TensorList forward(const TensorList& in) override {
@@ -203,18 +208,26 @@ class LinearOverInputBlocksFn final : public autograd::Function {
              shape_str(x.shape()), shape_str(w.shape()), plan_.local_extent());
     // Under bf16 products: rounded once for every segment's product, and kept so for backward.
     const Tensor x2 = kernels::product_operand(x.contiguous().view({-1, w.size(0)}));
+    row_blocks_ = checked_blocks(row_blocks_, x2.size(0), "linear_over_input_blocks");
     const Tensor w_operand = kernels::product_operand(w);   // once, for every segment
-    PairwiseSum<Tensor, AddTensors> products;
-    for (const Segment& s : plan_.segments) {
-      Tensor leaf = Tensor::empty({x2.size(0), w.size(1)}, x.dtype());
-      kernels::matmul_into(leaf, cols(x2, s), w_operand.narrow(0, s.local_offset, s.size), false);
-      products.push(leaf);
+    Tensor y = Tensor::empty({x2.size(0), w.size(1)}, x.dtype());
+    std::int64_t row = 0;
+    for (const std::int64_t rows : row_blocks_) {
+      const Tensor xb = x2.narrow(0, row, rows);
+      PairwiseSum<Tensor, AddTensors> products;
+      for (const Segment& s : plan_.segments) {
+        Tensor leaf = Tensor::empty({rows, w.size(1)}, x.dtype());
+        kernels::matmul_into(leaf, cols(xb, s), w_operand.narrow(0, s.local_offset, s.size), false);
+        products.push(leaf);
+      }
+      y.narrow(0, row, rows).copy_from(products.root());
+      row += rows;
     }
     save_for_backward({x2, w});   // w itself: backward rounds it again rather than keep a bf16 copy alive
     x_shape_ = x.shape();
     Shape out_shape = x.shape();
     out_shape.back() = w.size(1);
-    return {products.root().view(out_shape)};
+    return {y.view(out_shape)};
   }
 
   TensorList backward(const TensorList& g) override {
@@ -224,24 +237,36 @@ class LinearOverInputBlocksFn final : public autograd::Function {
     Tensor dx, dw;
     if (needs_input_grad(0)) {
       dx = Tensor::empty({dy.size(0), w.size(0)}, w.dtype());
-      for (const Segment& s : plan_.segments) {
-        Tensor d = cols(dx, s);
-        kernels::matmul_into(d, dy, w.narrow(0, s.local_offset, s.size).transpose(0, 1), false);
+      std::int64_t row = 0;
+      for (const std::int64_t rows : row_blocks_) {
+        for (const Segment& s : plan_.segments) {
+          Tensor d = cols(dx.narrow(0, row, rows), s);
+          kernels::matmul_into(d, dy.narrow(0, row, rows), w.narrow(0, s.local_offset, s.size).transpose(0, 1), false);
+        }
+        row += rows;
       }
       dx = dx.view(x_shape_);
     }
     if (needs_input_grad(1)) {
-      dw = Tensor::empty(w.shape(), w.dtype());
-      for (const Segment& s : plan_.segments) {
-        Tensor d = dw.narrow(0, s.local_offset, s.size);
-        kernels::matmul_into(d, cols(x2, s).transpose(0, 1), dy, false);
+      PairwiseSum<Tensor, AddTensors> blocks;
+      std::int64_t row = 0;
+      for (const std::int64_t rows : row_blocks_) {
+        Tensor leaf = Tensor::empty(w.shape(), w.dtype());
+        for (const Segment& s : plan_.segments) {
+          Tensor d = leaf.narrow(0, s.local_offset, s.size);
+          kernels::matmul_into(d, cols(x2.narrow(0, row, rows), s).transpose(0, 1), dy.narrow(0, row, rows), false);
+        }
+        blocks.push(leaf);
+        row += rows;
       }
+      dw = blocks.root();
     }
     return {dx, dw};
   }
 
  private:
   SplitPlan plan_;
+  std::vector<std::int64_t> row_blocks_;
   Shape x_shape_;
 };
 
@@ -292,11 +317,13 @@ class AddBiasFn final : public autograd::Function {
 
 }  // namespace
 
-Tensor linear_over_input_blocks(const Tensor& x, const Tensor& w, const SplitPlan& in_plan) {
+Tensor linear_over_input_blocks(const Tensor& x, const Tensor& w, const SplitPlan& in_plan,
+                                const std::vector<std::int64_t>& row_blocks) {
   check_floating(x, "linear_over_input_blocks");
   check_same_dtype(x, w, "linear_over_input_blocks");
-  if (in_plan.segments.size() == 1) return meshgrad::linear(x, w);   // one block: the plain product
-  return autograd::apply<LinearOverInputBlocksFn>({x, w}, in_plan)[0];
+  // One block of each: the plain product.
+  if (in_plan.segments.size() == 1 && row_blocks.size() <= 1) return meshgrad::linear(x, w);
+  return autograd::apply<LinearOverInputBlocksFn>({x, w}, in_plan, row_blocks)[0];
 }
 
 Tensor add_bias(const Tensor& y, const Tensor& bias, const std::vector<std::int64_t>& row_blocks) {

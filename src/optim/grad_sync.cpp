@@ -5,6 +5,7 @@
 #include <fmt/format.h>
 
 #include <cstddef>
+#include <string_view>
 #include <unordered_map>
 #include <utility>
 
@@ -225,6 +226,10 @@ GradientSynchronizer::GradientSynchronizer(std::vector<nn::Parameter*> params, d
   state_->mesh = std::move(mesh);
   std::vector<int> bucket_axes;
   for (const char* name : {"dp", "cp"}) {
+    // In the fixed tree (--mesh-invariant's sequence blocks: cp is refused in the tree otherwise) cp
+    // is summed before dp, per micro-batch (nn::Model::micro_batch_sum_group), or for one micro-batch
+    // here per parameter before its bucket: the sequence blocks' tree is inside each row block's.
+    if (std::string_view(name) == "cp" && options.order == dist::ReduceOrder::FixedTree) continue;
     if (state_->mesh->has_axis(name) && state_->mesh->axis_size(name) > 1) {
       bucket_axes.push_back(state_->mesh->axis_index(name));
       state_->bucket_axes |= dist::axis_bit(bucket_axes.back());

@@ -31,14 +31,14 @@ void MicroBatchGradients::after_backward(int k) {
   MG_CHECK(k == next_, "gradient accumulation: after_backward({}) for micro-batch {}", k, next_);
   ++next_;
   if (!tree()) return;
-  const dist::ProcessGroup* siblings = model_ != nullptr ? model_->sibling_block_group() : nullptr;
+  const dist::ProcessGroup* siblings = model_ != nullptr ? model_->micro_batch_sum_group() : nullptr;
   std::vector<Tensor> micro(params_.size());
   for (std::size_t i = 0; i < params_.size(); ++i) {
     micro[i] = params_[i]->value.grad();
-    if (micro[i].defined() && siblings != nullptr && (params_[i]->replicated_axes() & siblings->axes) &&
+    if (micro[i].defined() && siblings != nullptr && (params_[i]->replicated_axes() & siblings->axes) == siblings->axes &&
         (dist::partial_axes(micro[i]) & siblings->axes)) {
-      // The sibling blocks of this micro-batch (ep under --mesh-invariant) are added first: their
-      // sum is the subtree the micro-batches' tree takes as one leaf.
+      // The sibling blocks of this micro-batch (ep, or cp's sequence blocks, under --mesh-invariant)
+      // are added first: their sum is the subtree the micro-batches' tree takes as one leaf.
       dist::PhaseScope phase(dist::Phase::Optimizer);
       dist::CommLabelScope label("grad-sync:" + params_[i]->name);
       Tensor reduced = dist::sum_over(micro[i], *siblings, order_);

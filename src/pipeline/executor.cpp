@@ -69,7 +69,7 @@ Tensor run_step(nn::Model& model, const std::vector<nn::Batch>& micro, std::int6
   const std::vector<Action> actions = stage_actions(st.count == 1 ? ScheduleKind::OneFOneB : schedule, st.count,
                                                     st.index, m);
   auto sends = std::make_shared<dist::SendQueue>();
-  optim::MicroBatchLosses losses(model.reduce_order(), model.sibling_block_group());
+  optim::MicroBatchLosses losses(model.reduce_order(), model.micro_batch_sum_group());
   std::vector<Tensor> roots(micro.size());   // per micro-batch, from its forward to its backward
   // Every micro-batch draws the dropout seeds of one forward of the whole batch (as train_step).
   const std::uint64_t dropout_start = model.random_state();
@@ -102,7 +102,7 @@ Tensor forward_only(nn::Model& model, const std::vector<nn::Batch>& micro, std::
   const nn::PipelineStage st = model.stage();
   const dist::ProcessGroup* stages = stages_of(model, mesh);
   auto sends = std::make_shared<dist::SendQueue>();
-  optim::MicroBatchLosses losses(model.reduce_order(), model.sibling_block_group());
+  optim::MicroBatchLosses losses(model.reduce_order(), model.micro_batch_sum_group());
   {
     const dist::CommLabelScope label("wte copy");
     model.refresh_stage_copies();

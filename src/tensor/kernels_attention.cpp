@@ -115,18 +115,21 @@ inline std::int64_t first_key_tile(std::int64_t p0, std::int64_t window) {
 // only the last `window` of them). Training has queries == keys; incremental decoding passes the
 // new positions' queries and every cached key.
 // Returns the number of scores computed (tile entries, including masked ones inside a tile).
+// first: the position of query row 0 counted from key 0 (keys - queries for the above; larger when
+// the keys are an earlier piece of the sequence, whose every key may be visible). A row that sees
+// no key of these (a piece outside its window) gets out 0 and lse -inf: a part that weighs 0 when
+// parts are merged.
 template <class T>
 std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, const HeadMat<const T>& v,
                           const HeadMat<T>& out, T* lse, std::int64_t queries, std::int64_t keys, std::int64_t dim,
-                          T scale, std::int64_t window) {
+                          T scale, std::int64_t window, std::int64_t first) {
   std::vector<T> s(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> acc(static_cast<std::size_t>(kBlock * dim));
   std::vector<T> m(static_cast<std::size_t>(kBlock)), l(static_cast<std::size_t>(kBlock));
-  const std::int64_t first = keys - queries;   // position of query row 0
   std::int64_t scores = 0;
   for (std::int64_t i0 = 0; i0 < queries; i0 += kBlock) {
     const std::int64_t rows = std::min(kBlock, queries - i0);
-    const std::int64_t seen = first + i0 + rows;   // keys the block's last query sees
+    const std::int64_t seen = std::min(keys, first + i0 + rows);   // keys the block's last query sees
     std::fill(acc.begin(), acc.end(), T(0));
     std::fill(m.begin(), m.end(), -std::numeric_limits<T>::infinity());
     std::fill(l.begin(), l.end(), T(0));
@@ -161,9 +164,14 @@ std::int64_t forward_head(const HeadMat<const T>& q, const HeadMat<const T>& k, 
       blas::gemm(false, false, rows, dim, cols, T(1), s.data(), kBlock, v.row(j0), v.ld, T(1), acc.data(), dim);
     }
     for (std::int64_t r = 0; r < rows; ++r) {
+      T* o = out.row(i0 + r);
+      if (l[r] == T(0)) {   // no key visible: the empty part
+        std::fill(o, o + dim, T(0));
+        lse[i0 + r] = -std::numeric_limits<T>::infinity();
+        continue;
+      }
       const T inv = T(1) / l[r];
       const T* a = acc.data() + r * dim;
-      T* o = out.row(i0 + r);
       for (std::int64_t d = 0; d < dim; ++d) o[d] = a[d] * inv;
       lse[i0 + r] = m[r] + std::log(l[r]);
     }
@@ -180,12 +188,13 @@ struct BackwardHead {
 
 // queries rows of q are the last positions of a sequence of `keys` positions, as in forward_head;
 // dq is [queries, D], dk and dv [keys, D].
+// first as in forward_head; out and lse are the whole attention's (all pieces merged) when the keys
+// are one piece of it.
 template <class T>
 void backward_head(const BackwardHead<T>& h, std::int64_t queries, std::int64_t keys, std::int64_t dim, T scale,
-                   std::int64_t window) {
+                   std::int64_t window, std::int64_t first) {
   std::vector<T> p(static_cast<std::size_t>(kBlock * kBlock));
   std::vector<T> dp(static_cast<std::size_t>(kBlock * kBlock));
-  const std::int64_t first = keys - queries;   // position of query row 0
   // delta[t] = <dO_t, O_t> = sum_s P[t, s] dP[t, s], the row sum in the softmax backward.
   std::vector<T> delta(static_cast<std::size_t>(queries));
   for (std::int64_t t = 0; t < queries; ++t) {
@@ -197,7 +206,7 @@ void backward_head(const BackwardHead<T>& h, std::int64_t queries, std::int64_t 
   const bool want_ds = h.dq.p != nullptr || h.dk.p != nullptr;
   for (std::int64_t i0 = 0; i0 < queries; i0 += kBlock) {
     const std::int64_t rows = std::min(kBlock, queries - i0);
-    const std::int64_t seen = first + i0 + rows;   // keys the block's last query sees
+    const std::int64_t seen = std::min(keys, first + i0 + rows);   // keys the block's last query sees
     // The forward's tiles: with first == 0 and no window, the square tiles on and below the diagonal.
     for (std::int64_t j0 = first_key_tile(first + i0, window); j0 < seen; j0 += kBlock) {
       const std::int64_t cols = std::min(kBlock, seen - j0);
@@ -242,12 +251,13 @@ void backward_head(const BackwardHead<T>& h, std::int64_t queries, std::int64_t 
 }  // namespace
 
 AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in, const Tensor& v_in, double scale,
-                                          std::int64_t window) {
+                                          std::int64_t window, std::int64_t first_in) {
   const char* op = "causal_attention";
   MG_CHECK(window >= 0, "{}: the sliding window must be >= 0 (0: none), got {}", op, window);
   check_qkv(q_in, k_in, v_in, op);
   const Tensor q = blas_ready(q_in), k = blas_ready(k_in), v = blas_ready(v_in);
   const std::int64_t heads = q.size(1), queries = q.size(2), keys = k.size(2), dim = q.size(3);
+  const std::int64_t first = first_in < 0 ? keys - queries : first_in;
   const std::int64_t pairs = q.size(0) * heads;
   AttentionForward r{Tensor::empty(q.shape(), q.dtype()), Tensor::empty({q.size(0), heads, queries}, q.dtype())};
   std::vector<std::int64_t> scores(static_cast<std::size_t>(pairs), 0);
@@ -257,7 +267,7 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
       scores[static_cast<std::size_t>(pair)] =
           forward_head<T>(head<const T>(q, pair, heads), head<const T>(k, pair, heads), head<const T>(v, pair, heads),
                           head<T>(r.out, pair, heads), lse + pair * queries, queries, keys, dim, static_cast<T>(scale),
-                          window);
+                          window, first);
     });
   });
   for (std::int64_t n : scores) r.scores += n;
@@ -266,7 +276,7 @@ AttentionForward causal_attention_forward(const Tensor& q_in, const Tensor& k_in
 
 AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_in, const Tensor& k_in,
                                          const Tensor& v_in, const AttentionForward& fwd, double scale, bool want_dq,
-                                         bool want_dk, bool want_dv, std::int64_t window) {
+                                         bool want_dk, bool want_dv, std::int64_t window, std::int64_t first_in) {
   const char* op = "causal_attention backward";
   check_qkv(q_in, k_in, v_in, op);
   check_same_dtype(q_in, dout_in, op);
@@ -278,6 +288,7 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
   const Tensor dout = blas_ready(dout_in), out = blas_ready(fwd.out);
   const std::int64_t heads = q.size(1), queries = q.size(2), keys = k.size(2), dim = q.size(3);
   const std::int64_t pairs = q.size(0) * heads;
+  const std::int64_t first = first_in < 0 ? keys - queries : first_in;
   AttentionGrads g;
   if (want_dq) g.dq = Tensor::zeros(q.shape(), q.dtype());
   if (want_dk) g.dk = Tensor::zeros(k.shape(), q.dtype());
@@ -295,7 +306,7 @@ AttentionGrads causal_attention_backward(const Tensor& dout_in, const Tensor& q_
                               head<const T>(dout, pair, heads), lse + pair * queries,
                               grad_head(g.dq, pair),           grad_head(g.dk, pair),
                               grad_head(g.dv, pair)};
-      backward_head<T>(h, queries, keys, dim, static_cast<T>(scale), window);
+      backward_head<T>(h, queries, keys, dim, static_cast<T>(scale), window, first);
     });
   });
   return g;

@@ -45,6 +45,12 @@ const TextAdapter kReduceDtype{
       MG_CHECK(v == "float32" || v == "bf16", "--reduce-dtype must be float32 or bf16, got '{}'", v);
       o.parallel.reduce_dtype = v == "bf16" ? DType::BFloat16 : DType::Float32;
     }};
+const TextAdapter kCpSchedule{
+    [](const TrainOptions& o) { return std::string(o.parallel.cp_ring ? "ring" : "all-gather"); },
+    [](TrainOptions& o, const std::string& v) {
+      MG_CHECK(v == "ring" || v == "all-gather", "--cp-schedule must be ring or all-gather, got '{}'", v);
+      o.parallel.cp_ring = v == "ring";
+    }};
 const TextAdapter kDtype{[](const TrainOptions& o) { return std::string(dtype_name(o.model.dtype)); },
                          [](TrainOptions& o, const std::string& v) { o.model.dtype = parse_dtype(v); }};
 
@@ -186,6 +192,14 @@ std::vector<TrainOption> parallelism() {
       {.name = "batch-blocks", .kind = K::Int, .help = "With --mesh-invariant: row blocks of the global batch, each "
        "its own micro-batch (a power of two dividing --batch; dp x fsdp must divide it)",
        .field = MG_MEMBER(parallel.batch_blocks), .recorded = R::Kept, .min = 1},
+      {.name = "cp-schedule", .kind = K::Text, .help = "With cp=C: attention's keys and values passed around a ring "
+       "of the cp ranks, each transfer in flight while the piece at hand is computed and the parts merged exactly "
+       "(ring), or all-gathered first (all-gather; what --mesh-invariant's --sequence-blocks use)",
+       .field = kCpSchedule, .recorded = R::Kept, .choices = {"ring", "all-gather"}},
+      {.name = "sequence-blocks", .kind = K::Int, .help = "With --mesh-invariant: fixed blocks of every sequence, "
+       "each product over tokens run per block and the blocks added in one tree (a power of two dividing --seq; "
+       "cp=C needs a multiple of 2C; 1: none)", .field = MG_MEMBER(parallel.sequence_blocks), .recorded = R::Kept,
+       .min = 1},
       {.name = "pp-layers", .kind = K::IntList, .help = "With pp=P: transformer blocks per stage, e.g. 3,3 (P counts "
        "summing to --layers; default an even split)", .field = MG_MEMBER(parallel.pp_layers), .recorded = R::Kept,
        .min = 1, .example = "3,3"},

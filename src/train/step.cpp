@@ -44,10 +44,15 @@ DpPlace dp_place(const dist::DeviceMesh& mesh, bool with_ep = true, bool with_cp
   return {group.rank(), group.size(), &group};
 }
 
-// The ranks a step's reported loss is summed over: every batch axis and cp, but a sibling-block
-// group's ranks (ep under --mesh-invariant) summed each micro-batch's loss already (MicroBatchLosses).
+// The ranks a step's reported loss is summed over: every batch axis and cp, but those of the
+// model's micro-batch group (ep, or cp's sequence blocks, under --mesh-invariant) summed each
+// micro-batch's loss already (MicroBatchLosses).
 DpPlace loss_place(const dist::DeviceMesh& mesh, const nn::Model& model) {
-  return dp_place(mesh, model.sibling_block_group() == nullptr, /*with_cp=*/true);
+  const dist::ProcessGroup* summed = model.micro_batch_sum_group();
+  const auto summed_already = [&](const char* axis) {
+    return summed != nullptr && mesh.has_axis(axis) && (summed->axes & dist::axis_bit(mesh.axis_index(axis))) != 0;
+  };
+  return dp_place(mesh, !summed_already("ep"), !summed_already("cp"));
 }
 
 // This rank's micro-batches of the global batch: its share of the rows over dp x fsdp x ep (dp

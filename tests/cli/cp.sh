@@ -5,10 +5,12 @@
 #  2. a checkpoint written at cp=2 resumes on one rank and at cp=4 and continues the curve;
 #  3. a Llama at cp=2,tp=2 with sequence parallelism, and pp=2,cp=2, train; check passes at cp=2,
 #     cp=4, dp=2,cp=2, fsdp=2,cp=2, cp=2,tp=2 with SP and for a Llama with a sliding window;
-#  4. explain counts each block's keys' and values' all-gather over cp and their reduce-scatter;
-#     a trace of a cp run has those collectives;
+#  4. explain counts each block's ring transfers over cp (and with --cp-schedule all-gather the keys'
+#     and values' all-gather and their reduce-scatter); a trace of a cp run has the transfers;
 #  5. greedy samples at cp=2 are the one-rank samples;
-#  6. the refusals name the sequence and the mesh.
+#  6. the refusals name the sequence and the mesh;
+#  7. --mesh-invariant --sequence-blocks: cp=2, cp=4 and cp=2,tp=2 with SP save one rank's bytes, and
+#     a cp=2 checkpoint resumed on one rank and at cp=2,tp=2 saves the uninterrupted run's.
 # usage: cp.sh MESHGRAD WORKDIR
 set -euo pipefail
 mg=$1 work=$2
@@ -33,6 +35,17 @@ for a, b in zip(one, cp):
 assert cp[-1] < cp[0], cp
 header = json.loads(open(sys.argv[2]).readline())
 assert "cp=2" in json.dumps(header), header
+PY
+
+# The all-gather schedule trains the same losses (another order of the softmax's parts).
+"$mg" train "${gpt[@]}" --steps 6 --mesh cp=2 --cp-schedule all-gather --metrics "$work/cpg.jsonl" > "$work/cpg.log" 2>&1 ||
+  fail "the cp=2 all-gather run failed" "$work/cpg.log"
+python3 - "$work/one.jsonl" "$work/cpg.jsonl" <<'PY' || fail "cp=2 --cp-schedule all-gather does not train the one-rank losses"
+import json, sys
+def losses(path):
+    return [json.loads(l)["loss"] for l in open(path) if '"step"' in l]
+one, cp = losses(sys.argv[1]), losses(sys.argv[2])
+assert len(one) == len(cp) == 6 and all(abs(a - b) <= 2e-5 * abs(a) for a, b in zip(one, cp)), (one, cp)
 PY
 
 # 2. Resume the cp=2 checkpoint on one rank and at cp=4: the curve continues (float32, other sums).
@@ -63,10 +76,13 @@ done
 "$mg" check --model llama --kv-heads 2 --sliding-window 5 --mesh cp=2 --seq 16 --dtype float64 > "$work/check.log" 2>&1 ||
   fail "check of a windowed llama at cp=2 failed" "$work/check.log"
 
-# 4. explain and the trace.
+# 4. explain and the trace: the ring's transfers (the default), and the all-gather schedule's collectives.
 "$mg" explain --mesh cp=2 > "$work/x.log" 2>&1 || fail "explain at cp=2 failed" "$work/x.log"
-[ "$(grep -cE 'forward\s+all_gather\s+cp' "$work/x.log")" -ge 4 ] || fail "explain shows no keys' gather" "$work/x.log"
-grep -qE 'backward\s+reduce_scatter\s+cp' "$work/x.log" || fail "explain shows no gradients' return" "$work/x.log"
+[ "$(grep -cE 'forward\s+send\s+cp' "$work/x.log")" -ge 2 ] || fail "explain shows no ring transfer of the keys" "$work/x.log"
+[ "$(grep -cE 'backward\s+send\s+cp' "$work/x.log")" -ge 6 ] || fail "explain shows no gradients' ring" "$work/x.log"
+"$mg" explain --mesh cp=2 --cp-schedule all-gather > "$work/xg.log" 2>&1 || fail "explain all-gather failed" "$work/xg.log"
+[ "$(grep -cE 'forward\s+all_gather\s+cp' "$work/xg.log")" -ge 4 ] || fail "explain shows no keys' gather" "$work/xg.log"
+grep -qE 'backward\s+reduce_scatter\s+cp' "$work/xg.log" || fail "explain shows no gradients' return" "$work/xg.log"
 "$mg" train "${gpt[@]}" --steps 2 --mesh cp=2 --trace "$work/t.json" --no-metrics > "$work/t.log" 2>&1 ||
   fail "a traced cp run failed" "$work/t.log"
 python3 - "$work/t.json" <<'PY' || fail "the trace has no cp collectives"
@@ -74,7 +90,7 @@ import json, sys
 events = json.load(open(sys.argv[1]))
 events = events["traceEvents"] if isinstance(events, dict) else events
 names = " ".join(str(e.get("name", "")) + " " + json.dumps(e.get("args", {})) for e in events)
-assert "all_gather" in names and "reduce_scatter" in names, names[:2000]
+assert "send" in names and "recv" in names, names[:2000]
 PY
 
 # 5. Samples: every cp rank decodes the whole sequence, as one rank does.
@@ -93,6 +109,30 @@ expect_refusal() {   # expect_refusal PATTERN ARGS...
   ! grep -q "^step 1" "$work/bad.log" || fail "'$*' was refused only after a step" "$work/bad.log"
 }
 expect_refusal "a sequence of 30 positions does not cut into 8 equal chunks" train --mesh cp=4 --seq 30 --steps 1 --no-metrics
-expect_refusal "mesh-invariant with context parallelism" train --mesh cp=2 --mesh-invariant --steps 1 --no-metrics
+expect_refusal "give --sequence-blocks a multiple of 2 x cp = 4 (got 1)" train --mesh cp=2 --mesh-invariant --steps 1 --no-metrics
 expect_refusal "tp-invariant with context parallelism" train --mesh cp=2 --tp-invariant --steps 1 --no-metrics
+expect_refusal "give --sequence-blocks a multiple of 2 x cp = 8 (got 4)" train --mesh cp=4 --mesh-invariant --sequence-blocks 4 --steps 1 --no-metrics
+expect_refusal "with fsdp on the mesh fsdp=2,cp=2" train --mesh fsdp=2,cp=2 --mesh-invariant --sequence-blocks 4 --steps 1 --no-metrics
+
+# 7. The same bytes on every cp under --mesh-invariant's sequence blocks, and an elastic resume.
+inv=(train "${gpt[@]}" --dropout 0.1 --mesh-invariant --sequence-blocks 8 --no-metrics)
+"$mg" "${inv[@]}" --steps 4 --mesh tp=1 --save "$work/inv_one.safetensors" > "$work/inv_one.log" 2>&1 ||
+  fail "the invariant one-rank run failed" "$work/inv_one.log"
+for mesh in cp=2 cp=4 cp=2,tp=2; do
+  extra=()
+  [ "$mesh" = cp=2,tp=2 ] && extra=(--sequence-parallel --overlap)
+  "$mg" "${inv[@]}" --steps 4 --mesh "$mesh" "${extra[@]}" --save "$work/inv_$mesh.safetensors" \
+    > "$work/inv_$mesh.log" 2>&1 || fail "the invariant $mesh run failed" "$work/inv_$mesh.log"
+  cmp "$work/inv_one.safetensors" "$work/inv_$mesh.safetensors" || fail "--mesh-invariant $mesh differs from one rank"
+done
+"$mg" "${inv[@]}" --steps 2 --decay-steps 4 --mesh cp=2 --checkpoint-dir "$work/inv_ck" --save-every 2 \
+  > "$work/inv_ck.log" 2>&1 || fail "the invariant checkpointed run failed" "$work/inv_ck.log"
+"$mg" "${inv[@]}" --steps 4 --decay-steps 4 --mesh tp=1 --save "$work/inv_full.safetensors" > "$work/inv_full.log" 2>&1 ||
+  fail "the uninterrupted invariant run failed" "$work/inv_full.log"
+for mesh in tp=1 cp=2,tp=2; do
+  "$mg" train --resume "$work/inv_ck/step_00000002" --steps 4 --mesh "$mesh" --no-metrics \
+    --save "$work/inv_r_$mesh.safetensors" > "$work/inv_r_$mesh.log" 2>&1 || fail "resume at $mesh failed" "$work/inv_r_$mesh.log"
+  cmp "$work/inv_full.safetensors" "$work/inv_r_$mesh.safetensors" ||
+    fail "the cp=2 checkpoint resumed at $mesh differs from the uninterrupted run"
+done
 echo "cp: all checks passed"

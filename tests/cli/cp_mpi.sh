@@ -18,4 +18,11 @@ for mesh in cp=2 cp=2,tp=2; do
     fail "mpirun $mesh failed" "$work/mpi_$mesh.log"
   cmp "$work/threads_$mesh.safetensors" "$work/mpi_$mesh.safetensors" || fail "mpi $mesh differs from threads $mesh"
 done
-echo "cp under mpirun: cp=2 and cp=2,tp=2 save the threads backend's bytes"
+# --mesh-invariant's sequence blocks: the mpi run at cp=2,tp=2 saves one rank's threads bytes.
+inv=(train --layers 2 --hidden 32 --heads 4 --seq 32 --batch 4 --steps 3 --no-metrics --mesh-invariant --sequence-blocks 4)
+"$mg" "${inv[@]}" --mesh tp=1 --save "$work/inv_one.safetensors" > "$work/inv_one.log" 2>&1 ||
+  fail "the invariant one-rank run failed" "$work/inv_one.log"
+"$@" -np 4 "$mg" "${inv[@]}" --mesh cp=2,tp=2 --backend mpi --save "$work/inv_mpi.safetensors" > "$work/inv_mpi.log" 2>&1 ||
+  fail "mpirun --mesh-invariant cp=2,tp=2 failed" "$work/inv_mpi.log"
+cmp "$work/inv_one.safetensors" "$work/inv_mpi.safetensors" || fail "mpi --mesh-invariant cp=2,tp=2 differs from one rank"
+echo "cp under mpirun: cp=2 and cp=2,tp=2 save the threads backend's bytes; --mesh-invariant cp=2,tp=2 one rank's"

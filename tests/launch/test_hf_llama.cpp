@@ -186,14 +186,10 @@ TEST_P(HfLlamaGrads, Float64GradientsAreTheSameOnEveryMesh) {
   EXPECT_GT(one.loss, 0);
 }
 
-TEST_P(HfLlamaGrads, MeshInvariantFloat32GradientsAreBitwiseTheSameOnEveryMesh) {
-  const Scratch s("invariant_" + GetParam());
-  const nn::ModelConfig c = family(GetParam(), DType::Float32);
-  launch::GradsJob job = write_inputs(s, c);
-  job.mesh_invariant = true;
-  job.invariant_blocks = 2;   // the fixed tree nests in the shards of the 2 key/value heads
-  const launch::GradsResult one = grads_on(job, "tp=1");
-  for (const std::string mesh : {"tp=2", "dp=2", "pp=2", "dp=2,tp=2"}) {
+// The gradients and loss of `job` on each mesh are the bytes of `one`'s.
+void expect_bitwise_on(const launch::GradsJob& job, const launch::GradsResult& one,
+                       const std::vector<std::string>& meshes) {
+  for (const std::string& mesh : meshes) {
     const launch::GradsResult r = grads_on(job, mesh);
     EXPECT_EQ(r.loss, one.loss) << mesh;
     ASSERT_EQ(r.gradients.size(), one.gradients.size()) << mesh;
@@ -203,6 +199,16 @@ TEST_P(HfLlamaGrads, MeshInvariantFloat32GradientsAreBitwiseTheSameOnEveryMesh) 
           << relative_difference(r.gradients[i].second, one.gradients[i].second);
     }
   }
+}
+
+TEST_P(HfLlamaGrads, MeshInvariantFloat32GradientsAreBitwiseTheSameOnEveryMesh) {
+  const Scratch s("invariant_" + GetParam());
+  const nn::ModelConfig c = family(GetParam(), DType::Float32);
+  launch::GradsJob job = write_inputs(s, c);
+  job.mesh_invariant = true;
+  job.invariant_blocks = 2;   // the fixed tree nests in the shards of the 2 key/value heads
+  const launch::GradsResult one = grads_on(job, "tp=1");
+  expect_bitwise_on(job, one, {"tp=2", "dp=2", "pp=2", "dp=2,tp=2"});
   // Without the mode, dp=2 adds the rows in another order: the check above can fail.
   launch::GradsJob plain = job;
   plain.mesh_invariant = false;
@@ -210,6 +216,18 @@ TEST_P(HfLlamaGrads, MeshInvariantFloat32GradientsAreBitwiseTheSameOnEveryMesh) 
   bool all_equal = a.loss == b.loss;
   for (std::size_t i = 0; i < a.gradients.size(); ++i) all_equal &= bitwise_equal(a.gradients[i].second, b.gradients[i].second);
   EXPECT_FALSE(all_equal) << "without --mesh-invariant dp=2,tp=2 gives the same bits: the test shows nothing";
+}
+
+// Context parallelism under --mesh-invariant's sequence blocks (8 blocks of the sequence): the same
+// bits at cp=1, 2, 4, with tp and dp, for the Hugging Face configs.
+TEST_P(HfLlamaGrads, SequenceBlocksMakeContextParallelGradientsBitwiseTheSame) {
+  const Scratch s("sequence_blocks_" + GetParam());
+  const nn::ModelConfig c = family(GetParam(), DType::Float32);
+  launch::GradsJob job = write_inputs(s, c);
+  job.mesh_invariant = true;
+  job.invariant_blocks = 2;
+  job.sequence_blocks = 8;
+  expect_bitwise_on(job, grads_on(job, "tp=1"), {"cp=2", "cp=4", "cp=2,tp=2", "dp=2,cp=2"});
 }
 
 INSTANTIATE_TEST_SUITE_P(Family, HfLlamaGrads, ::testing::Values("llama", "qwen2"));

@@ -32,11 +32,12 @@ struct MeshCase {
   // only (tp_only) or the normal mode (neither).
   bool mesh_mode = true, tp_only = false;
   int blocks = 4;   // --batch-blocks
+  int sequence_blocks = 1;   // --sequence-blocks (cp needs a multiple of 2 cp)
   bool llama = false;   // the Llama family (GQA, RoPE, RMSNorm, SwiGLU, untied head) instead of GPT-2
   bool bf16 = false;    // --precision bf16
   std::string str() const {
-    return fmt::format("{}{}{}{} grad-accum={}", mesh, sp ? " sp" : "", overlap ? " overlap" : "",
-                       shard_optimizer ? " shard-optimizer" : "", grad_accum);
+    return fmt::format("{}{}{}{} grad-accum={} sequence-blocks={}", mesh, sp ? " sp" : "", overlap ? " overlap" : "",
+                       shard_optimizer ? " shard-optimizer" : "", grad_accum, sequence_blocks);
   }
 };
 
@@ -44,6 +45,7 @@ nn::ParallelConfig mesh_invariant(const MeshCase& m) {
   nn::ParallelConfig p;
   p.invariance = m.mesh_mode ? nn::Invariance::Mesh : m.tp_only ? nn::Invariance::Tp : nn::Invariance::None;
   p.batch_blocks = m.blocks;
+  p.sequence_blocks = m.sequence_blocks;
   // The small Llama's 2 key/value heads are 2 units: a tree of 2 feature blocks cuts them whole.
   if (m.llama) p.invariant_blocks = 2;
   p.sequence_parallel = m.sp;
@@ -171,6 +173,55 @@ TEST(MeshInvariant, TheLlamaFamilyIsTheSameBytesOnEveryKindOfMeshFloat32) {
                                         llama("pp=2"), llama("tp=2x1"), llama("dp=2,tp=1x2")});
 }
 
+// Context parallelism keeps the promise with --sequence-blocks: the sequence of 16 positions cut into
+// 8 blocks of 2, every product per block and every token sum (weight, norm and bias gradients, the
+// embedding's rows, the loss, attention's key gradients) in the blocks' tree, whose leaves put each
+// cp rank's chunks in one subtree (nn/context_parallel.hpp). cp=1, 2, 4, with tp, SP and overlap,
+// dp, a pipeline, micro-batches (4 per replica at cp=2: each summed over cp before their tree),
+// activation checkpointing, and a one-rank fsdp=2 with the blocks.
+MeshCase blocked(std::string mesh, bool sp = false, bool overlap = false, bool llama = false) {
+  MeshCase c{std::move(mesh), sp, overlap};
+  c.sequence_blocks = 8;
+  c.llama = llama;
+  return c;
+}
+
+TEST(MeshInvariant, ContextParallelMeshesAreTheSameBytesUnderSequenceBlocksGpt) {
+  MeshCase accum = blocked("cp=2");
+  accum.grad_accum = 2;
+  expect_same_training(DType::Float32, {blocked("tp=1"), blocked("cp=2"), blocked("cp=4"), blocked("dp=2,cp=2"),
+                                        blocked("cp=2,tp=2", true, true), blocked("pp=2,cp=2"), blocked("fsdp=2"),
+                                        accum});
+}
+
+TEST(MeshInvariant, ContextParallelMeshesAreTheSameBytesUnderSequenceBlocksLlama) {
+  expect_same_training(DType::Float32, {blocked("tp=1", false, false, true), blocked("cp=2", false, false, true),
+                                        blocked("cp=4", false, false, true), blocked("cp=2,tp=2", true, false, true),
+                                        blocked("dp=2,cp=2", false, false, true), blocked("pp=2,cp=2", false, false, true)});
+}
+
+TEST(MeshInvariant, ContextParallelMeshesAreTheSameBytesUnderSequenceBlocksFloat64) {
+  expect_same_training(DType::Float64, {blocked("tp=1"), blocked("cp=4"), blocked("dp=2,cp=2", false, true)});
+}
+
+// Without the blocks' tree the same meshes differ: a left fold of the blocks (the mutation) makes
+// one rank and cp=2 add other parentheses, and so do the normal mode's cp sums.
+TEST(MeshInvariant, ContextParallelWithoutTheTreeChangesTheBits) {
+  {
+    struct Restore {
+      ~Restore() { tree::testing::set_left_fold(false); }
+    } restore;
+    tree::testing::set_left_fold(true);
+    const RunBits one = train_on(blocked("tp=1"), DType::Float32, "cpfold1");
+    const RunBits cp2 = train_on(blocked("cp=2"), DType::Float32, "cpfold2");
+    tree::testing::set_left_fold(false);
+    EXPECT_FALSE(one.parameters == cp2.parameters);
+  }
+  MeshCase one = blocked("tp=1"), two = blocked("cp=2");
+  one.mesh_mode = two.mesh_mode = false;
+  EXPECT_FALSE(train_on(one, DType::Float32, "cpplain1").parameters == train_on(two, DType::Float32, "cpplain2").parameters);
+}
+
 // --precision bf16 keeps the promise: its products round their operands elementwise (the same on
 // every mesh) and run the float32 kernels in the invariant modes (blas::bf16_route).
 TEST(MeshInvariant, Bf16PrecisionIsTheSameBytesOnEveryKindOfMesh) {
@@ -193,11 +244,13 @@ TEST(MeshInvariant, Bf16PrecisionIsTheSameBytesOnEveryKindOfMesh) {
 
 // Every gradient of every step, the losses and the weights after 20 steps, against one rank running
 // one micro-batch per row block (diag::check_equivalence, as `meshgrad check --mesh-invariant`).
-void expect_bitwise_check(const std::string& mesh, DType dtype, bool sp = false) {
+void expect_bitwise_check(const std::string& mesh, DType dtype, bool sp = false, int sequence_blocks = 1) {
   SCOPED_TRACE(mesh + (sp ? " sp " : " ") + std::string(dtype_name(dtype)));
   diag::EquivalenceOptions o;
   o.model = small_gpt(dtype);
-  o.parallel = mesh_invariant({mesh, sp});
+  MeshCase c{mesh, sp};
+  c.sequence_blocks = sequence_blocks;
+  o.parallel = mesh_invariant(c);
   o.mesh = mesh;
   o.steps = kSteps;
   o.lr = 3e-3;
@@ -221,6 +274,8 @@ TEST(MeshInvariant, EveryGradientOfEveryStepIsTheSingleRanks) {
   expect_bitwise_check("dp=2,tp=2", DType::Float64, true);
   expect_bitwise_check("tp=2x2", DType::Float32);
   expect_bitwise_check("fsdp=2,tp=1x2", DType::Float32);
+  expect_bitwise_check("cp=4", DType::Float32, false, 8);
+  expect_bitwise_check("cp=2,tp=2", DType::Float64, true, 8);
 }
 
 // The mutation the tests above must catch: with every tree sum turned into a left fold, one rank adds
@@ -284,6 +339,42 @@ TEST(MeshInvariant, RefusesSplitsThatCannotKeepTheTreeNamingTheOnesThatCan) {
   o.progress = false;
   o.parallel.invariance = nn::Invariance::Mesh;
   EXPECT_THROW(mesh_runner("threads", "dp=8")([&](const dist::DeviceMeshPtr& m) { train::train(o, m); }), Error);
+}
+
+// What the sequence blocks cannot keep is refused before any step, naming the numbers or the mesh.
+std::string train_refusal(const std::string& mesh, int sequence_blocks, nn::Invariance mode = nn::Invariance::Mesh,
+                          bool sp = false) {
+  train::TrainOptions o;
+  o.model = small_gpt(DType::Float32);
+  o.model.vocab = 0;
+  o.model.seq = 16;
+  o.steps = 1;
+  o.progress = false;
+  o.parallel.invariance = mode;
+  o.parallel.sequence_blocks = sequence_blocks;
+  o.parallel.sequence_parallel = sp;
+  try {
+    mesh_runner("threads", mesh)([&](const dist::DeviceMeshPtr& m) { train::train(o, m); });
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+TEST(MeshInvariant, RefusesContextParallelMeshesTheSequenceBlocksCannotKeep) {
+  const auto expect_refusal = [](const std::string& got, const std::string& part) {
+    EXPECT_NE(got.find(part), std::string::npos) << got;
+  };
+  expect_refusal(train_refusal("cp=2", 1), "give --sequence-blocks a multiple of 2 x cp = 4 (got 1)");
+  expect_refusal(train_refusal("cp=4", 4), "give --sequence-blocks a multiple of 2 x cp = 8 (got 4)");
+  expect_refusal(train_refusal("tp=1", 3), "--sequence-blocks 3 must be a power of two");
+  expect_refusal(train_refusal("tp=1", 32), "a sequence of 16 positions does not cut into 32");
+  expect_refusal(train_refusal("cp=2", 4, nn::Invariance::Tp), "--tp-invariant with context parallelism");
+  expect_refusal(train_refusal("fsdp=2,cp=2", 4), "with fsdp on the mesh fsdp=2,cp=2");
+  expect_refusal(train_refusal("cp=2,tp=2x1", 4), "on the 2-D tensor-parallel mesh cp=2,tp=2x1");
+  EXPECT_EQ(train_refusal("cp=2,tp=2", 4, nn::Invariance::Mesh, true), "");   // a block per SP shard: trains
+  expect_refusal(train_refusal("cp=2,tp=4", 4, nn::Invariance::Mesh, true),
+                 "give --sequence-blocks a multiple of cp x tp = 8");
 }
 
 }  // namespace

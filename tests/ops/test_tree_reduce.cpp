@@ -232,5 +232,29 @@ TEST(OrderedSum, AddsLeftToRightOrInTheFixedTree) {
   EXPECT_THROW(tree.total(), InvalidArgument) << "five leaves are not a tree";
 }
 
+// The embedding's gradient under row blocks is, for every row, the tree over the blocks of each
+// block's own gradient: what one dense table per block, added in the tree, holds (bitwise; a row not
+// read in a block is that block's zero).
+TEST(EmbeddingRowBlocks, EachRowIsTheTreeOfTheBlocksGradients) {
+  const Tensor table = random::randn({7, 5}, 11, DType::Float32);
+  const std::vector<std::int64_t> ids = {3, 1, 3, 3, 0, 6, 1, 3, 2, 2, 3, 5, 1, 0, 3, 3};
+  const Tensor idx = Tensor::from_int64(ids, {8, 2});
+  const Tensor dy = random::randn({8, 2, 5}, 12, DType::Float32);
+  const auto grad_with = [&](const std::vector<std::int64_t>& blocks, const Tensor& rows, const Tensor& g) {
+    Tensor w = table.detach().set_requires_grad(true);
+    backward(meshgrad::sum(mul(embedding(w, rows, blocks), g)));
+    return w.grad();
+  };
+  const Tensor blocked = grad_with({4, 4, 4, 4}, idx, dy);
+  std::vector<Tensor> leaves;
+  for (int b = 0; b < 4; ++b) {
+    leaves.push_back(grad_with({}, idx.narrow(0, 2 * b, 2), dy.narrow(0, 2 * b, 2)));
+  }
+  const Tensor expected = tree::sum(leaves);
+  EXPECT_EQ(blocked.to_vector(), expected.to_vector());
+  // And not the single block's order, where row 3 (read six times) adds left to right.
+  EXPECT_NE(grad_with({}, idx, dy).to_vector(), expected.to_vector());
+}
+
 }  // namespace
 }  // namespace meshgrad::tree

@@ -400,6 +400,41 @@ TEST(Kernels, CausalAttentionWithLongerKeysIsTheLastRowsOfTheFullPass) {
   EXPECT_THROW(kernels::causal_attention_forward(q.narrow(1, 0, 2), k, v, 0.35), InvalidArgument);
 }
 
+// `first` places the queries after an earlier piece of keys (the cp ring's pieces): queries at
+// positions [2L, 3L) against keys [L, 3L) given with first = L are the full pass's rows when the
+// window (L) keeps keys [0, L) out of every query's view; a piece wholly before the window (keys
+// [0, L), first = 2L) is the empty part: out 0 and lse -inf. Backward with first likewise.
+TEST(Kernels, CausalAttentionOfAnEarlierPieceOfKeys) {
+  const std::int64_t b = 1, h = 2, l = 40, d = 8, w = 40;
+  const Tensor q = random::randn({b, h, 3 * l, d}, 61, DType::Float64);
+  const Tensor k = random::randn({b, h, 3 * l, d}, 62, DType::Float64);
+  const Tensor v = random::randn({b, h, 3 * l, d}, 63, DType::Float64);
+  const Tensor qc = q.narrow(2, 2 * l, l);
+  const kernels::AttentionForward full = kernels::causal_attention_forward(qc, k, v, 0.35, w);
+  const Tensor kp = k.narrow(2, l, 2 * l), vp = v.narrow(2, l, 2 * l);
+  const kernels::AttentionForward piece = kernels::causal_attention_forward(qc, kp, vp, 0.35, w, l);
+  const auto got = piece.out.to_vector(), want = full.out.to_vector();
+  for (std::size_t i = 0; i < want.size(); ++i) ASSERT_NEAR(got[i], want[i], 1e-12) << i;
+  const auto got_lse = piece.lse.to_vector(), want_lse = full.lse.to_vector();
+  for (std::size_t i = 0; i < want_lse.size(); ++i) ASSERT_NEAR(got_lse[i], want_lse[i], 1e-12) << i;
+  const kernels::AttentionForward empty =
+      kernels::causal_attention_forward(qc, k.narrow(2, 0, l), v.narrow(2, 0, l), 0.35, w, 2 * l);
+  for (const double x : empty.out.to_vector()) ASSERT_EQ(x, 0.0);
+  for (const double x : empty.lse.to_vector()) ASSERT_EQ(x, -INFINITY);
+  // Backward of the piece with the whole attention's out and lse: dq is the full pass's, dk and dv
+  // the full pass's rows of the piece's keys.
+  const Tensor g = random::randn({b, h, l, d}, 64, DType::Float64);
+  const kernels::AttentionGrads whole = kernels::causal_attention_backward(g, qc, k, v, full, 0.35, true, true, true, w);
+  const kernels::AttentionGrads part =
+      kernels::causal_attention_backward(g, qc, kp, vp, full, 0.35, true, true, true, w, l);
+  const std::vector<std::pair<Tensor, Tensor>> pairs{
+      {part.dq, whole.dq}, {part.dk, whole.dk.narrow(2, l, 2 * l)}, {part.dv, whole.dv.narrow(2, l, 2 * l)}};
+  for (const auto& [got_t, want_t] : pairs) {
+    const auto a = got_t.to_vector(), e = want_t.contiguous().to_vector();
+    for (std::size_t i = 0; i < e.size(); ++i) ASSERT_NEAR(a[i], e[i], 1e-12) << i;
+  }
+}
+
 // A chunk of queries against every key up to its end (a context-parallel rank's chunk): its
 // gradients are the full pass's for a loss that reads only those rows: dq is those rows of the full
 // dq, dk and dv the full ones (keys after the chunk get none). Within 1e-12 anywhere; bit for bit

@@ -108,6 +108,37 @@ TEST(ContextChunks, EachRankHoldsChunkRAndItsMirror) {
   EXPECT_THROW(nn::context_chunks(10, 2, 0), InvalidArgument);
 }
 
+// --mesh-invariant's sequence blocks: each rank's blocks in the leaf order 0, N-1, 1, N-2, ... of the
+// blocks' tree, so that a rank's blocks at cp are the union of ranks 2r and 2r + 1's at 2 cp (a
+// subtree), and any run of consecutive local blocks of a power-of-two length on its boundary too.
+TEST(ContextChunks, SequenceBlocksAreLaidOutInTheTreesLeafOrder) {
+  using nn::PositionRun;
+  // N = 8 blocks of 2 positions: one rank holds them all in leaf order.
+  std::vector<std::int64_t> first;
+  for (const PositionRun& r : nn::context_runs(16, 1, 0, 8)) first.push_back(r.global / 2);
+  EXPECT_EQ(first, (std::vector<std::int64_t>{0, 7, 1, 6, 2, 5, 3, 4}));
+  EXPECT_EQ(nn::context_runs(16, 2, 1, 8),
+            (std::vector<PositionRun>{{0, 4, 2}, {2, 10, 2}, {4, 6, 2}, {6, 8, 2}}));   // blocks 2 5 3 4
+  // Two blocks per rank are its two chunks: the normal layout.
+  EXPECT_EQ(nn::context_runs(16, 4, 3, 8), nn::context_chunks(16, 4, 3));
+  // The subtree property, for every cp up to N / 2.
+  const int n = 16;
+  const auto blocks_of = [&](int cp, int r) {
+    std::vector<std::int64_t> out;
+    for (const PositionRun& run : nn::context_runs(64, cp, r, n)) out.push_back(run.global / (64 / n));
+    return out;
+  };
+  const std::vector<std::int64_t> leaves = blocks_of(1, 0);
+  for (int cp = 1; cp <= n / 2; cp *= 2) {
+    for (int r = 0; r < cp; ++r) {
+      const std::vector<std::int64_t> mine = blocks_of(cp, r);
+      const std::vector<std::int64_t> subtree(leaves.begin() + r * (n / cp), leaves.begin() + (r + 1) * (n / cp));
+      EXPECT_EQ(mine, subtree) << "cp=" << cp << " rank " << r;
+    }
+  }
+  EXPECT_THROW(nn::context_runs(16, 4, 0, 4), InvalidArgument);   // 4 blocks cannot give 4 ranks two chunks
+}
+
 class CpGrads : public ::testing::TestWithParam<std::string> {};
 
 // The meshes of the issue (cp=2, cp=4, cp=2 x tp=2, dp=2 x cp=2) and every axis cp combines with.
@@ -117,17 +148,22 @@ TEST_P(CpGrads, Float64GradientsEqualTheOneRankModel) {
   ASSERT_FALSE(one.dump.gradients.empty());
   struct Mesh {
     std::string spec;
-    bool sp = false, checkpoint = false;
+    bool sp = false, checkpoint = false, gather = false;   // gather: --cp-schedule all-gather
   };
   for (const Mesh& m : {Mesh{"cp=2"}, Mesh{"cp=4"}, Mesh{"cp=2,tp=2"}, Mesh{"cp=2,tp=2", true}, Mesh{"dp=2,cp=2"},
-                        Mesh{"fsdp=2,cp=2"}, Mesh{"pp=2,cp=2"}, Mesh{"cp=2", false, true}, Mesh{"cp=2,tp=2x1"}}) {
+                        Mesh{"fsdp=2,cp=2"}, Mesh{"pp=2,cp=2"}, Mesh{"cp=2", false, true}, Mesh{"cp=2,tp=2x1"},
+                        Mesh{"cp=2", false, false, true}, Mesh{"cp=4", false, false, true},
+                        Mesh{"cp=2,tp=2", true, true, true}}) {
     nn::ParallelConfig parallel;
     parallel.sequence_parallel = m.sp;
     parallel.checkpoint_blocks = m.checkpoint;
+    parallel.cp_ring = !m.gather;
     const double worst = worst_relative_difference(run(cfg, m.spec, parallel).dump, one.dump);
-    EXPECT_LE(worst, 1e-9) << m.spec << (m.sp ? " +sp" : "") << (m.checkpoint ? " +checkpoint-blocks" : "");
-    std::fprintf(stderr, "%s %s%s%s: largest relative difference to one rank %.2e\n", GetParam().c_str(),
-                 m.spec.c_str(), m.sp ? " +sp" : "", m.checkpoint ? " +ckpt" : "", worst);
+    const std::string what = m.spec + (m.sp ? " +sp" : "") + (m.checkpoint ? " +checkpoint-blocks" : "") +
+                             (m.gather ? " all-gather" : " ring");
+    EXPECT_LE(worst, 1e-9) << what;
+    std::fprintf(stderr, "%s %s: largest relative difference to one rank %.2e\n", GetParam().c_str(), what.c_str(),
+                 worst);
   }
 }
 
@@ -139,6 +175,9 @@ TEST(CpGrads, ChunksAcrossTheKernelsTiles) {
   const nn::ModelConfig cfg = mistral(160);
   const CpRun one = run(cfg, "tp=1");
   EXPECT_LE(worst_relative_difference(run(cfg, "cp=2").dump, one.dump), 1e-9);
+  nn::ParallelConfig gather;
+  gather.cp_ring = false;
+  EXPECT_LE(worst_relative_difference(run(cfg, "cp=2", gather).dump, one.dump), 1e-9);
 }
 
 // Dropout masks are drawn by global position: a rank's chunks draw their slice of the one-rank mask,
@@ -156,16 +195,35 @@ TEST(CpGrads, DropoutMasksFollowTheGlobalPositions) {
   EXPECT_LE(worst_relative_difference(run(cfg, "cp=2,tp=2", sp).dump, one.dump), 1e-9);
 }
 
-// What crosses cp: per block the keys' and the values' all-gather in forward, the same gathers again
-// in backward (no block keeps the whole sequence's keys) and the reduce-scatter of their gradients
-// (the rule's dual), and nothing else in forward.
+// What crosses cp with --cp-schedule all-gather: per block the keys' and the values' all-gather in
+// forward, the same gathers again in backward (no block keeps the whole sequence's keys) and the
+// reduce-scatter of their gradients (the rule's dual), and nothing else in forward.
 TEST(CpGrads, CollectivesAreTheKeysGatherAndItsDual) {
   const nn::ModelConfig cfg = gpt(16);
-  const CpRun two = run(cfg, "cp=2");
+  nn::ParallelConfig gather;
+  gather.cp_ring = false;
+  const CpRun two = run(cfg, "cp=2", gather);
   EXPECT_EQ(two.counter.count(dist::Phase::Forward, "all_gather", "cp"), 2 * cfg.layers) << "keys and values per block";
   EXPECT_EQ(two.counter.count(dist::Phase::Backward, "all_gather", "cp"), 2 * cfg.layers) << "gathered again";
   EXPECT_EQ(two.counter.count(dist::Phase::Backward, "reduce_scatter", "cp"), 2 * cfg.layers) << "their gradients";
   EXPECT_EQ(two.counter.count(dist::Phase::Forward, "all_reduce", "cp"), 0) << "nothing else crosses cp in forward";
+}
+
+// The ring (the default): per block in forward cp - 1 transfers of a rank's keys and values (one
+// tensor) to the next rank; in backward the same again, and cp transfers of the pieces' gradient
+// sums (the last one home to the owner); no collective over cp in forward.
+TEST(CpGrads, TheRingPassesEachPieceOnceAroundAndItsGradientsHome) {
+  const nn::ModelConfig cfg = gpt(16);
+  for (const int cp : {2, 4}) {
+    SCOPED_TRACE("cp=" + std::to_string(cp));
+    const CpRun ring = run(cfg, "cp=" + std::to_string(cp));
+    EXPECT_EQ(ring.counter.count(dist::Phase::Forward, "send", "cp"), (cp - 1) * cfg.layers);
+    EXPECT_EQ(ring.counter.count(dist::Phase::Forward, "recv", "cp"), (cp - 1) * cfg.layers);
+    EXPECT_EQ(ring.counter.count(dist::Phase::Backward, "send", "cp"), (2 * cp - 1) * cfg.layers);
+    EXPECT_EQ(ring.counter.count(dist::Phase::Backward, "recv", "cp"), (2 * cp - 1) * cfg.layers);
+    EXPECT_EQ(ring.counter.count(dist::Phase::Forward, "all_gather", "cp"), 0);
+    EXPECT_EQ(ring.counter.count(dist::Phase::Forward, "all_reduce", "cp"), 0);
+  }
 }
 
 TEST(CpRefusals, SequenceAndInvariantModesAreRefusedByName) {
@@ -179,15 +237,19 @@ TEST(CpRefusals, SequenceAndInvariantModesAreRefusedByName) {
     EXPECT_NE(msg.find("12 positions"), std::string::npos) << msg;
     EXPECT_NE(msg.find("multiple of 8"), std::string::npos) << msg;
   }
+  // --tp-invariant cannot fix the sums over cp; --mesh-invariant can with sequence blocks, and says so.
   for (const nn::Invariance mode : {nn::Invariance::Tp, nn::Invariance::Mesh}) {
     nn::ParallelConfig parallel;
     parallel.invariance = mode;
     try {
       run(gpt(16), "cp=2", parallel);
-      ADD_FAILURE() << "an invariant mode on cp=2 was accepted";
+      ADD_FAILURE() << "an invariant mode on cp=2 without --sequence-blocks was accepted";
     } catch (const InvalidArgument& e) {
-      EXPECT_NE(std::string(e.what()).find("context parallelism"), std::string::npos) << e.what();
-      EXPECT_NE(std::string(e.what()).find("cp=2"), std::string::npos) << e.what();
+      const std::string msg = e.what();
+      EXPECT_NE(msg.find(mode == nn::Invariance::Tp ? "--tp-invariant with context parallelism"
+                                                     : "give --sequence-blocks a multiple of 2 x cp = 4"),
+                std::string::npos) << msg;
+      EXPECT_NE(msg.find("cp=2"), std::string::npos) << msg;
     }
   }
 }

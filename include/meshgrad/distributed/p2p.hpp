@@ -36,7 +36,8 @@ struct P2PTags {
 // a micro-batch's (nn/tied_weight.cpp), so no micro-batch can ever match them.
 inline constexpr int kMicroBatchTagWindow = 16000;
 inline constexpr int kFirstReservedTag = 2 * kMicroBatchTagWindow;
-static_assert(kFirstReservedTag + 2 <= 32768, "reserved p2p tags must stay below MPI's least MPI_TAG_UB");
+// In use: +0, +1 (nn/tied_weight.cpp), +2, +3 (nn/context_parallel.cpp, the cp ring).
+static_assert(kFirstReservedTag + 4 <= 32768, "reserved p2p tags must stay below MPI's least MPI_TAG_UB");
 // The tags of micro-batch `micro` (>= 0): distinct per micro-batch (modulo kMicroBatchTagWindow) and
 // direction, below kFirstReservedTag.
 P2PTags tags_for(int micro);

@@ -56,6 +56,7 @@ struct GradsJob {
   bool mesh_invariant = false;          // nn::Invariance::Mesh: the same bits on every mesh (as train's)
   int invariant_blocks = 4;
   int batch_blocks = 4;                 // with mesh_invariant: the batch's fixed row blocks
+  int sequence_blocks = 1;              // with mesh_invariant: the sequence's fixed blocks (cp)
   double capacity_factor = 0;           // a mixture of experts' capacity (nn::ModelConfig); 0: dropless
 };
 

@@ -194,11 +194,14 @@ class GridLinear {
 // target logit), none in backward. Works for a vocabulary not divisible by the ranks.
 // vocab_blocks: the blocks of the local vocabulary (the LM head's plan); the sum of exps is taken per
 // block and added in the tree (ops/tree_reduce.hpp); nullptr: one block. order: how the sum of exps
-// is added over tp (dist::sum_over).
+// is added over tp (dist::sum_over). row_blocks: sizes of consecutive blocks of the rows (a power of
+// two of them; empty: one): each block's loss is summed in double, divided by divisor and rounded,
+// and the blocks' losses added in the tree (--mesh-invariant's sequence blocks).
 Tensor vocab_parallel_cross_entropy(const Tensor& logits_local, const Tensor& targets, std::int64_t vocab_offset,
                                     std::int64_t vocab, const dist::ProcessGroup& tp, double divisor,
                                     std::int64_t ignore_index = -100, const tree::SplitPlan* vocab_blocks = nullptr,
-                                    dist::ReduceOrder order = dist::ReduceOrder::RankOrder);
+                                    dist::ReduceOrder order = dist::ReduceOrder::RankOrder,
+                                    const std::vector<std::int64_t>& row_blocks = {});
 
 // Dropout whose mask element for global index g of a tensor of `global_shape` is
 // uniform(seed, g) < p, so a sharded activation gets exactly its slice of the unsharded mask and a

@@ -124,6 +124,19 @@ struct ParallelConfig {
   Invariance invariance = Invariance::None;
   int invariant_blocks = 4;
   int batch_blocks = 4;
+  // Mesh only: the sequence's fixed blocks (--sequence-blocks, a power of two; 1: the whole sequence
+  // is one block). Every product over tokens runs per block and every sum over tokens (weight,
+  // norm and bias gradients, the embedding's rows, the loss, attention's key gradients) adds the
+  // blocks in one fixed tree whose leaves are in the order 0, N-1, 1, N-2, ..., so that each cp rank's
+  // blocks (chunks r and 2 cp - 1 - r) are a subtree: the bits are the same at every cp that divides
+  // N / 2 (docs/mesh-invariance.md, "cp: sequence blocks").
+  int sequence_blocks = 1;
+  // Context parallelism's attention in the normal mode (--cp-schedule): true, the ring (the keys and
+  // values passed rank to rank, each transfer in flight during the piece at hand's products, the
+  // parts merged exactly); false, all-gathered before the products (what the sequence blocks use).
+  bool cp_ring = true;
+  // Mesh with sequence_blocks > 1: the sequence blocks are in force.
+  bool sequence_blocked() const { return mesh_invariant() && sequence_blocks > 1; }
   // Tp or Mesh: the features' fixed tree (what the layers and the tp reductions follow).
   bool tp_invariant() const { return invariance != Invariance::None; }
   // Mesh: the batch's fixed row blocks too (what the trainer's split and sums follow).
@@ -273,6 +286,11 @@ class Model {
   // micro-batches' tree; the batch is dealt out block by block (train::micro_batches_of_rank).
   // nullptr: none.
   virtual const dist::ProcessGroup* sibling_block_group() const { return nullptr; }
+  // The group each micro-batch's gradients and loss are summed over before the micro-batches' tree
+  // (optim::MicroBatchGradients, MicroBatchLosses): the sibling-block group, or cp under
+  // --mesh-invariant's sequence blocks, whose ranks hold sibling subtrees of every row block's
+  // sequence (docs/mesh-invariance.md, "cp"). nullptr: none (the synchroniser sums the axes once).
+  virtual const dist::ProcessGroup* micro_batch_sum_group() const { return sibling_block_group(); }
   // A mixture of experts' routing since the last call (training forwards only), then cleared;
   // empty for a dense model. Collective: every rank of the mesh calls it.
   virtual ExpertLoad take_expert_load() { return {}; }

@@ -80,6 +80,15 @@ struct ParallelContext {
   bool context_parallel() const { return cp_size() > 1; }
   // The cp axis's group; only when context_parallel().
   const dist::ProcessGroup& context_group() const { return mesh->group(cp_axis); }
+  // --mesh-invariant with --sequence-blocks N > 1 (ParallelConfig::sequence_blocked): every product over
+  // tokens runs per sequence block, every sum over tokens adds the blocks in the fixed tree, and a
+  // rank's piece of the sequence is its N / cp blocks in leaf order (nn/context_parallel.hpp).
+  bool sequence_blocked() const { return config.sequence_blocked(); }
+  int sequence_blocks() const { return sequence_blocked() ? config.sequence_blocks : 1; }
+  // Attention runs per position run of the rank's piece against the keys up to the run's end
+  // (context_attention): with cp, and under the sequence blocks, where even one rank runs each block
+  // alone so that its products have the shapes they have on every cp.
+  bool attention_per_run() const { return context_parallel() || sequence_blocked(); }
   // The axes that split the batch (dp, fsdp and ep), as a mask of those with more than one rank.
   dist::AxisMask batch_axes() const;
   // The axes whose ranks hold different tokens of one forward's batch: the batch axes and cp (which
@@ -137,8 +146,17 @@ struct ParallelContext {
   // The token blocks of an activation [T_local, B, ...] of a sequence of `seq` positions, as sizes
   // of consecutive row blocks of its [T_local * B, ...] view: the fixed token blocks of this rank's
   // sequence shard (the whole sequence without SP) in tp-invariant mode, else one block.
+  // Under the sequence blocks these are the sequence blocks (see sequence_row_blocks).
   std::vector<std::int64_t> token_row_blocks(std::int64_t seq, std::int64_t local_tokens,
                                              std::int64_t rows_per_token) const;
+  // The sequence blocks of an activation [T_local, B, ...] holding `local_tokens` consecutive local
+  // positions (the rank's whole piece, or its sequence-parallel shard) of a rank's piece of `seq`
+  // positions, as sizes of consecutive row blocks of its [T_local * B, ...] view: the piece's
+  // N / cp equal blocks under sequence_blocked() (in leaf order, so consecutive blocks are the
+  // tree's leaves in order), else one block of every row. Throws naming the sizes when the tokens
+  // are not whole blocks.
+  std::vector<std::int64_t> sequence_row_blocks(std::int64_t seq, std::int64_t local_tokens,
+                                                std::int64_t rows_per_token) const;
   // A replicated parameter p used on this rank's tokens only (sequence parallelism), whose gradient
   // is therefore a partial sum over tp; p itself without SP. Normal mode: the gradient is marked
   // partial and the gradient synchroniser reduces it once per step, overlapped with backward.
@@ -146,6 +164,12 @@ struct ParallelContext {
   // micro-batch's gradient is complete before the micro-batches are added in their tree (adding
   // partial sums across micro-batches first would be another tree).
   Tensor replicated_on_sequence_shard(const Tensor& p) const;
+  // A parameter used twice in one forward (a tied token table: the embedding and the output layer),
+  // under the sequence blocks on a mesh with cp > 1: each use's gradient is summed over cp in the
+  // tree in its backward (the rule's R -> R step), so the two uses' complete sums are added as one
+  // rank adds its two trees; summed after their addition, the cp ranks' roots would mix the two
+  // trees. p itself otherwise (the gradient stays partial over cp for the micro-batch's reduction).
+  Tensor reduced_over_cp_per_use(const Tensor& p) const;
 };
 using ParallelContextPtr = std::shared_ptr<const ParallelContext>;
 

@@ -78,8 +78,10 @@ Tensor rms_norm(const Tensor& x, const Tensor& weight, double eps = 1e-6,
                 const std::vector<std::int64_t>& row_blocks = {});
 
 // ---- embedding and loss -------------------------------------------------------------------------
-// weight: [V, C], indices: int64 [...] -> [..., C].
-Tensor embedding(const Tensor& weight, const Tensor& indices);
+// weight: [V, C], indices: int64 [...] -> [..., C]. row_blocks (sizes of consecutive blocks of the
+// indices in order, a power of two of them; empty: one): each row's gradient is the fixed tree over
+// the blocks of each block's sum (tree_reduce.hpp; --mesh-invariant's sequence blocks).
+Tensor embedding(const Tensor& weight, const Tensor& indices, const std::vector<std::int64_t>& row_blocks = {});
 // logits: [N, V], targets: int64 [N]; mean over the targets that are not ignore_index
 // (0 when all are ignored). Out-of-range targets throw naming the position and value.
 Tensor cross_entropy(const Tensor& logits, const Tensor& targets, std::int64_t ignore_index = -100);

@@ -191,7 +191,11 @@ std::string nesting_degrees(std::int64_t full, int parts, std::int64_t unit, int
 // x [..., in] @ w [in, out] with the in features cut by `in_plan` (segments over in): one GEMM per
 // segment (the same shape at every tp), the products summed in the tree. Backward per segment:
 // dx[..., s] = dy w[s, :]^T, dw[s, :] = x[..., s]^T dy. The row-parallel linear's local product.
-Tensor linear_over_input_blocks(const Tensor& x, const Tensor& w, const SplitPlan& in_plan);
+// row_blocks (sizes of consecutive blocks of x's rows viewed as [rows, in]; empty = one block): every
+// product runs per row block (the same GEMM shapes wherever the block lies) and dw is the tree over
+// the row blocks of theirs (--mesh-invariant's sequence blocks).
+Tensor linear_over_input_blocks(const Tensor& x, const Tensor& w, const SplitPlan& in_plan,
+                                const std::vector<std::int64_t>& row_blocks = {});
 
 // y [N..., C] + bias [C], the bias gradient the tree over row blocks of column sums: row_blocks
 // are the sizes of consecutive blocks of the rows of y viewed as [rows, C] (sum = rows; empty = one

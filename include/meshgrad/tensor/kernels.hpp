@@ -159,15 +159,22 @@ struct AttentionForward {
   // entries inside a tile included). A cost counter: T_q = 1 against T_k keys computes B H T_k.
   std::int64_t scores = 0;
 };
+// first >= 0: query row 0 sits at position `first` counted from key 0 (default, -1: keys - queries,
+// the queries are the last positions of the keys' sequence). Context parallelism's ring passes an
+// earlier piece of the sequence's keys with first >= keys, every key then visible (window aside); a
+// query row that sees no key of the piece gets out 0 and lse -inf, a part that weighs nothing when
+// parts are merged.
 AttentionForward causal_attention_forward(const Tensor& q, const Tensor& k, const Tensor& v, double scale,
-                                          std::int64_t window = 0);
+                                          std::int64_t window = 0, std::int64_t first = -1);
 // Gradients of sum(dout * out) with respect to q, k, v, recomputing the probabilities from
-// (q, k, fwd.lse). Only the wanted ones are computed; the others are undefined.
+// (q, k, fwd.lse). Only the wanted ones are computed; the others are undefined. first as in forward;
+// for one piece of keys, fwd is the whole attention's (out and lse of every piece merged): the
+// FlashAttention backward of that piece.
 struct AttentionGrads {
   Tensor dq, dk, dv;
 };
 AttentionGrads causal_attention_backward(const Tensor& dout, const Tensor& q, const Tensor& k, const Tensor& v,
                                          const AttentionForward& fwd, double scale, bool want_dq, bool want_dk,
-                                         bool want_dv, std::int64_t window = 0);
+                                         bool want_dv, std::int64_t window = 0, std::int64_t first = -1);
 
 }  // namespace meshgrad::kernels
