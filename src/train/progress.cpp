@@ -3,11 +3,16 @@
 
 #include <fcntl.h>
 #include <fmt/format.h>
+#include <sys/ioctl.h>
 #include <sys/stat.h>
 #include <unistd.h>
 
 #include <algorithm>
 #include <chrono>
+#include <cstdlib>
+#include <filesystem>
+#include <fstream>
+#include <thread>
 #include <vector>
 #include <cerrno>
 #include <cstdio>
@@ -49,14 +54,134 @@ nlohmann::json step_metrics_json(const StepMetrics& m) {
   return line;
 }
 
-double measure_peak_gflops(DType dtype, const std::string& precision, int ranks) {
+std::string peak_cache_path() {
+  const auto env = [](const char* name) {
+    const char* v = std::getenv(name);
+    return v != nullptr ? std::string(v) : std::string();
+  };
+  std::string dir = env("MESHGRAD_CACHE_DIR");
+  if (dir == "off") return "";
+  if (dir.empty() && !env("XDG_CACHE_HOME").empty()) dir = env("XDG_CACHE_HOME") + "/meshgrad";
+  if (dir.empty() && !env("HOME").empty()) dir = env("HOME") + "/.cache/meshgrad";
+  return dir.empty() ? "" : dir + "/peak-gflops.json";
+}
+
+namespace {
+
+// What one rank's peak depends on: the machine (CPU model, cores), the kernels and libraries, the
+// precision and the BLAS threads the probe runs with.
+std::string peak_key(DType operands) {
+  std::string cpu;
+  std::ifstream info("/proc/cpuinfo");
+  for (std::string line; std::getline(info, line);) {
+    if (line.rfind("model name", 0) == 0) {
+      cpu = line.substr(line.find(':') + 1);
+      break;
+    }
+  }
+  return fmt::format("{} | {} cores | {} | {} | {} | {} threads", cpu, std::thread::hardware_concurrency(),
+                     blas::kernel_core(), blas::gemm_core(), dtype_name(operands), blas::num_threads());
+}
+
+nlohmann::json read_cache(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) return nlohmann::json::object();
+  try {
+    nlohmann::json j = nlohmann::json::parse(in);
+    return j.is_object() ? j : nlohmann::json::object();
+  } catch (const nlohmann::json::exception&) {
+    return nlohmann::json::object();   // unreadable: measured again and written anew
+  }
+}
+
+// Best effort: a cache that cannot be written costs the next run a measurement, nothing else.
+void write_cache(const std::string& path, const nlohmann::json& cache) {
+  std::error_code ec;
+  std::filesystem::create_directories(std::filesystem::path(path).parent_path(), ec);
+  const std::string tmp = fmt::format("{}.{}.tmp", path, ::getpid());
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    if (!out) return;
+    out << cache.dump(2) << "\n";
+    if (!out) return;
+  }
+  std::filesystem::rename(tmp, path, ec);
+  if (ec) std::filesystem::remove(tmp, ec);
+}
+
+}  // namespace
+
+PeakGflops measure_peak_gflops(DType dtype, const std::string& precision, int ranks) {
   // The run's own products: bf16 operands under --precision bf16, else the model's dtype.
   const DType operands = precision == "bf16" ? DType::BFloat16 : dtype;
+  const std::string path = peak_cache_path();
+  const std::string key = peak_key(operands);
+  nlohmann::json cache = path.empty() ? nlohmann::json::object() : read_cache(path);
+  if (cache.contains(key) && cache[key].is_number() && cache[key].get<double>() > 0) {
+    return {cache[key].get<double>() * ranks, "cached in " + path};
+  }
   double peak = blas::product_peak_gflops(operands, 1024, 4, blas::GemmLibrary::OpenBlas);
   // float32: the better of the two libraries (the run itself may be pinned to one of them).
   if (operands == DType::Float32 && blas::onednn_built())
     peak = std::max(peak, blas::product_peak_gflops(operands, 1024, 4, blas::GemmLibrary::OneDnn));
-  return peak * ranks;
+  if (!path.empty()) {
+    cache[key] = peak;
+    write_cache(path, cache);
+  }
+  return {peak * ranks, "measured"};
+}
+
+double eta_seconds(const std::vector<double>& recent_ms, int steps_left) {
+  if (recent_ms.empty()) return -1;
+  std::vector<double> sorted = recent_ms;
+  std::sort(sorted.begin(), sorted.end());
+  const std::size_t n = sorted.size();
+  const double median = n % 2 == 1 ? sorted[n / 2] : (sorted[n / 2 - 1] + sorted[n / 2]) / 2;
+  return median / 1000.0 * std::max(0, steps_left);
+}
+
+std::string format_duration(double seconds) {
+  if (seconds < 0) return "--";
+  const auto s = static_cast<long long>(seconds + 0.5);
+  if (s < 60) return fmt::format("{}s", s);
+  if (s < 3600) return fmt::format("{}m{:02}s", s / 60, s % 60);
+  return fmt::format("{}h{:02}m", s / 3600, (s % 3600) / 60);
+}
+
+std::string fit_to_width(const std::vector<ProgressField>& fields, int width) {
+  std::vector<bool> kept(fields.size(), true);
+  const auto join = [&] {
+    std::string line;
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      if (!kept[i] || fields[i].text.empty()) continue;
+      if (!line.empty()) line += " | ";
+      line += fields[i].text;
+    }
+    return line;
+  };
+  std::string line = join();
+  while (width > 0 && static_cast<int>(line.size()) > width) {
+    int worst = 0;
+    std::size_t drop = fields.size();
+    for (std::size_t i = 0; i < fields.size(); ++i) {
+      if (kept[i] && fields[i].drop_order > worst) {
+        worst = fields[i].drop_order;
+        drop = i;
+      }
+    }
+    if (drop == fields.size()) return line.substr(0, static_cast<std::size_t>(width));   // only the essentials left
+    kept[drop] = false;
+    line = join();
+  }
+  return line;
+}
+
+int terminal_width() {
+  if (::isatty(::fileno(stderr)) == 0) return 0;
+  struct winsize ws {};
+  if (::ioctl(::fileno(stderr), TIOCGWINSZ, &ws) == 0 && ws.ws_col > 0) return ws.ws_col;
+  const char* columns = std::getenv("COLUMNS");
+  return columns != nullptr ? std::max(0, std::atoi(columns)) : 0;
 }
 
 MetricsWriter::MetricsWriter(const std::string& path, bool append) : path_(path) {
@@ -92,9 +217,20 @@ void MetricsWriter::write_line(const nlohmann::json& object) {
 Progress::Progress(int steps, int first) : steps_(steps), first_(first), tty_(::isatty(::fileno(stderr)) != 0) {}
 
 void Progress::update(const StepMetrics& m, double shown_tokens_per_s, double shown_ms_per_step, double shown_mfu) {
+  constexpr std::size_t kRecentSteps = 8;
   const int done = m.step;
-  const double eta = m.elapsed_s / std::max(1, done - first_) * (steps_ - done);
-  std::string mfu = shown_mfu >= 0 ? fmt::format(" | MFU {:4.1f}%", 100 * shown_mfu) : std::string();
+  // The run's first step is dropped once a later one is known (eta_seconds).
+  if (first_step_seen_ && recent_ms_.size() == 1 && done == first_ + 2) recent_ms_.clear();
+  first_step_seen_ = true;
+  recent_ms_.push_back(m.ms_per_step);
+  if (recent_ms_.size() > kRecentSteps) recent_ms_.erase(recent_ms_.begin());
+  const double eta = eta_seconds(recent_ms_, steps_ - done);
+  std::vector<ProgressField> fields{
+      {fmt::format("step {:>{}}/{}", done, std::to_string(steps_).size(), steps_), 0},
+      {fmt::format("loss {:.4f}", m.loss), 0},
+      {fmt::format("{:7.1f} ms/step", shown_ms_per_step), 3},
+      {fmt::format("{:>7.0f} tok/s", shown_tokens_per_s), 4},
+      {shown_mfu >= 0 ? fmt::format("MFU {:4.1f}%", 100 * shown_mfu) : std::string(), 2}};
   if (!m.expert_load.empty()) {
     // The busiest expert's share over the mean (1.00: balanced), the worst layer's.
     double worst = 0;
@@ -106,23 +242,27 @@ void Progress::update(const StepMetrics& m, double shown_tokens_per_s, double sh
       }
       if (total > 0) worst = std::max(worst, top * static_cast<double>(layer.size()) / total);
     }
-    mfu += fmt::format(" | load max/mean {:.2f}", worst);
-    if (m.aux_loss > 0) mfu += fmt::format(" | aux {:.3f}", m.aux_loss);
+    fields.push_back({fmt::format("load max/mean {:.2f}", worst), 2});
+    if (m.aux_loss > 0) fields.push_back({fmt::format("aux {:.3f}", m.aux_loss), 5});
   }
-  const std::string stats = fmt::format(
-      "step {:>{}}/{} | loss {:.4f} | {:7.1f} ms/step | {:>7.0f} tok/s{} | lr {:.2e} | {:.1f}s | eta {:.0f}s", done,
-      std::to_string(steps_).size(), steps_, m.loss, shown_ms_per_step, shown_tokens_per_s, mfu, m.lr, m.elapsed_s, eta);
+  fields.push_back({fmt::format("lr {:.2e}", m.lr), 5});
+  fields.push_back({m.elapsed_s < 60 ? fmt::format("{:.1f}s", m.elapsed_s) : format_duration(m.elapsed_s), 6});
+  fields.push_back({"eta " + format_duration(eta), 1});
   if (tty_) {
-    constexpr int width = 24;
-    const int filled = static_cast<int>(static_cast<double>(width) * done / steps_);
+    constexpr int bar_width = 24;
+    const int filled = static_cast<int>(static_cast<double>(bar_width) * done / steps_);
     std::string bar(static_cast<std::size_t>(filled), '=');
-    if (filled < width) bar += '>';
-    bar.resize(width, ' ');
-    fmt::print(stderr, "\r[{}] {}\033[K", bar, stats);
+    if (filled < bar_width) bar += '>';
+    bar.resize(bar_width, ' ');
+    fields.insert(fields.begin(), {"[" + bar + "]", 7});
+    // The width is read at every update: a resized terminal is followed. One column is left free
+    // (a line of exactly the width wraps on some terminals).
+    const int width = terminal_width();
+    fmt::print(stderr, "\r{}\033[K", fit_to_width(fields, width > 1 ? width - 1 : 0));
     if (done == steps_) fmt::print(stderr, "\n");
   } else {
     const int every = std::max(1, steps_ / 20);
-    if (done - 1 == first_ || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", stats);
+    if (done - 1 == first_ || done % every == 0 || done == steps_) fmt::print(stderr, "{}\n", fit_to_width(fields, 0));
   }
   std::fflush(stderr);
 }

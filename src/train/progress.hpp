@@ -4,6 +4,7 @@
 
 #include <nlohmann/json.hpp>
 #include <string>
+#include <vector>
 
 #include "meshgrad/data/dataset.hpp"
 #include "meshgrad/distributed/mesh.hpp"
@@ -39,12 +40,44 @@ class MetricsWriter {
   int fd_ = -1;
 };
 
-// The mesh's peak GFLOP/s for MFU, measured once by blas::product_peak_gflops (the probe `meshgrad
-// bench peak` prints): the best of 4 square products of 1024 in the run's precision (bf16 operands
+// The mesh's peak GFLOP/s for MFU: one rank's peak from blas::product_peak_gflops (the probe `meshgrad
+// bench peak` prints: the best of 4 square products of 1024 in the run's precision, bf16 operands
 // under --precision bf16, else the model's dtype; float32 on the better of OpenBLAS and oneDNN), on
 // the calling rank with its BLAS threads, times `ranks` (every rank is taken to have the caller's
-// peak: MFU is per device, as Megatron and nanoGPT count it). About 0.1 s.
-double measure_peak_gflops(DType dtype, const std::string& precision, int ranks);
+// peak: MFU is per device, as Megatron and nanoGPT count it).
+// The per-rank figure is cached per machine (peak_cache_path(): a JSON object keyed by the CPU
+// model, the cores, the kernel table, the product libraries, the precision and the BLAS threads), so
+// runs divide by the same peak instead of one re-measured each run (150-212 GFLOP/s apart here); a
+// missing or unreadable cache, or another key, measures (about 0.1 s) and writes the cache
+// (atomically: a temporary file renamed). source says which: "measured" or "cached in PATH".
+struct PeakGflops {
+  double gflops = 0;
+  std::string source;
+};
+PeakGflops measure_peak_gflops(DType dtype, const std::string& precision, int ranks);
+// $MESHGRAD_CACHE_DIR, else $XDG_CACHE_HOME/meshgrad, else $HOME/.cache/meshgrad, + /peak-gflops.json;
+// "" (no cache) when none is set or MESHGRAD_CACHE_DIR is "off".
+std::string peak_cache_path();
+
+// The time left: the median of the last (up to 8) step times in ms, times the steps left, in
+// seconds. A run's first step is left out once a later one is known: it pays for the start (the
+// first products pack their operands, buffers grow), which made the mean of all steps 4x off at
+// step 1. Negative when no step time is known.
+double eta_seconds(const std::vector<double>& recent_ms, int steps_left);
+// "42s", "12m05s", "3h07m"; "--" for a negative (unknown) time.
+std::string format_duration(double seconds);
+
+// One field of the progress line and when it is dropped to fit a narrow terminal: drop_order 0 is
+// always kept; among the others the highest goes first.
+struct ProgressField {
+  std::string text;
+  int drop_order = 0;
+};
+// The fields joined with " | ", dropping fields (highest drop_order first) until the line fits in
+// `width` columns (0: any width); a line whose kept fields alone are wider is cut at `width`.
+std::string fit_to_width(const std::vector<ProgressField>& fields, int width);
+// The terminal's columns on stderr (TIOCGWINSZ, else $COLUMNS); 0 when unknown or not a terminal.
+int terminal_width();
 
 // Rank 0's progress display on stderr: a bar redrawn in place on a terminal; on a pipe or file one
 // line every ~5% of the steps (plus the first and the last), so logs stay readable. The rate, ms/step
@@ -54,7 +87,8 @@ class Progress {
  public:
   // first: the 0-based step the run starts at (a resumed run's checkpoint step).
   Progress(int steps, int first);
-  // The ETA is the mean step time so far times the steps left. m.mfu < 0: no peak known.
+  // The ETA is eta_seconds over the recent steps. m.mfu < 0: no peak known. On a terminal the line
+  // fits its width (fit_to_width; the bar, the elapsed time, lr and the rates go first, then MFU).
   void update(const StepMetrics& m, double shown_tokens_per_s, double shown_ms_per_step, double shown_mfu);
   // A line of its own (a sample, an evaluation): on a terminal the bar is redrawn after it.
   void print_line(const std::string& line);
@@ -63,6 +97,8 @@ class Progress {
   int steps_;
   int first_;
   bool tty_;
+  std::vector<double> recent_ms_;   // the last steps' times, oldest first (the run's first step dropped later)
+  bool first_step_seen_ = false;
 };
 
 }  // namespace meshgrad::train

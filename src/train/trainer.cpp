@@ -107,6 +107,7 @@ class Run {
   TrainResult result_;
   double flops_per_token_ = 0;
   double peak_gflops_ = -1;   // the mesh's, for MFU (rank 0); < 0: unknown
+  std::string peak_source_;   // "measured", "cached in PATH" or "--peak-gflops" (the metrics header's)
   std::int64_t tokens_per_step_ = 0;
   Clock::time_point start_;
   std::deque<double> recent_;   // step times of the last steps, for a steady rate on the display
@@ -323,6 +324,7 @@ void Run::open_metrics() {
   if (!leader_ || options_.metrics_path.empty()) return;
   metrics_ = std::make_unique<MetricsWriter>(options_.metrics_path, resume_.has_value());
   nlohmann::json header = metrics_header(options_, config_, *mesh_, dataset(), peak_gflops_);
+  if (!peak_source_.empty()) header["peak_gflops_source"] = peak_source_;
   if (resume_) {
     header["resumed_from"] = options_.resume_dir;
     header["first_step"] = resume_->step + 1;
@@ -379,9 +381,12 @@ void Run::build() {
   if (leader_) progress_ = std::make_unique<Progress>(options_.steps, result_.first_step);
   const bool shows_figures = options_.progress || !options_.metrics_path.empty() || options_.on_step;
   if (leader_ && options_.peak_gflops == 0 && shows_figures) {
-    peak_gflops_ = measure_peak_gflops(config_.dtype, options_.precision, mesh_->size());
+    const PeakGflops peak = measure_peak_gflops(config_.dtype, options_.precision, mesh_->size());
+    peak_gflops_ = peak.gflops;
+    peak_source_ = peak.source;
   } else if (options_.peak_gflops > 0) {
     peak_gflops_ = options_.peak_gflops;
+    peak_source_ = "--peak-gflops";
   }
 }
 
@@ -414,6 +419,12 @@ void Run::print_start() const {
                "weights, gradients and optimizer state); bf16 products: {}\n", blas::bf16_description());
   }
   if (resume_) fmt::print(stderr, "resumed from {} (after step {})\n", options_.resume_dir, result_.first_step);
+  if (options_.eval_every > 0 && options_.eval_steps > dataset().validation_batches()) {
+    // evaluate() reads at most one pass over the validation split: say so rather than cap silently.
+    fmt::print(stderr, "note: --eval-steps {} is more than the validation split's {} batches of --batch {} x --seq {}: "
+               "each evaluation reads those {} once\n", options_.eval_steps, dataset().validation_batches(),
+               config_.batch, config_.seq, dataset().validation_batches());
+  }
   // Where checkpoints go and what --keep may remove, before anything is written (a resume's folder
   // comes from --resume unless --checkpoint-dir is given: run_config.hpp).
   if (saver_) {

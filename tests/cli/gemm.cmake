@@ -28,3 +28,8 @@ add_test(NAME train_cli_resume_schedule
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/resume_schedule.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_resume_schedule)
 set_tests_properties(train_cli_resume_schedule PROPERTIES LABELS train TIMEOUT 120)
+# --eval-steps' cap said, MFU's peak cached per machine, the ETA: tests/cli/progress_notes.sh.
+add_test(NAME train_cli_progress_notes
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/progress_notes.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/train_cli_progress_notes)
+set_tests_properties(train_cli_progress_notes PROPERTIES LABELS train TIMEOUT 120)
