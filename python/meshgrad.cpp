@@ -528,6 +528,7 @@ py::list explain_job(const py::kwargs& kwargs) {
     d["algorithm"] = r.algorithm;
     d["source"] = diag::explain_source_name(r.source);
     d["stage"] = r.stage;
+    d["tensors"] = r.tensors;
     out.append(d);
   }
   return out;
@@ -634,7 +635,8 @@ PYBIND11_MODULE(meshgrad, m) {
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "
         "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, micro_batches=1, "
         "pp_layers=None, pp_schedule='1f1b', link='nvlink4' | alpha_us=..., beta_gbs=...) -> list of row dicts "
-        "(layer, phase, op, axis, bytes, predicted_us, ranks, algorithm, source, stage), as `meshgrad explain` "
+        "(layer, phase, op, axis, bytes, predicted_us, ranks, algorithm, source, stage, tensors: the parameters a grouped "
+        "collective carries), as `meshgrad explain` "
         "(mesh='pp=2,tp=2': the first rank of each stage, its sends and receives included)");
   m.def("sample", &sample_job,
         "sample(checkpoint=..., prompt=..., tokens=..., temperature=1.0, top_k=0, top_p=1.0, seed=1234, mesh='tp=2', "

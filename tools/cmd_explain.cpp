@@ -5,6 +5,7 @@
 //   meshgrad explain --model gpt --mesh tp=4
 //   meshgrad explain --model gpt --mesh dp=2,tp=2 --sequence-parallel --link ib-ndr --format json
 //   meshgrad explain --model mlp --mesh tp=2 --alpha-us 5 --beta-gbs 25
+//   meshgrad explain --config meshgrad-metrics.jsonl --link ib-ndr   (a training run: its metrics or checkpoint)
 #include <fmt/core.h>
 
 #include <map>
@@ -12,6 +13,7 @@
 #include <string>
 
 #include "command.hpp"
+#include "json_config.hpp"
 #include "model_options.hpp"
 #include "options.hpp"
 #include "meshgrad/distributed/cost_model.hpp"
@@ -32,6 +34,7 @@ struct ExplainArgs {
   bool custom_link = false;            // --alpha-us and --beta-gbs were given (CLI11: both or neither)
   bool rules = false;                  // print the rule table instead
   std::string format = "table";
+  std::string run_config;              // --config: expanded into the options before parsing (json_config.hpp)
   diag::ExplainPipeline pipeline;
   std::string schedule = "1f1b";
   FamilyOptions family;                        // the Llama family's options and --model-config
@@ -86,6 +89,11 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
                    "column layers overlap their backward communication with compute (same collectives)");
       app.add_flag("--regather", a->parallel.recompute_allgather,
                    "with --sequence-parallel: re-gather column inputs in backward (adds backward all-gathers)");
+      app.add_option("--config", a->run_config,
+                     "A training run to describe: its metrics file, a checkpoint directory or a train --config JSON "
+                     "file; the run's model, mesh and parallel options that explain has are taken from it (the "
+                     "command line wins), the others (optimizer, data) are not explain's")
+          ->group(kRunConfigGroup);
       app.add_flag("--rules", a->rules, "print the one communication rule (forward step x arriving gradient -> "
                    "backward) and exit");
       app.add_flag("--checkpoint-blocks", a->parallel.checkpoint_blocks,

@@ -10,8 +10,11 @@
 #pragma once
 
 #include <CLI/CLI.hpp>
+#include <fmt/format.h>
 
 #include <cstdint>
+#include <cstdlib>
+#include <filesystem>
 #include <string>
 #include <vector>
 
@@ -23,6 +26,41 @@ namespace meshgrad::tools {
 
 // The option group a command puts its --config in to take a JSON file of its options.
 inline constexpr const char* kJsonConfigGroup = "Configuration file";
+// The option group of a --config that describes a training run (`meshgrad explain --config`): the
+// recorded configuration of a run, read from a train --config file, a metrics file (its header line:
+// "config" and "mesh") or a checkpoint directory (its manifest.json: "state"."config" and "mesh").
+// The run's options that the command has are inserted as above (the command line still wins); the
+// others (the optimizer's, the data's: what a training run has and the command does not) are left
+// out, as are unset (null or empty) values.
+inline constexpr const char* kRunConfigGroup = "Run configuration";
+
+// The options object of a run configuration at `path` (see kRunConfigGroup), with the run's "mesh"
+// added when the record has one and the options do not.
+inline nlohmann::json read_run_configuration(const std::string& path) {
+  const bool directory = std::filesystem::is_directory(path);
+  const std::string file = directory ? path + "/manifest.json" : path;
+  const std::string text = io::read_small_file(file, std::uint64_t{1} << 22, "--config");
+  nlohmann::json j;
+  try {
+    j = io::parse_untrusted_json(text, /*max_depth=*/8);
+  } catch (const std::exception&) {
+    // A metrics file: JSON lines, the first of them the header.
+    const std::string first = text.substr(0, text.find('\n'));
+    try {
+      j = io::parse_untrusted_json(first, /*max_depth=*/8);
+    } catch (const std::exception& e) {
+      throw InvalidArgument(fmt::format("--config '{}': neither a JSON object of options, a metrics file nor a "
+                                        "checkpoint directory: {}", path, e.what()));
+    }
+  }
+  MG_CHECK(j.is_object(), "--config '{}': the file must hold a JSON object", file);
+  std::string mesh = j.contains("mesh") && j["mesh"].is_string() ? j["mesh"].get<std::string>() : "";
+  if (j.contains("state") && j["state"].is_object() && j["state"].contains("config")) j = j["state"];   // a manifest
+  if (j.contains("config") && j["config"].is_object()) j = j["config"];                                // a record
+  MG_CHECK(j.is_object(), "--config '{}': the run's configuration is not a JSON object", file);
+  if (!mesh.empty() && !j.contains("mesh")) j["mesh"] = mesh;
+  return j;
+}
 
 inline std::vector<std::string> expand_json_config(std::vector<std::string> args, const CLI::App& app) {
   // Only a command whose --config is in the group kJsonConfigGroup takes a file of options (grads'
@@ -31,7 +69,9 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
   const auto found = app.get_subcommands([&](const CLI::App* c) { return c->get_name() == args[1]; });
   const CLI::App* command = found.empty() ? nullptr : found.front();
   const CLI::Option* config = command != nullptr ? command->get_option_no_throw("--config") : nullptr;
-  if (config == nullptr || config->get_group() != kJsonConfigGroup) return args;
+  if (config == nullptr) return args;
+  const bool run_record = config->get_group() == kRunConfigGroup;
+  if (config->get_group() != kJsonConfigGroup && !run_record) return args;
   std::size_t at = 0;
   std::string path;
   for (std::size_t i = 2; i < args.size(); ++i) {
@@ -50,15 +90,19 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
   }
   if (at == 0) return args;
   MG_CHECK(!path.empty(), "--config: the path is empty");
-  // A regular file of at most 1 MiB (a directory, a FIFO or /dev/zero is refused at once).
-  const std::string text = io::read_small_file(path, std::uint64_t{1} << 20, "--config");
   nlohmann::json j;
-  try {
-    j = io::parse_untrusted_json(text, /*max_depth=*/2);
-  } catch (const std::exception& e) {
-    throw InvalidArgument(fmt::format("--config '{}': not a JSON object of options: {}", path, e.what()));
+  if (run_record) {
+    j = read_run_configuration(path);
+  } else {
+    // A regular file of at most 1 MiB (a directory, a FIFO or /dev/zero is refused at once).
+    const std::string text = io::read_small_file(path, std::uint64_t{1} << 20, "--config");
+    try {
+      j = io::parse_untrusted_json(text, /*max_depth=*/2);
+    } catch (const std::exception& e) {
+      throw InvalidArgument(fmt::format("--config '{}': not a JSON object of options: {}", path, e.what()));
+    }
+    MG_CHECK(j.is_object(), "--config '{}': the file must hold a JSON object {{\"option\": value, ...}}", path);
   }
-  MG_CHECK(j.is_object(), "--config '{}': the file must hold a JSON object {{\"option\": value, ...}}", path);
   auto given = [&](const std::string& flag) {
     for (std::size_t i = 2; i < args.size(); ++i) {
       if (args[i] == flag || args[i].rfind(flag + "=", 0) == 0) return true;
@@ -75,6 +119,24 @@ inline std::vector<std::string> expand_json_config(std::vector<std::string> args
   for (const auto& [key, value] : j.items()) {
     const std::string flag = key.rfind("--", 0) == 0 ? key : "--" + key;
     const CLI::Option* option = command->get_option_no_throw(flag);
+    if (run_record) {
+      // The run's options the command does not have, unset values, and values that are the command's
+      // default (a run records every option: a family's options at their defaults are not asked for)
+      // are not the command's to take.
+      if (option == nullptr || flag == "--config" || value.is_null() ||
+          (value.is_string() && value.get<std::string>().empty()) || value.is_object()) {
+        continue;
+      }
+      const std::string def = option->get_default_str();
+      const bool on_by_default = def == "true" || def == "1";
+      if (value.is_boolean() && value.get<bool>() == on_by_default) continue;   // a flag at its default
+      if (!def.empty() && value.is_string() && value.get<std::string>() == def) continue;
+      if (!def.empty() && value.is_number()) {
+        char* end = nullptr;
+        const double d = std::strtod(def.c_str(), &end);
+        if (end != def.c_str() && *end == '\0' && d == value.get<double>()) continue;
+      }
+    }
     MG_CHECK(option != nullptr && flag != "--config", "--config '{}': {} is not an option of `meshgrad {}`", path,
              io::json_quote(key), args[1]);
     // --help in a file of options would print the help and run nothing, whatever else the file says.

@@ -305,6 +305,11 @@ def test_explain_counts_the_mlp_all_reduces():
     assert all(r["predicted_us"] > 0 and r["ranks"] == 2 for r in rows)
     custom = meshgrad.explain(model="mlp", mesh="tp=2", layers=1, alpha_us=1.0, beta_gbs=1.0)
     assert len(custom) == 2
+    # An FSDP unit's rows name the tensors they carry; a tp row carries no group.
+    fsdp = meshgrad.explain(model="gpt", mesh="fsdp=2", layers=1)
+    unit = [r for r in fsdp if r["layer"] == "fsdp:h.0"]
+    assert unit and all("h.0.attn.c_attn.weight" in r["tensors"] for r in unit)
+    assert all(r["tensors"] == [] for r in rows)
 
 
 # ---- tensors and numpy -----------------------------------------------------------------------

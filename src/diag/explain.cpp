@@ -148,6 +148,8 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
            pipe.micro_batches);
 
   std::vector<std::vector<dist::CollectiveRecord>> records(static_cast<std::size_t>(stages));   // per stage
+  // Per stage: a row's layer -> the tensors it carries (FSDP units, gradient buckets).
+  std::vector<std::map<std::string, std::vector<std::string>>> carried(static_cast<std::size_t>(stages));
   blas::ThreadsPerRank blas_policy(world);   // the rank threads share this process's cores
   comm::run_ranks(world, [&](const comm::CommunicatorPtr& comm) {
     auto mesh = std::make_shared<const dist::DeviceMesh>(comm, axes);
@@ -171,12 +173,20 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
       // collectives, which are the trainer's.
       (void)train::forward_backward(*model, global_batch, *mesh, sync, pipe.micro_batches, pipe.schedule);
     }
-    if (counts) records[static_cast<std::size_t>(stage)] = counter.records();
+    if (counts) {
+      records[static_cast<std::size_t>(stage)] = counter.records();
+      auto& tensors = carried[static_cast<std::size_t>(stage)];
+      for (auto& [label, names] : model->communication_units()) tensors[label] = std::move(names);
+      const std::vector<std::vector<std::string>> buckets = sync.buckets();
+      for (std::size_t b = 0; b < buckets.size(); ++b) tensors[fmt::format("bucket{}", b)] = buckets[b];
+    }
   });
   std::vector<ExplainRow> rows;
   for (int s = 0; s < stages; ++s) {
+    const auto& tensors = carried[static_cast<std::size_t>(s)];
     for (ExplainRow& row : rows_from_records(records[static_cast<std::size_t>(s)], axes, link)) {
       row.stage = s;
+      if (const auto it = tensors.find(row.layer); it != tensors.end()) row.tensors = it->second;
       rows.push_back(std::move(row));
     }
   }
@@ -355,6 +365,18 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
     out += print_rows(ExplainSource::GradSync);
   }
 
+  // What the grouped collectives carry: an FSDP unit's tensors, a gradient bucket's.
+  std::vector<std::string> listed;
+  std::string carried;
+  for (const auto& row : rows) {
+    if (row.tensors.empty() || std::find(listed.begin(), listed.end(), row.layer) != listed.end()) continue;
+    listed.push_back(row.layer);
+    std::string names;
+    for (const std::string& t : row.tensors) names += (names.empty() ? "" : ", ") + t;
+    carried += fmt::format("  {:<{}} {} tensors: {}\n", row.layer, width - 2, row.tensors.size(), names);
+  }
+  if (!carried.empty()) out += "\ntensors each grouped collective carries:\n" + carried;
+
   out += fmt::format("\n{:<{}} {:>3} {:>10} {:>12} {:>9} {:>10} {:>12}\n", "per layer (graph)", width, "fwd", "fwd bytes",
                      "fwd us", "bwd", "bwd bytes", "bwd us");
   for (const LayerSummary& s : summarize_layers(rows)) {
@@ -393,7 +415,8 @@ std::string format_explain_json(const std::vector<ExplainRow>& rows) {
                     {"op", row.op},
                     {"axis", row.axis},
                     {"bytes", row.bytes},
-                    {"predicted_us", row.predicted_us}});
+                    {"predicted_us", row.predicted_us},
+                    {"tensors", row.tensors}});
   }
   return list.dump(2) + "\n";
 }

@@ -148,6 +148,29 @@ class DecoderLM final : public Model {
   const dist::ProcessGroup* sibling_block_group() const override {
     return ctx_->config.mesh_invariant() && ctx_->expert_parallel() ? &ctx_->expert_group() : nullptr;
   }
+  std::vector<std::pair<std::string, std::vector<std::string>>> communication_units() const override {
+    std::vector<std::pair<std::string, std::vector<std::string>>> out;
+    const auto names = [](const std::vector<Parameter*>& params) {
+      std::vector<std::string> n;
+      for (const Parameter* p : params) n.push_back(p->name);
+      return n;
+    };
+    for (const auto& b : blocks_) {
+      if (!b->unit) continue;
+      std::vector<Parameter*> params;
+      b->block->collect(params);
+      out.emplace_back("fsdp:" + b->unit->name(), names(params));
+    }
+    if (root_unit_) {
+      std::vector<Parameter*> own;
+      if (stage_.is_first()) own = family_->embedding_parameters();
+      if (stage_.is_last()) {
+        for (Parameter* p : family_->head_parameters()) own.push_back(p);
+      }
+      out.emplace_back("fsdp:" + root_unit_->name(), names(own));
+    }
+    return out;
+  }
   const dist::ProcessGroup* micro_batch_sum_group() const override {
     // ep and the sequence blocks' cp never meet (ParallelContext refuses the pair).
     if (ctx_->sequence_blocked() && ctx_->context_parallel()) return &ctx_->context_group();

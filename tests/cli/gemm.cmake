@@ -33,3 +33,8 @@ add_test(NAME train_cli_progress_notes
          COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/progress_notes.sh $<TARGET_FILE:meshgrad_cli>
                  ${CMAKE_CURRENT_BINARY_DIR}/train_cli_progress_notes)
 set_tests_properties(train_cli_progress_notes PROPERTIES LABELS train TIMEOUT 120)
+# explain --config: a training run's metrics or checkpoint described, fsdp rows naming their tensors.
+add_test(NAME cli_explain_config
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/explain_config.sh $<TARGET_FILE:meshgrad_cli>
+                 ${CMAKE_CURRENT_BINARY_DIR}/cli_explain_config)
+set_tests_properties(cli_explain_config PROPERTIES LABELS cli TIMEOUT 120)

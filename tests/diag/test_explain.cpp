@@ -411,7 +411,7 @@ TEST(ExplainFormat, JsonHasExactlyTheDocumentedKeys) {
   const nlohmann::json j = nlohmann::json::parse(format_explain_json(rows));
   ASSERT_TRUE(j.is_array());
   ASSERT_EQ(j.size(), rows.size());
-  const std::set<std::string> keys{"layer", "phase", "op", "axis", "bytes", "predicted_us"};
+  const std::set<std::string> keys{"layer", "phase", "op", "axis", "bytes", "predicted_us", "tensors"};
   for (std::size_t i = 0; i < j.size(); ++i) {
     std::set<std::string> got;
     for (const auto& [key, value] : j[i].items()) got.insert(key);
@@ -421,6 +421,7 @@ TEST(ExplainFormat, JsonHasExactlyTheDocumentedKeys) {
     EXPECT_EQ(j[i]["layer"], rows[i].layer);
     EXPECT_EQ(j[i]["bytes"].get<std::int64_t>(), rows[i].bytes);
     EXPECT_DOUBLE_EQ(j[i]["predicted_us"].get<double>(), rows[i].predicted_us);
+    EXPECT_EQ(j[i]["tensors"].get<std::vector<std::string>>(), rows[i].tensors);
   }
 }
 
@@ -506,6 +507,37 @@ TEST(ExplainFsdp, OneGatherAndOneReduceScatterPerUnit) {
     EXPECT_EQ((seen[{u, "forward", "all_gather"}]), 1) << u;
     EXPECT_EQ((seen[{u, "backward", "reduce_scatter"}]), 1) << u;
     EXPECT_LE((seen[{u, "backward", "all_gather"}]), 1) << u;
+  }
+}
+
+// The rows of a grouped collective name the tensors it carries: each FSDP unit's parameters (a block's
+// under its name, the model's own: the embeddings and ln_f), each dp bucket's; the table lists them.
+TEST(ExplainFsdp, GroupedCollectivesNameTheirTensors) {
+  ModelConfig c = small_config("gpt");
+  c.batch = 4;
+  const auto rows = explain_model(c, {}, explain_mesh_axes("fsdp=2"), kLink);
+  std::map<std::string, std::vector<std::string>> by_unit;
+  for (const ExplainRow& r : rows) {
+    if (r.axis == "fsdp") by_unit[r.layer] = r.tensors;
+  }
+  ASSERT_EQ(by_unit.count("fsdp:h.0"), 1u);
+  const std::vector<std::string>& block = by_unit["fsdp:h.0"];
+  EXPECT_EQ(block.size(), 12u) << "ln_1, c_attn, c_proj, ln_2, c_fc, mlp.c_proj: weight and bias each";
+  EXPECT_NE(std::find(block.begin(), block.end(), "h.0.attn.c_attn.weight"), block.end());
+  EXPECT_TRUE(std::all_of(block.begin(), block.end(), [](const std::string& t) { return t.rfind("h.0.", 0) == 0; }));
+  ASSERT_EQ(by_unit.count("fsdp:gpt"), 1u);
+  const std::vector<std::string>& own = by_unit["fsdp:gpt"];
+  for (const char* t : {"wte.weight", "wpe.weight", "ln_f.weight", "ln_f.bias"}) {
+    EXPECT_NE(std::find(own.begin(), own.end(), t), own.end()) << t;
+  }
+  const std::string table = format_explain_table(rows, {c, {}, explain_mesh_axes("fsdp=2"), kLink, {}});
+  EXPECT_NE(table.find("tensors each grouped collective carries:"), std::string::npos) << table;
+  EXPECT_NE(table.find("12 tensors: h.0."), std::string::npos) << table;
+  // A dp bucket names its members; a tp collective carries no group.
+  const auto dp = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), kLink);
+  for (const ExplainRow& r : dp) {
+    if (r.layer == "bucket0") EXPECT_NE(std::find(r.tensors.begin(), r.tensors.end(), "wte.weight"), r.tensors.end());
+    if (r.axis == "tp") EXPECT_TRUE(r.tensors.empty()) << r.layer;
   }
 }
 

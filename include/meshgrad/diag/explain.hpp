@@ -48,6 +48,9 @@ struct ExplainRow {
   std::string algorithm;    // the cost model's choice ("ring", "tree", ...)
   ExplainSource source = ExplainSource::Graph;
   int stage = 0;            // the pipeline stage whose first rank issued it (0 without pp)
+  // The parameters the collective carries, when it moves a group of them: an FSDP unit's
+  // (nn::Model::communication_units) or a gradient bucket's (GradientSynchronizer::buckets); else empty.
+  std::vector<std::string> tensors;
 };
 
 // A pipeline's part of the report (a mesh with pp > 1): the micro-batches of the step and the

@@ -291,6 +291,10 @@ class Model {
   // --mesh-invariant's sequence blocks, whose ranks hold sibling subtrees of every row block's
   // sequence (docs/mesh-invariance.md, "cp"). nullptr: none (the synchroniser sums the axes once).
   virtual const dist::ProcessGroup* micro_batch_sum_group() const { return sibling_block_group(); }
+  // The parameters each of the model's communication units carries, by the label its collectives
+  // record (an FSDP unit's "fsdp:<name>": the tensors its all-gathers and reduce-scatters move), in
+  // the order the units are built; empty when the model has none (no fsdp). For reports (explain).
+  virtual std::vector<std::pair<std::string, std::vector<std::string>>> communication_units() const { return {}; }
   // A mixture of experts' routing since the last call (training forwards only), then cleared;
   // empty for a dense model. Collective: every rank of the mesh calls it.
   virtual ExpertLoad take_expert_load() { return {}; }
