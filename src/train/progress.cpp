@@ -220,8 +220,7 @@ void Progress::update(const StepMetrics& m, double shown_tokens_per_s, double sh
   constexpr std::size_t kRecentSteps = 8;
   const int done = m.step;
   // The run's first step is dropped once a later one is known (eta_seconds).
-  if (first_step_seen_ && recent_ms_.size() == 1 && done == first_ + 2) recent_ms_.clear();
-  first_step_seen_ = true;
+  if (recent_ms_.size() == 1 && done == first_ + 2) recent_ms_.clear();
   recent_ms_.push_back(m.ms_per_step);
   if (recent_ms_.size() > kRecentSteps) recent_ms_.erase(recent_ms_.begin());
   const double eta = eta_seconds(recent_ms_, steps_ - done);

@@ -98,7 +98,6 @@ class Progress {
   int first_;
   bool tty_;
   std::vector<double> recent_ms_;   // the last steps' times, oldest first (the run's first step dropped later)
-  bool first_step_seen_ = false;
 };
 
 }  // namespace meshgrad::train
