@@ -31,7 +31,9 @@ endif()
 
 # NO_EXTRAS: no LTO (its serial link is slow and warns); the work is in the library anyway.
 # A front-end like the CLI: it starts ranks and runs jobs through the library's launch API.
-pybind11_add_module(meshgrad_python NO_EXTRAS ${PROJECT_SOURCE_DIR}/python/meshgrad.cpp)
+pybind11_add_module(meshgrad_python NO_EXTRAS ${PROJECT_SOURCE_DIR}/python/meshgrad.cpp
+                    ${PROJECT_SOURCE_DIR}/python/training_api.cpp)
+target_compile_definitions(meshgrad_python PRIVATE MESHGRAD_VERSION="${PROJECT_VERSION}")
 set_target_properties(meshgrad_python PROPERTIES OUTPUT_NAME meshgrad
                       LIBRARY_OUTPUT_DIRECTORY ${PROJECT_BINARY_DIR}/python)
 target_link_libraries(meshgrad_python PRIVATE meshgrad)

@@ -1,5 +1,6 @@
-// The Python module `meshgrad`: the CLI's jobs as functions (train, grads, explain) and a Tensor
-// that converts to and from numpy.
+// The Python module `meshgrad`: the CLI's jobs as functions (train, grads, explain, sample), a
+// Tensor that converts to and from numpy, and (python/training_api.cpp) the API for training code
+// of one's own: operations with autograd, meshes, layers and plans, models, AdamW, checkpoints.
 //
 //   import meshgrad
 //   steps = meshgrad.train(mesh="tp=2", steps=5)           # [{"step": 1, "loss": 5.5, ...}, ...]
@@ -50,8 +51,7 @@
 #include "meshgrad/generate/sample.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/train/option_table.hpp"
-
-namespace py = pybind11;
+#include "module.hpp"
 
 namespace meshgrad::python {
 namespace {
@@ -153,6 +153,8 @@ class Keywords {
   std::set<std::string> known_;
 };
 
+}  // namespace
+
 // ---- tensors <-> numpy -------------------------------------------------------------------------
 
 std::string numpy_format(DType dtype) {
@@ -240,6 +242,8 @@ void keep_mpi_initialised(const std::string& backend) {
   py::module_::import("atexit").attr("register")(py::cpp_function([] { session.reset(); }));
 }
 
+namespace {
+
 // The Python functions' default GPT: small enough for a few seconds of training on 2 cores.
 nn::ModelConfig small_gpt() { return nn::ModelConfig::gpt(/*layers=*/1, /*hidden=*/32, /*heads=*/4, /*vocab=*/256, 16, 4); }
 
@@ -250,6 +254,8 @@ void model_keywords(Keywords& k, nn::ModelConfig& c) {
   k.get("seq", c.seq);
   k.get("batch", c.batch);
 }
+
+}  // namespace
 
 // Runs job (which polls `stop` between its steps) on a worker thread while this thread, Python's
 // main thread, answers signals: Python runs its signal handlers only there, and only when it holds
@@ -295,6 +301,8 @@ void run_answering_signals(std::atomic<bool>& stop, const std::function<void()>&
   if (interrupt) throw std::move(*interrupt);
   if (job_error) std::rethrow_exception(job_error);
 }
+
+namespace {
 
 // The options train() starts from: a small model and a few steps (seconds), no progress bar; the
 // rest the library's defaults (train::TrainOptions), as the CLI's.
@@ -363,7 +371,10 @@ std::string train_docstring() {
       "gflops, elapsed_s, lr, grad_norm, ms_per_step, mfu, and val_loss on the steps that evaluated), as `meshgrad "
       "train`. Under backend='mpi' (one rank per process, started by mpirun) the process of rank 0 gets the list, "
       "the others [].\n\nKeywords: `meshgrad train`'s options with _ for - (help as there). A path left out (None) "
-      "is none; an empty str is an error.\n";
+      "is none; an empty str is an error.\n"
+      "And on_step=None: fn(step_dict), called after every step while training runs; returning False stops the run "
+      "after that step as Ctrl-C does (a checkpoint first with checkpoint_dir), and an exception stops it and is "
+      "raised by train(). model= also takes a kind registered with register_family.\n";
   for (const train::TrainOption& t : train::train_option_table()) {
     if (!t.on(train::kPython)) continue;
     std::string value;
@@ -375,7 +386,34 @@ std::string train_docstring() {
   return doc;
 }
 
-py::list train_job(const py::kwargs& kwargs) {
+// One step's figures as a dict: the metrics file's step line (train::step_metrics_json), the same
+// keys as the CLI.
+py::dict step_dict(const train::StepMetrics& m) {
+  py::dict d;
+  const nlohmann::json line = train::step_metrics_json(m);   // named: items() refers into it
+  for (const auto& [key, value] : line.items()) {
+    if (value.is_array()) {   // expert_load: per MoE layer, the assignments per expert
+      py::list layers;
+      for (const auto& layer : value) layers.append(py::cast(layer.get<std::vector<std::int64_t>>()));
+      d[py::str(key)] = layers;
+    } else if (value.is_number_integer()) {
+      d[py::str(key)] = value.get<std::int64_t>();
+    } else {
+      d[py::str(key)] = value.get<double>();
+    }
+  }
+  return d;
+}
+
+py::list train_job(const py::kwargs& given) {
+  // on_step is Python's alone (a callable, not an option of the table).
+  const auto kwargs = py::reinterpret_steal<py::kwargs>(PyDict_Copy(given.ptr()));
+  py::object on_step = py::none();
+  if (kwargs.contains("on_step")) on_step = kwargs.attr("pop")("on_step");
+  if (!on_step.is_none() && !PyCallable_Check(on_step.ptr())) {
+    throw py::type_error(fmt::format("train(): on_step must be a callable taking the step's dict, got {}",
+                                     std::string(py::repr(on_step))));
+  }
   train::TrainOptions o = python_defaults();
   std::string mesh = train::train_option("mesh").surface_default;
   std::string backend = train::train_option("backend").surface_default;
@@ -401,26 +439,30 @@ py::list train_job(const py::kwargs& kwargs) {
 
   keep_mpi_initialised(backend);
   std::vector<train::StepMetrics> steps;   // filled on rank 0's thread; read after the ranks joined
-  o.on_step = [&steps](const train::StepMetrics& m) { steps.push_back(m); };
   std::atomic<bool> stop{false};
+  // on_step(dict) runs on rank 0's thread while the ranks train (the GIL taken for it): False stops
+  // the run after this step as Ctrl-C does (a checkpoint when it writes them); an exception stops it
+  // too and is raised here once the ranks have stopped.
+  std::optional<py::error_already_set> callback_error;
+  o.on_step = [&](const train::StepMetrics& m) {
+    steps.push_back(m);
+    if (on_step.is_none()) return;
+    py::gil_scoped_acquire gil;
+    if (callback_error) return;
+    try {
+      const py::object verdict = on_step(step_dict(m));
+      if (py::isinstance<py::bool_>(verdict) && !verdict.cast<bool>()) stop = true;
+    } catch (py::error_already_set& e) {
+      callback_error.emplace(std::move(e));
+      stop = true;
+    }
+  };
   o.stop_requested = [&stop] { return stop.load(); };
   run_answering_signals(stop, [&] { launch::run_train_job(o, launch::mesh_runner(backend, mesh)); });
-  // The rows are the metrics file's step lines (train::step_metrics_json): the same keys as the CLI.
+  if (callback_error) throw std::move(*callback_error);
   py::list out;
   for (const auto& m : steps) {
-    py::dict d;
-    const nlohmann::json line = train::step_metrics_json(m);   // named: items() refers into it
-    for (const auto& [key, value] : line.items()) {
-      if (value.is_array()) {   // expert_load: per MoE layer, the assignments per expert
-        py::list layers;
-        for (const auto& layer : value) layers.append(py::cast(layer.get<std::vector<std::int64_t>>()));
-        d[py::str(key)] = layers;
-      } else if (value.is_number_integer()) {
-        d[py::str(key)] = value.get<std::int64_t>();
-      } else {
-        d[py::str(key)] = value.get<double>();
-      }
-    }
+    py::dict d = step_dict(m);
     out.append(d);
   }
   return out;
@@ -606,7 +648,9 @@ PYBIND11_MODULE(meshgrad, m) {
     }
   });
 
-  py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
+  m.attr("__version__") = MESHGRAD_VERSION;   // the CMake project's version
+
+  auto tensor = py::class_<Tensor>(m, "Tensor", py::buffer_protocol(),
                      "A meshgrad tensor. numpy.asarray(t) / t.numpy() view its memory without a copy; "
                      "meshgrad.Tensor(array) of a writeable float32, float64 or int64 array views the array's "
                      "memory too (no copy; the tensor keeps the array alive); read-only or negatively strided "
@@ -617,6 +661,7 @@ PYBIND11_MODULE(meshgrad, m) {
       .def_property_readonly("shape", [](const Tensor& t) { return t.shape(); })
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
+  bind_training_api(m, tensor);
 
   static const std::string train_doc = train_docstring();
   m.def("train", &train_job, train_doc.c_str());

@@ -4,8 +4,8 @@
   1. every #include "meshgrad/<layer>/..." in src/<layer>/, include/meshgrad/<layer>/ and
      tests/<layer>/ names the layer itself or one below it, as the CMake targets link them (the DAG
      is read from the meshgrad_layer(NAME DEPS ...) lines of CMakeLists.txt, so it is declared once);
-  2. tools/ and python/ include only installed headers ("meshgrad/...") and tools/' own files, and
-     python/ none of tools/'; examples/ only installed headers;
+  2. tools/, python/ and examples/ include only installed headers ("meshgrad/...") and their own folder's files,
+     python/ none of tools/';
   3. no two files include each other, directly or through others (no circle between files);
   4. no source file of the library is over 1,000 lines, no function of the library, the CLI or the
      Python module over 120 lines (Universal Ctags' function extents; tests are not counted);
@@ -80,7 +80,7 @@ def check_layers(root, dag, problems):
                     if m and m.group(1) not in allowed:
                         problems.append(f"{path}: includes {inc}: layer '{m.group(1)}' is not below '{layer}' "
                                         f"(CMakeLists.txt links {layer} to {', '.join(sorted(allowed - {layer}))})")
-    for folder, own in (("tools", True), ("python", False), ("examples", True)):
+    for folder in ("tools", "python", "examples"):
         for path in files_under(root, folder):
             here = os.path.dirname(path)
             for inc in INCLUDE.findall(open(os.path.join(root, path)).read()):
@@ -89,9 +89,9 @@ def check_layers(root, dag, problems):
                         problems.append(f"{path}: includes {inc}, which is not an installed header")
                     continue
                 local = os.path.normpath(os.path.join(here, inc))
-                if not (own and os.path.exists(os.path.join(root, local)) and local.startswith(folder + "/")):
+                if not (os.path.exists(os.path.join(root, local)) and local.startswith(folder + "/")):
                     problems.append(f"{path}: includes \"{inc}\": {folder}/ may include only installed headers"
-                                    + (" and its own files" if own else ""))
+                                    + " and its own files")
 
 
 def resolve(root, path, inc):

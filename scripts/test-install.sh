@@ -33,7 +33,7 @@ echo "== examples with find_package(meshgrad)"
 cmake -S "$src/examples" -B "$work/examples" -DCMAKE_BUILD_TYPE=Release -DCMAKE_PREFIX_PATH="$prefix" \
       "${launcher[@]}" >/dev/null
 cmake --build "$work/examples" -j2 >/dev/null
-for example in parallel_mlp train_gpt train_llama dtensor_redistribute; do
+for example in parallel_mlp train_gpt train_llama dtensor_redistribute custom_model; do
   echo "-- $example"
   "$work/examples/$example"
 done

@@ -245,7 +245,8 @@ std::map<std::string, std::string> hf_checkpoint_metadata(const nn::ModelConfig&
                                        {"data", data.source()},
                                        {"data_tokens", data.description()}};
   if (config.kind == "gpt") m["gpt2_config"] = gpt2_config_json(config);
-  else m[kHfConfigMetadata] = hf_config_json(config);
+  else if (config.kind == "llama") m[kHfConfigMetadata] = hf_config_json(config);
+  else m["model"] = config.kind;   // a registered model (nn::register_model): no file layout of Hugging Face's
   for (const std::string& f : data.input_files()) {
     if (fs::path(f).filename() == "meta.json") m["data_meta"] = fs::absolute(f).lexically_normal().string();
   }

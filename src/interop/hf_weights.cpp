@@ -26,7 +26,7 @@ namespace {
 // An index.json is a few hundred KB for the largest models (one line per tensor).
 constexpr std::uint64_t kMaxIndexBytes = std::uint64_t{64} << 20;
 
-std::string join(const std::vector<std::string>& items, std::size_t max_items = 8) {
+std::string join_quoted(const std::vector<std::string>& items, std::size_t max_items = 8) {
   std::string out;
   for (std::size_t i = 0; i < items.size() && i < max_items; ++i) out += (i ? ", '" : "'") + items[i] + "'";
   if (items.size() > max_items) out += fmt::format(" and {} more", items.size() - max_items);
@@ -191,7 +191,7 @@ std::vector<std::string> check_llama_weights(const WeightFiles& f, const nn::Mod
     }
   }
   MG_CHECK(missing.empty(), "weights '{}' miss {} tensor{} of {}: {}", f.origin(), missing.size(),
-           missing.size() == 1 ? "" : "s", model, join(missing));
+           missing.size() == 1 ? "" : "s", model, join_quoted(missing));
   for (const std::string& name : f.names()) {
     const std::optional<std::int64_t> layer = llama_layer(name);
     MG_CHECK(!layer || *layer < config.layers, "weights '{}' hold '{}' but config '{}' has num_hidden_layers = {}",
@@ -266,7 +266,9 @@ void write_model_tensors(const std::string& path, const nn::ModelConfig& config,
 void save_model_parameters(const std::string& path, const nn::ModelConfig& config,
                            const std::vector<nn::Parameter*>& params, const dist::ProcessGroup& group,
                            const std::map<std::string, std::string>& metadata, const dist::ProcessGroup* stages) {
-  if (config.kind == "gpt") {   // its file layout is meshgrad's: the bytes GPT-2's --save always wrote
+  // GPT-2's file layout is meshgrad's (the bytes its --save always wrote), and a registered model
+  // (nn::register_model) has no other: its parameters under their own names.
+  if (config.kind != "llama") {
     checkpoint::save_parameters(path, params, group, 0, metadata, stages);
     return;
   }

@@ -168,11 +168,22 @@ train::TrainOptions with_init_from_family(const train::TrainOptions& given) {
   return o;
 }
 
+// The language models train and grads run: gpt, llama, and the kinds a program registered
+// (nn::register_model; the Python module's register_family). The MLP stack is not one.
+void check_language_model(const char* job, const std::string& kind) {
+  if (kind == "gpt" || kind == "llama" || nn::registered_model(kind)) return;
+  std::string kinds = "\"gpt\", \"llama\"";
+  for (const std::string& k : nn::model_kinds()) {
+    if (nn::registered_model(k)) kinds += fmt::format(", \"{}\"", k);
+  }
+  throw InvalidArgument(fmt::format("{}: the model must be one of {} (a program adds its own with nn::register_model, "
+                                    "Python with meshgrad.register_family), got \"{}\"", job, kinds, kind));
+}
+
 }  // namespace
 
 void check_train_options(const train::TrainOptions& o) {
-  MG_CHECK(o.model.kind == "gpt" || o.model.kind == "llama", "train: the model must be \"gpt\" or \"llama\", got "
-           "\"{}\"", o.model.kind);
+  check_language_model("train", o.model.kind);
   check_llama_edges(o);
   // 0 is dropless routing (the default, which a run's recorded configuration carries back as --config).
   MG_CHECK(o.model.capacity_factor >= 0 && std::isfinite(o.model.capacity_factor), "train: --capacity-factor {} must "
@@ -396,8 +407,7 @@ GradsInputs seeded_grads_inputs(const GradsJob& job) {
   GradsInputs in;
   in.config = job.model;
   nn::ModelConfig& config = in.config;
-  MG_CHECK(config.kind == "gpt" || config.kind == "llama", "grads: the model must be \"gpt\" or \"llama\", got \"{}\"",
-           config.kind);
+  check_language_model("grads", config.kind);
   for (const auto& [option, value] : {std::pair{"layers", config.layers}, {"hidden", config.hidden},
                                       {"heads", config.heads}, {"vocab", config.vocab}, {"seq", config.seq},
                                       {"batch", config.batch}}) {

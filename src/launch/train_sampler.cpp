@@ -43,6 +43,10 @@ struct SamplerState {
 
 // What the sampler needs of the trained model: a tokenizer for its vocabulary (bytes: 256 tokens).
 void check_model(const SamplerState& st, const nn::ModelConfig& trained) {
+  const std::shared_ptr<const nn::ModelKind> registered = nn::registered_model(trained.kind);
+  MG_CHECK(!registered || registered->decodes, "train: --sample-every: model '{}' does not decode (its blocks have no "
+           "cached decoding, e.g. blocks written in Python), so it cannot sample: leave --sample-every out",
+           trained.kind);
   MG_CHECK(st.tokenizer.has_value() || trained.vocab == 256,
            "train: --sample-every: the model's vocabulary has {} tokens but {} has no tokenizer beside it "
            "(a meta.json from `meshgrad prepare`): only a 256-token model samples bytes", trained.vocab, st.data);

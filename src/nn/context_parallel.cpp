@@ -463,4 +463,9 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, std:
   return autograd::apply<ContextAttentionFn>({q, k, v}, ctx, window)[0];
 }
 
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window, const ParallelContextPtr& ctx) {
+  MG_CHECK(ctx != nullptr, "attention: no parallel context");
+  return ctx->attention_per_run() ? context_attention(q, k, v, window, ctx) : causal_attention(q, k, v, window);
+}
+
 }  // namespace meshgrad::nn

@@ -121,9 +121,13 @@ constexpr PreNormNames kGpt2Block{"ln_1", "attn", "ln_2", "mlp"};
 // and the output layer (the last stage) whose weight is wte^T.
 class Gpt2 final : public DecoderFamily {
  public:
-  Gpt2(const ModelConfig& cfg, const ParallelContextPtr& ctx, const StagePieces& pieces, std::uint64_t seed)
-      : cfg_(cfg), ctx_(ctx), ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype) {
-    check_split(cfg, *ctx);
+  // make_block: nullptr builds GPT-2's blocks (checked against the mesh here); a caller's factory
+  // checks its own.
+  Gpt2(const ModelConfig& cfg, const ParallelContextPtr& ctx, const StagePieces& pieces, std::uint64_t seed,
+       const DecoderBlockFactory& make_block = nullptr, int block_dropout_draws = 2)
+      : cfg_(cfg), ctx_(ctx), block_dropout_draws_(block_dropout_draws),
+        ln_f_("ln_f", cfg.hidden, cfg.layer_norm_epsilon, ctx, cfg.dtype) {
+    if (!make_block) check_split(cfg, *ctx);
     invariant::check_model(cfg, *ctx);
     // Every parameter is built with its global name and seed, so a stage's are the one-rank model's.
     if (pieces.embedding || pieces.head) {
@@ -133,7 +137,16 @@ class Gpt2 final : public DecoderFamily {
       wpe_ = make_parameter("wpe.weight", {cfg.n_positions(), cfg.hidden}, ctx->replicated(), *ctx, seed, 0.02, 0.0,
                             cfg.dtype);
     }
-    for (int i = pieces.first_block; i < pieces.end_block; ++i) blocks_.push_back(std::make_shared<Block>(fmt::format("h.{}", i), kGpt2Block, cfg, ctx, seed));
+    for (int i = pieces.first_block; i < pieces.end_block; ++i) {
+      const std::string name = fmt::format("h.{}", i);
+      if (make_block) {
+        std::shared_ptr<DecoderBlock> block = make_block(name, i, cfg, ctx, seed);
+        MG_CHECK(block != nullptr, "{}: the block factory returned no block for '{}'", cfg.kind, name);
+        blocks_.push_back(std::move(block));
+      } else {
+        blocks_.push_back(std::make_shared<Block>(name, kGpt2Block, cfg, ctx, seed));
+      }
+    }
     // No weight of its own: the output layer's is wte^T.
     lm_head_ = std::make_unique<ColumnParallelLinear>(
         "lm_head", cfg.hidden, cfg.vocab, ColumnParallelLinear::Options{.bias = false, .owns_weight = false}, ctx, 0,
@@ -141,7 +154,7 @@ class Gpt2 final : public DecoderFamily {
   }
 
   int embedding_dropout_draws() const override { return 1; }
-  int block_dropout_draws() const override { return 2; }
+  int block_dropout_draws() const override { return block_dropout_draws_; }
   VocabParallelEmbedding* token_embedding() override { return wte_.get(); }
   bool tied_output() const override { return true; }
 
@@ -179,6 +192,7 @@ class Gpt2 final : public DecoderFamily {
  private:
   ModelConfig cfg_;
   ParallelContextPtr ctx_;
+  int block_dropout_draws_;
   std::unique_ptr<VocabParallelEmbedding> wte_;
   Parameter wpe_;
   std::vector<std::shared_ptr<DecoderBlock>> blocks_;
@@ -200,6 +214,27 @@ const TensorParallelPlan& gpt2_tp_plan() {
 std::unique_ptr<DecoderFamily> make_gpt2_family(const ModelConfig& config, const ParallelContextPtr& ctx,
                                                 const StagePieces& pieces, std::uint64_t seed) {
   return std::make_unique<Gpt2>(config, ctx, pieces, seed);
+}
+
+DecoderFamilyFactory gpt2_family_with_blocks(DecoderBlockFactory make_block, int block_dropout_draws) {
+  MG_CHECK(static_cast<bool>(make_block), "gpt2_family_with_blocks: no block factory");
+  MG_CHECK(block_dropout_draws >= 0, "gpt2_family_with_blocks: block_dropout_draws {} is negative", block_dropout_draws);
+  return [make_block = std::move(make_block), block_dropout_draws](const ModelConfig& config, const ParallelContextPtr& ctx,
+                                                                  const StagePieces& pieces, std::uint64_t seed) {
+    return std::unique_ptr<DecoderFamily>(std::make_unique<Gpt2>(config, ctx, pieces, seed, make_block, block_dropout_draws));
+  };
+}
+
+void register_decoder_family(const std::string& kind, DecoderFamilyFactory family, const std::string& counts_like,
+                             bool decodes) {
+  MG_CHECK(static_cast<bool>(family), "register_decoder_family: kind '{}' has no family factory", kind);
+  register_model(kind, ModelKind{
+                           .build = [family = std::move(family)](const ModelConfig& config, const ParallelConfig& parallel,
+                                                                 dist::DeviceMeshPtr mesh, std::uint64_t seed) {
+                             return make_decoder_lm(config, parallel, std::move(mesh), seed, family);
+                           },
+                           .counts_like = counts_like,
+                           .decodes = decodes});
 }
 
 }  // namespace meshgrad::nn

@@ -2,6 +2,12 @@
 // the model kinds (a decoder family runs through decoder_lm.cpp; the MLP stack is mlp_stack.cpp).
 #include <fmt/ranges.h>
 
+#include <algorithm>
+#include <array>
+#include <cctype>
+#include <map>
+#include <mutex>
+
 #include "meshgrad/nn/decoder_lm.hpp"
 #include "mlp_stack.hpp"
 
@@ -73,6 +79,63 @@ Tensor Model::decode(const Tensor&, KvCache&, bool) {
   throw InvalidArgument(fmt::format("model '{}' has no incremental decoding (decode): only gpt has", config().kind));
 }
 
+namespace {
+
+// The registered kinds by name. Entries are shared so a model being built keeps its factory alive
+// while another thread unregisters the kind.
+struct Registry {
+  std::mutex mu;
+  std::map<std::string, std::shared_ptr<const ModelKind>> kinds;
+};
+Registry& registry() {
+  static Registry r;
+  return r;
+}
+constexpr std::array<const char*, 3> kBuiltInKinds = {"gpt", "llama", "mlp"};
+bool built_in(const std::string& kind) {
+  return std::find(kBuiltInKinds.begin(), kBuiltInKinds.end(), kind) != kBuiltInKinds.end();
+}
+
+}  // namespace
+
+void register_model(const std::string& kind, ModelKind model) {
+  const bool well_formed = !kind.empty() && kind.size() <= 64 && std::all_of(kind.begin(), kind.end(), [](char c) {
+    return std::isalnum(static_cast<unsigned char>(c)) || c == '_' || c == '-';
+  });
+  MG_CHECK(well_formed, "register_model: kind '{}' must be 1 to 64 letters, digits, '_' or '-'", kind);
+  MG_CHECK(!built_in(kind), "register_model: '{}' is a built-in model kind ({}); give yours another name", kind,
+           fmt::join(kBuiltInKinds, ", "));
+  MG_CHECK(static_cast<bool>(model.build), "register_model: kind '{}' has no factory", kind);
+  MG_CHECK(model.counts_like.empty() || model.counts_like == "gpt",
+           "register_model: kind '{}' counts like '{}': give \"gpt\" (GPT-2's embedding and head) or \"\"", kind,
+           model.counts_like);
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  MG_CHECK(!r.kinds.count(kind), "register_model: kind '{}' is registered already (unregister_model it first)", kind);
+  r.kinds.emplace(kind, std::make_shared<const ModelKind>(std::move(model)));
+}
+
+bool unregister_model(const std::string& kind) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  return r.kinds.erase(kind) > 0;
+}
+
+std::shared_ptr<const ModelKind> registered_model(const std::string& kind) {
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  const auto it = r.kinds.find(kind);
+  return it == r.kinds.end() ? nullptr : it->second;
+}
+
+std::vector<std::string> model_kinds() {
+  std::vector<std::string> kinds(kBuiltInKinds.begin(), kBuiltInKinds.end());
+  Registry& r = registry();
+  const std::lock_guard<std::mutex> lock(r.mu);
+  for (const auto& entry : r.kinds) kinds.push_back(entry.first);
+  return kinds;
+}
+
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfig& parallel,
                                   dist::DeviceMeshPtr mesh, std::uint64_t seed) {
   MG_CHECK(config.layers >= 1 && config.hidden >= 1 && config.heads >= 1 && config.vocab >= 1,
@@ -81,7 +144,13 @@ std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfi
   if (config.kind == "gpt") return make_decoder_lm(config, parallel, std::move(mesh), seed, make_gpt2_family);
   if (config.kind == "llama") return make_decoder_lm(config, parallel, std::move(mesh), seed, make_llama_family);
   if (config.kind == "mlp") return make_mlp_stack(config, parallel, std::move(mesh), seed);
-  throw InvalidArgument(fmt::format("model: unknown kind '{}' (expected gpt, llama or mlp)", config.kind));
+  if (const std::shared_ptr<const ModelKind> kind = registered_model(config.kind)) {
+    std::unique_ptr<Model> model = kind->build(config, parallel, std::move(mesh), seed);
+    MG_CHECK(model != nullptr, "model: the factory of kind '{}' returned no model", config.kind);
+    return model;
+  }
+  throw InvalidArgument(fmt::format("model: unknown kind '{}' (expected one of {}; a program adds its own with "
+                                    "nn::register_model)", config.kind, fmt::join(model_kinds(), ", ")));
 }
 
 }  // namespace meshgrad::nn

@@ -55,11 +55,18 @@ DpPlace loss_place(const dist::DeviceMesh& mesh, const nn::Model& model) {
   return dp_place(mesh, !summed_already("ep"), !summed_already("cp"));
 }
 
-// This rank's micro-batches of the global batch: its share of the rows over dp x fsdp x ep (dp
-// outermost) cut into `count`; or, for a model with a sibling-block group (ep under
-// --mesh-invariant), the row blocks dealt out so that each micro-batch's ep ranks hold consecutive
-// blocks: micro-batch m of ep rank e in dp x fsdp replica r is block (r * count + m) * P + e of the
-// count x replicas x P blocks (docs/mesh-invariance.md, "ep").
+// The sum over dp of this rank's share (replicated over tp), outside the model's communication.
+double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder order) {
+  dist::PhaseScope phase(dist::Phase::Optimizer);
+  if (dp.size == 1) return local.detach().item();
+  return dist::sum_scalar_over(local, *dp.group, order);
+}
+
+}  // namespace
+
+// The contract is in step.hpp; for a sibling-block group (ep under --mesh-invariant), micro-batch
+// m of ep rank e in dp x fsdp replica r is block (r * count + m) * P + e of the count x replicas x
+// P blocks (docs/mesh-invariance.md, "ep").
 std::vector<nn::Batch> rank_micro_batches(const nn::Model& model, const nn::Batch& global_batch,
                                           const dist::DeviceMesh& mesh, int count) {
   const dist::ProcessGroup* siblings = model.sibling_block_group();
@@ -81,14 +88,6 @@ std::vector<nn::Batch> rank_micro_batches(const nn::Model& model, const nn::Batc
   return micro;
 }
 
-// The sum over dp of this rank's share (replicated over tp), outside the model's communication.
-double sum_over_dp(const Tensor& local, const DpPlace& dp, dist::ReduceOrder order) {
-  dist::PhaseScope phase(dist::Phase::Optimizer);
-  if (dp.size == 1) return local.detach().item();
-  return dist::sum_scalar_over(local, *dp.group, order);
-}
-
-}  // namespace
 
 std::int64_t count_loss_targets(const Tensor& targets) {
   MG_CHECK(targets.defined() && targets.dtype() == DType::Int64, "count_loss_targets: targets must be int64");

@@ -316,7 +316,11 @@ void Run::read_resume_manifest() {
 
 // The saved configuration (which the resume's model is built from) must describe the saved tensors
 // before anything is built (interop::check_config_describes_tensors, reliability-2 C10).
+// A registered model (nn::register_model) has no file layout to check against: its load asks for
+// every parameter by name and full shape (checkpoint::read_pieces) and refuses a missing or
+// misshapen one, before the first step.
 void Run::check_config_describes_tensors() const {
+  if (nn::registered_model(config_.kind)) return;
   interop::check_config_describes_tensors(config_, *resume_, options_.resume_dir);
 }
 
@@ -699,7 +703,20 @@ std::int64_t count_parameters(const std::vector<nn::Parameter*>& params) {
   return n;
 }
 
-double model_flops_per_token(const nn::ModelConfig& c, std::int64_t n_params_without_wpe) {
+namespace {
+// The built-in kind whose counts a model follows: its own, or a registered kind's counts_like (""
+// for none).
+std::string counting_kind(const std::string& kind) {
+  const std::shared_ptr<const nn::ModelKind> registered = nn::registered_model(kind);
+  return registered ? registered->counts_like : kind;
+}
+}  // namespace
+
+double model_flops_per_token(const nn::ModelConfig& config, std::int64_t n_params_without_wpe) {
+  nn::ModelConfig c = config;
+  c.kind = counting_kind(config.kind);
+  // A registered model that counts like no family: every parameter multiplied once per token.
+  if (c.kind.empty()) return 6.0 * static_cast<double>(n_params_without_wpe);
   const double attention_width = c.kind == "llama" ? static_cast<double>(c.heads) * c.head_size() : c.hidden;
   // A mixture of experts: a token multiplies by its k experts' weights only (the active parameters).
   const double active = static_cast<double>(n_params_without_wpe - inactive_expert_parameters(c));
@@ -713,7 +730,9 @@ std::int64_t inactive_expert_parameters(const nn::ModelConfig& c) {
   return sparse * (c.experts - c.experts_per_token) * 3 * std::int64_t{c.hidden} * c.expert_ffn_size();
 }
 
-std::int64_t lookup_only_parameters(const nn::ModelConfig& c) {
+std::int64_t lookup_only_parameters(const nn::ModelConfig& config) {
+  nn::ModelConfig c = config;
+  c.kind = counting_kind(config.kind);
   if (c.kind == "gpt") return std::int64_t{c.n_positions()} * c.hidden;
   if (c.kind == "llama" && !c.tie_word_embeddings) return std::int64_t{c.vocab} * c.hidden;
   return 0;

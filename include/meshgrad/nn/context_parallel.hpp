@@ -97,4 +97,9 @@ Tensor rows_at(const Tensor& table, const std::vector<PositionRun>& runs);
 Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window,
                          const ParallelContextPtr& ctx);
 
+// Causal attention of this rank's queries whatever the mesh: context_attention where
+// ctx->attention_per_run(), else ops::causal_attention. What a family's block calls (GPT-2's and
+// Llama's do the same), so a block written once is right under cp and the sequence blocks.
+Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window, const ParallelContextPtr& ctx);
+
 }  // namespace meshgrad::nn

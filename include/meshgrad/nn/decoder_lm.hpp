@@ -137,6 +137,22 @@ std::unique_ptr<DecoderFamily> make_gpt2_family(const ModelConfig& config, const
                                                 const StagePieces& pieces, std::uint64_t seed);
 const TensorParallelPlan& gpt2_tp_plan();
 
+// A family of GPT-2's embedding (wte, wpe), final norm (ln_f) and tied output layer around blocks
+// of the caller's: make_block(name, layer, config, ctx, seed) builds block `layer` ("h.3") on the
+// context, its linears split by the caller's plan (TensorParallelPlan::linear), its parameters
+// named under `name` and initialised from the seed. block_dropout_draws: the dropout uses one
+// block's forward draws (each call of its Dropout draws one). The runner applies pipelines, FSDP,
+// activation checkpointing and the tied weight to these blocks as to GPT-2's.
+using DecoderBlockFactory = std::function<std::shared_ptr<DecoderBlock>(
+    const std::string& name, int layer, const ModelConfig& config, const ParallelContextPtr& ctx, std::uint64_t seed)>;
+DecoderFamilyFactory gpt2_family_with_blocks(DecoderBlockFactory make_block, int block_dropout_draws);
+
+// Registers `kind` (nn::register_model) as the decoder language model of `family`: make_model
+// then runs it through make_decoder_lm. counts_like as ModelKind's ("gpt" for gpt2_family_with_blocks).
+// decodes: whether every block implements forward_cached (ModelKind::decodes).
+void register_decoder_family(const std::string& kind, DecoderFamilyFactory family, const std::string& counts_like = "gpt",
+                             bool decodes = true);
+
 // The Llama family (src/nn/llama.cpp; kind "llama"): Llama 2/3, TinyLlama, SmolLM, Qwen2 (q/k/v
 // biases), Mistral (sliding-window attention; Qwen2 from max_window_layers on), Mixtral (a sparse
 // mixture of experts for every MLP, ModelConfig::experts > 0), in Hugging Face's names.

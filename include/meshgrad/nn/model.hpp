@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -301,8 +302,39 @@ class Model {
 };
 
 // Builds a model on the mesh with deterministic initialisation from seed: the same seed gives
-// shards equal to the slices of the tp=1 model's parameters, whatever the mesh.
+// shards equal to the slices of the tp=1 model's parameters, whatever the mesh. config.kind picks
+// the model: gpt, llama, mlp, or a kind registered below.
 std::unique_ptr<Model> make_model(const ModelConfig& config, const ParallelConfig& parallel,
                                   dist::DeviceMeshPtr mesh, std::uint64_t seed);
+
+// ---- models from outside the library -------------------------------------------------------------
+// A program's own model joins every tool that builds models through make_model (the trainer with
+// its checkpoints, resume, evaluation and metrics; `check`'s equivalence; grads; explain) by
+// registering a kind: make_model(config) with config.kind == kind then calls `build`. The factory
+// must honour make_model's contract (collective construction, deterministic initialisation from
+// the seed, the same parameters in the same order on every rank).
+using ModelFactory = std::function<std::unique_ptr<Model>(const ModelConfig& config, const ParallelConfig& parallel,
+                                                          dist::DeviceMeshPtr mesh, std::uint64_t seed)>;
+struct ModelKind {
+  ModelFactory build;
+  // The built-in kind whose FLOP count (train::model_flops_per_token, MFU) and lookup-only parameters
+  // this model's follow: "gpt" for a family on GPT-2's embedding and head (gpt2_family_with_blocks),
+  // "" for none (every parameter counted as multiplied, no attention term).
+  std::string counts_like;
+  // Whether the model decodes (Model::new_cache, decode): what sampling needs. false lets the
+  // trainer refuse --sample-every before its first step rather than at the first sample.
+  bool decodes = true;
+};
+// Registers `kind` (letters, digits, '_' and '-'; not gpt, llama or mlp). Throws InvalidArgument
+// naming the kind when it is built in, malformed, or registered already (unregister it first).
+// Thread-safe; a registration lasts until unregister_model or the end of the process.
+void register_model(const std::string& kind, ModelKind model);
+// Removes `kind`; false when it was not registered.
+bool unregister_model(const std::string& kind);
+// The registered kinds' entry, nullptr for a built-in or unknown kind. The entry stays valid until
+// the kind is unregistered.
+std::shared_ptr<const ModelKind> registered_model(const std::string& kind);
+// Every kind make_model builds: the built-in ones, then the registered ones in name order.
+std::vector<std::string> model_kinds();
 
 }  // namespace meshgrad::nn

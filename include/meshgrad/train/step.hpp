@@ -77,6 +77,12 @@ void check_invariant_batch_split(std::int64_t rows, int dp_size, int grad_accum,
 void check_mesh_invariant_split(std::int64_t rows, int dp_size, int grad_accum, int batch_blocks);
 // The ranks that split the batch (dp x fsdp; 1 without either axis).
 int batch_split_size(const dist::DeviceMesh& mesh);
+// This rank's micro-batches of global_batch, as every step of the trainer takes them: its share of
+// the rows over dp x fsdp x ep (dp outermost) cut into `count` (the model's sibling-block group,
+// when it has one, deals out row blocks instead). InvalidArgument naming the numbers when a share
+// has fewer rows than count. What a training loop of one's own gives Model::loss.
+std::vector<nn::Batch> rank_micro_batches(const nn::Model& model, const nn::Batch& global_batch,
+                                          const dist::DeviceMesh& mesh, int count);
 // The micro-batches one replica runs per step: grad_accum, or in the mesh-invariant mode
 // batch_blocks / batch_split_size(mesh).
 int micro_batches_per_replica(const nn::ParallelConfig& parallel, const dist::DeviceMesh& mesh, int grad_accum);
