@@ -267,6 +267,17 @@ struct PyAdamW {
   }
 };
 
+std::unique_ptr<PyAdamW> make_adamw(std::vector<nn::Parameter*> params, const dist::DeviceMeshPtr& mesh,
+                                    dist::ReduceOrder order, const optim::AdamWOptions& options) {
+  auto o = std::make_unique<PyAdamW>();
+  o->params = std::move(params);
+  o->mesh = mesh;
+  py::gil_scoped_release release;
+  o->sync = std::make_unique<optim::GradientSynchronizer>(o->params, mesh, optim::GradSyncOptions{.order = order});
+  o->adamw = std::make_unique<optim::AdamW>(o->params, mesh, options);
+  return o;
+}
+
 // ---- checkpoints -----------------------------------------------------------------------------------
 
 struct PyCheckpointer {
@@ -619,18 +630,25 @@ void bind_optimizer(py::module_& m) {
   // ---- optimizer and schedules ----------------------------------------------------------------------------
   py::class_<PyAdamW>(m, "AdamW", "AdamW on this rank's pieces, with the synchroniser that completes the gradients")
       .def(py::init([](PyModel& pm, double lr, std::pair<double, double> betas, double eps, double weight_decay) {
-             auto o = std::make_unique<PyAdamW>();
-             o->params = pm.get().parameters();
-             o->mesh = pm.mesh;
-             py::gil_scoped_release release;
-             o->sync = std::make_unique<optim::GradientSynchronizer>(
-                 o->params, pm.mesh, optim::GradSyncOptions{.order = pm.get().reduce_order()});
-             o->adamw = std::make_unique<optim::AdamW>(
-                 o->params, pm.mesh, optim::AdamWOptions{lr, betas.first, betas.second, eps, weight_decay});
-             return o;
+             return make_adamw(pm.get().parameters(), pm.mesh, pm.get().reduce_order(),
+                               optim::AdamWOptions{lr, betas.first, betas.second, eps, weight_decay});
            }), py::arg("model"), py::arg("lr") = 1e-3, py::arg("betas") = std::pair<double, double>{0.9, 0.95},
            py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.1, py::keep_alive<1, 2>(),
            "Build it before the first backward (the synchroniser's hooks launch reductions during backward)")
+      .def(py::init([](const std::vector<nn::Parameter*>& params, const MeshRef& mesh, double lr,
+                       std::pair<double, double> betas, double eps, double weight_decay) {
+             MG_CHECK(!params.empty(), "AdamW: no parameters given");
+             for (const nn::Parameter* p : params) {
+               MG_CHECK(p->mesh == mesh.ptr, "AdamW: parameter '{}' was made on another mesh than {}", p->name,
+                        mesh.ptr->str());
+             }
+             return make_adamw(params, mesh.ptr, dist::ReduceOrder::RankOrder,
+                               optim::AdamWOptions{lr, betas.first, betas.second, eps, weight_decay});
+           }), py::arg("parameters"), py::arg("mesh"), py::arg("lr") = 1e-3,
+           py::arg("betas") = std::pair<double, double>{0.9, 0.95}, py::arg("eps") = 1e-8, py::arg("weight_decay") = 0.1,
+           py::keep_alive<1, 2>(),
+           "AdamW(parameters, mesh, ...): the parameters of layers of one's own (a model built from Plan.linear, "
+           "LayerNorm, Context.parameter and a loss of one's own), each made on `mesh`")
       .def("clip_grad_norm", [](PyAdamW& o, double max_norm) {
              o.finish();
              return optim::clip_grad_norm(o.params, *o.mesh, max_norm);

@@ -186,6 +186,38 @@ def test_train_step_on_a_pipeline_equals_the_loop_on_one_rank():
     assert two == pytest.approx(one, rel=1e-12)
 
 
+MLP_PLAN = mg.Plan("mlp", [("up", "column"), ("down", "row")])
+
+
+def mlp_with_a_loss_of_ones_own(m, steps=5):
+    """A model of layers and a loss of one's own, no Model at all: up (column), gelu, down (row), a
+    squared error against a target; AdamW over the layers' parameters."""
+    ctx = mg.Context(m)
+    up = MLP_PLAN.linear(ctx, "up", 8, 16, seed=1, dtype="float64")
+    down = MLP_PLAN.linear(ctx, "down", 16, 4, seed=1, dtype="float64")
+    opt = mg.AdamW(up.parameters() + down.parameters(), m, lr=1e-2, weight_decay=0.0)
+    rng = np.random.default_rng(0)
+    x, target = mg.tensor(rng.normal(size=(6, 2, 8))), mg.tensor(rng.normal(size=(6, 2, 4)))   # [T, B, features]
+    losses = []
+    for _ in range(steps):
+        error = down(mg.gelu(up(x, 6)), 6) - target      # the row layer's output, summed over tp
+        loss = (error * error).mean()
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(loss.item())
+    return losses
+
+
+def test_layers_and_a_loss_of_ones_own_train_alike_on_every_mesh():
+    one = mg.launch(mlp_with_a_loss_of_ones_own, mesh="tp=1")[0]
+    two = mg.launch(mlp_with_a_loss_of_ones_own, mesh="tp=2")
+    assert two[0] == two[1]                                # the loss is replicated over tp
+    assert two[0] == pytest.approx(one, rel=1e-12) and one[-1] < one[0]
+    with pytest.raises(mg.InvalidArgument, match="no parameters given"):
+        mg.launch(lambda m: mg.AdamW([], m), mesh="tp=1")
+
+
 # ---- the full trainer on a registered family -----------------------------------------------------
 
 def test_the_trainer_runs_a_python_family_and_on_step_stops_it_with_a_checkpoint(tmp_path):
