@@ -549,11 +549,20 @@ py::list explain_job(const py::kwargs& kwargs) {
   MG_CHECK(!custom || !kwargs.contains("link"), "explain: give either link or alpha_us and beta_gbs, not both");
   MG_CHECK(c.kind == "gpt" || c.kind == "mlp", "explain: model must be \"gpt\" or \"mlp\", got \"{}\"", c.kind);
   MG_CHECK(c.ffn >= 0, "explain: ffn must be >= 0 (0 = 4 x hidden), got {}", c.ffn);
-  const dist::Link link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
-
   std::vector<diag::ExplainRow> rows;
+  dist::Link link;
   {
     py::gil_scoped_release release;
+    // link='measured': all-reduces timed on the mesh's rank threads and the link fitted to them (as
+    // `meshgrad explain --link measured`; a 1-rank mesh is refused naming the option).
+    if (!custom && link_name == "measured") {
+      const std::vector<dist::MeshAxis> axes = dist::parse_mesh(mesh);
+      MG_CHECK(dist::mesh_world_size(mesh) >= 2, "explain: link='measured' times all-reduces between the run's ranks, "
+               "but the mesh {} has 1 rank: there is no link to measure (give a named link or alpha_us/beta_gbs)", mesh);
+      link = *diag::measure_mesh_link(launch::mesh_runner("threads", mesh));
+    } else {
+      link = custom ? dist::custom_link(alpha_us, beta_gbs) : dist::link_preset(link_name);
+    }
     pipe.schedule = pipeline::parse_schedule(schedule);
     rows = diag::explain_model(c, parallel, dist::parse_mesh(mesh), link, pipe);
   }
@@ -571,6 +580,11 @@ py::list explain_job(const py::kwargs& kwargs) {
     d["source"] = diag::explain_source_name(r.source);
     d["stage"] = r.stage;
     d["tensors"] = r.tensors;
+    if (link.measurement) {   // the fitted link each row is costed on, as the JSON's "link"
+      d["link"] = py::dict(py::arg("name") = link.name, py::arg("alpha_us") = link.alpha_us,
+                           py::arg("beta_gbs") = link.beta_gbs,
+                           py::arg("rms_residual") = link.measurement->rms_residual);
+    }
     out.append(d);
   }
   return out;
@@ -679,7 +693,7 @@ PYBIND11_MODULE(meshgrad, m) {
   m.def("explain", &explain_job,
         "explain(model='gpt', mesh='tp=2', layers=2, hidden=64, heads=4, seq=32, batch=4, ffn=0, vocab=256, "
         "sequence_parallel=False, overlap=False, recompute=False, checkpoint_blocks=False, micro_batches=1, "
-        "pp_layers=None, pp_schedule='1f1b', link='nvlink4' | alpha_us=..., beta_gbs=...) -> list of row dicts "
+        "pp_layers=None, pp_schedule='1f1b', link='nvlink4' | 'measured' | alpha_us=..., beta_gbs=...) -> list of row dicts "
         "(layer, phase, op, axis, bytes, predicted_us, ranks, algorithm, source, stage, tensors: the parameters a grouped "
         "collective carries), as `meshgrad explain` "
         "(mesh='pp=2,tp=2': the first rank of each stage, its sends and receives included)");

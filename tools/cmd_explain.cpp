@@ -6,10 +6,13 @@
 //   meshgrad explain --model gpt --mesh dp=2,tp=2 --sequence-parallel --link ib-ndr --format json
 //   meshgrad explain --model mlp --mesh tp=2 --alpha-us 5 --beta-gbs 25
 //   meshgrad explain --config meshgrad-metrics.jsonl --link ib-ndr   (a training run: its metrics or checkpoint)
+//   meshgrad explain --mesh tp=2 --link measured     (alpha and beta fitted to all-reduces timed on the run's ranks)
+//   mpirun -np 2 meshgrad explain --mesh tp=2 --link measured --backend mpi   (the MPI world's link; rank 0 prints)
 #include <fmt/core.h>
 
 #include <map>
 #include <memory>
+#include <optional>
 #include <string>
 
 #include "command.hpp"
@@ -29,7 +32,9 @@ struct ExplainArgs {
   nn::ModelConfig config;   // small defaults (nn::ModelConfig): runs in well under a second
   nn::ParallelConfig parallel;
   std::string mesh = "tp=2";
-  std::string link = "nvlink4";
+  std::string link = "nvlink4";       // a preset, or "measured"
+  std::string link_fallback;           // --link-fallback: the preset of a measured link on a 1-rank mesh
+  std::string backend = "threads";     // where --link measured probes
   double alpha_us = 0, beta_gbs = 0;   // used when custom_link is set
   bool custom_link = false;            // --alpha-us and --beta-gbs were given (CLI11: both or neither)
   bool rules = false;                  // print the rule table instead
@@ -41,9 +46,37 @@ struct ExplainArgs {
   std::map<std::string, CLI::Option*> given;   // the model options by name, to tell which were given
 };
 
+// --link measured: the link the run's ranks have, timed and fitted (diag::measure_mesh_link) on the
+// backend the run uses; a mesh of one rank has none and is refused, or costed on --link-fallback's
+// preset when the user asked for one. nullopt: an MPI process without mesh rank 0 (rank 0 prints).
+std::optional<dist::Link> measured_explain_link(const ExplainArgs& a, const std::vector<dist::MeshAxis>& axes) {
+  int world = 1;
+  for (const auto& axis : axes) world *= axis.size;
+  if (world < 2) {
+    if (a.link_fallback.empty()) {
+      throw InvalidArgument(fmt::format(
+          "explain: --link measured times all-reduces between the run's ranks, but the mesh {} has 1 rank: there is "
+          "no link to measure. Give a mesh of 2 or more ranks, a named link (--link shm, nvlink4 or ib-ndr) or "
+          "--alpha-us/--beta-gbs, or add --link-fallback NAME to cost on that preset when there is nothing to measure",
+          dist::mesh_spec(axes)));
+    }
+    dist::Link link = dist::link_preset(a.link_fallback);
+    link.source = fmt::format("--link-fallback {}: --link measured had nothing to measure on the 1-rank mesh {}; {}",
+                              a.link_fallback, dist::mesh_spec(axes), link.source);
+    return link;
+  }
+  return diag::measure_mesh_link(launch::mesh_runner(a.backend, a.mesh));
+}
+
 int run_explain(ExplainArgs& a) {
   // --alpha-us/--beta-gbs need each other and exclude --link (CLI11 checks that); either gives the link.
-  const dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs) : dist::link_preset(a.link);
+  const bool measured = !a.custom_link && a.link == "measured";
+  MG_CHECK(a.link_fallback.empty() || measured, "explain: --link-fallback {} is the preset of --link measured on a "
+           "1-rank mesh; without --link measured give the link itself (--link {})", a.link_fallback, a.link_fallback);
+  if (!a.link_fallback.empty()) (void)dist::link_preset(a.link_fallback);   // a wrong name fails before anything runs
+  dist::Link link = a.custom_link ? dist::custom_link(a.alpha_us, a.beta_gbs)
+                    : measured    ? dist::Link{}
+                                  : dist::link_preset(a.link);
   if (a.rules) {
     fmt::print("The one rule: the backward of every communication step, from the placement of the gradient that\n"
                "arrives (R replicated, P partial, S(d) shard; distributed/rule.hpp)\n\n{}",
@@ -52,11 +85,16 @@ int run_explain(ExplainArgs& a) {
   }
   a.config = family_model("explain", a.config, a.family, a.given);
   const std::vector<dist::MeshAxis> axes = dist::parse_mesh(a.mesh);
+  if (measured) {
+    std::optional<dist::Link> fitted = measured_explain_link(a, axes);
+    if (!fitted) return 0;
+    link = std::move(*fitted);
+  }
   diag::ExplainPipeline pipe = a.pipeline;
   pipe.schedule = pipeline::parse_schedule(a.schedule);
   const std::vector<diag::ExplainRow> rows = diag::explain_model(a.config, a.parallel, axes, link, pipe);
   if (a.format == "json") {
-    fmt::print("{}", diag::format_explain_json(rows));
+    fmt::print("{}", diag::format_explain_json(rows, link));
   } else {
     fmt::print("{}", diag::format_explain_table(rows, {a.config, a.parallel, axes, link, pipe}));
   }
@@ -119,7 +157,18 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
           ->capture_default_str();
       std::string presets;
       for (const auto& link : dist::link_presets()) presets += (presets.empty() ? "" : ", ") + link.name;
-      auto* link = app.add_option("--link", a->link, "link preset: " + presets)->capture_default_str();
+      auto* link = app.add_option("--link", a->link,
+                                  "link preset: " + presets + "; or measured: alpha and beta fitted to all-reduces "
+                                  "timed on the run's ranks (--backend), printed with the fit")
+                       ->capture_default_str();
+      app.add_option("--link-fallback", a->link_fallback,
+                     "with --link measured: the preset to cost on when the mesh has 1 rank (nothing to measure; "
+                     "refused without it)");
+      app.add_option("--backend", a->backend,
+                     "where --link measured probes: threads (rank threads in this process) or mpi (under mpirun: "
+                     "the MPI world, rank 0 prints); the counting runs on rank threads either way")
+          ->check(CLI::IsMember({"threads", "mpi"}))
+          ->capture_default_str();
       auto* alpha = app.add_option("--alpha-us", a->alpha_us, "custom link: latency per step, microseconds");
       auto* beta = app.add_option("--beta-gbs", a->beta_gbs, "custom link: bandwidth per rank, GB/s");
       alpha->needs(beta)->excludes(link);

@@ -675,3 +675,18 @@ def test_grads_of_a_llama_in_hugging_face_layout_on_any_mesh_and_mesh_invariant(
         got = meshgrad.grads(mesh=mesh, **inv)
         for name, g in one.items():
             assert np.array_equal(got[name], g), (mesh, name)
+
+
+def test_explain_costs_on_a_link_measured_on_the_meshes_ranks():
+    rows = meshgrad.explain(model="gpt", mesh="tp=2", link="measured")
+    link = rows[0]["link"]
+    assert link["name"] == "measured" and link["alpha_us"] >= 0 and link["beta_gbs"] > 0
+    assert all(r["link"] == link for r in rows)
+    # Each row is costed on the fitted link: an all-reduce of n = 2 takes 2 (alpha + bytes / (2 beta)).
+    ring = [r for r in rows if r["op"] == "all_reduce" and r["ranks"] == 2 and r["algorithm"] == "ring"]
+    assert ring
+    for r in ring:
+        want = 2 * (link["alpha_us"] + r["bytes"] / 2 / (link["beta_gbs"] * 1e3))
+        assert r["predicted_us"] == pytest.approx(want, rel=1e-9)
+    with pytest.raises(meshgrad.InvalidArgument, match="has 1 rank: there is no link to measure"):
+        meshgrad.explain(model="gpt", mesh="tp=1", link="measured")

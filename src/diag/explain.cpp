@@ -318,8 +318,7 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
                            on_off(h.parallel.sequence_parallel), h.pipeline.micro_batches)
              : fmt::format("mesh {} ({} ranks), sequence parallel {}; counted on rank 0 over one forward + backward\n",
                            dist::mesh_spec(h.axes), world, on_off(h.parallel.sequence_parallel));
-  out += fmt::format("link {}: alpha {:g} us per step, beta {:g} GB/s per rank ({})\n", h.link.name, h.link.alpha_us,
-                     h.link.beta_gbs, h.link.source);
+  out += format_link_header(h.link);
   out += "bytes: nccl-tests size (the whole gathered / unreduced buffer); n: ranks in the axis' group\n";
 
   // The layer column fits the longest name (Llama's "model.layers.0.self_attn.q_proj.weight").
@@ -407,18 +406,101 @@ std::string format_explain_table(const std::vector<ExplainRow>& stage_rows, cons
   return out;
 }
 
+std::string format_link_header(const dist::Link& link) {
+  std::string out = fmt::format("link {}: alpha {:g} us per step, beta {:g} GB/s per rank ({})\n", link.name,
+                                link.alpha_us, link.beta_gbs, link.source);
+  if (!link.measurement) return out;
+  const dist::LinkMeasurement& m = *link.measurement;
+  std::string sizes;
+  for (const dist::LinkSample& s : m.samples) {
+    sizes += (sizes.empty() ? "" : ", ") + human_bytes(static_cast<std::int64_t>(s.bytes));
+  }
+  out += fmt::format("  probe: {} all_reduce on {} ranks ({} backend) of {} sizes: {}; each time the slowest rank's, "
+                     "the fastest of {} timed blocks; {:.2f} s\n",
+                     m.dtype, m.ranks, m.backend.empty() ? "no" : m.backend, m.samples.size(), sizes, m.repeats,
+                     m.seconds);
+  std::string bytes_line = fmt::format("  {:<13}", "bytes"), measured = fmt::format("  {:<13}", "measured us"),
+              fitted = fmt::format("  {:<13}", "fitted us");
+  for (std::size_t i = 0; i < m.samples.size(); ++i) {
+    bytes_line += fmt::format(" {:>10}", static_cast<std::int64_t>(m.samples[i].bytes));
+    measured += fmt::format(" {:>10.2f}", m.samples[i].time_us);
+    fitted += fmt::format(" {:>10.2f}", i < m.fitted_us.size() ? m.fitted_us[i] : 0.0);
+  }
+  out += bytes_line + "\n" + measured + "\n" + fitted + "\n";
+  out += fmt::format("  fit residual: rms {:.1f}%, max {:.1f}% of the measured times{}\n", 100 * m.rms_residual,
+                     100 * m.max_residual,
+                     m.alpha_clamped ? " (the free fit's alpha was negative: fitted through 0 with alpha = 0)" : "");
+  return out;
+}
+
+namespace {
+
+nlohmann::ordered_json row_json(const ExplainRow& row) {
+  return {{"layer", row.layer},
+          {"phase", row.phase},
+          {"op", row.op},
+          {"axis", row.axis},
+          {"bytes", row.bytes},
+          {"predicted_us", row.predicted_us},
+          {"tensors", row.tensors}};
+}
+
+nlohmann::ordered_json link_json(const dist::Link& link) {
+  nlohmann::ordered_json j = {{"name", link.name},
+                              {"alpha_us", link.alpha_us},
+                              {"beta_gbs", link.beta_gbs},
+                              {"source", link.source}};
+  if (link.measurement) {
+    const dist::LinkMeasurement& m = *link.measurement;
+    std::vector<double> sizes, times;
+    for (const dist::LinkSample& s : m.samples) {
+      sizes.push_back(s.bytes);
+      times.push_back(s.time_us);
+    }
+    j["measurement"] = {{"ranks", m.ranks},
+                        {"backend", m.backend},
+                        {"dtype", m.dtype},
+                        {"algorithm", "ring all_reduce: t = 2(n-1)(alpha + bytes/(n beta))"},
+                        {"sizes_bytes", sizes},
+                        {"times_us", times},
+                        {"fitted_us", m.fitted_us},
+                        {"rms_residual", m.rms_residual},
+                        {"max_residual", m.max_residual},
+                        {"alpha_clamped", m.alpha_clamped},
+                        {"repeats", m.repeats},
+                        {"seconds", m.seconds}};
+  }
+  return j;
+}
+
+}  // namespace
+
 std::string format_explain_json(const std::vector<ExplainRow>& rows) {
   nlohmann::ordered_json list = nlohmann::ordered_json::array();   // keys in the documented order
+  for (const auto& row : rows) list.push_back(row_json(row));
+  return list.dump(2) + "\n";
+}
+
+std::string format_explain_json(const std::vector<ExplainRow>& rows, const dist::Link& link) {
+  if (!link.measurement) return format_explain_json(rows);
+  // A measured link travels with every row: the list stays a list of rows, and each says what costed it.
+  const nlohmann::ordered_json described = link_json(link);
+  nlohmann::ordered_json list = nlohmann::ordered_json::array();
   for (const auto& row : rows) {
-    list.push_back({{"layer", row.layer},
-                    {"phase", row.phase},
-                    {"op", row.op},
-                    {"axis", row.axis},
-                    {"bytes", row.bytes},
-                    {"predicted_us", row.predicted_us},
-                    {"tensors", row.tensors}});
+    nlohmann::ordered_json j = row_json(row);
+    j["link"] = described;
+    list.push_back(std::move(j));
   }
   return list.dump(2) + "\n";
+}
+
+std::optional<dist::Link> measure_mesh_link(const dist::RunOnMesh& run_on_mesh, const dist::LinkProbeOptions& options) {
+  std::optional<dist::Link> out;
+  run_on_mesh([&](const dist::DeviceMeshPtr& mesh) {
+    dist::Link link = dist::measure_link(*mesh->world(), options);   // collective: every rank
+    if (mesh->world()->rank() == 0) out = std::move(link);            // written by one rank thread only
+  });
+  return out;
 }
 
 }  // namespace meshgrad::diag

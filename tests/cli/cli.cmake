@@ -26,6 +26,20 @@ meshgrad_cli_test(mesh_overflow 1 "size in 'tp=1073741825' is 1073741825; meshgr
 meshgrad_cli_test(mesh_too_many_ranks 1 "needs 10000 ranks; meshgrad runs at most 4096"
                   ${mg} train --mesh dp=100,tp=100 ${tiny})
 meshgrad_cli_test(explain_mesh_unknown_axis 1 "unknown axis 'sp'" ${mg} explain --mesh sp=2)
+# explain --link measured: the link between the run's ranks timed and fitted, rows costed on it
+# (explain_measured.sh); a 1-rank mesh has no link: refused naming the option, or costed on the preset
+# of --link-fallback when the user asked for one.
+add_test(NAME cli_explain_measured
+         COMMAND bash ${CMAKE_CURRENT_SOURCE_DIR}/cli/explain_measured.sh ${mg} ${CMAKE_CURRENT_BINARY_DIR}/cli_explain_measured)
+set_tests_properties(cli_explain_measured PROPERTIES LABELS cli TIMEOUT 120)
+meshgrad_cli_test(explain_measured_one_rank 1
+                  "--link measured times all-reduces between the run's ranks, but the mesh tp=1 has 1 rank: there is no link to measure.*--link-fallback NAME"
+                  ${mg} explain --mesh tp=1 --link measured)
+meshgrad_cli_test(explain_measured_one_rank_fallback 0
+                  "link shm: alpha 1.5 us per step, beta 16 GB/s per rank \\(--link-fallback shm: --link measured had nothing to measure on the 1-rank mesh tp=1"
+                  ${mg} explain --mesh tp=1 --link measured --link-fallback shm)
+meshgrad_cli_test(explain_fallback_needs_measured 1 "--link-fallback shm is the preset of --link measured on a 1-rank mesh"
+                  ${mg} explain --link-fallback shm)
 # tp=RxC reaches the models as the axes dp, tp_row, tp_col (float64, against one rank).
 meshgrad_cli_test(check_tp_2x2 0 "on mesh tp=2x2.*PASS: the mesh model matches"
                   ${mg} check --mesh tp=2x2 --layers 1)
@@ -130,11 +144,16 @@ if(MESHGRAD_WITH_MPI)
                     ${mpirun} -np 4 ${mg} check --backend mpi --mesh tp=4 --tp-invariant --sequence-parallel --layers 1)
   meshgrad_cli_test(check_mpi_np4_dp2_tp2_tp_invariant 0 "PASS: tp-invariant: losses, gradients and weights are bitwise"
                     ${mpirun} -np 4 ${mg} check --backend mpi --mesh dp=2,tp=2 --tp-invariant --layers 1 --batch 4)
+  # explain --link measured under mpirun probes the MPI world's link (rank 0 prints the one report).
+  meshgrad_cli_test(explain_measured_mpi_np2 0
+                    "link measured: alpha [0-9.e+-]+ us per step, beta [0-9.e+-]+ GB/s per rank \\(fitted to the ring all-reduce .* of this run's 2 ranks, mpi backend.*probe: float32 all_reduce on 2 ranks \\(mpi backend\\)"
+                    ${mpirun} -np 2 ${mg} explain --model mlp --layers 1 --mesh tp=2 --link measured --backend mpi)
   # Under mpirun like the MPI suite: the sanitizer runs skip them (-LE mpi; OpenMPI's own allocations
   # at exit make LeakSanitizer fail a passing run).
   set_tests_properties(cli_mpirun_without_backend_mpi cli_check_mpi_np2 cli_check_mpi_np4_tp_2x2
                        cli_mpmd_options_differ cli_mpmd_debug_env_on_one_rank cli_check_mpi_np2_tp_invariant
                        cli_check_mpi_np4_tp_invariant_sp cli_check_mpi_np4_dp2_tp2_tp_invariant
+                       cli_explain_measured_mpi_np2
                        PROPERTIES LABELS "cli;mpi")
 endif()
 

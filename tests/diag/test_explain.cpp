@@ -11,7 +11,9 @@
 
 #include <algorithm>
 #include <map>
+#include <functional>
 #include <mutex>
+#include <optional>
 #include <nlohmann/json.hpp>
 #include <set>
 #include <string>
@@ -51,7 +53,7 @@ ModelConfig small_config(const std::string& kind) {
   return c;
 }
 
-const dist::Link kLink{"test", 2.0, 1.0, "closed-form test link"};
+const dist::Link kLink{"test", 2.0, 1.0, "closed-form test link", std::nullopt};
 
 std::vector<Entry> graph_entries(const std::vector<ExplainRow>& rows) {
   std::vector<Entry> out;
@@ -606,6 +608,101 @@ TEST(ExplainPipeline, MicroBatchesThatDoNotSplitTheBatchOrNeedAPipelineAreRefuse
   const nn::ModelConfig c = nn::ModelConfig::gpt(2, 32, 4, 64, 8, 4);
   EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("pp=2"), kLink, {.micro_batches = 3}), InvalidArgument);
   EXPECT_THROW(explain_model(c, {}, explain_mesh_axes("tp=2"), kLink, {.micro_batches = 2}), InvalidArgument);
+}
+
+// ---- --link measured: the probe on the run's ranks, its header and json ----------------------------
+
+// A link fitted to exact times of a known link (the fit itself is tested in tests/distributed).
+dist::Link synthetic_measured_link() {
+  const dist::Link truth{"truth", 1.5, 16.0, "synthetic", std::nullopt};
+  std::vector<dist::LinkSample> samples;
+  for (double bytes = 1024; bytes <= 4.0 * 1024 * 1024; bytes *= 4) {
+    samples.push_back({bytes, dist::ring_all_reduce(2, bytes, truth).time_us});
+  }
+  dist::Link link = dist::fit_ring_all_reduce_link(2, samples);
+  link.measurement->backend = "threads";
+  link.measurement->repeats = 3;
+  link.measurement->seconds = 0.25;
+  return link;
+}
+
+TEST(ExplainMeasuredLink, HeaderPrintsTheFitTheSizesAndTheResidual) {
+  const ModelConfig c = small_config("mlp");
+  const dist::Link link = synthetic_measured_link();
+  const auto axes = explain_mesh_axes("tp=2");
+  const auto rows = explain_model(c, {}, axes, link);
+  const std::string table = format_explain_table(rows, {c, {}, axes, link, {}});
+  for (const char* needle : {"link measured: alpha 1.5 us per step, beta 16 GB/s per rank",
+                             "ring all-reduce t = 2(n-1)(alpha + bytes/(n beta))",
+                             "probe: float32 all_reduce on 2 ranks (threads backend) of 7 sizes: 1.0 KiB, 4.0 KiB, "
+                             "16.0 KiB, 64.0 KiB, 256.0 KiB, 1.0 MiB, 4.0 MiB",
+                             "fastest of 3 timed blocks; 0.25 s", "measured us", "fitted us",
+                             "fit residual: rms 0.0%, max 0.0%", "(predicted on measured:"}) {
+    EXPECT_NE(table.find(needle), std::string::npos) << "missing '" << needle << "' in\n" << table;
+  }
+  // A named link's header has none of it.
+  const std::string named = format_link_header(dist::link_preset("shm"));
+  EXPECT_EQ(named.find("probe:"), std::string::npos) << named;
+  EXPECT_EQ(named.find("fit residual"), std::string::npos) << named;
+}
+
+TEST(ExplainMeasuredLink, JsonRowsCarryTheMeasuredLink) {
+  const ModelConfig c = small_config("mlp");
+  const dist::Link link = synthetic_measured_link();
+  const auto rows = explain_model(c, {}, explain_mesh_axes("tp=2"), link);
+  ASSERT_FALSE(rows.empty());
+  const nlohmann::json j = nlohmann::json::parse(format_explain_json(rows, link));
+  ASSERT_TRUE(j.is_array());
+  ASSERT_EQ(j.size(), rows.size());
+  for (const auto& row : j) {
+    ASSERT_TRUE(row.contains("link")) << row.dump();
+    EXPECT_EQ(row["link"]["name"], "measured");
+    EXPECT_DOUBLE_EQ(row["link"]["alpha_us"].get<double>(), link.alpha_us);
+    EXPECT_DOUBLE_EQ(row["link"]["beta_gbs"].get<double>(), link.beta_gbs);
+    const auto& m = row["link"]["measurement"];
+    EXPECT_EQ(m["ranks"], 2);
+    EXPECT_EQ(m["backend"], "threads");
+    EXPECT_EQ(m["sizes_bytes"].size(), 7u);
+    EXPECT_EQ(m["times_us"].size(), 7u);
+    EXPECT_EQ(m["fitted_us"].size(), 7u);
+    EXPECT_LT(m["rms_residual"].get<double>(), 1e-12);
+  }
+  // A named link keeps the documented keys only.
+  const nlohmann::json named = nlohmann::json::parse(format_explain_json(rows, kLink));
+  for (const auto& row : named) EXPECT_FALSE(row.contains("link")) << row.dump();
+}
+
+TEST(ExplainMeasuredLink, ProbesTheRunsRanksAndCostsTheRowsOnTheFit) {
+  dist::LinkProbeOptions quick;
+  quick.max_bytes = 64 << 10;
+  quick.repeats = 1;
+  quick.seconds_per_block = 0.002;
+  quick.warmup_seconds = 0.001;
+  const auto axes = explain_mesh_axes("tp=2");
+  const std::optional<dist::Link> link = measure_mesh_link(
+      [&](const std::function<void(const dist::DeviceMeshPtr&)>& fn) { testing::run_on_mesh(2, fn, axes); }, quick);
+  ASSERT_TRUE(link.has_value());
+  EXPECT_EQ(link->name, "measured");
+  EXPECT_GT(link->beta_gbs, 0);
+  EXPECT_GE(link->alpha_us, 0);
+  ASSERT_TRUE(link->measurement.has_value());
+  EXPECT_EQ(link->measurement->ranks, 2);
+  EXPECT_EQ(link->measurement->backend, "threads");
+  EXPECT_EQ(link->measurement->samples.size(), 4u);
+  const auto rows = explain_model(small_config("mlp"), {}, axes, *link);
+  ASSERT_FALSE(rows.empty());
+  for (const auto& r : rows) {
+    EXPECT_DOUBLE_EQ(r.predicted_us, dist::predict_collective(r.op, r.ranks, static_cast<double>(r.bytes), *link).time_us)
+        << r.layer << " " << r.op;
+  }
+  // One rank: nothing to measure, and the error says so.
+  try {
+    (void)measure_mesh_link(
+        [&](const std::function<void(const dist::DeviceMeshPtr&)>& fn) { testing::run_on_mesh(1, fn); }, quick);
+    FAIL() << "a 1-rank mesh was measured";
+  } catch (const InvalidArgument& e) {
+    EXPECT_NE(std::string(e.what()).find("has 1 rank"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace

@@ -23,8 +23,13 @@ struct CollectiveBenchOptions {
   std::size_t max_bytes = std::size_t(64) << 20;
   int step_factor = 2;  // sizes min, min x f, ... up to max
   DType dtype = DType::Float32;
-  int iters = 0;   // 0 = enough for ~50 ms per size (5..20000), from the warm-up's time
-  int warmup = 0;  // 0 = 5, then ~20 ms more (the first size runs right after the ranks started)
+  int iters = 0;   // 0 = enough for ~seconds_per_size per size (5..20000), from the warm-up's time
+  int warmup = 0;  // 0 = 5, then ~warmup_seconds more (the first size runs right after the ranks started)
+  double seconds_per_size = 0.05;  // the automatic iterations' target time (of each block)
+  double warmup_seconds = 0.02;    // the automatic warm-up's extra time
+  int repeats = 1;  // timed blocks of `iters` per size; the row's time is the fastest block's mean
+  int max_iters = 20000;  // the automatic iterations' and warm-up's cap: bounds a block whose ops slowed
+                          // down after the warm-up timed them (a loaded machine)
 };
 
 struct CollectiveBenchRow {

@@ -13,9 +13,14 @@
 //   - a parameter whose gradient is partial over a tp axis (a replicated parameter used on
 //     sequence-sharded data, e.g. LayerNorm under sequence parallelism): all_reduce over that axis;
 //   - with dp > 1, one in-place all_reduce over dp per bucket of gradients.
+//
+// The link is a preset, the user's numbers, or measured (`--link measured`): measure_mesh_link times
+// an all-reduce sweep on the run's ranks and fits alpha and beta (dist::measure_link), and the rows
+// are costed on the fitted link; the table's header and the json carry the probe and the fit.
 #pragma once
 
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -77,6 +82,13 @@ std::vector<ExplainRow> explain_model(const ModelConfig& config, const ParallelC
                                       const std::vector<dist::MeshAxis>& axes, const dist::Link& link,
                                       const ExplainPipeline& pipeline = {});
 
+// The link of `--link measured`: on every rank run_on_mesh starts (the threads backend's rank threads,
+// or the MPI world under mpirun), dist::measure_link over the mesh's world communicator, whose size
+// must be >= 2 (InvalidArgument naming the size otherwise). Returns the fitted link (the same on every
+// rank), or nullopt in an MPI process that does not hold mesh rank 0.
+std::optional<dist::Link> measure_mesh_link(const dist::RunOnMesh& run_on_mesh,
+                                            const dist::LinkProbeOptions& options = {});
+
 // Aggregates. Layers appear in the order of their first row; phases in Phase order.
 struct PhaseTotals {
   int count = 0;
@@ -110,9 +122,16 @@ struct ExplainHeader {
   ExplainPipeline pipeline;
 };
 // The table: per layer its collectives (phase, op, axis, n, bytes human-readable and exact,
-// algorithm, predicted us), then the per-layer and per-phase totals and the link used.
+// algorithm, predicted us), then the per-layer and per-phase totals and the link used. A measured
+// link's header also has the probe's sizes, measured and fitted times and the fit's residual.
 std::string format_explain_table(const std::vector<ExplainRow>& rows, const ExplainHeader& header);
-// The json: a list of objects with exactly the keys layer, phase, op, axis, bytes, predicted_us.
+// The link's lines of the table's header (format_explain_table prints them).
+std::string format_link_header(const dist::Link& link);
+// The json: a list of objects with exactly the keys layer, phase, op, axis, bytes, predicted_us,
+// tensors; with a measured link (link.measurement) every object also has "link": the fitted link
+// (name, alpha_us, beta_gbs, source) and its "measurement" (ranks, backend, dtype, algorithm,
+// sizes_bytes, times_us, fitted_us, rms_residual, max_residual, alpha_clamped, repeats, seconds).
 std::string format_explain_json(const std::vector<ExplainRow>& rows);
+std::string format_explain_json(const std::vector<ExplainRow>& rows, const dist::Link& link);
 
 }  // namespace meshgrad::diag
