@@ -675,6 +675,11 @@ PYBIND11_MODULE(meshgrad, m) {
       .def_property_readonly("shape", [](const Tensor& t) { return t.shape(); })
       .def_property_readonly("dtype", [](const Tensor& t) { return std::string(dtype_name(t.dtype())); })
       .def("__repr__", [](const Tensor& t) { return "meshgrad.Tensor(" + t.str() + ")"; });
+  // pybind11 caches numpy's dtype-from-format function in a function-local static whose first
+  // initialisation imports numpy (letting the GIL go): two rank threads calling numpy() first at
+  // once deadlocked, one holding the GIL while it waited on the static's guard. Initialised here,
+  // on import, while one thread runs.
+  (void)to_numpy(Tensor::zeros({1}, DType::Float32));
   bind_training_api(m, tensor);
 
   static const std::string train_doc = train_docstring();

@@ -360,7 +360,7 @@ void bind_tensors(py::module_& m, py::class_<Tensor>& tensor) {
   m.def("causal_attention", [](const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window) {
         return causal_attention(q, k, v, window);
       }, py::arg("q"), py::arg("k"), py::arg("v"), py::arg("window") = 0, Release(),
-      "softmax(q k^T / sqrt(D), causal) v for q [B, H, T, D], k and v [B, H_kv, T, D]; window > 0: a sliding window");
+      "softmax(q k^T / sqrt(D), causal) v for q, k, v [B, H, T, D]; window > 0: a sliding window");
   m.def("backward", [](const Tensor& root, const std::optional<Tensor>& grad) {
         meshgrad::backward(root, grad ? *grad : Tensor());
       }, py::arg("root"), py::arg("grad") = std::nullopt, Release(),

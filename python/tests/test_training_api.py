@@ -176,7 +176,7 @@ def test_a_checkpoint_loads_on_another_mesh(tmp_path):
         assert step == 1 and loaded == saved, mesh
 
 
-def test_train_step_on_a_pipeline_equals_the_loop_on_one_rank():
+def test_train_step_on_a_pipeline_equals_one_rank():
     def rank_main(m):
         model = mg.Model(m, kind="parallel-block", seed=4, dtype="float64", **SIZES)
         opt = mg.AdamW(model, lr=1e-2)

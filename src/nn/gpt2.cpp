@@ -52,7 +52,7 @@ class Attention {
     trace::Scope scope(name_);
     const Heads h = project_heads(x, seq);
     // Under cp each query chunk meets the whole sequence's keys up to it (nn/context_parallel.hpp).
-    const Tensor y = ctx_->attention_per_run() ? context_attention(h.q, h.k, h.v, 0, ctx_) : causal_attention(h.q, h.k, h.v);
+    const Tensor y = nn::attention(h.q, h.k, h.v, 0, ctx_);
     return project_output(y, seq);
   }
 

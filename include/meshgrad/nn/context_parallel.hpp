@@ -98,8 +98,10 @@ Tensor context_attention(const Tensor& q, const Tensor& k, const Tensor& v, std:
                          const ParallelContextPtr& ctx);
 
 // Causal attention of this rank's queries whatever the mesh: context_attention where
-// ctx->attention_per_run(), else ops::causal_attention. What a family's block calls (GPT-2's and
-// Llama's do the same), so a block written once is right under cp and the sequence blocks.
+// ctx->attention_per_run(), else ops::causal_attention; q, k, v [B, H, P, D] with the same heads
+// (a grouped-query block repeats its key/value heads first, or calls context_attention itself as
+// Llama's does). What GPT-2's block and a block written outside the library call, so a block
+// written once is right under cp and the sequence blocks.
 Tensor attention(const Tensor& q, const Tensor& k, const Tensor& v, std::int64_t window, const ParallelContextPtr& ctx);
 
 }  // namespace meshgrad::nn

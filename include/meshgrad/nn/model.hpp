@@ -331,8 +331,8 @@ struct ModelKind {
 void register_model(const std::string& kind, ModelKind model);
 // Removes `kind`; false when it was not registered.
 bool unregister_model(const std::string& kind);
-// The registered kinds' entry, nullptr for a built-in or unknown kind. The entry stays valid until
-// the kind is unregistered.
+// The registered kind's entry, nullptr for a built-in or unknown kind (shared: it stays valid while
+// held, even when the kind is unregistered meanwhile).
 std::shared_ptr<const ModelKind> registered_model(const std::string& kind);
 // Every kind make_model builds: the built-in ones, then the registered ones in name order.
 std::vector<std::string> model_kinds();
