@@ -9,7 +9,11 @@
   3. no two files include each other, directly or through others (no circle between files);
   4. no source file of the library is over 1,000 lines, no function of the library, the CLI or the
      Python module over 120 lines (Universal Ctags' function extents; tests are not counted);
-  5. no folder under src/ holds more than a quarter of the library's lines.
+  5. no folder under src/ holds more than a quarter of the library's lines;
+  6. each test file (tests/<layer>/*.cpp) and each command (tools/cmd_*.cpp) keeps its code in a
+     namespace named after the file, with no anonymous namespace or using-directive at file scope:
+     they compile in unity batches (CMakeLists.txt, MESHGRAD_UNITY), where two files' local names or
+     using-directives would otherwise meet, in whatever batch a new file happens to land.
 
 Prints every violation and exits 1 if there is one, 0 otherwise. Run from anywhere:
   python3 scripts/check-house.py [--root DIR]
@@ -218,6 +222,42 @@ def check_functions(root, problems):
                             f"{MAX_FUNCTION_LINES})")
 
 
+NAMESPACE_OPEN = re.compile(r'^namespace ([\w:]*) ?\{')
+NAMESPACE_CLOSE = re.compile(r'^\}\s*//\s*namespace')
+
+
+def file_scope_leaks(text):
+    """(line, what) of each anonymous namespace or using-directive at file scope: the namespace blocks
+    are followed by their column-0 openings and their closing comments, as the code base writes them."""
+    depth, leaks = 0, []
+    for number, line in enumerate(text.splitlines(), 1):
+        opened = NAMESPACE_OPEN.match(line)
+        if opened:
+            if depth == 0 and not opened.group(1):
+                leaks.append((number, "namespace {"))
+            depth += 1
+        elif NAMESPACE_CLOSE.match(line):
+            depth -= 1
+        elif depth == 0 and line.startswith("using namespace "):
+            leaks.append((number, line.strip()))
+    return leaks
+
+
+def check_unity_namespaces(root, problems):
+    files = [p for p in files_under(root, "tests", exts=(".cpp",)) if p.count("/") == 2]
+    files += [p for p in files_under(root, "tools", exts=(".cpp",)) if os.path.basename(p).startswith("cmd_")]
+    for p in files:
+        stem = os.path.splitext(os.path.basename(p))[0]
+        with open(os.path.join(root, p), encoding="utf-8") as f:
+            text = f.read()
+        if not re.search(r'^namespace (?:[\w:]+::)?%s \{$' % re.escape(stem), text, re.M):
+            problems.append(f"{p}: its code is not in a namespace named {stem} (a unity batch would mix its "
+                            f"local names with the other files')")
+        for line, what in file_scope_leaks(text):
+            problems.append(f"{p}:{line}: '{what}' at file scope reaches the next file of its unity batch; put it "
+                            f"inside namespace {stem}")
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--root", default=os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
@@ -230,6 +270,7 @@ def main():
     check_circles(root, problems)
     total, per_folder = check_sizes(root, problems)
     check_functions(root, problems)
+    check_unity_namespaces(root, problems)
     if args.summary:
         for layer, n in per_folder.most_common():
             print(f"{layer:<12} {n:>6} lines {100.0 * n / total:5.1f}%")

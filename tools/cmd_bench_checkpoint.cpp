@@ -54,7 +54,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_checkpoint {
 namespace {
 
 namespace fs = std::filesystem;
@@ -586,4 +586,4 @@ MESHGRAD_REGISTER_COMMAND(bench_checkpoint, {"bench", "checkpoint",
                                              "save/load throughput of sharded checkpoints against the disk, and the "
                                              "stall of an async save", setup});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_checkpoint

@@ -15,7 +15,7 @@
 #include "meshgrad/comm/collective_bench.hpp"
 #include "meshgrad/train/trace_file.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_collectives {
 namespace {
 
 struct BenchCollectivesArgs {
@@ -95,4 +95,4 @@ MESHGRAD_REGISTER_COMMAND(bench_collectives, {"bench", "collectives",
     }});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_collectives

@@ -13,7 +13,7 @@
 #include "options.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_invariant {
 namespace {
 
 struct BenchInvariantOptions {
@@ -140,4 +140,4 @@ MESHGRAD_REGISTER_COMMAND(bench_invariant, {"bench", "invariant",
                                             "--tp-invariant", setup});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_invariant

@@ -35,7 +35,7 @@
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_matmul {
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -212,4 +212,4 @@ MESHGRAD_REGISTER_COMMAND(
        return [args] { return run_bench_matmul(*args); };
      }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_matmul

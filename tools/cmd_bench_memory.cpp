@@ -52,7 +52,7 @@
 #include "meshgrad/optim/adamw.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_memory {
 namespace {
 
 struct BenchMemoryOptions {
@@ -326,4 +326,4 @@ MESHGRAD_REGISTER_COMMAND(bench_memory, {"bench", "memory",
     "peak tensor memory per rank on several meshes next to the ideal (sharded states + activations)", setup});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_memory

@@ -19,7 +19,7 @@
 #include "meshgrad/tensor/trace.hpp"
 #include "meshgrad/train/trace_file.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_mlp {
 namespace {
 
 struct BenchMlpOptions {
@@ -132,4 +132,4 @@ CommandSetup setup = [](CLI::App& app) {
 MESHGRAD_REGISTER_COMMAND(bench_mlp, {"bench", "mlp", "time a tensor-parallel MLP step (compare with peers/torch_tp_mlp.py)", setup});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_mlp

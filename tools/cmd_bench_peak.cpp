@@ -14,7 +14,7 @@
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_peak {
 namespace {
 
 struct BenchPeakArgs {
@@ -69,4 +69,4 @@ MESHGRAD_REGISTER_COMMAND(
        return [args] { return run_bench_peak(*args); };
      }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_peak

@@ -24,7 +24,7 @@
 #include "meshgrad/train/step.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_pipeline {
 namespace {
 
 struct BenchPipelineOptions {
@@ -159,4 +159,4 @@ MESHGRAD_REGISTER_COMMAND(bench_pipeline, {"bench", "pipeline",
                                            setup});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_pipeline

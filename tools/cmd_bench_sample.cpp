@@ -18,7 +18,7 @@
 #include "meshgrad/tensor/random.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_sample {
 namespace {
 
 struct BenchSampleArgs {
@@ -142,4 +142,4 @@ MESHGRAD_REGISTER_COMMAND(bench_sample, {"bench", "sample",
     }});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_sample

@@ -19,7 +19,7 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/text/tokenizer.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_bench_tokenizer {
 namespace {
 
 struct BenchTokenizerArgs {
@@ -137,4 +137,4 @@ MESHGRAD_REGISTER_COMMAND(bench_tokenizer, {"bench", "tokenizer",
     }});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_bench_tokenizer

@@ -16,7 +16,7 @@
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/diag/equivalence.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_check {
 namespace {
 
 struct CheckArgs {
@@ -217,4 +217,4 @@ CommandSetup setup = [](CLI::App& app) {
 MESHGRAD_REGISTER_COMMAND(check, {"", "check", "compare the model on a mesh with the same model on one rank", setup});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_check

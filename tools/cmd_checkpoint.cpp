@@ -13,7 +13,7 @@
 #include "meshgrad/checkpoint/directory.hpp"
 #include "meshgrad/checkpoint/verify.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_checkpoint {
 namespace {
 
 struct CheckpointArgs {
@@ -61,4 +61,4 @@ MESHGRAD_REGISTER_COMMAND(checkpoint, {"", "checkpoint", "List, describe or veri
       return [a] { return run_checkpoint(*a); };
     }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_checkpoint

@@ -25,7 +25,7 @@
 #include "meshgrad/diag/explain.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_explain {
 namespace {
 
 struct ExplainArgs {
@@ -182,4 +182,4 @@ MESHGRAD_REGISTER_COMMAND(explain, {"", "explain",
     }});
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_explain

@@ -10,7 +10,7 @@
 #include "command.hpp"
 #include "meshgrad/interop/hf_io.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_export {
 namespace {
 
 int run_export(const interop::ExportOptions& o) {
@@ -41,4 +41,4 @@ MESHGRAD_REGISTER_COMMAND(
                return [o] { return run_export(*o); };
              }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_export

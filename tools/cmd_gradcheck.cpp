@@ -17,7 +17,7 @@
 #include "meshgrad/ops/gradcheck.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_gradcheck {
 namespace {
 
 struct GradcheckArgs {
@@ -122,4 +122,4 @@ MESHGRAD_REGISTER_COMMAND(gradcheck, {"", "gradcheck",
                                         return [args] { return run_gradcheck(*args); };
                                       }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_gradcheck

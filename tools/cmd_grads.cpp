@@ -20,7 +20,7 @@
 #include "meshgrad/io/output_path.hpp"
 #include "meshgrad/io/safetensors.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_grads {
 namespace {
 
 struct GradsArgs {
@@ -113,4 +113,4 @@ MESHGRAD_REGISTER_COMMAND(
               return [a] { return run(*a); };
             }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_grads

@@ -17,7 +17,7 @@
 #include "meshgrad/tensor/error.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_plot {
 namespace {
 
 struct PlotArgs {
@@ -103,4 +103,4 @@ MESHGRAD_REGISTER_COMMAND(plot, {"", "plot", "Draw the loss curves of metrics fi
       return [a] { return run_plot(*a); };
     }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_plot

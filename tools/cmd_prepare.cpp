@@ -20,7 +20,7 @@
 #include "meshgrad/data/prepare.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_prepare {
 namespace {
 
 struct PrepareArgs {
@@ -134,4 +134,4 @@ MESHGRAD_REGISTER_COMMAND(
                 return [a] { return run(*a); };
               }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_prepare

@@ -14,7 +14,7 @@
 #include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_sample {
 namespace {
 
 struct SampleArgs {
@@ -93,4 +93,4 @@ MESHGRAD_REGISTER_COMMAND(
                return [a] { return run(*a); };
              }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_sample

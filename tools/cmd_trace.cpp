@@ -13,7 +13,7 @@
 #include "meshgrad/diag/trace_report.hpp"
 #include "options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_trace {
 namespace {
 
 struct TraceArgs {
@@ -75,4 +75,4 @@ MESHGRAD_REGISTER_COMMAND(trace_svg, {"trace", "svg", "Draw the lanes of a --tra
       return [a] { return run_svg(*a); };
     }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_trace

@@ -17,15 +17,10 @@
 #include "meshgrad/launch/launch.hpp"
 #include "options.hpp"
 #include "train_options.hpp"
+#include "version.hpp"
 
-#ifndef MESHGRAD_VERSION   // set by CMake for this file (the metrics header records them)
-#define MESHGRAD_VERSION "unknown"
-#endif
-#ifndef MESHGRAD_GIT_COMMIT
-#define MESHGRAD_GIT_COMMIT "unknown"
-#endif
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::cmd_train {
 namespace {
 
 struct TrainArgs {
@@ -38,7 +33,7 @@ struct TrainArgs {
 
 // The checks and the loop are the library's (launch::run_train_job), shared with the Python module.
 int run(TrainArgs& a, const CLI::App& app) {
-  a.options.provenance = {{"meshgrad_version", MESHGRAD_VERSION}, {"git_commit", MESHGRAD_GIT_COMMIT},
+  a.options.provenance = {{"meshgrad_version", program_version()}, {"git_commit", program_git_commit()},
                           {"backend", a.backend}};
   // Options the user gave (on the command line or in --config): on --resume they override the
   // checkpoint's configuration, the others come from it.
@@ -91,4 +86,4 @@ MESHGRAD_REGISTER_COMMAND(
               };
             }});
 
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::cmd_train

@@ -1,6 +1,8 @@
 // The meshgrad CLI is a set of commands, one file each (tools/cmd_*.cpp), that register themselves
 // here at static-initialisation time; main.cpp builds the CLI11 app from the registry. Adding a
-// command touches no other file.
+// command touches no other file. Each cmd_<name>.cpp keeps its code in namespace
+// meshgrad::tools::cmd_<name>: the tools compile as unity batches (CMakeLists.txt, MESHGRAD_UNITY), where
+// the file-local names of two commands would otherwise meet.
 #pragma once
 
 #include <CLI/CLI.hpp>

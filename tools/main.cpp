@@ -12,14 +12,8 @@
 #include "json_config.hpp"
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/tensor/error.hpp"
+#include "version.hpp"
 
-// Set by CMake for this file at configure time (the commit goes stale until cmake runs again).
-#ifndef MESHGRAD_VERSION
-#define MESHGRAD_VERSION "unknown"
-#endif
-#ifndef MESHGRAD_GIT_COMMIT
-#define MESHGRAD_GIT_COMMIT "unknown"
-#endif
 
 namespace meshgrad::tools {
 namespace {
@@ -97,7 +91,7 @@ int main(int argc, char** argv) {
   CLI::App app{"meshgrad: tensor-parallel training with exact gradients"};
   app.require_subcommand(1);
   app.set_help_all_flag("--help-all", "Show help for every command");
-  const std::string version = fmt::format("meshgrad {} (git {})", MESHGRAD_VERSION, MESHGRAD_GIT_COMMIT);
+  const std::string version = fmt::format("meshgrad {} (git {})", program_version(), program_git_commit());
   app.set_version_flag("--version", version);
 
   std::map<std::string, CLI::App*> groups;  // parent name -> its CLI11 subcommand

@@ -27,6 +27,13 @@ namespace meshgrad::checkpoint {
 
 namespace fs = std::filesystem;
 
+// The bytes of each piece a rank writes, for its file writers. Outside the anonymous namespace:
+// CheckpointSaver::Job holds one.
+struct PieceBytes {
+  std::vector<BoxBytes> data;       // per piece written, in the order of `mine`
+  std::vector<Tensor> keep_alive;   // the tensors `data` points into (none with a snapshot)
+};
+
 namespace {
 
 using Clock = std::chrono::steady_clock;
@@ -220,12 +227,6 @@ std::vector<std::size_t> pieces_written_by(const std::vector<PlannedPiece>& plan
   }
   return mine;
 }
-
-// The bytes of each piece a rank writes, for its file writers.
-struct PieceBytes {
-  std::vector<BoxBytes> data;       // per piece written, in the order of `mine`
-  std::vector<Tensor> keep_alive;   // the tensors `data` points into (none with a snapshot)
-};
 
 // Finds each piece of `mine` (pieces_written_by this rank) among this rank's boxes of its tensor.
 // With a snapshot (async saves: training may change the tensors as soon as save() returns; room for

@@ -495,7 +495,11 @@ PrepareResult prepare_dataset(const PrepareOptions& o) {
   write_meta(o, tokenizer, sources, layout, staged);
   staged.commit();
   if (o.overwrite) remove_stale_files(o.out_dir, staged.names());
-  PrepareResult r{tokenizer.vocab_size(), total_tokens(layout.train), total_tokens(layout.val), total};
+  PrepareResult r;
+  r.vocab_size = tokenizer.vocab_size();
+  r.train_tokens = total_tokens(layout.train);
+  r.val_tokens = total_tokens(layout.val);
+  r.bytes = total;
   r.notes = repeated_inputs(o.inputs);
   for (const auto& source : sources) r.forced_cuts += source.value("forced_cuts", std::int64_t{0});
   if (o.shard_tokens > 0) {

@@ -10,6 +10,7 @@
 
 #include "meshgrad/diag/plot.hpp"
 #include "meshgrad/tensor/error.hpp"
+#include "svg_text.hpp"
 
 namespace meshgrad::diag {
 namespace {
@@ -26,19 +27,6 @@ double text_width(const std::string& text) {
   return static_cast<double>(chars) * kCharWidth;
 }
 
-std::string escape(const std::string& text) {
-  std::string out;
-  for (char c : text) {
-    switch (c) {
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '&': out += "&amp;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // One axis: data values (log10 of them on a log axis) from lo to hi drawn from px_lo to px_hi.
 struct Scale {
@@ -248,7 +236,7 @@ std::pair<std::string, double> legend_svg(const std::vector<LegendEntry>& entrie
     out += fmt::format("<line x1=\"{:.1f}\" y1=\"{:.1f}\" x2=\"{:.1f}\" y2=\"{:.1f}\" stroke=\"{}\" {}/>", sx, sy, sx + 20,
                        sy, e.colour, kStroke[static_cast<int>(e.stroke)]);
     if (e.dot) out += fmt::format("<circle cx=\"{:.1f}\" cy=\"{:.1f}\" r=\"3\" fill=\"{}\"/>", sx + 10, sy, e.colour);
-    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" dy=\"4\">{}</text>", sx + 26, sy, escape(e.label));
+    out += fmt::format("<text x=\"{:.1f}\" y=\"{:.1f}\" dy=\"4\">{}</text>", sx + 26, sy, svg_escape(e.label));
     x += w;
   }
   return {out + "</g>\n", entries.empty() ? 0 : y + 18};
@@ -297,11 +285,11 @@ std::string plot_svg(const std::vector<PlotRun>& runs, const PlotOptions& o) {
   const bool with_lr = runs.size() == 1;
   const double width = o.width, height = o.height;
   // Top to bottom: title, notes, legend (wrapped to the width), the plot, the step labels and title.
-  std::string head = fmt::format("<text x=\"12\" y=\"22\" font-size=\"15\">{}</text>\n", escape(o.title));
+  std::string head = fmt::format("<text x=\"12\" y=\"22\" font-size=\"15\">{}</text>\n", svg_escape(o.title));
   double y = 22;
   for (const std::string& note : d.notes) {
     y += 16;
-    head += fmt::format("<text x=\"12\" y=\"{:.0f}\" font-size=\"11\" fill=\"#666\">{}</text>\n", y, escape(note));
+    head += fmt::format("<text x=\"12\" y=\"{:.0f}\" font-size=\"11\" fill=\"#666\">{}</text>\n", y, svg_escape(note));
   }
   auto [legend, legend_height] = legend_svg(d.legend, 12, y + 20, width - 24);
   const double top = y + 20 + legend_height + 4, bottom = height - 42;

@@ -13,6 +13,7 @@
 #include <utility>
 
 #include "meshgrad/tensor/error.hpp"
+#include "svg_text.hpp"
 
 namespace meshgrad::diag {
 
@@ -331,19 +332,6 @@ const char* colour_of(const std::string& category) {
   return it == colours.end() ? "#bab0ac" : it->second;
 }
 
-std::string escape(const std::string& s) {
-  std::string out;
-  for (char c : s) {
-    switch (c) {
-      case '&': out += "&amp;"; break;
-      case '<': out += "&lt;"; break;
-      case '>': out += "&gt;"; break;
-      case '"': out += "&quot;"; break;
-      default: out += c;
-    }
-  }
-  return out;
-}
 
 // A round tick spacing giving about `target` ticks over span.
 double tick_step(double span, int target) {
@@ -378,7 +366,7 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
     const int h = std::max(1, lane->depth) * kRow;
     body += fmt::format("<rect x='0' y='{}' width='{}' height='{}' fill='{}'/>\n", y - kLaneGap / 2, options.width,
                         h + kLaneGap, k % 2 ? "#f4f4f4" : "#ffffff");
-    body += fmt::format("<text x='{}' y='{}' class='lane'>{}</text>\n", kLabel - 8, y + 11, escape(lane->name));
+    body += fmt::format("<text x='{}' y='{}' class='lane'>{}</text>\n", kLabel - 8, y + 11, svg_escape(lane->name));
     for (const TraceSpan& s : lane->spans) {
       // Zero-length waits carry arguments only.
       if (s.end_us <= t0 || s.begin_us >= t1 || s.end_us <= s.begin_us) continue;
@@ -391,10 +379,10 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
       if (!s.label.empty()) tip += fmt::format(" label={}", s.label);
       if (s.bytes > 0) tip += fmt::format(" bytes={}", s.bytes);
       body += fmt::format("<rect x='{:.2f}' y='{}' width='{:.2f}' height='{}' fill='{}'><title>{}</title></rect>\n", x0,
-                          sy, w, kRow - 2, colour_of(s.category), escape(tip));
+                          sy, w, kRow - 2, colour_of(s.category), svg_escape(tip));
       const std::string text = s.category == "comm" && !s.label.empty() ? s.op : s.name;
       if (w > 6.2 * static_cast<double>(text.size()) + 4) {
-        body += fmt::format("<text x='{:.2f}' y='{}' class='span'>{}</text>\n", x0 + 2, sy + 9, escape(text));
+        body += fmt::format("<text x='{:.2f}' y='{}' class='span'>{}</text>\n", x0 + 2, sy + 9, svg_escape(text));
       }
     }
     y += h + kLaneGap;
@@ -424,7 +412,7 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
   for (const RankSummary& r : summarize_window(trace, t0, t1, options.step)) {
     body += fmt::format("<text x='{}' y='{}' class='sum'>{}: compute {}, collectives in flight {}, waited {}, off the "
                         "CPU after a launch {}; {} of the communication ran during compute ({:.0f}%)</text>\n",
-                        kLabel, y, escape(r.rank), ms(r.compute_ms), ms(r.comm_ms), ms(r.waited_ms), ms(r.off_cpu_ms),
+                        kLabel, y, svg_escape(r.rank), ms(r.compute_ms), ms(r.comm_ms), ms(r.waited_ms), ms(r.off_cpu_ms),
                         ms(r.hidden_ms), r.hidden_percent);
     y += 16;
   }
@@ -439,7 +427,7 @@ std::string trace_svg(const TraceData& trace, const TraceSvgOptions& options) {
       "</style>\n"
       "<rect width='100%' height='100%' fill='white'/>\n"
       "<text x='{}' y='24' class='title'>{}</text>\n{}</svg>\n",
-      options.width, y, options.width, y, kLabel, escape(title), body);
+      options.width, y, options.width, y, kLabel, svg_escape(title), body);
 }
 
 }  // namespace meshgrad::diag

@@ -9,7 +9,6 @@ namespace meshgrad::dist {
 
 namespace {
 
-std::int64_t nbytes(const Tensor& t) { return t.numel() * static_cast<std::int64_t>(dtype_size(t.dtype())); }
 
 comm::MutableBuffer buffer_of(const Tensor& t) {
   return {t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype()};
@@ -116,7 +115,7 @@ PendingTensor launch_all_reduce(const Tensor& x, const ProcessGroup& group, comm
   if (group.size() == 1) return PendingTensor::ready(x);   // nothing moves: not recorded
   MG_CHECK(!in_place || x.is_contiguous(), "all_reduce in place over {}: tensor {} is not contiguous", group.axis,
            x.str());
-  record_collective("all_reduce", group.axis, nbytes(x));
+  record_collective("all_reduce", group.axis, x.nbytes());
   Tensor in = x.contiguous();
   Tensor out = in_place ? x : Tensor::empty(x.shape(), x.dtype());
   if (in_place) x.bump_version();   // written through raw_data() by the communicator
@@ -159,7 +158,7 @@ PendingTensor launch_reduce_scatter(const Tensor& full, const ProcessGroup& grou
            group.axis, full.size(d), d, shape_str(full.shape()), total);
   check_reducible(full, "reduce_scatter");
   if (group.size() == 1) return PendingTensor::ready(full);
-  record_collective("reduce_scatter", group.axis, nbytes(full));
+  record_collective("reduce_scatter", group.axis, full.nbytes());
   const auto perm = front_perm(full.dim(), d);
   Tensor in = full.permute(perm).contiguous();
   Shape shard_shape = in.shape();
@@ -223,7 +222,7 @@ Tensor all_to_all(const Tensor& x, const ProcessGroup& group, std::int64_t split
            "all_to_all over {}: rank {} holds extent {} along cat dim {} (shape {}) but its shard size is {}",
            group.axis, me, x.size(c), c, shape_str(x.shape()), cat_sizes[static_cast<std::size_t>(me)]);
   if (p == 1) return x;
-  record_collective("all_to_all", group.axis, nbytes(x));
+  record_collective("all_to_all", group.axis, x.nbytes());
   const auto split_sizes = shard_sizes(x.size(s), p);
   // Send: the piece for rank j is x narrowed to j's shard along split_dim, packed.
   std::vector<Tensor> send_pieces = x.split(s, split_sizes);
@@ -296,7 +295,7 @@ Tensor exchange_rows(const Tensor& x, const ProcessGroup& group, const std::vect
     send_counts.push_back(static_cast<std::size_t>(send_rows[r] * row_elems));
     recv_counts.push_back(static_cast<std::size_t>(recv_rows[r] * row_elems));
   }
-  record_collective("all_to_all", group.axis, nbytes(send));
+  record_collective("all_to_all", group.axis, send.nbytes());
   const auto start = std::chrono::steady_clock::now();
   group.comm->all_to_all(buffer_of(send), send_counts, buffer_of(recv), recv_counts, options_for(true));
   add_comm_blocked_seconds(std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count());

@@ -13,7 +13,6 @@ namespace meshgrad::dist {
 
 namespace {
 
-std::int64_t nbytes(const Tensor& t) { return t.numel() * static_cast<std::int64_t>(dtype_size(t.dtype())); }
 
 void check_peer(const ProcessGroup& group, int peer, const char* op) {
   MG_CHECK(peer >= 0 && peer < group.size() && peer != group.rank(),
@@ -128,13 +127,13 @@ void SendQueue::wait_all() {
 PendingTensor send_async(const Tensor& x, const ProcessGroup& group, int peer, int tag) {
   MG_CHECK(x.defined(), "send over {}: the tensor is undefined", group.axis);
   check_peer(group, peer, "send");
-  record_collective("send", group.axis, nbytes(x));
+  record_collective("send", group.axis, x.nbytes());
   // A trace shows the post (the transfer itself runs while this rank goes on; the receiver's span
   // shows how long it waited for it).
   trace::Span span("send", "p2p");
   span.arg("peer", std::int64_t{peer});
   span.arg("group", group.axis);
-  span.arg("bytes", nbytes(x));
+  span.arg("bytes", x.nbytes());
   span.arg("tag", std::int64_t{tag});
   const Tensor packed = x.contiguous();
   auto work = group.comm->send_async({packed.raw_data(), static_cast<std::size_t>(packed.numel()), packed.dtype()},
@@ -146,12 +145,12 @@ PendingTensor send_async(const Tensor& x, const ProcessGroup& group, int peer, i
 Tensor recv(const Shape& shape, DType dtype, const ProcessGroup& group, int peer, int tag) {
   check_peer(group, peer, "recv");
   Tensor out = Tensor::empty(shape, dtype);
-  record_collective("recv", group.axis, nbytes(out));
+  record_collective("recv", group.axis, out.nbytes());
   // The span is the wait for the neighbour: a pipeline's bubble, seen from this stage.
   trace::Span span("recv", "p2p");
   span.arg("peer", std::int64_t{peer});
   span.arg("group", group.axis);
-  span.arg("bytes", nbytes(out));
+  span.arg("bytes", out.nbytes());
   span.arg("tag", std::int64_t{tag});
   const auto start = std::chrono::steady_clock::now();
   group.comm->recv_async({out.raw_data(), static_cast<std::size_t>(out.numel()), dtype}, peer, tag, p2p_options())

@@ -286,6 +286,20 @@ struct TokenizerFiles {
   bool any() const { return !vocab.empty() || !hf_json.empty(); }
 };
 
+TokenizerFiles files_at(std::string vocab, std::string merges, std::string from) {
+  TokenizerFiles files;
+  files.vocab = std::move(vocab);
+  files.merges = std::move(merges);
+  files.from = std::move(from);
+  return files;
+}
+
+TokenizerFiles no_tokenizer(std::string why) {
+  TokenizerFiles none;
+  none.note = std::move(why);
+  return none;
+}
+
 // A Hugging Face tokenizer.json (+ tokenizer_config.json), else vocab.json + merges.txt, or OpenAI's
 // encoder.json + vocab.bpe (the same formats), in dir (text::load_tokenizer's order).
 TokenizerFiles tokenizer_in(const std::string& dir, const std::string& from) {
@@ -298,7 +312,7 @@ TokenizerFiles tokenizer_in(const std::string& dir, const std::string& from) {
     return files;
   }
   for (const auto& [v, m] : {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
-    if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m)) return {(d / v).string(), (d / m).string(), from, ""};
+    if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m)) return files_at((d / v).string(), (d / m).string(), from);
   }
   throw InvalidArgument(fmt::format("{} '{}' has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe",
                                     from, dir));
@@ -336,13 +350,13 @@ TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<s
   if (meta_it == metadata.end()) {
     const auto tokens = metadata.find("data_tokens");
     if (tokens != metadata.end() && tokens->second == "bytes")
-      return {"", "", "", "the model was trained on bytes (token i is byte i): it has no BPE tokenizer"};
-    return {"", "", "", "the checkpoint records no prepared data (meta.json) to take the tokenizer from; give "
-                        "--tokenizer DIR"};
+      return no_tokenizer("the model was trained on bytes (token i is byte i): it has no BPE tokenizer");
+    return no_tokenizer("the checkpoint records no prepared data (meta.json) to take the tokenizer from; "
+                        "give --tokenizer DIR");
   }
   const std::string& meta_path = meta_it->second;
   if (!fs::is_regular_file(meta_path))
-    return {"", "", "", fmt::format("the run's data description '{}' is gone; give --tokenizer DIR", meta_path)};
+    return no_tokenizer(fmt::format("the run's data description '{}' is gone; give --tokenizer DIR", meta_path));
   const nlohmann::json meta = [&] {
     try {
       return io::parse_untrusted_json(io::read_small_file(meta_path, kMaxSmallFileBytes, "meta.json"), 8);
@@ -366,10 +380,10 @@ TokenizerFiles find_tokenizer(const std::string& tokenizer_dir, const std::map<s
                            meta["tokenizer"].contains(key) && meta["tokenizer"][key].is_object() &&
                            meta["tokenizer"][key].contains("copy") && meta["tokenizer"][key]["copy"].is_string();
     if (!described)
-      return {"", "", "", fmt::format("'{}' names no tokenizer {} copy; give --tokenizer DIR", meta_path, key)};
+      return no_tokenizer(fmt::format("'{}' names no tokenizer {} copy; give --tokenizer DIR", meta_path, key));
     const std::string path = (dir / meta["tokenizer"][key]["copy"].get<std::string>()).string();
     if (!fs::is_regular_file(path))
-      return {"", "", "", fmt::format("the tokenizer file '{}' of the run's data is gone; give --tokenizer DIR", path)};
+      return no_tokenizer(fmt::format("the tokenizer file '{}' of the run's data is gone; give --tokenizer DIR", path));
     const nlohmann::json& sha = meta["tokenizer"][key].value("sha256", nlohmann::json());
     MG_CHECK(sha.is_string() && sha.get<std::string>() == io::sha256_file(path),
              "the tokenizer file '{}' does not match the sha256 '{}' recorded when the data was prepared (was it "

@@ -62,13 +62,6 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return true;
 }
 
-// splitmix64 finaliser: decorrelates the seeds of the projection directions.
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 // A unit vector of n standard-normal draws (n > 0).
 std::vector<double> unit_normal(std::int64_t n, std::uint64_t seed) {
@@ -264,12 +257,12 @@ class Checker {
     if (n_out == 0) return;
     const int projections = std::max(1, options_.projections);
     for (int p = 0; p < projections; ++p) {
-      const std::vector<double> v = unit_normal(n_out, mix(options_.seed ^ mix(2 * static_cast<std::uint64_t>(p))));
+      const std::vector<double> v = unit_normal(n_out, random::splitmix64(options_.seed ^ random::splitmix64(2 * static_cast<std::uint64_t>(p))));
       const auto grads = analytic(v, p + 1 == projections);
       for (std::size_t c = 0; c < leaves_.size(); ++c) {
         const std::int64_t n_in = leaves_[c].numel();
         if (n_in == 0) continue;
-        const std::uint64_t u_seed = mix(options_.seed ^ mix(2 * static_cast<std::uint64_t>(p) + 1) ^ mix(c + 1000));
+        const std::uint64_t u_seed = random::splitmix64(options_.seed ^ random::splitmix64(2 * static_cast<std::uint64_t>(p) + 1) ^ random::splitmix64(c + 1000));
         const std::vector<double> u = unit_normal(n_in, u_seed);
         const auto [numeric, analytic_value] = directional(c, v, grads[c], u, 0, n_in);
         if (compare(analytic_value, numeric) || result_.first_failure) continue;

@@ -21,12 +21,6 @@
 namespace meshgrad {
 namespace {
 
-std::uint64_t mix(std::uint64_t x) {
-  x += 0x9e3779b97f4a7c15ULL;
-  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
-  return x ^ (x >> 31);
-}
 
 std::uint64_t fnv1a(std::string_view text) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
@@ -41,7 +35,7 @@ std::uint64_t fnv1a(std::string_view text) {
 // depends only on (seed, case name).
 class Draw {
  public:
-  Draw(std::uint64_t seed, std::string_view name) : key_(mix(seed ^ fnv1a(name))) {}
+  Draw(std::uint64_t seed, std::string_view name) : key_(random::splitmix64(seed ^ fnv1a(name))) {}
 
   // Uniform integer in [lo, hi].
   std::int64_t dim(std::int64_t lo, std::int64_t hi) {
@@ -63,7 +57,7 @@ class Draw {
   Tensor indices(const Shape& shape, std::int64_t high) { return random::randint(shape, next_seed(), high); }
 
  private:
-  std::uint64_t next_seed() { return mix(key_ + 0x1000 + counter_++); }
+  std::uint64_t next_seed() { return random::splitmix64(key_ + 0x1000 + counter_++); }
 
   template <class F>
   Tensor map(const Shape& shape, F&& f) {

@@ -478,7 +478,14 @@ void Run::report(int step, const StepFigures& figures, double lr, double step_se
     return peak_gflops_ > 0 ? tokens_per_s * flops_per_token_ * 1e-9 / peak_gflops_ : -1.0;
   };
   const double tps = static_cast<double>(tokens_per_step_) / step_seconds;
-  StepMetrics m{step + 1, loss, tps, tps * flops_per_token_ * 1e-9, seconds_since(start_), lr, grad_norm};
+  StepMetrics m;
+  m.step = step + 1;
+  m.loss = loss;
+  m.tokens_per_s = tps;
+  m.gflops = tps * flops_per_token_ * 1e-9;
+  m.elapsed_s = seconds_since(start_);
+  m.lr = lr;
+  m.grad_norm = grad_norm;
   m.ms_per_step = step_seconds * 1e3;
   m.mfu = mfu_of(tps);
   m.expert_load = figures.load.tokens;

@@ -10,6 +10,8 @@
 #include "meshgrad/autograd/grad_mode.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
+namespace test_autograd {
+
 using namespace meshgrad;
 using autograd::Function;
 using kernels::Binary;
@@ -422,3 +424,5 @@ TEST(VersionCounter, AccumulatingIntoDotGradInPlaceTripsNothing) {
   EXPECT_EQ(c.w.version(), 0u);
   EXPECT_EQ(c.x.version(), 0u);
 }
+
+}  // namespace test_autograd

@@ -17,7 +17,7 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/checkpoint/parameter_file.hpp"
 
-namespace meshgrad::checkpoint {
+namespace meshgrad::checkpoint::test_parameter_file {
 namespace {
 
 namespace fs = std::filesystem;
@@ -343,4 +343,4 @@ TEST_F(CheckpointFixed, LoadingBetweenForwardAndBackwardIsRefused) {
 }
 
 }  // namespace
-}  // namespace meshgrad::checkpoint
+}  // namespace meshgrad::checkpoint::test_parameter_file

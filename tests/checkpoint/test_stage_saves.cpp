@@ -16,7 +16,7 @@
 #include "meshgrad/distributed/layout.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad::checkpoint {
+namespace meshgrad::checkpoint::test_stage_saves {
 namespace {
 
 using dist::Placement;
@@ -155,4 +155,4 @@ TEST_F(StageSaves, AWriteThatFailsOnOneRankGivesItsCauseOnEveryRank) {
 }
 
 }  // namespace
-}  // namespace meshgrad::checkpoint
+}  // namespace meshgrad::checkpoint::test_stage_saves

@@ -16,7 +16,7 @@
 #include "json_config.hpp"
 #include "train_options.hpp"
 
-namespace meshgrad::tools {
+namespace meshgrad::tools::test_train_options {
 namespace {
 
 struct Command {
@@ -146,4 +146,4 @@ TEST(TrainOptions, TheHelpShowsTheDefaultsTheCommandStartsFrom) {
 }
 
 }  // namespace
-}  // namespace meshgrad::tools
+}  // namespace meshgrad::tools::test_train_options

@@ -11,7 +11,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_agreement {
 namespace {
 
 void run3(const std::function<void(Communicator&)>& fn) {
@@ -74,4 +74,4 @@ TEST(Agreement, RunAgreedRethrowsTheOwnErrorAndGivesTheOthersItsMessage) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_agreement

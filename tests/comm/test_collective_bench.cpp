@@ -5,7 +5,7 @@
 #include "meshgrad/comm/collective_bench.hpp"
 #include "meshgrad/comm/threads.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_collective_bench {
 namespace {
 
 TEST(CollectiveBench, ParsesByteSizes) {
@@ -120,4 +120,4 @@ TEST(CollectiveBench, VerificationCountsWrongResults) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_collective_bench

@@ -7,7 +7,7 @@
 #include "meshgrad/comm/errors.hpp"
 #include "meshgrad/comm/mpi.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_mpi_availability {
 namespace {
 
 TEST(MpiAvailability, MatchesTheBuild) {
@@ -27,4 +27,4 @@ TEST(MpiAvailability, MatchesTheBuild) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_mpi_availability

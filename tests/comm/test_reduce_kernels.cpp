@@ -10,7 +10,7 @@
 
 #include "comm/detail.hpp"
 
-namespace meshgrad::comm::detail {
+namespace meshgrad::comm::detail::test_reduce_kernels {
 namespace {
 
 template <class T>
@@ -111,4 +111,4 @@ TEST(ReduceKernels, CopyToAllWritesEveryDestinationAtItsAlignment) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm::detail
+}  // namespace meshgrad::comm::detail::test_reduce_kernels

@@ -20,7 +20,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/shard.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_threads_chunks {
 namespace {
 
 ThreadsOptions short_deadline() {
@@ -217,4 +217,4 @@ TEST(ThreadsChunks, EagerAndChunkedSumsAreBitwiseEqual) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_threads_chunks

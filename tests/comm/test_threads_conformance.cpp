@@ -2,7 +2,7 @@
 #include "comm/conformance.hpp"
 #include "meshgrad/comm/threads.hpp"
 
-namespace meshgrad::comm::testing {
+namespace meshgrad::comm::testing::test_threads_conformance {
 namespace {
 
 class ThreadsHarness final : public Harness {
@@ -21,6 +21,6 @@ ThreadsHarness& threads_harness() {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm::testing
+}  // namespace meshgrad::comm::testing::test_threads_conformance
 
-MESHGRAD_COMM_CONFORMANCE_TESTS(ThreadsConformance, ::meshgrad::comm::testing::threads_harness())
+MESHGRAD_COMM_CONFORMANCE_TESTS(ThreadsConformance, ::meshgrad::comm::testing::test_threads_conformance::threads_harness())

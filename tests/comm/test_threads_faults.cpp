@@ -22,7 +22,7 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/tensor/blas.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_threads_faults {
 namespace {
 
 using namespace std::chrono_literals;
@@ -454,4 +454,4 @@ TEST(CommEnvironment, EnvironmentTimeoutReachesRunRanks) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_threads_faults

@@ -9,7 +9,7 @@
 
 #include "meshgrad/comm/threads.hpp"
 
-namespace meshgrad::comm {
+namespace meshgrad::comm::test_threads_pinning {
 namespace {
 
 TEST(ThreadsPinning, AutoPinsOnlyWhenRanksFillTheCores) {
@@ -65,4 +65,4 @@ TEST(ThreadsPinning, PinnedRanksRunOnTheirCore) {
 }
 
 }  // namespace
-}  // namespace meshgrad::comm
+}  // namespace meshgrad::comm::test_threads_pinning

@@ -25,7 +25,7 @@
 #include "meshgrad/io/xxh128.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::data {
+namespace meshgrad::data::test_dataset {
 namespace {
 
 TEST(Data, BatchesAreDeterministicAndShiftedByOne) {
@@ -679,4 +679,4 @@ TEST(Data, ASingleFileStaysRandomAccess) {
 }
 
 }  // namespace
-}  // namespace meshgrad::data
+}  // namespace meshgrad::data::test_dataset

@@ -23,7 +23,7 @@
 #include "meshgrad/text/tokenizer.hpp"
 #include "text/hf_test_files.hpp"
 
-namespace meshgrad::data {
+namespace meshgrad::data::test_prepare_hf {
 namespace {
 
 namespace fs = std::filesystem;
@@ -268,4 +268,4 @@ TEST(PrepareHf, RefusedBeforeAnythingIsWritten) {
 }
 
 }  // namespace
-}  // namespace meshgrad::data
+}  // namespace meshgrad::data::test_prepare_hf

@@ -17,7 +17,7 @@
 #include "meshgrad/text/tokenizer.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::data {
+namespace meshgrad::data::test_prepare_shards {
 namespace {
 
 namespace fs = std::filesystem;
@@ -319,4 +319,4 @@ TEST(PrepareShards, CommitsThroughAtomicCommitRemovingADeadWritersTemporaries) {
 }
 
 }  // namespace
-}  // namespace meshgrad::data
+}  // namespace meshgrad::data::test_prepare_shards

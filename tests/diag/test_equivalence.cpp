@@ -9,6 +9,8 @@
 #include "meshgrad/comm/threads.hpp"
 #include "meshgrad/diag/equivalence.hpp"
 
+namespace test_equivalence {
+
 using namespace meshgrad;
 
 namespace {
@@ -290,3 +292,5 @@ TEST(Equivalence, FaultSpecsAreParsedOrRefusedByName) {
 }
 
 }  // namespace
+
+}  // namespace test_equivalence

@@ -28,7 +28,7 @@
 #include "meshgrad/diag/explain.hpp"
 #include "meshgrad/nn/model.hpp"
 
-namespace meshgrad::diag {
+namespace meshgrad::diag::test_explain {
 namespace {
 
 using nn::make_model;
@@ -538,8 +538,12 @@ TEST(ExplainFsdp, GroupedCollectivesNameTheirTensors) {
   // A dp bucket names its members; a tp collective carries no group.
   const auto dp = explain_model(c, {}, explain_mesh_axes("dp=2,tp=2"), kLink);
   for (const ExplainRow& r : dp) {
-    if (r.layer == "bucket0") EXPECT_NE(std::find(r.tensors.begin(), r.tensors.end(), "wte.weight"), r.tensors.end());
-    if (r.axis == "tp") EXPECT_TRUE(r.tensors.empty()) << r.layer;
+    if (r.layer == "bucket0") {
+      EXPECT_NE(std::find(r.tensors.begin(), r.tensors.end(), "wte.weight"), r.tensors.end());
+    }
+    if (r.axis == "tp") {
+      EXPECT_TRUE(r.tensors.empty()) << r.layer;
+    }
   }
 }
 
@@ -559,9 +563,9 @@ TEST(ExplainBatch, TargetsAreTheInputsShiftedByOne) {
 }
 
 }  // namespace
-}  // namespace meshgrad::diag
+}  // namespace meshgrad::diag::test_explain
 
-namespace meshgrad::diag {
+namespace meshgrad::diag::test_explain {
 namespace {
 
 // A pipeline's step, counted on the first rank of each stage: each stage sends its activation of
@@ -706,4 +710,4 @@ TEST(ExplainMeasuredLink, ProbesTheRunsRanksAndCostsTheRowsOnTheFit) {
 }
 
 }  // namespace
-}  // namespace meshgrad::diag
+}  // namespace meshgrad::diag::test_explain

@@ -16,7 +16,7 @@
 #include "meshgrad/diag/plot.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::diag {
+namespace meshgrad::diag::test_plot {
 namespace {
 
 std::string write_file(const std::string& name, const std::string& text) {
@@ -562,4 +562,4 @@ TEST(Plot, LongRunsAreDrawnWithAtMostFourVerticesPerPixelColumn) {
 }
 
 }  // namespace
-}  // namespace meshgrad::diag
+}  // namespace meshgrad::diag::test_plot

@@ -14,7 +14,7 @@
 #include "meshgrad/distributed/cost_model.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::dist {
+namespace meshgrad::dist::test_cost_model {
 namespace {
 
 const Link kLink{"test", 2.0, 1.0, "closed-form test link", std::nullopt};
@@ -269,4 +269,4 @@ TEST(MeasureLink, KeepsTheCommunicatorsDeadline) {
 }
 
 }  // namespace
-}  // namespace meshgrad::dist
+}  // namespace meshgrad::dist::test_cost_model

@@ -11,6 +11,8 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
+namespace test_dtensor {
+
 using namespace meshgrad;
 using namespace meshgrad::dist;
 using meshgrad::testing::central_differences;
@@ -295,3 +297,5 @@ TEST(DTensor, ShapeChecksNameRankAndPlacements) {
 }
 
 }  // namespace
+
+}  // namespace test_dtensor

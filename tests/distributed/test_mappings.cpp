@@ -12,6 +12,8 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
+namespace test_mappings {
+
 using namespace meshgrad;
 using namespace meshgrad::dist;
 using meshgrad::testing::central_differences;
@@ -300,3 +302,5 @@ TEST(Mappings, UnknownGatherExtentIsLearntByARecordedSizeExchange) {
     EXPECT_EQ(counter.count(Phase::Forward, "all_gather"), 1);
   });
 }
+
+}  // namespace test_mappings

@@ -14,6 +14,8 @@
 #include <string>
 #include <vector>
 
+namespace test_mesh {
+
 using namespace meshgrad;
 using namespace meshgrad::dist;
 using meshgrad::testing::run_on_mesh;
@@ -253,3 +255,5 @@ TEST(Layout, ShardOfPieceSplitsTheTensorParallelPieceAndGathersBack) {
     }, axes);
   }
 }
+
+}  // namespace test_mesh

@@ -14,7 +14,7 @@
 #include "meshgrad/distributed/placement.hpp"
 #include "meshgrad/ops/ops.hpp"
 
-namespace meshgrad::dist {
+namespace meshgrad::dist::test_p2p {
 namespace {
 
 using testing::global_randn;
@@ -143,4 +143,4 @@ TEST(P2P, MicroBatchTagsNeverReachTheReservedTags) {
 }
 
 }  // namespace
-}  // namespace meshgrad::dist
+}  // namespace meshgrad::dist::test_p2p

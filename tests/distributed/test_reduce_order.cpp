@@ -17,7 +17,7 @@
 #include "meshgrad/distributed/rule.hpp"
 #include "meshgrad/ops/ops.hpp"
 
-namespace meshgrad::dist {
+namespace meshgrad::dist::test_reduce_order {
 namespace {
 
 using meshgrad::testing::run_on_mesh;
@@ -131,4 +131,4 @@ TEST(ReduceOrder, TwoRanksShareTheBackendsCollectiveAndThreeAreRefused) {
 }
 
 }  // namespace
-}  // namespace meshgrad::dist
+}  // namespace meshgrad::dist::test_reduce_order

@@ -22,7 +22,7 @@
 #include "meshgrad/generate/sample.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::generate {
+namespace meshgrad::generate::test_sample {
 namespace {
 
 namespace fs = std::filesystem;
@@ -407,4 +407,4 @@ TEST_F(SampleTest, Gpt2TokenizerFromADirectoryOrAPreparedDataset) {
 }
 
 }  // namespace
-}  // namespace meshgrad::generate
+}  // namespace meshgrad::generate::test_sample

@@ -10,7 +10,7 @@
 
 #include "meshgrad/interop/gpt2_config.hpp"
 
-namespace meshgrad::interop {
+namespace meshgrad::interop::test_gpt2_config {
 namespace {
 
 namespace fs = std::filesystem;
@@ -172,4 +172,4 @@ TEST(Gpt2Config, ErrorsNameTheFileAndKey) {
 }
 
 }  // namespace
-}  // namespace meshgrad::interop
+}  // namespace meshgrad::interop::test_gpt2_config

@@ -7,6 +7,8 @@
 #include "meshgrad/interop/hf_config.hpp"
 #include "meshgrad/tensor/error.hpp"
 
+namespace test_hf_config {
+
 using namespace meshgrad;
 
 namespace {
@@ -172,3 +174,5 @@ TEST(HfConfig, SlidingWindowLayersFollowQwen2sMaxWindowLayers) {
 }
 
 }  // namespace
+
+}  // namespace test_hf_config

@@ -8,6 +8,8 @@
 #include "meshgrad/interop/hf_config.hpp"
 #include "meshgrad/tensor/error.hpp"
 
+namespace test_hf_config_json {
+
 using namespace meshgrad;
 
 namespace {
@@ -44,7 +46,9 @@ void expect_same_model(const nn::ModelConfig& a, const nn::ModelConfig& b) {
   EXPECT_EQ(a.layer_norm_epsilon, b.layer_norm_epsilon);   // bitwise: JSON keeps a double's 17 digits
   EXPECT_EQ(a.rope_theta, b.rope_theta);
   EXPECT_EQ(a.rope_scaling, b.rope_scaling);
-  if (!a.rope_scaling.empty()) EXPECT_EQ(a.rope_factor, b.rope_factor);
+  if (!a.rope_scaling.empty()) {
+    EXPECT_EQ(a.rope_factor, b.rope_factor);
+  }
   if (a.rope_scaling == "llama3") {
     EXPECT_EQ(a.rope_low_freq_factor, b.rope_low_freq_factor);
     EXPECT_EQ(a.rope_high_freq_factor, b.rope_high_freq_factor);
@@ -161,3 +165,5 @@ TEST(HfConfigJson, RefusesWhatTheModelTypeCannotSay) {
   nn::ModelConfig other = base("gemma");
   EXPECT_THROW(interop::hf_config_json(other), InvalidArgument);
 }
+
+}  // namespace test_hf_config_json

@@ -19,6 +19,8 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
+namespace test_hf_weights {
+
 using namespace meshgrad;
 namespace fs = std::filesystem;
 
@@ -250,3 +252,5 @@ TEST_F(HfWeights, RefusesABadIndexNamingTheFileAndTheTensor) {
   fs::create_directories(dir_ / "empty");
   EXPECT_HAS(open(path("empty")), "has neither model.safetensors nor model.safetensors.index.json");
 }
+
+}  // namespace test_hf_weights

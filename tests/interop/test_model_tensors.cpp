@@ -11,6 +11,8 @@
 #include "meshgrad/tensor/error.hpp"
 #include "meshgrad/tensor/random.hpp"
 
+namespace test_model_tensors {
+
 using namespace meshgrad;
 
 namespace {
@@ -93,3 +95,5 @@ TEST(ModelTensors, FileLayoutRoundTripsExactlyAndChecksShapes) {
 }
 
 }  // namespace
+
+}  // namespace test_model_tensors

@@ -14,7 +14,7 @@
 #include "meshgrad/io/atomic_commit.hpp"
 #include "meshgrad/io/file_io.hpp"
 
-namespace meshgrad::io {
+namespace meshgrad::io::test_atomic_commit {
 namespace {
 
 namespace fs = std::filesystem;
@@ -167,4 +167,4 @@ TEST_F(AtomicCommitTest, TheParentsFlushIsAnErrorOnlyWhenRequired) {
 }
 
 }  // namespace
-}  // namespace meshgrad::io
+}  // namespace meshgrad::io::test_atomic_commit

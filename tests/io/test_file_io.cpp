@@ -15,7 +15,7 @@
 #include "io/scratch_directory.hpp"
 #include "meshgrad/io/file_io.hpp"
 
-namespace meshgrad::io {
+namespace meshgrad::io::test_file_io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -124,4 +124,4 @@ TEST_F(FileIoTest, AUniqueFdClosesItsDescriptorOnceAndHandsItOver) {
 }
 
 }  // namespace
-}  // namespace meshgrad::io
+}  // namespace meshgrad::io::test_file_io

@@ -5,7 +5,7 @@
 
 #include "meshgrad/io/json_input.hpp"
 
-namespace meshgrad::io {
+namespace meshgrad::io::test_json_input {
 namespace {
 
 JsonInputError error_of(const std::string& text, int max_depth) {
@@ -76,4 +76,4 @@ TEST(JsonInput, ExcerptsAreBounded) {
 }
 
 }  // namespace
-}  // namespace meshgrad::io
+}  // namespace meshgrad::io::test_json_input

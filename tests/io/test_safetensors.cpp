@@ -21,7 +21,7 @@
 #include "io/scratch_directory.hpp"
 #include "meshgrad/io/safetensors.hpp"
 
-namespace meshgrad::io {
+namespace meshgrad::io::test_safetensors {
 namespace {
 
 namespace fs = std::filesystem;
@@ -730,4 +730,4 @@ TEST_F(SafetensorsTest, GetOfUnknownNameNamesFileAndTensor) {
 }
 
 }  // namespace
-}  // namespace meshgrad::io
+}  // namespace meshgrad::io::test_safetensors

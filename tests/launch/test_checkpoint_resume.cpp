@@ -39,7 +39,7 @@
 #include "meshgrad/train/run_config.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_checkpoint_resume {
 namespace {
 
 namespace fs = std::filesystem;
@@ -934,4 +934,4 @@ TEST_F(CheckpointStoreTest, SampleAndExportReadACheckpointLikeTheSavedFile) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_checkpoint_resume

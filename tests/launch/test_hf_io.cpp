@@ -30,7 +30,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_hf_io {
 namespace {
 
 namespace fs = std::filesystem;
@@ -555,4 +555,4 @@ TEST_F(HfIoTest, ExportNeverClobbersAndLeavesNothingBehindOnError) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_hf_io

@@ -32,7 +32,7 @@
 #include "meshgrad/launch/launch.hpp"
 #include "meshgrad/nn/layers.hpp"
 
-namespace meshgrad {
+namespace meshgrad::test_hf_llama {
 namespace {
 
 namespace fs = std::filesystem;
@@ -364,4 +364,4 @@ TEST(HfLlamaRoundTrip, Gpt2SaveFilesAreTheBytesTheyWere) {
 }
 
 }  // namespace
-}  // namespace meshgrad
+}  // namespace meshgrad::test_hf_llama

@@ -38,7 +38,7 @@
 #include "meshgrad/ops/ops.hpp"
 #include <nlohmann/json.hpp>
 
-namespace meshgrad {
+namespace meshgrad::test_hf_mixtral {
 namespace {
 
 namespace fs = std::filesystem;
@@ -259,4 +259,4 @@ TEST(HfMixtral, BadExpertSettingsAreRefusedByName) {
 INSTANTIATE_TEST_SUITE_P(Types, HfMoeGrads, ::testing::Values("mixtral", "qwen2_moe"));
 
 }  // namespace
-}  // namespace meshgrad
+}  // namespace meshgrad::test_hf_mixtral

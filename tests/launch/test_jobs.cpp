@@ -18,7 +18,7 @@
 #include "meshgrad/io/safetensors.hpp"
 #include "meshgrad/launch/jobs.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_jobs {
 namespace {
 
 nn::ModelConfig tiny_gpt(int vocab) {
@@ -238,4 +238,4 @@ TEST(Jobs, TheModelNamesABadTokenByItsRowAndPosition) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_jobs

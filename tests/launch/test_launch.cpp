@@ -18,6 +18,8 @@
 #include "meshgrad/tensor/blas.hpp"
 #include "meshgrad/tensor/error.hpp"
 
+namespace test_launch {
+
 using namespace meshgrad;
 
 namespace {
@@ -119,3 +121,5 @@ TEST(OptionAgreement, MissingOptionAndOtherCommand) {
   EXPECT_NE(missing[0].find("--sequence-parallel is absent on rank 0 but 'true' on rank 1"), std::string::npos)
       << missing[0];
 }
+
+}  // namespace test_launch

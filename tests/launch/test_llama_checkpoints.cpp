@@ -36,7 +36,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "launch/invariant_runs.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_llama_checkpoints {
 namespace {
 
 namespace fs = std::filesystem;
@@ -274,4 +274,4 @@ TEST_F(LlamaCheckpoints, ARecordWithoutTheLlamaFieldsIsGptTwos) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_llama_checkpoints

@@ -21,7 +21,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "launch/invariant_runs.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_mesh_invariant {
 namespace {
 
 struct MeshCase {
@@ -378,4 +378,4 @@ TEST(MeshInvariant, RefusesContextParallelMeshesTheSequenceBlocksCannotKeep) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_mesh_invariant

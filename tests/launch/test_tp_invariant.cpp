@@ -23,7 +23,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "launch/invariant_runs.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_tp_invariant {
 namespace {
 
 void run_mesh(int dp, int tp, const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
@@ -294,4 +294,4 @@ TEST(TpInvariant, RefusesADegreeThatCannotKeepTheTree) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_tp_invariant

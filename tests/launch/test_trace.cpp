@@ -27,7 +27,7 @@
 #include "meshgrad/diag/trace_report.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::launch {
+namespace meshgrad::launch::test_trace {
 namespace {
 
 namespace fs = std::filesystem;
@@ -414,4 +414,4 @@ TEST(TraceReport, MalformedTracesAreRefusedNamingTheFile) {
 }
 
 }  // namespace
-}  // namespace meshgrad::launch
+}  // namespace meshgrad::launch::test_trace

@@ -14,6 +14,8 @@
 
 #include "nn_test_util.hpp"
 
+namespace test_decode {
+
 using namespace meshgrad;
 using namespace meshgrad::testing;
 
@@ -217,3 +219,5 @@ TEST(Decode, MisuseIsRefused) {
 }
 
 }  // namespace
+
+}  // namespace test_decode

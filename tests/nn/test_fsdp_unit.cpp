@@ -17,7 +17,7 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
-namespace meshgrad::nn {
+namespace meshgrad::nn::test_fsdp_unit {
 namespace {
 
 void run_fsdp2(const std::function<void(const dist::DeviceMeshPtr&)>& fn) {
@@ -111,4 +111,4 @@ TEST(FsdpUnit, GathersAgainOnlyWhenAShardChanged) {
 }
 
 }  // namespace
-}  // namespace meshgrad::nn
+}  // namespace meshgrad::nn::test_fsdp_unit

@@ -10,6 +10,8 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/tensor/kernels.hpp"
 
+namespace test_layers {
+
 using namespace meshgrad;
 using namespace meshgrad::testing;
 
@@ -267,3 +269,5 @@ TEST(DistCollectives, AllReduceInPlaceReducesTheCallersBuffer) {
 }
 
 }  // namespace
+
+}  // namespace test_layers

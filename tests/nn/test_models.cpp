@@ -10,6 +10,8 @@
 
 #include "nn_test_util.hpp"
 
+namespace test_models {
+
 using namespace meshgrad;
 using namespace meshgrad::testing;
 using dist::Phase;
@@ -329,3 +331,5 @@ TEST(ModelLifetime, BackwardAfterTheModelIsDestroyed) {
 }
 
 }  // namespace
+
+}  // namespace test_models

@@ -14,7 +14,7 @@
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad {
+namespace meshgrad::test_gradcheck {
 namespace {
 
 // EXPECT_TRUE(Contains(text, part)): prints both on failure.
@@ -314,4 +314,4 @@ TEST(Gradcheck, ParsesModes) {
 }
 
 }  // namespace
-}  // namespace meshgrad
+}  // namespace meshgrad::test_gradcheck

@@ -18,7 +18,7 @@
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad {
+namespace meshgrad::test_nn_ops {
 namespace {
 
 constexpr DType f64 = DType::Float64;
@@ -637,8 +637,12 @@ TEST(NnOps, SlidingWindowAttentionWithACacheEqualsTheFullRows) {
     }
     // Window 3 needs only the last key tile; window 70 reaches back into the first.
     const std::int64_t plain = kernels::causal_attention_forward(q.narrow(2, 130, 10), k, v, scale_d).scores;
-    if (window == 3) EXPECT_LT(last.scores, plain);
-    if (window == 70) EXPECT_EQ(last.scores, plain);
+    if (window == 3) {
+      EXPECT_LT(last.scores, plain);
+    }
+    if (window == 70) {
+      EXPECT_EQ(last.scores, plain);
+    }
   }
 }
 
@@ -770,7 +774,7 @@ TEST(NnGrad, CausalAttentionAcrossTiles) {
 }
 
 }  // namespace
-}  // namespace meshgrad
+}  // namespace meshgrad::test_nn_ops
 
 // The float32 GELU uses its own vectorisable tanh: it must agree with the float64 (libm) one to
 // float32 precision over the whole range, including the saturated tails and around 0.

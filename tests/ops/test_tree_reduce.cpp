@@ -16,7 +16,7 @@
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/random.hpp"
 
-namespace meshgrad::tree {
+namespace meshgrad::tree::test_tree_reduce {
 namespace {
 
 Tensor scalar(double v) { return Tensor::from_values({v}, {1}, DType::Float64); }
@@ -257,4 +257,4 @@ TEST(EmbeddingRowBlocks, EachRowIsTheTreeOfTheBlocksGradients) {
 }
 
 }  // namespace
-}  // namespace meshgrad::tree
+}  // namespace meshgrad::tree::test_tree_reduce

@@ -18,7 +18,7 @@
 #include "meshgrad/optim/grad_sync.hpp"
 #include "meshgrad/optim/adamw.hpp"
 
-namespace meshgrad::optim {
+namespace meshgrad::optim::test_adamw {
 namespace {
 
 nn::Parameter make_param(const std::string& name, const std::vector<double>& values, const Shape& full_shape,
@@ -249,4 +249,4 @@ TEST(AdamW, StepBetweenForwardAndBackwardIsRefusedNamingTheParameter) {
 }
 
 }  // namespace
-}  // namespace meshgrad::optim
+}  // namespace meshgrad::optim::test_adamw

@@ -17,7 +17,7 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/optim/grad_sync.hpp"
 
-namespace meshgrad::optim {
+namespace meshgrad::optim::test_grad_sync {
 namespace {
 
 // Runs fn(mesh) on dp * tp rank threads over the mesh "dp=..,tp=.." with a short deadline, so a
@@ -351,4 +351,4 @@ TEST(GradSyncTree, RefusesADpThatIsNotAPowerOfTwo) {
 }
 
 }  // namespace
-}  // namespace meshgrad::optim
+}  // namespace meshgrad::optim::test_grad_sync

@@ -16,7 +16,7 @@
 #include "meshgrad/ops/ops.hpp"
 #include "meshgrad/optim/micro_batches.hpp"
 
-namespace meshgrad::optim {
+namespace meshgrad::optim::test_micro_batches {
 namespace {
 
 constexpr double kTerms[] = {1e16, 1.0, -1e16, 1.0};
@@ -149,4 +149,4 @@ TEST(MicroBatches, TheModelIsToldWhichBackwardIsTheLast) {
 }
 
 }  // namespace
-}  // namespace meshgrad::optim
+}  // namespace meshgrad::optim::test_micro_batches

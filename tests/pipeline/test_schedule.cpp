@@ -9,7 +9,7 @@
 #include "meshgrad/pipeline/schedule.hpp"
 #include "meshgrad/tensor/error.hpp"
 
-namespace meshgrad::pipeline {
+namespace meshgrad::pipeline::test_schedule {
 namespace {
 
 using K = Action::Kind;
@@ -92,4 +92,4 @@ TEST(Schedule, NamesParseAndBadOnesAreRefusedNamingTheChoices) {
 }
 
 }  // namespace
-}  // namespace meshgrad::pipeline
+}  // namespace meshgrad::pipeline::test_schedule

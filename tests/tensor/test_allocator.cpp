@@ -12,7 +12,7 @@
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
-namespace meshgrad {
+namespace meshgrad::test_allocator {
 namespace {
 
 TEST(Allocator, SizeClassesAreAlignedAndWasteAtMostAQuarter) {
@@ -123,4 +123,4 @@ TEST(Allocator, DomainsCountLiveBytesAndPeaksPerThreadDomain) {
 }
 
 }  // namespace
-}  // namespace meshgrad
+}  // namespace meshgrad::test_allocator

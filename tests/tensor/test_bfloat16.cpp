@@ -16,6 +16,8 @@
 #include "meshgrad/tensor/tensor.hpp"
 #include "tensor/onednn_gemm.hpp"
 
+namespace test_bfloat16 {
+
 using namespace meshgrad;
 
 namespace {
@@ -251,3 +253,5 @@ TEST(ProductPeak, MeasuresEachPrecisionAndRefusesWhatItCannot) {
 }
 
 }  // namespace
+
+}  // namespace test_bfloat16

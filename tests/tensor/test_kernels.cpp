@@ -11,6 +11,8 @@
 #include "meshgrad/tensor/parallel.hpp"
 #include "meshgrad/tensor/random.hpp"
 
+namespace test_kernels {
+
 using namespace meshgrad;
 using kernels::Binary;
 
@@ -593,3 +595,5 @@ TEST(Kernels, LayerNormBackwardRowBlocksAreEachBlocksOwnColumnSums) {
     EXPECT_THROW(kernels::layer_norm_backward(dy, x, w, f.mean, f.rstd, true, true, true, {3, 5}), InvalidArgument);
   }
 }
+
+}  // namespace test_kernels

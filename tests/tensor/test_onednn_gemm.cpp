@@ -13,6 +13,8 @@
 #include "meshgrad/tensor/random.hpp"
 #include "tensor/onednn_gemm.hpp"
 
+namespace test_onednn_gemm {
+
 using namespace meshgrad;
 
 namespace {
@@ -46,7 +48,7 @@ TEST(OneDnnGemm, MatchesTheDefinitionForEveryTransposeStrideAlphaAndBeta) {
   if (!built()) GTEST_SKIP() << "built without oneDNN (MESHGRAD_ONEDNN=OFF)";
   for (bool ta : {false, true}) {
     for (bool tb : {false, true}) {
-      for (const auto [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.5f, -0.5f}, std::pair{1.0f, 1.0f}}) {
+      for (const auto& [alpha, beta] : {std::pair{1.0f, 0.0f}, std::pair{1.5f, -0.5f}, std::pair{1.0f, 1.0f}}) {
         Case t(ta, tb);
         const std::vector<float> c0 = t.c;
         blas::onednn::sgemm(ta, tb, t.m, t.n, t.k, alpha, t.a.data(), t.lda(), t.b.data(), t.ldb(), beta, t.c.data(),
@@ -132,3 +134,5 @@ TEST(OneDnnGemm, ABuildWithoutItRefusesToBeAskedForIt) {
 }
 
 }  // namespace
+
+}  // namespace test_onednn_gemm

@@ -3,6 +3,8 @@
 
 #include "meshgrad/tensor/tensor.hpp"
 
+namespace test_tensor {
+
 using namespace meshgrad;
 
 namespace {
@@ -150,3 +152,5 @@ TEST(Tensor, ScalarViewsAsAnyOneElementShape) {
   EXPECT_EQ(v.at({0, 0, 0}), 3.0);
   EXPECT_EQ(v.view({}).item(), 3.0);
 }
+
+}  // namespace test_tensor

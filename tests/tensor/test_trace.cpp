@@ -11,6 +11,8 @@
 
 #include "meshgrad/tensor/trace.hpp"
 
+namespace test_trace {
+
 using namespace meshgrad;
 
 namespace {
@@ -182,3 +184,5 @@ TEST_F(Trace, LogicalLanesAndStartForgetsTheLastSession) {
   EXPECT_EQ(spans[0].at("name"), "barrier");
   EXPECT_EQ(lane_names(events).at(spans[0].at("tid").get<int>()), "rank 0 progress (tp)");
 }
+
+}  // namespace test_trace

@@ -9,6 +9,8 @@
 #include "meshgrad/tensor/kernels.hpp"
 #include "meshgrad/tensor/tensor.hpp"
 
+namespace test_version {
+
 using namespace meshgrad;
 
 namespace {
@@ -92,3 +94,5 @@ TEST(Version, RejectedWriteDoesNotBump) {
   EXPECT_EQ(t.version(), 0u);
   EXPECT_EQ(t.to_vector(), (std::vector<double>{1, 2, 3, 4, 5, 6}));
 }
+
+}  // namespace test_version

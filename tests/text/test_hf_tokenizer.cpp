@@ -20,7 +20,7 @@
 #include "meshgrad/text/tokenizer.hpp"
 #include "text/hf_test_files.hpp"
 
-namespace meshgrad::text {
+namespace meshgrad::text::test_hf_tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -377,4 +377,4 @@ TEST(HfTokenizer, RefusesWhatIsNotImplementedNamingKeyAndValue) {
 }
 
 }  // namespace
-}  // namespace meshgrad::text
+}  // namespace meshgrad::text::test_hf_tokenizer

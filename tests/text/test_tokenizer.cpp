@@ -22,7 +22,7 @@
 #include "meshgrad/text/tokenizer.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::text {
+namespace meshgrad::text::test_tokenizer {
 namespace {
 
 namespace fs = std::filesystem;
@@ -484,4 +484,4 @@ TEST(Tokenizer, DecodeRefusesUnknownIdsNamingThePosition) {
 }
 
 }  // namespace
-}  // namespace meshgrad::text
+}  // namespace meshgrad::text::test_tokenizer

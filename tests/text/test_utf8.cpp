@@ -8,7 +8,7 @@
 
 #include "meshgrad/text/utf8.hpp"
 
-namespace meshgrad::text {
+namespace meshgrad::text::test_utf8 {
 namespace {
 
 const std::string kFffd = "\xEF\xBF\xBD";
@@ -91,4 +91,4 @@ TEST(EscapeInvalidUtf8, ShowsEachBadByteAndKeepsTheText) {
 }
 
 }  // namespace
-}  // namespace meshgrad::text
+}  // namespace meshgrad::text::test_utf8

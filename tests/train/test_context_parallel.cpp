@@ -20,7 +20,7 @@
 #include "meshgrad/train/step.hpp"
 #include "run_on_spec.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_context_parallel {
 namespace {
 
 nn::ModelConfig gpt(int seq) {
@@ -255,4 +255,4 @@ TEST(CpRefusals, SequenceAndInvariantModesAreRefusedByName) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_context_parallel

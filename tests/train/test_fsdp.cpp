@@ -26,7 +26,7 @@
 #include "meshgrad/tensor/allocator.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_fsdp {
 namespace {
 
 namespace fs = std::filesystem;
@@ -315,4 +315,4 @@ TEST(Fsdp, RefusesWhatItCannotDoBeforeTheFirstStepNamingIt) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_fsdp

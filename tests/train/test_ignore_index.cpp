@@ -13,7 +13,7 @@
 #include "meshgrad/tensor/random.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_ignore_index {
 namespace {
 
 nn::ModelConfig tiny(int batch) {
@@ -105,4 +105,4 @@ TEST(IgnoreIndex, EveryTargetIgnoredIsAnError) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_ignore_index

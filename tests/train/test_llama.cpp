@@ -25,6 +25,8 @@
 #include "meshgrad/train/step.hpp"
 #include "run_on_spec.hpp"
 
+namespace test_llama {
+
 using namespace meshgrad;
 
 namespace {
@@ -262,3 +264,5 @@ TEST(LlamaFamilyRefusals, WhatIsNotSupportedYetIsRefusedByName) {
 }
 
 }  // namespace
+
+}  // namespace test_llama

@@ -17,6 +17,8 @@
 #include "meshgrad/train/step.hpp"
 #include "run_on_spec.hpp"
 
+namespace test_model_family {
+
 using namespace meshgrad;
 
 namespace {
@@ -193,3 +195,5 @@ TEST(ModelFamily, PlanPatternsMatchWholeComponents) {
 }
 
 }  // namespace
+
+}  // namespace test_model_family

@@ -15,7 +15,7 @@
 #include "meshgrad/train/option_table.hpp"
 #include "meshgrad/train/run_config.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_option_table {
 namespace {
 
 // A value of the option other than the one in `o`, of its kind (a choice when it has choices).
@@ -40,7 +40,9 @@ TEST(OptionTable, NamesAreUniqueAndAliasesNameAnEntry) {
   std::set<std::string> names;
   for (const TrainOption& t : train_option_table()) {
     EXPECT_TRUE(names.insert(t.name).second) << t.name << " is declared twice";
-    if (t.is_alias()) EXPECT_NO_THROW(train_option(t.alias_of)) << t.name;
+    if (t.is_alias()) {
+      EXPECT_NO_THROW(train_option(t.alias_of)) << t.name;
+    }
     EXPECT_FALSE(t.help.empty()) << t.name;
     EXPECT_NE(t.surfaces, 0u) << t.name << " is taken nowhere";
   }
@@ -88,7 +90,9 @@ TEST(OptionTable, EveryRecordedEntryIsInTheRecordAndComesBackOnResume) {
     SCOPED_TRACE(t.name);
     ++recorded;
     EXPECT_EQ(record.count(t.name), 1u);
-    if (t.recorded == Recorded::Kept) EXPECT_EQ(option_value(t, resumed), option_value(t, given));
+    if (t.recorded == Recorded::Kept) {
+      EXPECT_EQ(option_value(t, resumed), option_value(t, given));
+    }
   }
   EXPECT_GT(recorded, 40);
   std::filesystem::remove_all(folder);
@@ -130,4 +134,4 @@ TEST(OptionTable, AnAliasIsGivenAsItsOption) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_option_table

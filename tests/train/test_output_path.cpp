@@ -28,7 +28,7 @@
 #include "meshgrad/train/run_config.hpp"
 #include "meshgrad/train/trainer.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_output_path {
 namespace {
 
 namespace fs = std::filesystem;
@@ -418,4 +418,4 @@ TEST(TrainOptionChecks, WeightDecayThatFlipsTheWeightsAndAnImpossiblePeakAreRefu
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_output_path

@@ -22,7 +22,7 @@
 #include "meshgrad/optim/grad_norm.hpp"
 #include "meshgrad/train/step.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_pipeline {
 namespace {
 
 struct Options {
@@ -161,4 +161,4 @@ INSTANTIATE_TEST_SUITE_P(
     [](const ::testing::TestParamInfo<PipelineCase>& info) { return info.param.name; });
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_pipeline

@@ -18,7 +18,7 @@
 #include "meshgrad/train/trainer.hpp"
 #include "text/gpt2_test_files.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_prepare {
 namespace {
 
 namespace fs = std::filesystem;
@@ -354,4 +354,4 @@ TEST(Prepare, APipelineEvaluatesTheBitsOfOneRank) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_prepare

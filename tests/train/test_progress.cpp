@@ -14,7 +14,7 @@
 
 #include "train/progress.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_progress {
 namespace {
 
 TEST(Progress, TheEtaIsTheMedianOfTheRecentStepsTimesTheStepsLeft) {
@@ -37,12 +37,12 @@ TEST(Progress, TheFirstStepLeavesTheEstimateOnceASecondIsKnown) {
   StepMetrics m;
   m.step = 1;
   m.ms_per_step = 4000;
-  testing::internal::CaptureStderr();
+  ::testing::internal::CaptureStderr();
   progress.update(m, 1, 4000, -1);
   m.step = 2;
   m.ms_per_step = 100;
   progress.update(m, 1, 100, -1);
-  const std::string out = testing::internal::GetCapturedStderr();
+  const std::string out = ::testing::internal::GetCapturedStderr();
   EXPECT_NE(out.find("eta 36s"), std::string::npos) << out;   // 9 steps left at 4000 ms
   EXPECT_NE(out.find("eta 1s"), std::string::npos) << out;    // 8 steps left at 100 ms
 }
@@ -97,4 +97,4 @@ TEST(Progress, ThePeakIsCachedPerMachine) {
 }
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_progress

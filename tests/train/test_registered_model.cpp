@@ -19,6 +19,8 @@
 #include "meshgrad/train/trainer.hpp"
 #include "run_on_spec.hpp"
 
+namespace test_registered_model {
+
 using namespace meshgrad;
 namespace fs = std::filesystem;
 
@@ -262,3 +264,5 @@ TEST(ModelRegistry, AFamilyWhoseBlocksDoNotDecodeRefusesDecodingByName) {
   });
   EXPECT_FALSE(nn::registered_model(outside_kind())->decodes);
 }
+
+}  // namespace test_registered_model

@@ -24,7 +24,7 @@
 #include "meshgrad/optim/grad_sync.hpp"
 #include "meshgrad/data/dataset.hpp"
 
-namespace meshgrad::train {
+namespace meshgrad::train::test_trainer {
 namespace {
 
 // Runs fn(mesh) on the ranks of a dp x tp mesh, or dp x (rows x cols) when rows > 0 (rank
@@ -434,4 +434,4 @@ TEST(Trainer, OptimizerOptionsOutOfRangeAreRefusedByName) {
 
 
 }  // namespace
-}  // namespace meshgrad::train
+}  // namespace meshgrad::train::test_trainer

@@ -119,7 +119,7 @@ struct ExplainHeader {
   ParallelConfig parallel;
   std::vector<dist::MeshAxis> axes;
   dist::Link link;
-  ExplainPipeline pipeline;
+  ExplainPipeline pipeline{};
 };
 // The table: per layer its collectives (phase, op, axis, n, bytes human-readable and exact,
 // algorithm, predicted us), then the per-layer and per-phase totals and the link used. A measured

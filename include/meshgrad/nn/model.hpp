@@ -38,7 +38,7 @@ struct ModelConfig {
   double rope_theta = 10000.0;      // rope_theta
   // rope_scaling: "" (none), "linear" (positions / rope_factor) or "llama3" (Llama 3.1's smoothed
   // frequency bands: rope_factor, low/high_freq_factor, original_max_position_embeddings).
-  std::string rope_scaling;
+  std::string rope_scaling{};
   double rope_factor = 1.0;
   double rope_low_freq_factor = 1.0;
   double rope_high_freq_factor = 4.0;
@@ -67,7 +67,7 @@ struct ModelConfig {
   int shared_expert_ffn = 0;
   bool norm_topk_prob = true;
   int decoder_sparse_step = 1;
-  std::vector<int> mlp_only_layers;
+  std::vector<int> mlp_only_layers{};
   // A run option, not Hugging Face's: each expert takes at most ceil(capacity_factor * tokens * k /
   // experts) of one micro-batch's tokens on one rank and drops the rest (counted); 0: dropless.
   double capacity_factor = 0;
@@ -320,7 +320,7 @@ struct ModelKind {
   // The built-in kind whose FLOP count (train::model_flops_per_token, MFU) and lookup-only parameters
   // this model's follow: "gpt" for a family on GPT-2's embedding and head (gpt2_family_with_blocks),
   // "" for none (every parameter counted as multiplied, no attention term).
-  std::string counts_like;
+  std::string counts_like{};
   // Whether the model decodes (Model::new_cache, decode): what sampling needs. false lets the
   // trainer refuse --sample-every before its first step rather than at the first sample.
   bool decodes = true;

@@ -20,6 +20,15 @@ double uniform(std::uint64_t seed, std::uint64_t index);
 // Standard normal (Box-Muller on two 53-bit uniforms), for stream `index` of `seed`.
 double normal(std::uint64_t seed, std::uint64_t index);
 
+// splitmix64's finaliser: a bijection of 64-bit words that spreads every input bit over the output,
+// for deriving independent seeds from a seed and an index.
+constexpr std::uint64_t splitmix64(std::uint64_t x) {
+  x += 0x9e3779b97f4a7c15ULL;
+  x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  x = (x ^ (x >> 27)) * 0x94d049bb133111ebULL;
+  return x ^ (x >> 31);
+}
+
 // The sub-box of a global tensor: per dim {offset, size}. An empty box means the whole tensor.
 using Box = std::vector<ShardRange>;
 

@@ -132,6 +132,8 @@ class Tensor {
   int dim() const { return static_cast<int>(impl().shape.size()); }
   std::int64_t size(std::int64_t d) const;  // d may be negative
   std::int64_t numel() const { return shape_numel(impl().shape); }
+  // The bytes of its elements (numel x the dtype's size), what a collective of it moves.
+  std::int64_t nbytes() const { return numel() * static_cast<std::int64_t>(dtype_size(dtype())); }
   bool is_contiguous() const;
   // float32 or float64: the dtypes arithmetic and autograd take (bfloat16 is storage and products only)
   bool is_floating() const { return dtype() == DType::Float32 || dtype() == DType::Float64; }

@@ -1,0 +1,101 @@
+#!/usr/bin/env bash
+# Times the first run of a new user: `make train` from a fresh clone to its first training step, split
+# into packages, configure, build and start; with --test, `make test` after it (packages, build, ctest).
+#
+#   bench/first_run.sh [--chroot DIR] [--test] [--log DIR] REPO
+#
+# REPO is cloned into a new folder (inside DIR with --chroot, whose proc, sys and dev this script
+# mounts and unmounts; DIR is a Debian 12 made by `debootstrap --variant=minbase bookworm DIR`, which
+# has no compiler and no make: `make` is installed first and timed as its own phase). Without --chroot
+# the clone runs on this machine as it is, so the packages phase is only honest on a fresh machine.
+# Every output line is stamped with the seconds since the start (logs in --log DIR, default a new
+# temporary folder); the phases are read from the lines make echoes. `make train` is stopped once its
+# first step is printed. Prints a table of the phases.
+set -euo pipefail
+chroot_dir="" run_test=0 log_dir=""
+while [ $# -gt 1 ]; do
+  case "$1" in
+    --chroot) chroot_dir=$2; shift 2 ;;
+    --test) run_test=1; shift ;;
+    --log) log_dir=$2; shift 2 ;;
+    *) echo "first_run: unknown option '$1'" >&2; exit 2 ;;
+  esac
+done
+[ $# -eq 1 ] || { echo "usage: bench/first_run.sh [--chroot DIR] [--test] [--log DIR] REPO" >&2; exit 2; }
+repo=$1
+log_dir=${log_dir:-$(mktemp -d /tmp/first_run.XXXXXX)}
+mkdir -p "$log_dir"
+
+if [ -n "$chroot_dir" ]; then
+  [ -x "$chroot_dir/bin/bash" ] || { echo "first_run: '$chroot_dir' is not a Debian root (no bin/bash)" >&2; exit 2; }
+  clone_in_root=/root/meshgrad-first-run
+  clone=$chroot_dir$clone_in_root
+  for fs in proc sys dev; do mountpoint -q "$chroot_dir/$fs" || mount --bind "/$fs" "$chroot_dir/$fs"; done
+  trap 'for fs in dev sys proc; do umount -l "$chroot_dir/$fs" 2>/dev/null || true; done' EXIT
+  cp /etc/resolv.conf "$chroot_dir/etc/resolv.conf"
+  in_root() { chroot "$chroot_dir" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
+                OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-}" bash -c "cd $clone_in_root && $1"; }
+else
+  clone=$(mktemp -d /tmp/first_run_clone.XXXXXX)/meshgrad
+  in_root() { bash -c "cd '$clone' && $1"; }
+fi
+rm -rf "$clone"
+git clone -q "$repo" "$clone"
+echo "first_run: clone in $clone, logs in $log_dir" >&2
+
+start=$EPOCHREALTIME
+# stamp LOG: each line of stdin written to LOG as "<seconds since start> <line>".
+stamp() { local line; while IFS= read -r line; do
+  printf '%8.1f %s\n' "$(bc <<<"$EPOCHREALTIME - $start" 2>/dev/null || echo 0)" "$line"; done >"$1"; }
+# first LOG PATTERN: the time of LOG's first line matching the extended regex PATTERN.
+first() { grep -E -m1 -- "$2" "$1" | awk '{print $1}'; }
+last() { grep -E -- "$2" "$1" | tail -1 | awk '{print $1}'; }
+
+# Phase 0 (chroot only): make itself.
+if [ -n "$chroot_dir" ]; then
+  in_root "command -v make >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make)" 2>&1 | stamp "$log_dir/make.log"
+fi
+make_done=$(bc <<<"$EPOCHREALTIME - $start")
+
+# make train, stopped at its first step.
+set +e
+in_root "exec make train" > >(stamp "$log_dir/train.log") 2>&1 &
+train_pid=$!
+while kill -0 "$train_pid" 2>/dev/null; do
+  if grep -Eq '^ *[0-9.]+ step +1/' "$log_dir/train.log" 2>/dev/null; then
+    pkill -TERM -f 'build/meshgrad train' || true   # a background job ignores SIGINT
+    break
+  fi
+  sleep 0.5
+done
+wait "$train_pid"
+set -e
+sleep 1
+train_log=$log_dir/train.log
+grep -Eq ' step +1/' "$train_log" || { echo "first_run: make train printed no first step; see $train_log" >&2; exit 1; }
+configure_start=$(first "$train_log" ' cmake -S ')
+configure_done=$(first "$train_log" 'Build files have been written')
+build_done=$(last "$train_log" 'Built target meshgrad_cli')
+first_step=$(first "$train_log" ' step +1/')
+compiles=$(grep -Ec 'Building CXX object' "$train_log" || true)
+
+printf '\n| phase of `make train` | from the start (s) |\n|---|---:|\n'
+[ -n "$chroot_dir" ] && printf '| `make` installed | %.1f |\n' "$make_done"
+printf '| build packages installed | %s |\n| CMake configured | %s |\n| program built (%s compiles) | %s |\n| **first training step printed** | **%s** |\n' \
+  "$configure_start" "$configure_done" "$compiles" "$build_done" "$first_step"
+
+if [ "$run_test" = 1 ]; then
+  start=$EPOCHREALTIME
+  set +e
+  in_root "exec make test" 2>&1 | stamp "$log_dir/test.log"
+  test_rc=${PIPESTATUS[0]}
+  set -e
+  test_log=$log_dir/test.log
+  t_configure=$(first "$test_log" ' cmake -S ')
+  t_build=$(first "$test_log" 'ctest --output-on-failure')
+  t_end=$(tail -1 "$test_log" | awk '{print $1}')
+  summary=$(grep -E 'tests passed' "$test_log" | tail -1 | cut -c10-)
+  printf '\n| phase of `make test` (after `make train`) | from its start (s) |\n|---|---:|\n'
+  printf '| test packages installed (and test data fetched) | %s |\n| everything built | %s |\n| **ctest done** (%s; exit %s) | **%s** |\n' \
+    "$t_configure" "$t_build" "$summary" "$test_rc" "$t_end"
+fi
