@@ -6,7 +6,8 @@
 #
 # REPO is cloned into a new folder (inside DIR with --chroot, whose proc, sys and dev this script
 # mounts and unmounts; DIR is a Debian 12 made by `debootstrap --variant=minbase bookworm DIR`, which
-# has no compiler and no make: `make` is installed first and timed as its own phase). Without --chroot
+# has no compiler, no make and no git: `make` and git, which a machine that ran `git clone` has, are
+# installed first and timed as their own phase). Without --chroot
 # the clone runs on this machine as it is, so the packages phase is only honest on a fresh machine.
 # Every output line is stamped with the seconds since the start (logs in --log DIR, default a new
 # temporary folder); the phases are read from the lines make echoes. `make train` is stopped once its
@@ -30,9 +31,21 @@ if [ -n "$chroot_dir" ]; then
   [ -x "$chroot_dir/bin/bash" ] || { echo "first_run: '$chroot_dir' is not a Debian root (no bin/bash)" >&2; exit 2; }
   clone_in_root=/root/meshgrad-first-run
   clone=$chroot_dir$clone_in_root
+  # The root a mount point of its own, as a machine's is: `ip netns` (tests/cli/multihost.py) remounts it.
+  mountpoint -q "$chroot_dir" || mount --bind "$chroot_dir" "$chroot_dir"
   for fs in proc sys dev; do mountpoint -q "$chroot_dir/$fs" || mount --rbind "/$fs" "$chroot_dir/$fs"; done
-  trap 'for fs in dev sys proc; do umount -R -l "$chroot_dir/$fs" 2>/dev/null || true; done' EXIT
+  trap 'for fs in dev sys proc; do umount -R -l "$chroot_dir/$fs" 2>/dev/null || true; done; umount -l "$chroot_dir" 2>/dev/null || true' EXIT
   cp /etc/resolv.conf "$chroot_dir/etc/resolv.conf"
+  # This machine's name resolves locally (mpirun looks it up; through DNS each lookup would time out).
+  cp /etc/hosts "$chroot_dir/etc/hosts"
+  # What a machine of this kind has that debootstrap's Debian lacks: its local certificate
+  # authorities (the registries are reached through them) and npm's setting that names them.
+  if [ -d /usr/local/share/ca-certificates ]; then
+    mkdir -p "$chroot_dir/usr/local/share/ca-certificates" "$chroot_dir/etc/ssl/certs"
+    cp -a /usr/local/share/ca-certificates/. "$chroot_dir/usr/local/share/ca-certificates/"
+    cp /etc/ssl/certs/ca-certificates.crt "$chroot_dir/etc/ssl/certs/ca-certificates.crt"
+  fi
+  [ -f /etc/npmrc ] && cp /etc/npmrc "$chroot_dir/etc/npmrc"
   # A clean environment, as a new login has; OPENBLAS_CORETYPE passes through when set (the tests' setting).
   env_in=(HOME=/root PATH=/usr/sbin:/usr/bin:/sbin:/bin)
   [ -n "${OPENBLAS_CORETYPE:-}" ] && env_in+=(OPENBLAS_CORETYPE="$OPENBLAS_CORETYPE")
@@ -53,9 +66,9 @@ stamp() { local line; while IFS= read -r line; do
 first() { grep -E -m1 -- "$2" "$1" | awk '{print $1}'; }
 last() { grep -E -- "$2" "$1" | tail -1 | awk '{print $1}'; }
 
-# Phase 0 (chroot only): make itself.
+# Phase 0 (chroot only): make and git.
 if [ -n "$chroot_dir" ]; then
-  in_root "command -v make >/dev/null || (apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make)" 2>&1 | stamp "$log_dir/make.log"
+  in_root "apt-get update -q && DEBIAN_FRONTEND=noninteractive apt-get install -y -q --no-install-recommends make git ca-certificates" 2>&1 | stamp "$log_dir/make.log"
 fi
 make_done=$(bc <<<"$EPOCHREALTIME - $start")
 
@@ -82,7 +95,7 @@ first_step=$(first "$train_log" ' step +1/')
 compiles=$(grep -Ec 'Building CXX object' "$train_log" || true)
 
 printf '\n| phase of `make train` | from the start (s) |\n|---|---:|\n'
-[ -n "$chroot_dir" ] && printf '| `make` installed | %.1f |\n' "$make_done"
+[ -n "$chroot_dir" ] && printf '| `make` and git installed | %.1f |\n' "$make_done"
 printf '| build packages installed | %s |\n| CMake configured | %s |\n| program built (%s compiles) | %s |\n| **first training step printed** | **%s** |\n' \
   "$configure_start" "$configure_done" "$compiles" "$build_done" "$first_step"
 

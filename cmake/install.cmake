@@ -62,5 +62,6 @@ if(MESHGRAD_BUILD_TESTS AND NOT MESHGRAD_SANITIZER)
     list(APPEND meshgrad_install_test_args --python ${Python3_EXECUTABLE})
   endif()
   add_test(NAME install.examples COMMAND ${PROJECT_SOURCE_DIR}/scripts/test-install.sh ${meshgrad_install_test_args})
-  set_tests_properties(install.examples PROPERTIES LABELS install TIMEOUT 900)
+  # COST: its seconds here, ctest's first estimate on a fresh checkout (tests/CMakeLists.txt, the end).
+  set_tests_properties(install.examples PROPERTIES LABELS install TIMEOUT 900 COST 14)
 endif()

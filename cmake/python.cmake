@@ -43,7 +43,8 @@ if(MESHGRAD_BUILD_TESTS)
   add_test(NAME python.pytest
            COMMAND ${Python3_EXECUTABLE} -m pytest -q -p no:cacheprovider ${PROJECT_SOURCE_DIR}/python/tests)
   # MESHGRAD_CLI: test_hf_gpt2.py runs `meshgrad train / export / grads` and checks them against PyTorch.
-  set_tests_properties(python.pytest PROPERTIES LABELS python TIMEOUT 600
+  # COST: its seconds here, ctest's first estimate on a fresh checkout (tests/CMakeLists.txt, the end).
+  set_tests_properties(python.pytest PROPERTIES LABELS python TIMEOUT 600 COST 13
                        ENVIRONMENT "PYTHONPATH=${PROJECT_BINARY_DIR}/python;MESHGRAD_CLI=$<TARGET_FILE:meshgrad_cli>")
   if(MESHGRAD_WITH_MPI)
     add_test(NAME python.mpi COMMAND ${MPIEXEC_EXECUTABLE} --allow-run-as-root --oversubscribe ${MPIEXEC_NUMPROC_FLAG} 2

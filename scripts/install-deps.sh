@@ -40,6 +40,7 @@ if [ "$set_name" != train ]; then
     libgtest-dev libgmock-dev googletest   # unit tests
     libbenchmark-dev         # micro-benchmarks under bench/
     iproute2                 # ip netns: the two hosts of tests/cli/multihost.py
+    time                     # GNU time (/usr/bin/time -f %M): peak memory in tests/cli/r3_data.sh and the benchmarks
     python3-dev pybind11-dev python3-pybind11 python3-numpy python3-pytest   # the Python module and its tests
     python3-torch            # the independent GPT-2 that checks `meshgrad export` (python/tests/test_hf_gpt2.py)
     python3-regex            # the `regex` module of OpenAI's GPT-2 encoder.py: the tokenizer tests' Python reference

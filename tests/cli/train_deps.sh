@@ -30,7 +30,7 @@ done <<<"$train"
 while read -r p; do
   grep -qx "$p" <<<"$all" || fail "the all set lacks the test package $p"
 done <<<"$test_set"
-for needed in googletest python3-torch pybind11-dev ccache; do
+for needed in googletest python3-torch pybind11-dev ccache time; do
   grep -qx "$needed" <<<"$test_set" || fail "the test set lacks $needed (make test needs it)"
 done
 for fuzz_only in clang libclang-rt-14-dev; do
