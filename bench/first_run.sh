@@ -7,11 +7,12 @@
 # REPO is cloned into a new folder (inside DIR with --chroot, whose proc, sys and dev this script
 # mounts and unmounts; DIR is a Debian 12 made by `debootstrap --variant=minbase bookworm DIR`, which
 # has no compiler, no make and no git: `make` and git, which a machine that ran `git clone` has, are
-# installed first and timed as their own phase). Without --chroot
-# the clone runs on this machine as it is, so the packages phase is only honest on a fresh machine.
+# installed first and timed as their own phase). Without --chroot the clone runs on this machine as
+# it is, so the packages phase is only honest on a fresh machine.
 # Every output line is stamped with the seconds since the start (logs in --log DIR, default a new
 # temporary folder); the phases are read from the lines make echoes. `make train` is stopped once its
-# first step is printed. Prints a table of the phases.
+# first step is printed, and given up after FIRST_RUN_TIMEOUT seconds (default 3600) without one.
+# Prints a table of the phases.
 set -euo pipefail
 chroot_dir="" run_test=0 log_dir=""
 while [ $# -gt 1 ]; do
@@ -72,13 +73,30 @@ if [ -n "$chroot_dir" ]; then
 fi
 make_done=$(bc <<<"$EPOCHREALTIME - $start")
 
-# make train, stopped at its first step.
+# stop_training: SIGTERM to the `meshgrad train` of this clone (its working directory), no other run on
+# the machine. TERM, not INT: a background job of a non-interactive shell ignores SIGINT.
+stop_training() {
+  local pid
+  for pid in $(pgrep -f 'build/meshgrad train' || true); do
+    [ "$(readlink "/proc/$pid/cwd" 2>/dev/null)" = "$clone" ] && kill -TERM "$pid" 2>/dev/null
+  done
+  return 0
+}
+
+# make train, stopped at its first step (or at the deadline).
 set +e
 in_root "exec make train" > >(stamp "$log_dir/train.log") 2>&1 &
 train_pid=$!
+deadline=$((SECONDS + ${FIRST_RUN_TIMEOUT:-3600}))
 while kill -0 "$train_pid" 2>/dev/null; do
   if grep -Eq '^ *[0-9.]+ step +1/' "$log_dir/train.log" 2>/dev/null; then
-    pkill -TERM -f 'build/meshgrad train' || true   # a background job ignores SIGINT
+    stop_training
+    break
+  fi
+  if [ "$SECONDS" -ge "$deadline" ]; then
+    echo "first_run: no first step after ${FIRST_RUN_TIMEOUT:-3600} s; stopping make train" >&2
+    stop_training
+    kill -TERM "$train_pid" 2>/dev/null
     break
   fi
   sleep 0.5

@@ -19,7 +19,6 @@
 #include "train_options.hpp"
 #include "version.hpp"
 
-
 namespace meshgrad::tools::cmd_train {
 namespace {
 

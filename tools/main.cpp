@@ -14,7 +14,6 @@
 #include "meshgrad/tensor/error.hpp"
 #include "version.hpp"
 
-
 namespace meshgrad::tools {
 namespace {
 std::vector<Command>& registry() {

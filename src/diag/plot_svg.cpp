@@ -27,7 +27,6 @@ double text_width(const std::string& text) {
   return static_cast<double>(chars) * kCharWidth;
 }
 
-
 // One axis: data values (log10 of them on a log axis) from lo to hi drawn from px_lo to px_hi.
 struct Scale {
   double lo = 0, hi = 1;

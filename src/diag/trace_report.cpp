@@ -332,7 +332,6 @@ const char* colour_of(const std::string& category) {
   return it == colours.end() ? "#bab0ac" : it->second;
 }
 
-
 // A round tick spacing giving about `target` ticks over span.
 double tick_step(double span, int target) {
   const double raw = span / target;

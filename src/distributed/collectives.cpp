@@ -9,7 +9,6 @@ namespace meshgrad::dist {
 
 namespace {
 
-
 comm::MutableBuffer buffer_of(const Tensor& t) {
   return {t.raw_data(), static_cast<std::size_t>(t.numel()), t.dtype()};
 }

@@ -13,7 +13,6 @@ namespace meshgrad::dist {
 
 namespace {
 
-
 void check_peer(const ProcessGroup& group, int peer, const char* op) {
   MG_CHECK(peer >= 0 && peer < group.size() && peer != group.rank(),
            "{} over {}: peer {} is not another rank of the group (rank {} of {})", op, group.axis, peer, group.rank(),

@@ -312,7 +312,8 @@ TokenizerFiles tokenizer_in(const std::string& dir, const std::string& from) {
     return files;
   }
   for (const auto& [v, m] : {std::pair{"vocab.json", "merges.txt"}, std::pair{"encoder.json", "vocab.bpe"}}) {
-    if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m)) return files_at((d / v).string(), (d / m).string(), from);
+    if (fs::is_regular_file(d / v) && fs::is_regular_file(d / m))
+      return files_at((d / v).string(), (d / m).string(), from);
   }
   throw InvalidArgument(fmt::format("{} '{}' has no tokenizer.json, vocab.json + merges.txt or encoder.json + vocab.bpe",
                                     from, dir));

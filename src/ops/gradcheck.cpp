@@ -62,6 +62,8 @@ bool same_bits(const std::vector<double>& a, const std::vector<double>& b) {
   return true;
 }
 
+// Decorrelates the seeds of the projection directions.
+using random::splitmix64;
 
 // A unit vector of n standard-normal draws (n > 0).
 std::vector<double> unit_normal(std::int64_t n, std::uint64_t seed) {
@@ -257,12 +259,13 @@ class Checker {
     if (n_out == 0) return;
     const int projections = std::max(1, options_.projections);
     for (int p = 0; p < projections; ++p) {
-      const std::vector<double> v = unit_normal(n_out, random::splitmix64(options_.seed ^ random::splitmix64(2 * static_cast<std::uint64_t>(p))));
+      const auto index = static_cast<std::uint64_t>(p);
+      const std::vector<double> v = unit_normal(n_out, splitmix64(options_.seed ^ splitmix64(2 * index)));
       const auto grads = analytic(v, p + 1 == projections);
       for (std::size_t c = 0; c < leaves_.size(); ++c) {
         const std::int64_t n_in = leaves_[c].numel();
         if (n_in == 0) continue;
-        const std::uint64_t u_seed = random::splitmix64(options_.seed ^ random::splitmix64(2 * static_cast<std::uint64_t>(p) + 1) ^ random::splitmix64(c + 1000));
+        const std::uint64_t u_seed = splitmix64(options_.seed ^ splitmix64(2 * index + 1) ^ splitmix64(c + 1000));
         const std::vector<double> u = unit_normal(n_in, u_seed);
         const auto [numeric, analytic_value] = directional(c, v, grads[c], u, 0, n_in);
         if (compare(analytic_value, numeric) || result_.first_failure) continue;

@@ -21,7 +21,6 @@
 namespace meshgrad {
 namespace {
 
-
 std::uint64_t fnv1a(std::string_view text) {
   std::uint64_t h = 0xcbf29ce484222325ULL;
   for (char ch : text) {
