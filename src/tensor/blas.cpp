@@ -48,14 +48,40 @@ bool cpu_has_avx512() {
          __builtin_cpu_supports("avx512cd");
 }
 
+// Kernel tables of OpenBLAS that use AVX2 and FMA or wider (names as openblas_get_corename() prints
+// them; Zen and Excavator run the Haswell kernels).
+bool is_avx2_kernel(std::string_view core) {
+  return is_avx512_kernel(core) || core == "Haswell" || core == "Zen" || core == "Excavator";
+}
+
+bool cpu_has_avx2_fma() {
+  __builtin_cpu_init();
+  return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+}
+
 }  // namespace
+
+std::string unrecognised_cpu_hint(const std::string& core, bool avx2_fma, bool avx512) {
+  if (avx512 && !is_avx512_kernel(core) && !is_avx2_kernel(core)) {
+    return fmt::format("; this CPU has AVX-512, which OpenBLAS's detection did not recognise: set OPENBLAS_CORETYPE="
+                       "SkylakeX or Haswell for kernels that use it, several times faster than {}'s", core);
+  }
+  if (avx2_fma && !avx512 && !is_avx2_kernel(core)) {
+    return fmt::format("; this CPU has AVX2 and FMA, which OpenBLAS's detection did not recognise: set "
+                       "OPENBLAS_CORETYPE=Haswell for kernels that use them, several times faster than {}'s", core);
+  }
+  return "";
+}
 
 std::string kernel_core() { return openblas_get_corename(); }
 
 std::string kernel_description() {
   const std::string core = kernel_core();
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
-  if (forced == nullptr || *forced == '\0') return fmt::format("OpenBLAS {} kernels (OpenBLAS's choice for this CPU)", core);
+  if (forced == nullptr || *forced == '\0') {
+    return fmt::format("OpenBLAS {} kernels (OpenBLAS's choice for this CPU{})", core,
+                       unrecognised_cpu_hint(core, cpu_has_avx2_fma(), cpu_has_avx512()));
+  }
   if (cpu_has_avx512() && !is_avx512_kernel(core))
     return fmt::format("OpenBLAS {} kernels (OPENBLAS_CORETYPE={} in the environment; this CPU has AVX-512, which they do "
                        "not use: unset it to let OpenBLAS choose, which can be faster or slower, see "

@@ -249,8 +249,37 @@ TEST(Blas, KernelDescriptionNamesTheTableInUseAndItsCause) {
   const char* forced = std::getenv("OPENBLAS_CORETYPE");
   if (forced && *forced)
     EXPECT_NE(d.find(fmt::format("OPENBLAS_CORETYPE={} in the environment", forced)), std::string::npos) << d;
-  else
-    EXPECT_NE(d.find("OpenBLAS's choice for this CPU"), std::string::npos) << d;
+  else {
+    __builtin_cpu_init();
+    const bool avx512 = __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+                        __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl") &&
+                        __builtin_cpu_supports("avx512cd");
+    const bool avx2_fma = __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma");
+    EXPECT_NE(d.find(fmt::format("(OpenBLAS's choice for this CPU{})", blas::unrecognised_cpu_hint(core, avx2_fma,
+                                                                                                   avx512))),
+              std::string::npos)
+        << d;
+  }
+}
+
+// OpenBLAS's detection falls back to its SSE3 table on a CPU it does not know (a virtual machine's
+// generic model); the banner then names the OPENBLAS_CORETYPE whose kernels use the CPU's width, and
+// says nothing when the table already does.
+TEST(Blas, AnUnrecognisedCpuNamesTheCoreTypeToSet) {
+  const std::string avx512_hint = blas::unrecognised_cpu_hint("Prescott", true, true);
+  EXPECT_NE(avx512_hint.find("this CPU has AVX-512"), std::string::npos) << avx512_hint;
+  EXPECT_NE(avx512_hint.find("OPENBLAS_CORETYPE=SkylakeX"), std::string::npos) << avx512_hint;
+  EXPECT_NE(avx512_hint.find("Prescott's"), std::string::npos) << avx512_hint;
+  const std::string avx2_hint = blas::unrecognised_cpu_hint("Sandybridge", true, false);
+  EXPECT_NE(avx2_hint.find("this CPU has AVX2 and FMA"), std::string::npos) << avx2_hint;
+  EXPECT_NE(avx2_hint.find("OPENBLAS_CORETYPE=Haswell"), std::string::npos) << avx2_hint;
+  EXPECT_EQ(avx2_hint.find("SkylakeX"), std::string::npos) << avx2_hint;
+  // Tables that use the CPU's width, and CPUs without AVX2, get no hint.
+  for (const char* core : {"SkylakeX", "Cooperlake", "SapphireRapids", "Haswell", "Zen"})
+    EXPECT_EQ(blas::unrecognised_cpu_hint(core, true, true), "") << core;
+  EXPECT_EQ(blas::unrecognised_cpu_hint("Haswell", true, false), "");
+  EXPECT_EQ(blas::unrecognised_cpu_hint("Prescott", false, false), "");
+  EXPECT_EQ(blas::unrecognised_cpu_hint("Nehalem", false, false), "");
 }
 
 // Whatever table was chosen computes GEMMs right: every transpose combination, beta != 0, odd sizes
