@@ -61,6 +61,12 @@
 namespace meshgrad::python {
 namespace {
 
+// The GIL released around a bound function's C++ call (its arguments are converted before and its
+// result after, with the GIL). Never on a py::init: there the guard also covers pybind11's placing of
+// the new object into its Python instance, which registers it in pybind11's process-wide instance
+// map, and two rank threads doing that at once without the GIL corrupt the map ("Tried to deallocate
+// unregistered instance", or a double free). A constructor releases the GIL inside its factory, as
+// Model's does; python/tests/test_training_api.py checks both.
 using Release = py::call_guard<py::gil_scoped_release>;
 
 DType dtype_of(const std::string& name) {
@@ -687,9 +693,10 @@ void bind_data_and_checkpoints(py::module_& m) {
   // ---- data ------------------------------------------------------------------------------------------------
   py::class_<data::TokenDataset>(m, "Data", "Token windows of a file, a prepared directory, or the built-in corpus")
       .def(py::init([](const std::string& path, int batch, int seq, std::uint64_t seed, const std::string& val) {
+             py::gil_scoped_release release;   // reading the tokens; not around the registration (see Release)
              return std::make_unique<data::TokenDataset>(path, batch, seq, seed, val);
            }), py::arg("path") = "", py::arg("batch") = 4, py::arg("seq") = 32, py::arg("seed") = 1234,
-           py::arg("val_path") = "", Release())
+           py::arg("val_path") = "")
       .def("batch", [](const data::TokenDataset& d, std::int64_t step) {
              const nn::Batch b = d.next_batch(step);
              return std::make_pair(b.inputs, b.targets);

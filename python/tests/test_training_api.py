@@ -301,6 +301,53 @@ def test_sampling_a_python_family_is_refused_before_the_first_step():
         mg.train(model="parallel-block", layers=1, hidden=32, heads=4, steps=2, sample_every=1)
 
 
+# ---- rank threads and the GIL --------------------------------------------------------------------
+
+def test_no_constructor_releases_the_gil_around_its_registration():
+    # A call guard on py::init covers pybind11's registering of the new instance in its process-wide map:
+    # two rank threads constructing at once without the GIL corrupt it (python/training_api.cpp, Release).
+    # A constructor releases the GIL inside its factory instead. Every py::init's arguments, read here.
+    offenders = []
+    for source in sorted((ROOT / "python").glob("*.cpp")):
+        text = source.read_text()
+        for match in re.finditer(r"py::init\s*[(<]", text):
+            depth, end = 0, match.start()
+            while end < len(text):   # to the parenthesis closing the .def( around py::init
+                depth += {"(": 1, ")": -1}.get(text[end], 0)
+                if depth < 0:
+                    break
+                end += 1
+            arguments = text[match.start():end]
+            if "Release()" in arguments or "call_guard" in arguments:
+                offenders.append(f"{source.name}:{text.count(chr(10), 0, match.start()) + 1}")
+    assert not offenders, f"py::init with a GIL-releasing call guard at {offenders}"
+
+
+def test_objects_built_on_every_rank_at_once_stay_registered(tmp_path):
+    # The constructors that release the GIL (Data, Model, Checkpointer), run on two rank threads at once many
+    # times: with the registration outside the GIL this failed within a few thousand ("Tried to deallocate
+    # unregistered instance", or a double free), so it runs in a process of its own.
+    script = f"""
+import meshgrad as mg
+def rank(m):
+    for i in range(3000):
+        data = mg.Data(batch=2, seq=8)
+        data.batch(i)
+        if i % 100 == 0:
+            model = mg.Model(m, kind="gpt", layers=1, hidden=16, heads=2, vocab=64, seq=8, batch=2)
+            saver = mg.Checkpointer({str(tmp_path / "ck")!r} + str(m.rank), m)
+            del model, saver
+        del data
+    return m.rank
+for _ in range(3):
+    assert mg.launch(rank, mesh="dp=2") == [0, 1]
+print("PASS")
+"""
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(p for p in sys.path if p))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0 and out.stdout.strip() == "PASS", out.stdout + out.stderr
+
+
 # ---- the examples, and the mpi backend -----------------------------------------------------------
 
 @pytest.mark.parametrize("example,args", [("custom_loop.py", ["--steps", "20"]),
