@@ -210,11 +210,14 @@ TEST(LinkFit, RefusesWhatCannotBeFitted) {
   EXPECT_NE(message([] { link_preset("measured"); }).find("probed at run time"), std::string::npos);
 }
 
-// A short probe for the tests: 1 KiB .. 64 KiB, one block of ~2 ms per size.
+// A short probe for the tests: 1 KiB .. 4 MiB, the fastest of 3 blocks of ~2 ms per size. Up to
+// 4 MiB so the bandwidth term shows above scheduling noise (up to 64 KiB every size took about the
+// latency, ~13 us), and 3 blocks so one preempted block does not count: with one block of each, a
+// 1 KiB block preempted to 1.5 ms on a loaded CI under ASan made the fitted slope negative.
 LinkProbeOptions quick_probe() {
   LinkProbeOptions o;
-  o.max_bytes = 64 << 10;
-  o.repeats = 1;
+  o.max_bytes = 4 << 20;
+  o.repeats = 3;
   o.seconds_per_block = 0.002;
   o.warmup_seconds = 0.001;
   return o;
@@ -232,9 +235,9 @@ TEST(MeasureLink, FitsTheThreadsBackendOnEveryRank) {
     ASSERT_TRUE(link.measurement.has_value());
     EXPECT_EQ(link.measurement->backend, "threads");
     EXPECT_EQ(link.measurement->ranks, 2);
-    ASSERT_EQ(link.measurement->samples.size(), 4u);   // 1, 4, 16, 64 KiB
+    ASSERT_EQ(link.measurement->samples.size(), 7u);   // 1, 4, 16, 64, 256 KiB, 1, 4 MiB
     EXPECT_EQ(link.measurement->samples.front().bytes, 1024);
-    EXPECT_EQ(link.measurement->samples.back().bytes, 65536);
+    EXPECT_EQ(link.measurement->samples.back().bytes, 4 << 20);
     EXPECT_GT(link.measurement->seconds, 0);
     EXPECT_LT(link.measurement->seconds, 2.0);
   }
