@@ -456,15 +456,24 @@ def kill_test(hosts, recovery):
     meshgrad's error. Under load OpenMPI 4.1 sometimes tears the survivor down itself, about 2 s after
     the kill and before the deadline could pass, with no word from the rank (seen twice under ctest
     -j2, never alone): such an attempt shows nothing of meshgrad's path, so it is run again, up to 3
-    attempts; an attempt that lasts to the deadline must end with meshgrad's error."""
+    attempts; an attempt that lasts to the deadline must end with meshgrad's error. Plain mpirun's
+    attempt is run again in the same way when rank 0 died of SIGPIPE before mpirun named rank 1."""
     what = "kill with --enable-recovery" if recovery else "kill"
-    for attempt in range(1, 4 if recovery else 2):
+    for attempt in range(1, 4):
         result = kill_attempt(hosts, recovery, what, attempt)
         if result is None:
             return  # a check failed
         took, returncode, err = result
         if not recovery:
             check(returncode != 0, f"{what}: mpirun exited 0 after a rank was killed")
+            # OpenMPI 4.1 races too: rank 0 can die of SIGPIPE on the dead peer's socket before mpirun
+            # has noticed rank 1, and mpirun then names rank 0 (seen once in CI under ASan's load):
+            # that attempt says nothing of the kill's report, so it is run again, up to 3 attempts.
+            if (attempt < 3 and not re.search(r"rank 1 with PID \d+ on node \S+ exited on signal 9", err)
+                    and re.search(r"rank 0 with PID \d+ on node \S+ exited on signal 13", err)):
+                print(f"         {what}: attempt {attempt}: rank 0 ended on SIGPIPE before mpirun named rank 1; "
+                      f"again", flush=True)
+                continue
             check(re.search(r"rank 1 with PID \d+ on node \S+ exited on signal 9", err),
                   f"{what}: mpirun did not name rank 1 as killed: {err[-1500:]}")
             return
