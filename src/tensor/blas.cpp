@@ -62,15 +62,13 @@ bool cpu_has_avx2_fma() {
 }  // namespace
 
 std::string unrecognised_cpu_hint(const std::string& core, bool avx2_fma, bool avx512) {
-  if (avx512 && !is_avx512_kernel(core) && !is_avx2_kernel(core)) {
+  if (is_avx2_kernel(core) || !(avx2_fma || avx512)) return "";
+  if (avx512) {
     return fmt::format("; this CPU has AVX-512, which OpenBLAS's detection did not recognise: set OPENBLAS_CORETYPE="
                        "SkylakeX or Haswell for kernels that use it, several times faster than {}'s", core);
   }
-  if (avx2_fma && !avx512 && !is_avx2_kernel(core)) {
-    return fmt::format("; this CPU has AVX2 and FMA, which OpenBLAS's detection did not recognise: set "
-                       "OPENBLAS_CORETYPE=Haswell for kernels that use them, several times faster than {}'s", core);
-  }
-  return "";
+  return fmt::format("; this CPU has AVX2 and FMA, which OpenBLAS's detection did not recognise: set "
+                     "OPENBLAS_CORETYPE=Haswell for kernels that use them, several times faster than {}'s", core);
 }
 
 std::string kernel_core() { return openblas_get_corename(); }

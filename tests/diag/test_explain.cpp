@@ -677,9 +677,7 @@ TEST(ExplainMeasuredLink, JsonRowsCarryTheMeasuredLink) {
 }
 
 TEST(ExplainMeasuredLink, ProbesTheRunsRanksAndCostsTheRowsOnTheFit) {
-  dist::LinkProbeOptions quick;   // 1 KiB .. 4 MiB, 3 blocks each: why, see tests/distributed/test_cost_model.cpp
-  quick.max_bytes = 4 << 20;
-  quick.repeats = 3;
+  dist::LinkProbeOptions quick;   // the default sizes and blocks, shorter: see tests/distributed/test_cost_model.cpp
   quick.seconds_per_block = 0.002;
   quick.warmup_seconds = 0.001;
   const auto axes = explain_mesh_axes("tp=2");

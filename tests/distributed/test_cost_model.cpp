@@ -210,14 +210,11 @@ TEST(LinkFit, RefusesWhatCannotBeFitted) {
   EXPECT_NE(message([] { link_preset("measured"); }).find("probed at run time"), std::string::npos);
 }
 
-// A short probe for the tests: 1 KiB .. 4 MiB, the fastest of 3 blocks of ~2 ms per size. Up to
-// 4 MiB so the bandwidth term shows above scheduling noise (up to 64 KiB every size took about the
-// latency, ~13 us), and 3 blocks so one preempted block does not count: with one block of each, a
-// 1 KiB block preempted to 1.5 ms on a loaded CI under ASan made the fitted slope negative.
+// A short probe for the tests: the default sizes (1 KiB .. 4 MiB) and the fastest of 3 blocks, each
+// block ~2 ms. Not fewer: with one block per size up to 64 KiB every sample was latency (~13 us), and
+// one 1 KiB block preempted to 1.5 ms on a loaded CI under ASan made the fitted slope negative.
 LinkProbeOptions quick_probe() {
   LinkProbeOptions o;
-  o.max_bytes = 4 << 20;
-  o.repeats = 3;
   o.seconds_per_block = 0.002;
   o.warmup_seconds = 0.001;
   return o;
